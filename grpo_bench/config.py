@@ -1,0 +1,343 @@
+"""Run and ablation configuration: dataclasses, strict YAML loading, cross-field checks.
+
+Every key has a docstring-like comment; an unknown key, a wrong type or a bad
+value raises ConfigError, which the CLI prints as one line naming the file, the
+key and the valid choices.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import itertools
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import registry
+
+BACKENDS = ("auto", "torch", "chunked", "triton")
+KL_PLACEMENTS = ("loss", "reward")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+class ConfigError(ValueError):
+    def __init__(self, source: str, key: str, message: str):
+        self.source, self.key, self.message = source, key, message
+        super().__init__(f"{source}: {key}: {message}")
+
+
+@dataclass
+class RunConfig:
+    """One training run: a task, one choice per GRPO axis, and the optimisation budget."""
+
+    task: Any = field(default_factory=lambda: {"name": "sort"})
+    """Task section: `{name: <task>, ...}`; the rest is checked against that task's config."""
+    delta: str = "zscore"
+    """Advantage mode (registry axis `delta`)."""
+    loss: str = "clipped"
+    """Policy-loss mode (registry axis `loss`)."""
+    aggregate: str = "seq_mean_token_mean"
+    """How per-token losses become one scalar (registry axis `aggregate`)."""
+    kl: str = "k3"
+    """KL estimator (registry axis `kl`); only used when kl_coef > 0."""
+    kl_coef: float = 0.0
+    """beta: weight of the KL term; 0 turns KL and the reference policy off."""
+    kl_placement: str = "loss"
+    """`loss`: beta*KL added per token before aggregation; `reward`: beta * summed KL subtracted from each response's reward before deltas."""
+    clip_low: float = 0.2
+    """Ratio clip below 1 (1 - clip_low); used by clipped and gspo."""
+    clip_high: float = 0.2
+    """Ratio clip above 1 (1 + clip_high); > clip_low is DAPO's clip-higher."""
+    adv_eps: float = 1e-6
+    """eps in the z-score denominator."""
+    max_len: int | None = None
+    """Normaliser of seq_mean_token_sum_norm; None = the padded response length T."""
+    ref_refresh: int = 0
+    """Copy the policy into the reference every N epochs; 0 = the initial policy stays the reference."""
+    group_size: int = 10
+    """G: responses sampled per prompt."""
+    epochs: int = 100
+    """Rollouts: each samples fresh responses and takes inner_steps gradient steps on them."""
+    inner_steps: int = 10
+    """K: gradient steps per rollout; K > 1 is where ratio and clipping matter."""
+    optimizer: str = "adam"
+    """adam, adamw or sgd."""
+    lr: float = 1e-3
+    """Learning rate."""
+    weight_decay: float = 0.0
+    """Weight decay (adamw: decoupled)."""
+    max_grad_norm: float = 0.0
+    """Clip the global gradient norm to this; 0 = no clipping (grad/norm is logged either way)."""
+    seed: int = 0
+    """Seeds initialisation, prompts and sampling; same seed and config give the same numbers on CPU."""
+    log_every: int = 1
+    """Record metrics every N gradient steps (and always on the last)."""
+    eval_every: int = 0
+    """Run the task's held-out evaluation every N epochs (and at the end); 0 = only at the end."""
+    backend: str = "auto"
+    """Log-prob / loss implementation: torch, chunked, triton, or auto (triton on CUDA, chunked on CPU)."""
+    device: str = "cpu"
+    """cpu, cuda, or auto (cuda when available)."""
+
+
+def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
+    """Accept value for annotation tp, coercing int -> float; returns (ok, value)."""
+    if tp is Any:
+        return True, value
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            ok, v = _type_ok(value, arg)
+            if ok:
+                return True, v
+        return False, value
+    if tp is type(None):
+        return value is None, value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True, float(value)
+        return False, value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if origin is list:
+        return isinstance(value, list), value
+    if origin is dict or tp is dict:
+        return isinstance(value, dict), value
+    if isinstance(tp, type):
+        return isinstance(value, tp), value
+    return True, value
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def build_dataclass(cls: type, data: dict, source: str, prefix: str = "") -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(source, prefix.rstrip(".") or "<root>", f"expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            raise ConfigError(source, prefix + str(key), f"unknown key; valid: {', '.join(names)}")
+        ok, value = _type_ok(value, hints[key])
+        if not ok:
+            raise ConfigError(source, prefix + key, f"expected {_type_name(hints[key])}, got {value!r}")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def _require(cond: bool, source: str, key: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(source, key, message)
+
+
+def _check_name(axis: str, name: str, source: str, key: str) -> None:
+    if name not in registry.names(axis):
+        raise ConfigError(source, key, f"unknown {axis} {name!r}; valid: {', '.join(registry.names(axis))}")
+
+
+def resolve_run(data: dict, source: str = "<config>") -> RunConfig:
+    """Build a RunConfig from a plain dict; the task section becomes its task's dataclass."""
+    data = copy.deepcopy(data)
+    cfg = build_dataclass(RunConfig, data, source)
+    task = cfg.task
+    if isinstance(task, str):
+        task = {"name": task}
+    if dataclasses.is_dataclass(task):
+        task = dataclasses.asdict(task) | {"name": task_name(cfg)}
+    _require(isinstance(task, dict) and "name" in task, source, "task.name", "missing; valid: " + ", ".join(registry.names("task")))
+    _check_name("task", task["name"], source, "task.name")
+    entry = registry.entry("task", task["name"])
+    cfg.task = build_dataclass(entry.config, {k: v for k, v in task.items() if k != "name"}, source, "task.")
+    validate(cfg, source)
+    return cfg
+
+
+def task_name(cfg: RunConfig) -> str:
+    for name in registry.names("task"):
+        if isinstance(cfg.task, registry.entry("task", name).config):
+            return name
+    raise TypeError(f"no task registered for {type(cfg.task).__name__}")
+
+
+def validate(cfg: RunConfig, source: str) -> None:
+    for axis in ("delta", "loss", "aggregate", "kl"):
+        _check_name(axis, getattr(cfg, axis), source, axis)
+    _require(cfg.kl_placement in KL_PLACEMENTS, source, "kl_placement",
+             f"unknown {cfg.kl_placement!r}; valid: {', '.join(KL_PLACEMENTS)}")
+    _require(cfg.backend in BACKENDS, source, "backend", f"unknown {cfg.backend!r}; valid: {', '.join(BACKENDS)}")
+    _require(cfg.optimizer in OPTIMIZERS, source, "optimizer", f"unknown {cfg.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    _require(cfg.device in ("cpu", "cuda", "auto"), source, "device", f"unknown {cfg.device!r}; valid: cpu, cuda, auto")
+    _require(0 < cfg.clip_low < 1, source, "clip_low", f"must be in (0, 1), got {cfg.clip_low}")
+    _require(cfg.clip_high > 0, source, "clip_high", f"must be > 0, got {cfg.clip_high}")
+    _require(cfg.kl_coef >= 0, source, "kl_coef", f"must be >= 0, got {cfg.kl_coef}")
+    _require(cfg.adv_eps > 0, source, "adv_eps", f"must be > 0, got {cfg.adv_eps}")
+    _require(cfg.max_len is None or cfg.max_len > 0, source, "max_len", f"must be > 0 or null, got {cfg.max_len}")
+    _require(cfg.ref_refresh >= 0, source, "ref_refresh", f"must be >= 0 (0 = frozen reference), got {cfg.ref_refresh}")
+    needs_group = cfg.delta in ("zscore", "rloo", "centered")
+    _require(cfg.group_size >= (2 if needs_group else 1), source, "group_size",
+             f"must be >= 2 with delta {cfg.delta!r} (a group of one has no baseline), got {cfg.group_size}")
+    _require(cfg.epochs >= 1, source, "epochs", f"must be >= 1, got {cfg.epochs}")
+    _require(cfg.inner_steps >= 1, source, "inner_steps", f"must be >= 1, got {cfg.inner_steps}")
+    _require(cfg.lr > 0, source, "lr", f"must be > 0, got {cfg.lr}")
+    _require(cfg.weight_decay >= 0, source, "weight_decay", f"must be >= 0, got {cfg.weight_decay}")
+    _require(cfg.max_grad_norm >= 0, source, "max_grad_norm", f"must be >= 0 (0 = off), got {cfg.max_grad_norm}")
+    _require(cfg.log_every >= 1, source, "log_every", f"must be >= 1, got {cfg.log_every}")
+    _require(cfg.eval_every >= 0, source, "eval_every", f"must be >= 0, got {cfg.eval_every}")
+    check = getattr(cfg.task, "check", None)
+    if check is not None:  # task-specific cross-field checks; raise ValueError("key: message")
+        try:
+            check(cfg)
+        except ValueError as e:
+            key, _, msg = str(e).partition(": ")
+            raise ConfigError(source, "task." + key, msg) from None
+
+
+def run_dict(cfg: RunConfig) -> dict:
+    """Plain, YAML-able form of a resolved config (what is saved beside each run)."""
+    d = dataclasses.asdict(cfg)
+    d["task"] = {"name": task_name(cfg), **dataclasses.asdict(cfg.task)}
+    return d
+
+
+def config_hash(cfg: RunConfig) -> str:
+    blob = json.dumps(run_dict(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+# --------------------------------------------------------------------- overrides
+
+
+def set_dotted(d: dict, key: str, value: Any, source: str) -> None:
+    parts = key.split(".")
+    node = d
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if isinstance(nxt, str) and p == "task":  # `task: sort` shorthand
+            nxt = node[p] = {"name": nxt}
+        if nxt is None:
+            nxt = node[p] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(source, key, f"{p!r} is not a mapping")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def parse_set(items: list[str]) -> list[tuple[str, Any]]:
+    out = []
+    for item in items:
+        key, eq, raw = item.partition("=")
+        if not eq or not key:
+            raise ConfigError("--set", item, "expected key=value, e.g. --set loss=clipped")
+        out.append((key.strip(), yaml.safe_load(raw)))
+    return out
+
+
+# ---------------------------------------------------------------------- ablation
+
+
+@dataclass
+class Ablation:
+    """A grid of variants x seeds over a base config, read from one YAML file."""
+
+    name: str
+    source: str
+    description: str
+    axes: list[str]                        # keys varied across variants (variant columns)
+    variants: list[tuple[str, dict, dict]]  # (label, axis values, full raw run dict)
+    seeds: list[int]
+
+
+ABLATION_KEYS = ("name", "description", "base", "grid", "variants", "seeds")
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(str(path), "<file>", e.strerror or str(e)) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "<file>"
+        raise ConfigError(str(path), where, f"invalid YAML: {getattr(e, 'problem', e)}") from None
+
+
+def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | None = None) -> Ablation:
+    path = Path(path)
+    src = str(path)
+    doc = _load_yaml(path)
+    if not isinstance(doc, dict):
+        raise ConfigError(src, "<root>", "expected a mapping with keys " + ", ".join(ABLATION_KEYS))
+    for key in doc:
+        if key not in ABLATION_KEYS:
+            raise ConfigError(src, str(key), "unknown key; valid: " + ", ".join(ABLATION_KEYS))
+    base = doc.get("base") or {}
+    if not isinstance(base, dict):
+        raise ConfigError(src, "base", "expected a mapping of run config keys")
+    overrides = parse_set(sets or [])
+    for key, value in overrides:
+        set_dotted(base, key, value, "--set")
+
+    grid = doc.get("grid") or {}
+    named = doc.get("variants") or {}
+    if not isinstance(grid, dict):
+        raise ConfigError(src, "grid", "expected a mapping key -> list of values")
+    if not isinstance(named, dict):
+        raise ConfigError(src, "variants", "expected a mapping name -> {key: value}")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(src, f"grid.{key}", "expected a non-empty list of values")
+    for vname, ov in named.items():
+        if not isinstance(ov, dict):
+            raise ConfigError(src, f"variants.{vname}", "expected a mapping of run config keys")
+    if not grid and not named:
+        raise ConfigError(src, "grid", "empty: give `grid` (key -> values) and/or `variants` (name -> overrides)")
+
+    axes = list(grid)
+    cells = [dict(zip(axes, combo)) for combo in itertools.product(*grid.values())] or [{}]
+    named_items = list(named.items()) or [(None, {})]
+    if named:
+        axes = ["variant_name"] + axes
+    variants = []
+    for vname, ov in named_items:
+        for cell in cells:
+            run = copy.deepcopy(base)
+            for key, value in ov.items():
+                set_dotted(run, key, value, src)
+            for key, value in cell.items():
+                set_dotted(run, key, value, src)
+            for key, value in overrides:  # --set wins over the grid too
+                set_dotted(run, key, value, "--set")
+            label_parts = ([vname] if vname is not None else []) + [f"{k}={_fmt(v)}" for k, v in cell.items()]
+            values = ({"variant_name": vname} if vname is not None else {}) | cell
+            # fail now, naming the file, rather than inside a worker
+            resolve_run(run, src)
+            variants.append((",".join(label_parts), values, run))
+
+    seeds_val = doc.get("seeds", 3) if seeds is None else seeds
+    if isinstance(seeds_val, int) and not isinstance(seeds_val, bool) and seeds_val >= 1:
+        seed_list = list(range(seeds_val))
+    elif isinstance(seeds_val, list) and seeds_val and all(isinstance(s, int) for s in seeds_val):
+        seed_list = list(seeds_val)
+    else:
+        raise ConfigError(src if seeds is None else "--seeds", "seeds", f"expected a positive int or a list of ints, got {seeds_val!r}")
+    name = doc.get("name") or path.stem
+    if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum():
+        raise ConfigError(src, "name", f"expected a plain name (letters, digits, _ -), got {name!r}")
+    return Ablation(name, src, str(doc.get("description", "")).strip(), axes, variants, seed_list)
+
+
+def _fmt(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, (dict, list)) else str(v)
