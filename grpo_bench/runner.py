@@ -1,0 +1,180 @@
+"""Run an ablation: every variant x seed, in worker processes, resumable.
+
+Layout under the output directory (results/<ablation>/ by default):
+
+    ablation.json          what was run: name, axes, variant order, seeds, source file
+    runs/<run_id>/         one finished run: config.yaml, metrics.csv, summary.json
+    metrics.csv            long table: run, variant, <axes>, seed, step, metric, value
+    summary.csv            one row per run: status, error, wall_s, final/* metrics
+    *.png, REPORT.md       drawn from the two CSVs by grpo_bench.report
+
+A run directory appears by an atomic rename of a finished temporary directory,
+so a sweep killed at any moment leaves either a whole run or nothing that counts.
+The run id holds a hash of the resolved config: a changed config is a new run.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import multiprocessing as mp
+import os
+import re
+import shutil
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import yaml
+from tqdm import tqdm
+
+from .config import Ablation, config_hash, resolve_run, run_dict
+
+
+@dataclass
+class RunSpec:
+    run_id: str
+    variant: str
+    values: dict
+    seed: int
+    config: dict  # raw run dict, seed included; resolved again in the worker
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", label).strip("_")[:80] or "base"
+
+
+def plan(abl: Ablation) -> list[RunSpec]:
+    specs = []
+    for label, values, raw in abl.variants:
+        for seed in abl.seeds:
+            cfg = dict(raw, seed=seed)
+            h = config_hash(resolve_run(cfg, abl.source))
+            flat = {k: v if isinstance(v, (str, int, float, bool, type(None))) else json.dumps(v) for k, v in values.items()}
+            specs.append(RunSpec(f"{_slug(label)}-s{seed}-{h}", label, flat, seed, cfg))
+    return specs
+
+
+def finished(run_dir: Path) -> bool:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())["status"] == "ok"
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def _write_run(out: Path, spec: RunSpec, cfg_dict: dict, rows: list, summary: dict) -> None:
+    runs = out / "runs"
+    tmp = runs / f".{spec.run_id}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    (tmp / "config.yaml").write_text(yaml.safe_dump(cfg_dict, sort_keys=False))
+    pd.DataFrame(rows, columns=["step", "metric", "value"]).to_csv(tmp / "metrics.csv", index=False)
+    (tmp / "summary.json").write_text(json.dumps(summary, indent=1))
+    final = runs / spec.run_id
+    if final.exists():  # an earlier failed attempt; a finished one is never re-run
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def execute(spec: RunSpec, out: str, threads: int = 1) -> dict:
+    """Train one run and write its directory; never raises for a failed run."""
+    import torch
+
+    from .trainer import train
+
+    torch.set_num_threads(threads)
+    cfg = resolve_run(spec.config, spec.run_id)
+    cfg_dict = run_dict(cfg)
+    rows: list = []
+    summary = {"run": spec.run_id, "variant": spec.variant, **spec.values, "seed": spec.seed}
+    t0 = time.perf_counter()
+
+    try:
+        final = train(cfg, rows=rows)
+        summary |= {"status": "ok", "error": ""} | final
+    except Exception as e:  # recorded, not raised: one bad run must not end the sweep
+        tb = traceback.format_exc(limit=-3)
+        summary |= {"status": "failed", "error": f"{type(e).__name__}: {e}".splitlines()[0], "traceback": tb}
+    summary["wall_s"] = round(time.perf_counter() - t0, 3)
+    _write_run(Path(out), spec, cfg_dict, rows, summary)
+    return summary
+
+
+def run_ablation(abl: Ablation, out: Path, workers: int | None = None, threads: int = 1,
+                 progress: bool = True) -> pd.DataFrame:
+    out.mkdir(parents=True, exist_ok=True)
+    specs = plan(abl)
+    meta = {"name": abl.name, "source": abl.source, "description": abl.description, "axes": abl.axes,
+            "variants": [label for label, _, _ in abl.variants], "seeds": abl.seeds,
+            "runs": [s.run_id for s in specs]}
+    _atomic_write(out / "ablation.json", json.dumps(meta, indent=1))
+    todo = [s for s in specs if not finished(out / "runs" / s.run_id)]
+    skipped = len(specs) - len(todo)
+    workers = max(1, min(workers or (os.cpu_count() or 1), len(todo) or 1))
+    bar = tqdm(total=len(specs), initial=skipped, desc=abl.name, unit="run", disable=not progress, dynamic_ncols=True)
+    if skipped:
+        bar.write(f"{skipped} of {len(specs)} runs already finished in {out}; running the other {len(todo)}")
+    try:
+        if workers == 1:
+            for s in todo:
+                _report(bar, execute(s, str(out), threads))
+        else:
+            # spawn, not fork: the parent may hold threads (tqdm, torch) that fork would copy half-alive
+            ctx = mp.get_context("spawn")
+            with cf.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+                futures = [pool.submit(execute, s, str(out), threads) for s in todo]
+                try:
+                    for fut in cf.as_completed(futures):
+                        _report(bar, fut.result())
+                except KeyboardInterrupt:
+                    for f in futures:
+                        f.cancel()
+                    raise
+    finally:
+        bar.close()
+    return collect(out)
+
+
+def _report(bar, summary: dict) -> None:
+    bar.update(1)
+    if summary["status"] != "ok":
+        bar.write(f"run {summary['run']} failed: {summary['error']}")
+    else:
+        bar.set_postfix_str(f"last: {summary['variant']} seed {summary['seed']} reward {summary.get('final/reward', float('nan')):.3f}")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _atomic_csv(df: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    df.to_csv(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def collect(out: Path) -> pd.DataFrame:
+    """Gather the runs of this ablation's current plan into metrics.csv and summary.csv."""
+    meta = json.loads((out / "ablation.json").read_text())
+    summaries, frames = [], []
+    for run_id in meta["runs"]:
+        d = out / "runs" / run_id
+        try:
+            s = json.loads((d / "summary.json").read_text())
+        except (OSError, ValueError):
+            continue  # never ran (sweep interrupted)
+        s.pop("traceback", None)
+        summaries.append(s)
+        m = pd.read_csv(d / "metrics.csv")
+        if len(m):
+            ids = {k: s.get(k) for k in ["run", "variant", *meta["axes"], "seed"]}
+            frames.append(m.assign(**ids)[[*ids, "step", "metric", "value"]])
+    summary = pd.DataFrame(summaries)
+    metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["run", "variant", *meta["axes"], "seed", "step", "metric", "value"])
+    _atomic_csv(metrics, out / "metrics.csv")
+    _atomic_csv(summary, out / "summary.csv")
+    return summary
