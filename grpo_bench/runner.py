@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import re
 import shutil
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -114,7 +115,7 @@ def run_ablation(abl: Ablation, out: Path, workers: int | None = None, threads: 
     workers = max(1, min(workers or (os.cpu_count() or 1), len(todo) or 1))
     bar = tqdm(total=len(specs), initial=skipped, desc=abl.name, unit="run", disable=not progress, dynamic_ncols=True)
     if skipped:
-        bar.write(f"{skipped} of {len(specs)} runs already finished in {out}; running the other {len(todo)}")
+        bar.write(f"{skipped} of {len(specs)} runs already finished in {out}; running the other {len(todo)}", file=sys.stderr)
     try:
         if workers == 1:
             for s in todo:
@@ -139,7 +140,7 @@ def run_ablation(abl: Ablation, out: Path, workers: int | None = None, threads: 
 def _report(bar, summary: dict) -> None:
     bar.update(1)
     if summary["status"] != "ok":
-        bar.write(f"run {summary['run']} failed: {summary['error']}")
+        bar.write(f"run {summary['run']} failed: {summary['error']}", file=sys.stderr)
     else:
         bar.set_postfix_str(f"last: {summary['variant']} seed {summary['seed']} reward {summary.get('final/reward', float('nan')):.3f}")
 

@@ -6,7 +6,8 @@ prompt position, one decode matrix per output position, logits against the
 embedding table). Small enough that a 1000-step run takes about a second on a
 CPU core, so design choices can be swept over many seeds.
 
-Differences from the lecture notes: rewards are divided by their maximum so that
+Differences from the lecture notes: logits are scaled so that the initial
+policy explores (see SortPolicy.forward); rewards are divided by their maximum so that
 every reward lies in [0, 1] whatever n is; the reference policy is a state-dict
 copy (nn.Module has no clone()); the "hard" setting (random prompts each epoch)
 is a config, not a different task.
@@ -70,10 +71,14 @@ class SortPolicy(nn.Module):
         self.decode = nn.Parameter(torch.randn(n, dim, dim) / math.sqrt(dim))
 
     def forward(self, prompts: Tensor) -> Tensor:  # (B, n) -> logits (B, n, V)
+        n, d = self.encode.shape[:2]
         x = self.embedding(prompts)                                  # (B, n, D)
-        h = torch.einsum("bpd,pde->be", x, self.encode)              # (B, D): every position summed
+        h = torch.einsum("bpd,pde->be", x, self.encode) / math.sqrt(n)  # (B, D): every position summed
         y = torch.einsum("be,qed->bqd", h, self.decode)              # (B, n, D)
-        return y @ self.embedding.weight.T                           # (B, n, V)
+        # Unscaled, as in the lecture, the logits start with std ~ sqrt(n * D): a nearly
+        # deterministic policy (0.2 nats of entropy of a possible 1.6 at the defaults)
+        # that has nothing left to explore. Scaled, it starts close to uniform.
+        return y @ self.embedding.weight.T / math.sqrt(d)            # (B, n, V)
 
 
 def sort_rewards(prompts: Tensor, responses: Tensor, kind: str) -> Tensor:

@@ -1,0 +1,67 @@
+"""Bad input: exit code 2 and one line naming the file, the key and the valid choices."""
+import pytest
+import yaml
+
+from helpers import cli
+
+BASE = {"task": {"name": "sort"}, "epochs": 2, "inner_steps": 1}
+
+
+def write(tmp_path, doc, name="abl.yaml"):
+    p = tmp_path / name
+    p.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc))
+    return p
+
+
+CASES = [
+    # (ablation document, words the one-line error must contain)
+    ({"base": {**BASE, "loss": "ppo"}, "grid": {"seed": [0]}}, ["loss", "'ppo'", "valid: clipped, gspo, naive, unclipped"]),
+    ({"base": BASE, "grid": {"delta": ["zscore", "whiten"]}}, ["delta", "'whiten'", "valid: centered, max, raw, rloo, zscore"]),
+    ({"base": {**BASE, "lr_rate": 0.1}, "grid": {"seed": [0]}}, ["lr_rate", "unknown key", "valid:", "inner_steps"]),
+    ({"base": {**BASE, "epochs": "ten"}, "grid": {"seed": [0]}}, ["epochs", "expected int", "'ten'"]),
+    ({"base": {**BASE, "group_size": 1}, "grid": {"delta": ["zscore"]}}, ["group_size", ">= 2", "zscore"]),
+    ({"base": {**BASE, "clip_low": 0.0}, "grid": {"seed": [0]}}, ["clip_low", "(0, 1)"]),
+    ({"base": {**BASE, "clip_high": -0.1}, "grid": {"seed": [0]}}, ["clip_high", "> 0"]),
+    ({"base": {**BASE, "kl_coef": -0.5}, "grid": {"seed": [0]}}, ["kl_coef", ">= 0"]),
+    ({"base": BASE, "grid": {}}, ["grid", "empty"]),
+    ({"base": BASE, "grid": {"loss": []}}, ["grid.loss", "non-empty list"]),
+    ({"base": BASE, "grid": {"seed": [0]}, "seed": 3}, [": seed: unknown key", "valid: name, description, base, grid, variants, seeds"]),
+    ({"base": {**BASE, "task": {"name": "sorting"}}, "grid": {"seed": [0]}}, ["task.name", "valid: arithmetic, sort"]),
+    ({"base": {**BASE, "task": {"name": "sort", "size": 3}}, "grid": {"seed": [0]}}, ["task.size", "unknown key", "vocab"]),
+    ({"base": {**BASE, "task": {"name": "sort", "reward": "l2"}}, "grid": {"seed": [0]}}, ["task.reward", "valid: match, inclusion_order"]),
+    ({"base": {**BASE, "kl_placement": "advantage"}, "grid": {"seed": [0]}}, ["kl_placement", "valid: loss, reward"]),
+    ({"base": BASE, "grid": {"seed": [0]}, "seeds": 0}, ["seeds", "positive int"]),
+    ("base: [unclosed\n", ["invalid YAML"]),
+]
+
+
+@pytest.mark.parametrize("doc,words", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_bad_ablation_is_one_line_exit_2(tmp_path, doc, words):
+    path = write(tmp_path, doc)
+    res = cli("run", path, "--out", tmp_path / "out")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert str(path) in lines[0] or "--set" in lines[0]
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_set_and_missing_file(tmp_path):
+    res = cli("run", "ablations/loss_modes.yaml", "--set", "loss=nope", "--out", tmp_path / "o")
+    assert res.returncode == 2 and "valid: clipped, gspo, naive, unclipped" in res.stderr
+    res = cli("run", "ablations/loss_modes.yaml", "--set", "loss", "--out", tmp_path / "o")
+    assert res.returncode == 2 and "key=value" in res.stderr
+    res = cli("run", tmp_path / "missing.yaml")
+    assert res.returncode == 2 and "missing.yaml" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    res = cli("plot", tmp_path)
+    assert res.returncode == 2 and "not a results directory" in res.stderr
+
+
+def test_list_prints_every_part():
+    res = cli("list")
+    assert res.returncode == 0
+    for name in ["zscore", "rloo", "clipped", "gspo", "k3", "token_mean", "seq_mean_token_sum_norm", "sort"]:
+        assert name in res.stdout
+    assert "clip_high=0.2" in res.stdout
