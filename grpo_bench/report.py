@@ -26,6 +26,7 @@ ALPHA = 0.05
 HEADLINE = [
     ("final/reward", "final reward", "reward/mean"),
     ("final/eval/accuracy", "eval accuracy", "eval/accuracy"),
+    ("final/eval/reward", "eval reward", "eval/reward"),
     ("final/eval/pass@k", "eval pass@k", "eval/pass@k"),
 ]
 DIAGNOSTICS = ["clip/frac", "kl/value", "entropy", "ratio/max", "kl/old", "grad/norm"]
@@ -116,8 +117,8 @@ def make_report(out: str | Path) -> Path:
         figures.append((name, f"{label} against step"))
 
     if headline and not ok.empty:
-        cols = [h for h in headline[:2]]
-        fig, axes = plt.subplots(1, len(cols), figsize=(4 + 2.2 * len(order) * len(cols) / 2, 4.5), squeeze=False)
+        cols = headline[:3]
+        fig, axes = plt.subplots(1, len(cols), figsize=(1.5 + 1.6 * len(order) * len(cols), 4.5), squeeze=False)
         for ax, (column, label, _) in zip(axes[0], cols):
             data = ok[["variant", column]].dropna()
             present = [v for v in order if v in set(data.variant)]

@@ -8,6 +8,8 @@ notebooks' mistake of taking "old" log-probs from the live weights).
 
 Metrics are one flat namespace: reward/*, loss/*, kl/*, clip/frac, ratio/*,
 entropy, grad/norm, time/step_s, eval/*; final/* summarise a finished run.
+kl/old is KL(pi_old || pi) estimated as (ratio - 1) - log ratio on the tokens
+pi_old sampled (CleanRL's approx_kl): how far the inner steps moved the policy.
 """
 from __future__ import annotations
 
@@ -119,7 +121,8 @@ def train(cfg: RunConfig, on_step: Callable[[int, int], None] | None = None, row
             opt.step()
             dt = time.perf_counter() - t1 + (rollout_s if k == 0 else 0.0)
 
-            if step % cfg.log_every == 0 or step == total_steps - 1:
+            # the end of each window: with log_every = K that is the most off-policy step
+            if (step + 1) % cfg.log_every == 0 or step == total_steps - 1:
                 with torch.no_grad():
                     log_ratio = (logp - old_logp).detach()
                     ratio = log_ratio.exp()
@@ -131,7 +134,7 @@ def train(cfg: RunConfig, on_step: Callable[[int, int], None] | None = None, row
                          "clip/frac": _masked_mean(clipped.float(), mask),
                          "ratio/max": ratio[on].max().item() if on.any() else 1.0,
                          "ratio/min": ratio[on].min().item() if on.any() else 1.0,
-                         "kl/old": _masked_mean(torch.expm1(-log_ratio) + log_ratio, mask),
+                         "kl/old": _masked_mean(torch.expm1(log_ratio) - log_ratio, mask),
                          "grad/norm": gnorm.item(), "time/step_s": dt, "epoch": epoch, **epoch_metrics}
                     if kl_value is not None:
                         m["kl/value"] = kl_value
