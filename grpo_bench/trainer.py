@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
-
 import torch
 
 from . import registry
 from .config import RunConfig, task_name
+from .logprobs import grpo_loss
 
 Row = tuple[int, str, float]  # (step, metric, value)
 
@@ -45,7 +44,7 @@ def build_task(cfg: RunConfig):
     return registry.get("task", task_name(cfg))(cfg.task, cfg)
 
 
-def train(cfg: RunConfig, on_step: Callable[[int, int], None] | None = None, rows: list[Row] | None = None) -> dict:
+def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
     """Train one run; append (step, metric, value) rows to `rows`; return the final/* summary.
 
     `rows` is filled as training goes, so a caller still has the metrics of a run
@@ -61,8 +60,6 @@ def train(cfg: RunConfig, on_step: Callable[[int, int], None] | None = None, row
     opt = _optimizer(cfg, params)
 
     delta_fn = registry.get("delta", cfg.delta)
-    loss_fn = registry.get("loss", cfg.loss)
-    agg_fn = registry.get("aggregate", cfg.aggregate)
     kl_fn = registry.get("kl", cfg.kl)
     use_ref = cfg.kl_coef > 0
     total_steps = cfg.epochs * cfg.inner_steps
@@ -104,15 +101,14 @@ def train(cfg: RunConfig, on_step: Callable[[int, int], None] | None = None, row
             step = epoch * cfg.inner_steps + k
             t1 = time.perf_counter()
             logp, entropy = task.logprobs(ro)
-            per_token = loss_fn(logp, old_logp, deltas, mask, clip_low=cfg.clip_low, clip_high=cfg.clip_high)
-            policy_loss = agg_fn(per_token, mask, max_len=cfg.max_len)
-            loss = policy_loss
-            kl_value = None
-            if use_ref:
-                kl_tok = kl_fn(logp, ref_logp)
-                kl_value = _masked_mean(kl_tok.detach(), mask)
-                if cfg.kl_placement == "loss":
-                    loss = agg_fn(per_token + cfg.kl_coef * kl_tok, mask, max_len=cfg.max_len)
+            kl_in_loss = use_ref and cfg.kl_placement == "loss"
+            # one entry point for every backend: the torch composition of the registry
+            # parts, or the fused Triton kernel (forward and backward in one pass each)
+            loss, stats = grpo_loss(logp, old_logp, ref_logp if kl_in_loss else None, deltas, mask,
+                                    loss=cfg.loss, kl=cfg.kl if kl_in_loss else None,
+                                    kl_coef=cfg.kl_coef if kl_in_loss else 0.0, aggregate=cfg.aggregate,
+                                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, max_len=cfg.max_len,
+                                    backend=cfg.backend, return_stats=True)
             if not torch.isfinite(loss):
                 raise NonFiniteLoss(f"non-finite loss {loss.item()} at epoch {epoch}, inner step {k}")
             opt.zero_grad(set_to_none=True)
@@ -126,23 +122,17 @@ def train(cfg: RunConfig, on_step: Callable[[int, int], None] | None = None, row
                 with torch.no_grad():
                     log_ratio = (logp - old_logp).detach()
                     ratio = log_ratio.exp()
-                    adv = deltas.unsqueeze(-1).expand_as(ratio)
-                    # tokens where the clipped term wins the min, i.e. the gradient is cut
-                    clipped = ((adv > 0) & (ratio > 1 + cfg.clip_high)) | ((adv < 0) & (ratio < 1 - cfg.clip_low))
                     on = mask > 0
-                    m = {"loss/total": loss.item(), "loss/policy": policy_loss.item(),
-                         "clip/frac": _masked_mean(clipped.float(), mask),
+                    m = {"loss/total": loss.item(), **{k: v.item() for k, v in stats.items()},
                          "ratio/max": ratio[on].max().item() if on.any() else 1.0,
                          "ratio/min": ratio[on].min().item() if on.any() else 1.0,
                          "kl/old": _masked_mean(torch.expm1(log_ratio) - log_ratio, mask),
                          "grad/norm": gnorm.item(), "time/step_s": dt, "epoch": epoch, **epoch_metrics}
-                    if kl_value is not None:
-                        m["kl/value"] = kl_value
+                    if use_ref and "kl/value" not in m:  # KL in the reward: still worth watching
+                        m["kl/value"] = _masked_mean(kl_fn(logp, ref_logp), mask)
                     if entropy is not None:
                         m["entropy"] = _masked_mean(entropy.detach(), mask)
                 log(step, m)
-            if on_step is not None:
-                on_step(step, total_steps)
         if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0 and epoch + 1 < cfg.epochs:
             evaluate(step)
 
