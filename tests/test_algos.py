@@ -6,7 +6,15 @@ import torch
 
 from grpo_bench import registry
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def fp64():
+    # exact comparisons; restored so that other test modules keep fp32
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
 
 
 def delta(name, r):
@@ -134,8 +142,8 @@ def test_aggregations_match_loops():
 
 # ----------------------------------------------------------------------------- KL
 
-P_LOGITS = torch.tensor([0.3, -1.2, 2.0, 0.1, -0.4])
-Q_LOGITS = torch.tensor([-0.5, 0.7, 1.1, 0.0, 0.9])
+P_LOGITS = torch.tensor([0.3, -1.2, 2.0, 0.1, -0.4], dtype=torch.float64)
+Q_LOGITS = torch.tensor([-0.5, 0.7, 1.1, 0.0, 0.9], dtype=torch.float64)
 
 
 def _exact(estimator, theta):

@@ -1,0 +1,27 @@
+"""Kernels behind grpo_bench.logprobs: the selected-token log-prob, the fused GRPO loss
+and the fused LM-head log-prob.
+
+    chunked.py  pure torch, row-chunked: never holds an (N, V) fp32 tensor; the CPU path
+    logprob.py  Triton: online-logsumexp log-prob (+ entropy), forward and backward
+    loss.py     Triton: per-token ratio / clip / KL / mask / aggregation weights in one pass
+    linear.py   hidden @ W^T in row chunks feeding either of the two log-prob row ops
+
+Nothing is imported here, so that `grpo_bench.logprobs` can use the torch paths on a
+machine where Triton is missing; the Triton modules are imported on first use.
+"""
+import os
+
+import torch
+
+
+def triton_usable(*tensors: torch.Tensor) -> bool:
+    """Triton runs on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1 (the tests)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    return all(t.is_cuda for t in tensors)
+
+
+def check_triton(*tensors: torch.Tensor) -> None:
+    if not triton_usable(*tensors):
+        raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1); "
+                         "use backend='chunked' or 'auto' on CPU")

@@ -1,0 +1,187 @@
+"""Triton log-prob of the chosen token: one online-logsumexp pass over each row.
+
+Forward: each program walks whole rows of V in BLOCK_V tiles, keeping per-lane running
+max m, sum s = sum exp(x - m) and, for the entropy, t = sum exp(x - m) * (x - m), all in
+fp32; the lanes are merged once at the end of the row, so a tile needs no reduction and
+one exp per element (bf16 at H100 bandwidth leaves little exp throughput to spare).
+Keeping t relative to the max (rather than sum p * x) avoids cancelling two ~1e4 numbers
+when logits are extreme. It stores log p(label), the row's max and log-sum-exp relative
+to it, and optionally the entropy.
+
+Backward: one more pass over the row computes p = exp(x - max - log s) tile by tile, writes
+g * (onehot - p) - g_H * p * (log p + H) directly in the logits' dtype, so no softmax
+tensor exists; the output may alias the logits (linear.py reuses its logits chunk).
+
+Grid: 1-D, at most MAX_PROGRAMS programs striding over rows, so N has no limit of its own
+(a (B, L) grid breaks at L >= 65,536). A row is addressed as (row // L, row % L) with
+two strides in int64, so `logits[:, :-1]` is read in place.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .chunked import as_bl
+
+# Any positive values are correct; tests shrink them to exercise the row loop and the tiles.
+MAX_PROGRAMS = 1 << 20
+BLOCK_V_MAX = 4096
+
+# Logits are clamped here so that -inf (a banned token) never meets -inf in a subtraction:
+# exp(FLOOR - real max) is exactly 0, and every product stays finite. Logits below -1e30
+# therefore count as -inf, which no model produces otherwise.
+FLOOR: tl.constexpr = tl.constexpr(-1e30)
+
+
+@triton.jit
+def _logprob_fwd(x_ptr, lab_ptr, logp_ptr, lse_ptr, ent_ptr,
+                 n_rows, L, sxb, sxl, slb, sll, V,
+                 BLOCK_V: tl.constexpr, WITH_ENTROPY: tl.constexpr):
+    cols = tl.arange(0, BLOCK_V)
+    for r in tl.range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
+        base = x_ptr + (r // L) * sxb + (r % L) * sxl
+        m = tl.full([BLOCK_V], FLOOR, tl.float32)
+        s = tl.zeros([BLOCK_V], tl.float32)
+        t = tl.zeros([BLOCK_V], tl.float32)
+        for start in range(0, V, BLOCK_V):
+            idx = start + cols
+            x = tl.load(base + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
+            x = tl.maximum(x, FLOOR)
+            # One exp per element: either the max moves up to x (old terms scale by
+            # exp(m - x), the new one is 1) or it stays (the new term is exp(x - m)).
+            delta = x - m
+            d = tl.exp(-tl.abs(delta))
+            up = delta > 0
+            if WITH_ENTROPY:
+                t = tl.where(up, d * (t - delta * s), t + d * delta)
+            s = tl.where(up, s * d + 1.0, s + d)
+            m = tl.maximum(m, x)
+        mx = tl.max(m, axis=0)
+        scale = tl.exp(m - mx)
+        ssum = tl.sum(s * scale, axis=0)
+        log_s = tl.log(ssum)
+        label = tl.load(lab_ptr + (r // L) * slb + (r % L) * sll).to(tl.int64)
+        # an out-of-range label reads nothing and gives -inf, not another row's memory
+        x_lab = tl.load(base + label, mask=(label >= 0) & (label < V), other=float("-inf")).to(tl.float32)
+        # (x - max) - log s, never x - (max + log s): with logits ~1e4 the latter rounds to 1e-3
+        tl.store(logp_ptr + r, (x_lab - mx) - log_s)
+        tl.store(lse_ptr + r, mx)
+        tl.store(lse_ptr + n_rows + r, log_s)
+        if WITH_ENTROPY:
+            tsum = tl.sum(scale * (t + (m - mx) * s), axis=0)
+            tl.store(ent_ptr + r, log_s - tsum / ssum)
+
+
+@triton.jit
+def _logprob_bwd(x_ptr, lab_ptr, lse_ptr, ent_ptr, g_ptr, ge_ptr, dx_ptr,
+                 n_rows, L, sxb, sxl, slb, sll, sdb, sdl, sg, sge, V,
+                 BLOCK_V: tl.constexpr, WITH_ENTROPY: tl.constexpr):
+    cols = tl.arange(0, BLOCK_V)
+    for r in tl.range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
+        b = r // L
+        i = r % L
+        base = x_ptr + b * sxb + i * sxl
+        dbase = dx_ptr + b * sdb + i * sdl
+        label = tl.load(lab_ptr + b * slb + i * sll).to(tl.int64)
+        mx = tl.load(lse_ptr + r)
+        log_s = tl.load(lse_ptr + n_rows + r)
+        g = tl.load(g_ptr + r * sg).to(tl.float32)
+        if WITH_ENTROPY:
+            h = tl.load(ent_ptr + r)
+            ge = tl.load(ge_ptr + r * sge).to(tl.float32)
+        for start in range(0, V, BLOCK_V):
+            idx = start + cols
+            inb = idx < V
+            x = tl.maximum(tl.load(base + idx, mask=inb, other=float("-inf")).to(tl.float32), FLOOR)
+            logp = (x - mx) - log_s
+            p = tl.exp(logp)
+            coef = g
+            if WITH_ENTROPY:
+                coef = g + ge * (logp + h)  # dH/dx = -p (log p + H)
+            dx = tl.where(idx == label, g, 0.0) - p * coef
+            tl.store(dbase + idx, dx.to(dx_ptr.dtype.element_ty), mask=inb)
+
+
+def _block_v(v: int) -> int:
+    return min(BLOCK_V_MAX, triton.next_power_of_2(max(v, 16)))
+
+
+def _launch_cfg(n_rows: int, v: int) -> dict:
+    block = _block_v(v)
+    return dict(grid=(max(1, min(n_rows, MAX_PROGRAMS)),), BLOCK_V=block,
+                num_warps=16 if block >= 4096 else 8 if block >= 1024 else 4)
+
+
+def logprob_fwd(x: Tensor, labels: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """x (B, L, V) with unit stride on V, labels (B, L) -> logp (B, L), lse (2, B, L), entropy (B, L)|None.
+
+    lse holds each row's max and log-sum-exp relative to it; all fp32.
+    """
+    b, l, v = x.shape
+    n = b * l
+    logp = torch.empty(b, l, dtype=torch.float32, device=x.device)
+    lse = torch.empty(2, b, l, dtype=torch.float32, device=x.device)  # row max, log sum exp(x - max)
+    ent = torch.empty_like(logp) if with_entropy else logp  # dummy pointer when unused
+    if n:
+        cfg = _launch_cfg(n, v)
+        _logprob_fwd[cfg.pop("grid")](x, labels, logp, lse, ent, n, l, x.stride(0), x.stride(1),
+                                      labels.stride(0), labels.stride(1), v,
+                                      WITH_ENTROPY=with_entropy, **cfg)
+    return logp, lse, ent if with_entropy else None
+
+
+def logprob_bwd(x: Tensor, labels: Tensor, lse: Tensor, ent: Tensor | None, g: Tensor,
+                ge: Tensor | None, out: Tensor) -> Tensor:
+    """Write d(sum g*logp + ge*H)/dx into out (B, L, V); out may be x itself."""
+    b, l, v = x.shape
+    n = b * l
+    # g and ge keep their stride (autograd often hands in an expanded, zero-stride grad);
+    # lse and ent are indexed densely, so slices of them (linear.py's chunks) are copied
+    g = g.reshape(n)
+    lse = lse.reshape(2, n).contiguous()
+    with_entropy = ge is not None
+    ge = ge.reshape(n) if with_entropy else g
+    ent = ent.reshape(n).contiguous() if with_entropy else g
+    if n:
+        cfg = _launch_cfg(n, v)
+        _logprob_bwd[cfg.pop("grid")](x, labels, lse, ent, g, ge, out,
+                                      n, l, x.stride(0), x.stride(1), labels.stride(0), labels.stride(1),
+                                      out.stride(0), out.stride(1), g.stride(0), ge.stride(0), v,
+                                      WITH_ENTROPY=with_entropy, **cfg)
+    return out
+
+
+class TritonLogProb(torch.autograd.Function):
+    """logits (B, L, V), labels (B, L) -> logp (B, L) fp32 [, entropy (B, L) fp32]."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, labels: Tensor, with_entropy: bool):
+        logp, lse, ent = logprob_fwd(logits, labels, with_entropy)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(logits, labels, lse, ent)
+        return (logp, ent) if with_entropy else logp
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor | None, ge: Tensor | None = None):
+        logits, labels, lse, ent = ctx.saved_tensors
+        if g is None:
+            g = torch.zeros(labels.shape, dtype=torch.float32, device=labels.device)
+        out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        return logprob_bwd(logits, labels, lse, ent, g, ge, out), None, None
+
+
+def triton_logprobs(logits: Tensor, labels: Tensor, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """logits (..., V), labels (...) -> fp32 log p(label) (...), entropy (...) or None."""
+    shape = labels.shape
+    x = as_bl(logits)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    lab = labels.reshape(x.shape[:2])
+    out = TritonLogProb.apply(x, lab, with_entropy)
+    if with_entropy:
+        return out[0].reshape(shape), out[1].reshape(shape)
+    return out.reshape(shape), None

@@ -1,0 +1,125 @@
+"""Turn pytest-benchmark JSON from tests/benchmarks into a table, a plot and the goal checks.
+
+    pytest --benchmark-only --benchmark-json=results/kernels/benchmark.json
+    python scripts/bench_report.py results/kernels/benchmark.json
+
+Writes, next to nothing but the JSON it read (or into --out):
+    benchmarks.csv  one row per (case, provider): times, rows/s, GB/s, peak memory, device
+    benchmarks.md   per-case tables with speed-ups over the naive/torch baseline, the device
+                    they came from and the issue's CPU goals checked against the numbers
+    benchmarks.png  speed-up over the baseline, one panel per case
+Everything is drawn from the JSON alone, so the outputs can be rebuilt at any time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+BASELINE = {"logprob": "naive", "grpo_loss": "torch"}
+COLUMNS = ["kernel", "mode", "group", "provider", "n", "v", "dtype", "rounds", "min_ms", "median_ms",
+           "iqr_ms", "rows_per_s", "gb_per_s", "peak_mem_mb", "compile_s", "speedup", "device", "torch",
+           "load_avg", "omp_wait_policy", "datetime"]
+
+
+def load(paths: list[Path]) -> pd.DataFrame:
+    rows = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        for b in data["benchmarks"]:
+            e, s = b["extra_info"], b["stats"]
+            if "provider" not in e:
+                continue  # a benchmark from elsewhere in the suite
+            rows.append({**e, "rounds": s["rounds"], "min_ms": s["min"] * 1e3, "median_ms": s["median"] * 1e3,
+                         "iqr_ms": s["iqr"] * 1e3, "datetime": data.get("datetime", "")})
+    df = pd.DataFrame(rows)
+    if df.empty:
+        raise SystemExit("no kernel benchmarks in " + ", ".join(map(str, paths)))
+    for col in COLUMNS:
+        if col not in df:
+            df[col] = None
+    base = df[df.provider == df.kernel.map(BASELINE)].set_index("group").median_ms
+    df["speedup"] = df.group.map(base) / df.median_ms
+    order = df.kernel.map({k: i for i, k in enumerate(BASELINE)})  # log-probs first, then the loss
+    return (df.assign(_order=order).sort_values(["_order", "mode", "v", "n", "median_ms"])[COLUMNS]
+            .reset_index(drop=True))
+
+
+def goals(df: pd.DataFrame) -> list[str]:
+    """The issue's CPU goals, checked on the N=4096, V=50,257 fp32 forward case."""
+    case = df[(df.kernel == "logprob") & (df["mode"] == "fwd") & (df.n == 4096) & (df.v == 50_257)
+              & (df.dtype == "float32")].set_index("provider")
+    if "chunked" not in case.index or "naive" not in case.index:
+        return ["- CPU goals: the N=4096, V=50,257 fp32 forward case is not in this run."]
+    t = case.median_ms
+    lines = []
+
+    def check(what: str, value: float, target: float, higher: bool = True) -> None:
+        ok = value >= target if higher else value <= target
+        lines.append(f"- {what}: {value:.3g}{'x' if higher else ''} (goal {'>=' if higher else '<='} "
+                     f"{target:g}{'x' if higher else ''}): **{'met' if ok else 'missed'}**")
+
+    check("chunked vs naive, forward speed-up", t["naive"] / t["chunked"], 2)
+    for trl in ("trl", "trl_style", "trl_style_rows"):
+        if trl in t:
+            check(f"chunked vs {trl}, forward speed-up", t[trl] / t["chunked"], 3)
+    mem = case.peak_mem_mb
+    check("chunked peak extra memory / naive's", mem["chunked"] / mem["naive"], 0.1, higher=False)
+    return lines
+
+
+def markdown(df: pd.DataFrame) -> str:
+    first = df.iloc[0]
+    out = [f"Device: {first.device}; torch {first.torch}; run {first.datetime[:19]}; load average "
+           f"{df.load_avg.min():.1f}-{df.load_avg.max():.1f}"
+           + (f"; OMP_WAIT_POLICY={first.omp_wait_policy}" if first.omp_wait_policy else ""), ""]
+    for group, g in df.groupby("group", sort=False):
+        base = BASELINE[g.kernel.iloc[0]]
+        out += [f"**{group}**", "", f"| provider | median ms | min ms | rows/s | GB/s | peak extra MB | x {base} |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for r in g.itertuples():
+            out.append(f"| {r.provider} | {r.median_ms:.2f} | {r.min_ms:.2f} | {r.rows_per_s:.3g} | "
+                       f"{r.gb_per_s:.2f} | {r.peak_mem_mb:.1f} | {r.speedup:.2f} |")
+        out.append("")
+    out += ["Goals (CPU, fp32, N=4096, V=50,257, forward):"] + goals(df)
+    return "\n".join(out) + "\n"
+
+
+def plot(df: pd.DataFrame, path: Path) -> None:
+    sns.set_theme(style="whitegrid", font_scale=0.8)
+    grid = sns.catplot(df, kind="bar", x="speedup", y="provider", col="group", col_wrap=3, sharex=False,
+                       sharey=False, height=2.6, aspect=1.5, color="#4C72B0")
+    grid.set_titles("{col_name}")
+    grid.set_axis_labels("speed-up over naive / torch (median time)", "")
+    for ax in grid.axes.flat:
+        ax.axvline(1.0, color="k", lw=0.8)
+    policy = df.omp_wait_policy.iloc[0]
+    grid.figure.suptitle(df.device.iloc[0] + (f", OMP_WAIT_POLICY={policy}" if policy else ""), y=1.02)
+    grid.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(grid.figure)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("json", nargs="+", type=Path, help="pytest-benchmark --benchmark-json file(s)")
+    ap.add_argument("--out", type=Path, default=None, help="output folder (default: the first JSON's folder)")
+    args = ap.parse_args()
+    out = args.out or args.json[0].parent
+    out.mkdir(parents=True, exist_ok=True)
+    df = load(args.json)
+    df.to_csv(out / "benchmarks.csv", index=False, float_format="%.6g")
+    md = markdown(df)
+    (out / "benchmarks.md").write_text(md)
+    plot(df, out / "benchmarks.png")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Shared machinery of the kernel benchmarks: run mode, sizes, timing and what is recorded.
+
+`pytest --benchmark-only` (or --benchmark-enable) runs the full sizes and times them;
+a plain `pytest` run keeps these files as smoke tests: tiny sizes, every provider called
+once, nothing timed (so the normal test run stays fast and still catches a broken
+provider). Each timed benchmark records in extra_info: rows/s, effective GB/s (the
+bytes an ideal kernel must move, over the median time), peak extra memory and the device;
+scripts/bench_report.py turns the --benchmark-json file into results/kernels/.
+
+Peak extra memory: on CUDA, torch.cuda.max_memory_allocated() above what was allocated
+before the call. On CPU torch has no such counter, so the call is run once more under
+torch.profiler(profile_memory=True), whose CPU allocator hook reports the running total of
+bytes allocated during the call (every tensor and ATen temporary, not the Python heap);
+the peak of that total is the figure. Outputs count, inputs do not.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ROUNDS_BUDGET_S = 1.5  # timed seconds per benchmark on CPU; rounds = budget / one call, within [3, 20]
+
+
+def full_run(config) -> bool:
+    return bool(config.getoption("benchmark_only") or config.getoption("benchmark_enable"))
+
+
+def device_name() -> str:
+    if DEVICE == "cuda":
+        return torch.cuda.get_device_name()
+    model = platform.processor() or "CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_extra_bytes(fn: Callable[[], object], device: str = DEVICE) -> int:
+    """Peak bytes allocated by fn() beyond what was allocated before it (see module doc)."""
+    if device == "cuda":
+        sync()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = fn()
+        sync()
+        del out
+        return torch.cuda.max_memory_allocated() - base
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    del out
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    mem = sorted((e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0),
+                 key=lambda e: e["ts"])
+    if not mem:
+        return 0
+    # the allocator's running total also holds blocks from earlier profiled runs; the
+    # first event tells where this call started from
+    base = mem[0]["args"]["Total Allocated"] - mem[0]["args"]["Bytes"]
+    return max(e["args"]["Total Allocated"] for e in mem) - base
+
+
+@dataclass
+class Bench:
+    """Times one provider on one case through pytest-benchmark and records its metrics."""
+
+    benchmark: object
+    full: bool
+
+    def run(self, fn: Callable[[], object], *, group: str, rows: int, nbytes: int, **info) -> None:
+        def call():
+            out = fn()
+            sync()
+            return out
+
+        if not self.full:
+            self.benchmark.disabled = True  # smoke: one call, no statistics
+            self.benchmark.pedantic(call)
+            return
+        t0 = time.perf_counter()
+        call()  # warm-up: compilation, autotuning, first-touch of buffers
+        once = time.perf_counter() - t0
+        rounds = 20 if DEVICE == "cuda" else int(min(20, max(3, ROUNDS_BUDGET_S / max(once, 1e-6))))
+        self.benchmark.group = group
+        self.benchmark.pedantic(call, rounds=rounds, warmup_rounds=1 if DEVICE == "cuda" else 0)
+        median = self.benchmark.stats.stats.median
+        peak = peak_extra_bytes(call)
+        self.benchmark.extra_info.update(
+            group=group, rows=rows, rows_per_s=rows / median, gb_per_s=nbytes / median / 1e9,
+            peak_mem_mb=peak / 2**20, device=device_name(), torch=torch.__version__,
+            # timings on a shared machine: what else was running, and how OpenMP threads wait
+            load_avg=os.getloadavg()[0], omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", ""),
+            memory_method="cuda.max_memory_allocated" if DEVICE == "cuda" else "torch.profiler CPU allocator",
+            **info)
+
+
+@pytest.fixture
+def bench(benchmark, request) -> Bench:
+    return Bench(benchmark, full_run(request.config))
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    return DEVICE
+
+
+@pytest.fixture(scope="session")
+def measure_peak():
+    return peak_extra_bytes
+
+
+def pytest_generate_tests(metafunc):
+    # sizes depend on the run mode, so parametrisation happens here: a module's
+    # cases(full, device) maps fixture names ("fwd_case", ...) to their cases
+    make = getattr(metafunc.module, "cases", None)
+    if make is None:
+        return
+    for name, cases in make(full_run(metafunc.config), DEVICE).items():
+        if name in metafunc.fixturenames:
+            metafunc.parametrize(name, cases, ids=[c.id for c in cases])

@@ -1,0 +1,223 @@
+"""The selected-token log-prob (chunked torch and Triton) against an fp64 torch reference.
+
+Forward values and gradients (through log p and through the entropy) across dtypes and
+awkward shapes. On CPU the Triton kernels run in the interpreter (tests/conftest.py sets
+TRITON_INTERPRET=1), so shapes stay small; the full-size cases at the end need a GPU.
+"""
+import math
+
+import pytest
+import torch
+
+from grpo_bench.kernels import chunked as C
+
+pytest.importorskip("triton")
+from grpo_bench.kernels import logprob as K  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+F32 = torch.float32  # explicit everywhere: another test module sets the default dtype to fp64
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2),
+       torch.float16: dict(rtol=2e-3, atol=2e-3)}
+
+
+def reference(logits, labels):
+    """fp64 log p(label) and entropy; differentiable, and finite for -inf logits."""
+    lp = torch.log_softmax(logits.double(), -1)
+    out = lp.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
+    p = lp.exp()
+    ent = -(p * torch.where(p > 0, lp, torch.zeros_like(lp))).sum(-1)
+    return out, ent
+
+
+def run(backend, logits, labels, with_entropy, rows=3):
+    if backend == "triton":
+        return K.triton_logprobs(logits, labels, with_entropy)
+    return C.chunked_logprobs(logits, labels, with_entropy, rows=rows)
+
+
+def check(backend, logits, labels, with_entropy=True, tol=None, vtol=None, seed=0, **kw):
+    """Compare values and d/dlogits of sum(a * logp + b * H) with random a, b."""
+    tol = tol or TOL[logits.dtype]
+    vtol = vtol or TOL[torch.float32]
+    x = logits.detach().clone().requires_grad_()
+    lp, ent = run(backend, x, labels, with_entropy, **kw)
+    xr = logits.detach().double().requires_grad_()
+    rlp, rent = reference(xr, labels)
+    assert lp.dtype == torch.float32 and lp.shape == labels.shape
+    torch.testing.assert_close(lp.double(), rlp, **vtol)
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(labels.shape, generator=gen, dtype=torch.float64).to(logits.device)
+    obj, robj = (lp.double() * a).sum(), (rlp * a).sum()
+    if with_entropy:
+        torch.testing.assert_close(ent.double(), rent, **vtol)
+        b = torch.randn(labels.shape, generator=gen, dtype=torch.float64).to(logits.device)
+        obj, robj = obj + (ent.double() * b).sum(), robj + (rent * b).sum()
+    else:
+        assert ent is None
+    (g,) = torch.autograd.grad(obj, x)
+    (rg,) = torch.autograd.grad(robj, xr)
+    assert g.dtype == logits.dtype and g.shape == logits.shape
+    torch.testing.assert_close(g.double(), rg, **tol)
+
+
+def randn(*shape, dtype=torch.float32, scale=3.0, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(*shape, generator=gen, dtype=torch.float32)).to(dtype).to(DEVICE)
+
+
+def labels_for(shape, v, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, v, shape, generator=gen).to(DEVICE)
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    # several V tiles with a ragged last one, and fewer programs than rows
+    monkeypatch.setattr(K, "BLOCK_V_MAX", 64)
+    monkeypatch.setattr(K, "MAX_PROGRAMS", 3)
+
+
+SHAPES = [(1, 1), (1, 37), (3, 5, 77), (2, 2, 3, 200)]  # N = 1, V = 1, V odd, 4-D leading
+
+
+@pytest.mark.parametrize("backend", ["chunked", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_fp64_reference(backend, dtype, shape, small_tiles):
+    logits = randn(*shape, dtype=dtype)
+    labels = labels_for(shape[:-1], shape[-1])
+    check(backend, logits, labels, with_entropy=dtype != torch.float16)
+    if dtype == torch.float32:
+        check(backend, logits, labels, with_entropy=False)
+
+
+@pytest.mark.parametrize("backend", ["chunked", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_extreme_logits(backend, dtype, small_tiles):
+    # +-1e4: a naive exp overflows, and x - (max + log s) in fp32 would lose 1e-3
+    logits = randn(4, 150, dtype=torch.float32, scale=1.0, seed=3)
+    logits = torch.where(logits > 0, torch.full_like(logits, 1e4), torch.full_like(logits, -1e4)) + logits
+    logits = logits.to(dtype)
+    labels = labels_for((4,), 150, seed=4)
+    labels[0] = logits[0].float().argmax()  # log p near 0 as well as near -2e4
+    check(backend, logits, labels)
+
+
+@pytest.mark.parametrize("backend", ["chunked", "triton"])
+def test_ties(backend, small_tiles):
+    v = 130
+    logits = torch.zeros(3, v, dtype=F32, device=DEVICE)
+    logits[1, :5] = 2.0  # a tie at the top, the label among the tied
+    logits[2] = torch.arange(v, dtype=F32, device=DEVICE) % 4  # many ties, label on a low one
+    labels = torch.tensor([7, 3, 4], device=DEVICE)
+    x = logits.clone().requires_grad_()
+    lp, ent = run(backend, x, labels, True)
+    torch.testing.assert_close(lp[0], torch.tensor(-math.log(v), dtype=F32, device=DEVICE))
+    torch.testing.assert_close(ent[0], torch.tensor(math.log(v), dtype=F32, device=DEVICE))
+    (g,) = torch.autograd.grad(lp[0], x)
+    expect = torch.full((v,), -1.0 / v, dtype=F32, device=DEVICE)
+    expect[7] += 1.0
+    torch.testing.assert_close(g[0], expect)
+    assert (g[1:] == 0).all()
+    check(backend, logits, labels)
+
+
+@pytest.mark.parametrize("backend", ["chunked", "triton"])
+def test_minus_inf_logits(backend, small_tiles):
+    # banned tokens: everything stays finite and p = 0 there, including the entropy terms
+    logits = randn(3, 100, seed=5)
+    logits[:, ::3] = float("-inf")
+    labels = torch.tensor([1, 2, 4], device=DEVICE)
+    check(backend, logits, labels)
+
+
+@pytest.mark.parametrize("backend", ["chunked", "triton"])
+def test_largest_vocab(backend):
+    v = 262_144
+    logits = randn(2, v, seed=6)
+    # ATen's fp32 log_softmax sums 262,144 exps in a few running lanes: ~1e-5 relative error
+    # (the naive torch path shares it); the kernel keeps 4,096 lanes and stays within 1e-7
+    if backend == "triton":
+        vtol, tol = dict(rtol=1e-5, atol=1e-5), dict(rtol=1e-5, atol=1e-7)
+    else:
+        vtol, tol = dict(rtol=3e-5, atol=1e-5), dict(rtol=1e-4, atol=2e-5)
+    check(backend, logits, labels_for((2,), v), tol=tol, vtol=vtol)
+
+
+def test_rows_are_read_in_place(small_tiles):
+    base = randn(2, 6, 50, seed=7)
+    view = base[:, :-1]  # the usual logits[:, :-1]: not flattenable without a copy
+    assert C.as_bl(view).data_ptr() == view.data_ptr()
+    labels = labels_for((2, 5), 50)
+    for backend in ("chunked", "triton"):
+        check(backend, view, labels)
+
+
+def test_chunking_covers_every_row():
+    # row blocks in (B, L): across whole sequences when L < rows, within one otherwise
+    for b, l, rows in [(3, 5, 2), (3, 5, 7), (4, 1, 3), (1, 9, 9)]:
+        seen = torch.zeros(b, l, dtype=torch.int64)
+        for bi, li in C.row_blocks(b, l, rows):
+            assert seen[bi, li].numel() <= rows
+            seen[bi, li] += 1
+        assert (seen == 1).all()
+
+
+def test_cpu_chunk_rule():
+    cpu = torch.device("cpu")
+    for n, v in [(4096, 50_257), (1024, 151_936), (64, 262_144), (4096, 5000)]:
+        chunk = 4 * v * C.default_rows(n, v, cpu)
+        assert chunk <= 16 << 20 and (chunk <= 4 * n * v / 16 or C.default_rows(n, v, cpu) == 1)
+    assert C.default_rows(480, 5, cpu) >= 480  # a toy task's logits: one chunk
+
+
+def test_int32_labels_and_unused_entropy():
+    logits = randn(2, 3, 40, seed=8)
+    labels = labels_for((2, 3), 40).to(torch.int32)
+    for backend in ("chunked", "triton"):
+        x = logits.clone().requires_grad_()
+        lp, _ = run(backend, x, labels, True)  # entropy computed but not in the objective
+        (g,) = torch.autograd.grad(lp.sum(), x)
+        xr = logits.double().requires_grad_()
+        (rg,) = torch.autograd.grad(reference(xr, labels)[0].sum(), xr)
+        torch.testing.assert_close(g.double(), rg, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------- full size, GPU only
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="full-size kernel checks need a GPU")
+
+
+def _full_check(logits, labels, with_entropy=True):
+    x = logits.clone().requires_grad_()
+    lp, ent = K.triton_logprobs(x, labels, with_entropy)
+    xr = logits.float().requires_grad_()  # fp32 torch reference: fp64 at this size is slow
+    lsm = torch.log_softmax(xr, -1)
+    rlp = lsm.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    rent = -(lsm.exp() * lsm).sum(-1)
+    torch.testing.assert_close(lp, rlp, rtol=1e-4, atol=1e-4)
+    a = torch.randn_like(rlp)
+    obj, robj = (lp * a).sum(), (rlp * a).sum()
+    if with_entropy:
+        torch.testing.assert_close(ent, rent, rtol=1e-4, atol=1e-4)
+        obj, robj = obj + ent.sum(), robj + rent.sum()
+    (g,) = torch.autograd.grad(obj, x)
+    (rg,) = torch.autograd.grad(robj, xr)
+    torch.testing.assert_close(g.float(), rg, **(TOL[logits.dtype] if logits.dtype != torch.float32
+                                                   else dict(rtol=1e-4, atol=1e-6)))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("v", [50_257, 151_936, 262_144])
+def test_full_size_gpu(dtype, v):
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(2048, v, dtype=F32, device="cuda")).to(dtype)
+    _full_check(logits, torch.randint(0, v, (2048,), device="cuda"))
+
+
+@gpu
+def test_more_rows_than_a_grid_dimension_gpu():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 70_000, 256, dtype=F32, device="cuda")  # L >= 65,536 breaks a (B, L) grid
+    _full_check(logits[:, :-1], torch.randint(0, 256, (2, 69_999), device="cuda"))

@@ -1,0 +1,133 @@
+"""grpo_bench.logprobs: the public entry points and their backend dispatch.
+
+The kernels themselves are checked against fp64 in tests/test_kernels_*.py; here: every
+backend gives the same numbers through the public functions, shapes and dtypes of the
+results, and the errors a user meets.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grpo_bench.logprobs import (grpo_loss, linear_logprobs, resolve_backend, selective_log_softmax,
+                                 token_logprobs)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+F32 = torch.float32  # explicit everywhere: another test module sets the default dtype to fp64
+BACKENDS = ["torch", "chunked", "triton", "auto"]
+
+
+def logits_and_labels(*lead, v=53, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = 2 * torch.randn(*lead, v, generator=gen, dtype=torch.float32)
+    return x.to(dtype).to(DEVICE), torch.randint(0, v, lead, generator=gen).to(DEVICE)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("lead", [(), (7,), (2, 5), (2, 3, 4)], ids=["scalar", "N", "BxL", "4d"])
+def test_backends_agree(backend, lead):
+    x, y = logits_and_labels(*lead)
+    want = torch.log_softmax(x.double(), -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    xg = x.clone().requires_grad_()
+    lp, ent = token_logprobs(xg, y, backend=backend, with_entropy=True)
+    assert lp.shape == ent.shape == y.shape and lp.dtype == ent.dtype == torch.float32
+    torch.testing.assert_close(lp.double(), want, rtol=1e-5, atol=1e-5)
+    p = torch.softmax(x.double(), -1)
+    torch.testing.assert_close(ent.double(), -(p * p.log()).sum(-1), rtol=1e-5, atol=1e-5)
+    (g,) = torch.autograd.grad(lp.sum() + ent.sum(), xg)
+    xr = x.double().requires_grad_()
+    lsm = torch.log_softmax(xr, -1)
+    (rg,) = torch.autograd.grad(lsm.gather(-1, y.unsqueeze(-1)).sum() - (lsm.exp() * lsm).sum(), xr)
+    torch.testing.assert_close(g.double(), rg, rtol=1e-5, atol=1e-5)
+
+
+def test_without_entropy_and_low_precision():
+    x, y = logits_and_labels(3, 4, dtype=torch.bfloat16)
+    ref = torch.log_softmax(x.float(), -1).gather(-1, y.unsqueeze(-1)).squeeze(-1)
+    for backend in BACKENDS:
+        lp, ent = token_logprobs(x, y, backend=backend)
+        assert ent is None and lp.dtype == torch.float32
+        torch.testing.assert_close(lp, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_selective_log_softmax_is_trl_compatible():
+    x, y = logits_and_labels(2, 6, dtype=torch.float16)
+    xg = x.clone().requires_grad_()
+    out = selective_log_softmax(xg, y)  # TRL's order: (logits, index)
+    assert out.dtype == torch.float32 and out.shape == y.shape
+    torch.testing.assert_close(out, torch.log_softmax(x.float(), -1).gather(-1, y.unsqueeze(-1)).squeeze(-1))
+    (g,) = torch.autograd.grad(out.sum(), xg)
+    assert g.dtype == torch.float16 and torch.isfinite(g).all()
+
+
+def test_backend_resolution():
+    cpu = torch.zeros(1, dtype=F32)
+    assert resolve_backend("auto", cpu) == "chunked"
+    assert resolve_backend("torch", cpu) == "torch"
+    if torch.cuda.is_available():
+        assert resolve_backend("auto", cpu.cuda()) == "triton"
+    with pytest.raises(ValueError, match="auto, torch, chunked, triton"):
+        token_logprobs(*logits_and_labels(2), backend="cuda")
+    with pytest.raises(ValueError, match="valid"):
+        z = torch.zeros(1, 2, dtype=F32)
+        grpo_loss(z, z, z, torch.zeros(1, dtype=F32), torch.ones(1, 2, dtype=F32), loss="clipped", kl=None,
+                  kl_coef=0.0, aggregate="token_mean", clip_low=0.2, clip_high=0.2, backend="fast")
+
+
+def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="CUDA"):
+        token_logprobs(*logits_and_labels(2, v=5), backend="triton")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_linear_logprobs(backend):
+    gen = torch.Generator().manual_seed(3)
+    h = torch.randn(2, 5, 12, generator=gen, dtype=torch.float32).to(DEVICE)
+    w = torch.randn(40, 12, generator=gen, dtype=torch.float32).to(DEVICE)
+    b = torch.randn(40, generator=gen, dtype=torch.float32).to(DEVICE)
+    y = torch.randint(0, 40, (2, 5), generator=gen).to(DEVICE)
+    hg = h.clone().requires_grad_()
+    lp, ent = linear_logprobs(hg, w, y, backend=backend, with_entropy=True, bias=b)
+    rlp, rent = token_logprobs(F.linear(h, w, b), y, backend="torch", with_entropy=True)
+    torch.testing.assert_close(lp, rlp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, rent, rtol=1e-5, atol=1e-5)
+    assert hg.grad is None and torch.autograd.grad(lp.sum(), hg)[0].shape == h.shape
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grpo_loss_backends_agree(backend):
+    gen = torch.Generator().manual_seed(4)
+    logp = -torch.rand(2, 4, 9, generator=gen, dtype=torch.float32)
+    old = logp + 0.3 * torch.randn(2, 4, 9, generator=gen, dtype=torch.float32)
+    ref = logp + 0.3 * torch.randn(2, 4, 9, generator=gen, dtype=torch.float32)
+    deltas = torch.randn(2, 4, generator=gen, dtype=torch.float32)
+    mask = (torch.rand(2, 4, 9, generator=gen) > 0.2).float()
+    args = [t.to(DEVICE) for t in (logp, old, ref, deltas, mask)]
+    kw = dict(loss="clipped", kl="k3", kl_coef=0.04, aggregate="seq_mean_token_mean", clip_low=0.2, clip_high=0.28)
+    x = args[0].clone().requires_grad_()
+    value, stats = grpo_loss(x, *args[1:], backend=backend, return_stats=True, **kw)
+    rx = args[0].clone().requires_grad_()
+    rvalue, rstats = grpo_loss(rx, *args[1:], backend="torch", return_stats=True, **kw)
+    torch.testing.assert_close(value, rvalue)
+    torch.testing.assert_close(torch.autograd.grad(value, x)[0], torch.autograd.grad(rvalue, rx)[0])
+    assert set(stats) == {"loss/policy", "clip/frac", "kl/value"}
+    assert 0 < stats["clip/frac"] < 1
+    for k in stats:
+        torch.testing.assert_close(stats[k], rstats[k])
+    plain = grpo_loss(*args, backend=backend, **kw)  # scalar only by default
+    assert plain.shape == ()
+
+
+def test_kl_off_needs_no_reference():
+    logp = torch.zeros(1, 3, dtype=F32, device=DEVICE)
+    for backend in BACKENDS:
+        v, stats = grpo_loss(logp, logp, None, torch.ones(1, dtype=F32, device=DEVICE),
+                             torch.ones(1, 3, dtype=F32, device=DEVICE),
+                             loss="clipped", kl="k3", kl_coef=0.0, aggregate="token_mean", clip_low=0.2,
+                             clip_high=0.2, backend=backend, return_stats=True)
+        assert v.item() == -1.0 and "kl/value" not in stats
+
+
+def test_public_name():
+    import grpo_bench
+    assert grpo_bench.selective_log_softmax is selective_log_softmax
