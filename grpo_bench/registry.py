@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from typing import Any, Callable
 
 AXES = ("delta", "loss", "aggregate", "kl", "task")
@@ -97,7 +97,8 @@ def get(axis: str, name: str):
 def parameters(e: Entry) -> dict[str, Any]:
     """The tunable parameters of a part and their defaults."""
     if e.config is not None and is_dataclass(e.config):
-        return {f.name: f.default for f in fields(e.config) if f.name != "name"}
+        return {f.name: f.default_factory() if f.default is MISSING else f.default
+                for f in fields(e.config) if f.name != "name"}
     sig = inspect.signature(e.obj)
     return {p.name: p.default for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY}
 

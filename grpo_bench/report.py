@@ -26,6 +26,7 @@ ALPHA = 0.05
 HEADLINE = [
     ("final/reward", "final reward", "reward/mean"),
     ("final/eval/accuracy", "eval accuracy", "eval/accuracy"),
+    ("final/eval/accuracy_gain", "eval accuracy gain", "eval/accuracy_gain"),
     ("final/eval/reward", "eval reward", "eval/reward"),
     ("final/eval/pass@k", "eval pass@k", "eval/pass@k"),
 ]
@@ -162,8 +163,9 @@ def _markdown(meta, summary, ok, headline, order, figures) -> str:
         lines += [meta["description"], ""]
     lines += [f"Source `{meta['source']}`; seeds {meta['seeds']}; {len(ok)} runs finished, {n_failed} failed, "
               f"{len(meta['runs']) - len(summary)} not run. Rebuild with `python -m grpo_bench plot <this directory>`.", "",
-              "Final reward = mean rollout reward over the last 10% of epochs. Eval metrics are greedy, on a held-out set, "
-              "at the end of training. Cells are mean ± std over seeds.", "",
+              "Final reward = mean rollout reward over the last 10% of epochs. Eval metrics are on a held-out set at the "
+              "end of training: accuracy and reward of greedy answers, pass@k of k sampled ones; accuracy gain is over the "
+              "starting policy. Cells are mean ± std over seeds.", "",
               "## Results", ""]
     head = ["variant", "runs ok"] + [label for _, label, _ in headline] + ["wall s / run"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
