@@ -1,0 +1,170 @@
+"""Causal LMs for the LM tasks: the embedded tiny GPT-2, hub or local models, LoRA, and the reference policy.
+
+Any `AutoModelForCausalLM` loads by hub id or local path; "tiny" builds a small
+GPT-2 from `GPT2Config` over the character tokenizer, which needs no network.
+The reference policy never costs a second copy of the base weights: with refresh
+period 0 it is the base model with the adapter switched off (LoRA's B starts at
+zero, so that is also the initial policy); with a period it is a snapshot of the
+adapter held as a second peft adapter that the reference pass switches to.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+TINY = "tiny"
+POLICY, SNAPSHOT = "default", "reference"
+
+# LoRA on every projection (attention and MLP) per architecture; peft's own table
+# only names the attention query/value projections, too little capacity for a
+# tiny model and fewer than the usual recipes for instruct models.
+LORA_TARGETS = {
+    "gpt2": ["c_attn", "c_proj", "c_fc"],
+    "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "qwen3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "mistral": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
+}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device: cuda requested but torch.cuda.is_available() is False")
+    return torch.device(name)
+
+
+def dtype_for(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def build_tiny(tokenizer, n_layer: int, n_embd: int, n_head: int, seed: int, n_positions: int = 64) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=len(tokenizer), n_positions=n_positions, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GPT2LMHeadModel(config)
+
+
+def prepare_tokenizer(tokenizer):
+    """Left padding (generation appends on the right) and a pad token (GPT-2 has none)."""
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+@contextlib.contextmanager
+def quiet_progress():
+    """No per-load progress bars: every worker of a sweep loads a model, and the bars bury the sweep's own."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
+def load(model_id: str, device: torch.device, dtype: torch.dtype | None = None):
+    """(model, tokenizer) from a hub id or a `save_pretrained` directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(model_id).expanduser()
+    source = str(path) if path.exists() else model_id
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(source))
+    with quiet_progress():
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype or dtype_for(device))
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.to(device), tokenizer
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and the generation config's (chat end tokens)."""
+    ids = model.generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted(set(ids))
+
+
+def disable_dropout(model: nn.Module) -> None:
+    # Base-model dropout would make the first inner step's ratio differ from 1 and
+    # the old log-probs differ from the sampler's; LoRA's own dropout is added later.
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+
+
+def attach_lora(model: nn.Module, rank: int, alpha: int, dropout: float, targets: list[str] | None):
+    from peft import LoraConfig, get_peft_model
+
+    model_type = model.config.model_type
+    targets = targets or LORA_TARGETS.get(model_type)  # None: peft's table for the architecture
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
+                        fan_in_fan_out=model_type == "gpt2", bias="none", task_type="CAUSAL_LM")
+    disable_dropout(model)
+    with warnings.catch_warnings():  # peft calls a transformers API that v5 deprecates
+        warnings.simplefilter("ignore", FutureWarning)
+        return get_peft_model(model, config, adapter_name=POLICY)
+
+
+def encode(tokenizer, texts: list[str], chat: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded (input_ids, attention_mask) of prompts; a chat template already holds its BOS."""
+    enc = tokenizer(texts, padding=True, add_special_tokens=not chat, return_tensors="pt")
+    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+
+def positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that start at 0 on the first real token, as generate() computes them for left padding."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class Reference:
+    """Switches a peft model between the policy adapter and its reference (adapter off, or a snapshot)."""
+
+    def __init__(self, peft_model):
+        self.model = peft_model
+        self.has_snapshot = False
+
+    def refresh(self) -> None:
+        model = self.model
+        if not self.has_snapshot:
+            model.add_adapter(SNAPSHOT, model.peft_config[POLICY])
+            model.set_adapter(POLICY)  # add_adapter can leave the new adapter trainable
+            self.has_snapshot = True
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, p in params.items():
+                if f".{POLICY}." in name:
+                    snap = params[name.replace(f".{POLICY}.", f".{SNAPSHOT}.")]
+                    snap.copy_(p)
+                    snap.requires_grad_(False)
+
+    def forward(self, fn):
+        """fn() evaluated under the reference policy."""
+        if not self.has_snapshot:
+            with self.model.disable_adapter():
+                return fn()
+        self.model.set_adapter(SNAPSHOT)
+        try:
+            return fn()
+        finally:
+            self.model.set_adapter(POLICY)
+            for name, p in self.model.named_parameters():
+                if f".{SNAPSHOT}." in name:
+                    p.requires_grad_(False)

@@ -1,0 +1,316 @@
+"""Arithmetic on a causal LM with LoRA: `17+25=` -> `42<eos>`, scored by rule rewards.
+
+The policy is any causal LM (the embedded tiny GPT-2 by default, or a hub id / a
+`save_pretrained` directory) with a LoRA adapter; only the adapter trains. One
+epoch draws `prompts_per_step` problems from the seeded training stream,
+samples G completions each with `generate` (KV cache, left padding), masks each
+completion after its first EOS and scores it with weighted rule rewards.
+Log-probs are those of the sampler: logits divided by the temperature, as TRL
+does, so a temperature other than 1 does not make the "on-policy" data
+off-policy. Held-out greedy accuracy and pass@k go to `eval/`.
+
+This module is imported whenever tasks are listed, so its top level is the
+config and the class; transformers and peft load only when a task is built.
+
+    python -m grpo_bench run ablations/arithmetic_lora.yaml
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..registry import register
+from . import Rollout
+
+
+def _default_ops() -> dict:
+    # What the embedded 2-layer model learns within the CPU budget; mixing in sub, mul
+    # and floordiv stalls its short warm-start (see ablations/arithmetic_lora.yaml).
+    return {"add": [0, 99]}
+
+
+def _default_rewards() -> dict:
+    return {"correct": 1.0, "format": 0.1, "length": 0.0}
+
+
+@dataclass
+class ArithmeticConfig:
+    """Arithmetic problems answered by a causal LM trained through a LoRA adapter."""
+
+    model: str = "tiny"
+    """`tiny` (embedded char-level GPT-2, offline), a hub id (`Qwen/Qwen2.5-0.5B-Instruct`) or a
+    local `save_pretrained` directory."""
+    tiny_layers: int = 2
+    """Embedded model: transformer blocks."""
+    tiny_width: int = 128
+    """Embedded model: hidden size (n_embd)."""
+    tiny_heads: int = 4
+    """Embedded model: attention heads."""
+    ops: dict = field(default_factory=_default_ops)
+    """Operations and their operand range [lo, hi], any of add, sub, mul, floordiv (divisor 0 is skipped)."""
+    template: str = "auto"
+    """Prompt: `plain` (`17+25=`), `chat` (the tokenizer's chat template), `auto` (chat if the tokenizer has one)."""
+    prompts_per_step: int = 32
+    """B: training problems per rollout batch (each gets group_size completions)."""
+    temperature: float = 1.0
+    """Sampling temperature of rollouts and pass@k; log-probs use the same tempered logits."""
+    top_p: float = 1.0
+    """Nucleus sampling; 1 samples from the full distribution (log-probs ignore the truncation, as TRL's do)."""
+    max_new_tokens: int = 8
+    """Completion budget; a completion without EOS by then is cut off (format reward 0)."""
+    rewards: dict = field(default_factory=_default_rewards)
+    """Reward -> weight; a reward is correct, format, length, or `module:function` with TRL's signature."""
+    eval_size: int = 200
+    """Held-out problems (fixed by eval_seed, never in the training stream)."""
+    eval_seed: int = 1234
+    """Seed of the held-out set; the same for every run so variants are compared on the same problems."""
+    pass_k: int = 8
+    """k of eval/pass@k (k samples per held-out problem); 0 skips it."""
+    lora_rank: int = 8
+    """LoRA rank r."""
+    lora_alpha: int = 16
+    """LoRA alpha (the update is scaled by alpha / r)."""
+    lora_dropout: float = 0.0
+    """LoRA dropout, active in the gradient pass only (sampling and old log-probs run without it)."""
+    lora_targets: list | None = None
+    """Module names that get LoRA; null = every projection of the architecture (gpt2: c_attn, c_proj, c_fc)."""
+    warmstart_steps: int = 450
+    """SFT steps before GRPO (0 = none; instruct models need none); the checkpoint is cached by its config."""
+    warmstart_batch: int = 64
+    """SFT batch size."""
+    warmstart_lr: float = 3e-3
+    """SFT peak learning rate (warm-up, then cosine decay to 0)."""
+    warmstart_seed: int = 0
+    """Seed of the SFT data and initialisation; shared by all RL seeds so they start from one checkpoint."""
+
+    def check(self, run_cfg) -> None:
+        from ..lm import problems, rewards
+
+        problems.check_ops(self.ops)
+        if self.template not in problems.TEMPLATES:
+            raise ValueError(f"template: unknown {self.template!r}; valid: {', '.join(problems.TEMPLATES)}")
+        if not self.model:
+            raise ValueError("model: empty; give `tiny`, a hub id or a local directory")
+        if self.eval_size < 1 or 2 * self.eval_size > problems.space_size(self.ops):
+            raise ValueError(f"eval_size: must be >= 1 and at most half of the {problems.space_size(self.ops)} "
+                             f"distinct problems (the rest are the training stream), got {self.eval_size}")
+        if not self.rewards:
+            raise ValueError("rewards: empty; give e.g. {correct: 1.0}")
+        for spec, weight in self.rewards.items():
+            try:
+                rewards.resolve(str(spec))
+            except ValueError as e:
+                raise ValueError(f"rewards: {e}") from None
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                raise ValueError(f"rewards: weight of {spec!r} must be a number, got {weight!r}")
+        positive = {"prompts_per_step": self.prompts_per_step, "max_new_tokens": self.max_new_tokens,
+                    "lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha, "tiny_layers": self.tiny_layers,
+                    "tiny_width": self.tiny_width, "tiny_heads": self.tiny_heads}
+        for key, value in positive.items():
+            if value < 1:
+                raise ValueError(f"{key}: must be >= 1, got {value}")
+        if self.tiny_width % self.tiny_heads:
+            raise ValueError(f"tiny_width: must be a multiple of tiny_heads ({self.tiny_heads}), got {self.tiny_width}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature: must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError(f"lora_dropout: must be in [0, 1), got {self.lora_dropout}")
+        for key in ("pass_k", "warmstart_steps"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key}: must be >= 0, got {getattr(self, key)}")
+        if self.warmstart_steps and (self.warmstart_batch < 1 or self.warmstart_lr <= 0):
+            raise ValueError("warmstart_batch: batch must be >= 1 and warmstart_lr > 0 when warmstart_steps > 0")
+
+
+def completion_mask(tokens: Tensor, eos: Tensor) -> tuple[Tensor, Tensor]:
+    """(mask, finished) of generated tokens (N, T): 1.0 up to and including the first EOS."""
+    is_end = torch.isin(tokens, eos)
+    before = is_end.long().cumsum(-1) - is_end.long()  # EOS seen strictly before this token
+    return (before == 0).float(), is_end.any(-1)
+
+
+@register("task", "arithmetic", config=ArithmeticConfig)
+class Arithmetic:
+    """Arithmetic (+ - * //) on a causal LM with LoRA; tiny offline GPT-2 by default."""
+
+    def __init__(self, task_config: ArithmeticConfig, run_config):
+        from transformers import GenerationConfig
+
+        from ..lm import models, problems, rewards, warmstart
+
+        self.cfg, self.run_cfg = task_config, run_config
+        self.device = models.resolve_device(run_config.device)
+        cfg = task_config
+        if cfg.warmstart_steps > 0:
+            base, self.tokenizer = models.load(str(warmstart.checkpoint(cfg, self.device)), self.device)
+        elif cfg.model == models.TINY:
+            from ..lm.tokenizer import build_char_tokenizer
+
+            self.tokenizer = models.prepare_tokenizer(build_char_tokenizer())
+            base = models.build_tiny(self.tokenizer, cfg.tiny_layers, cfg.tiny_width, cfg.tiny_heads,
+                                     seed=cfg.warmstart_seed).to(self.device, models.dtype_for(self.device))
+        else:
+            base, self.tokenizer = models.load(cfg.model, self.device)
+        self.eos = torch.tensor(models.eos_ids(base, self.tokenizer), device=self.device)
+        # A clean generation config: checkpoints ship sampling defaults (Qwen: top_k 20,
+        # repetition penalty) that would make the sampler differ from the trained policy.
+        base.generation_config = GenerationConfig(
+            eos_token_id=self.eos.tolist(), pad_token_id=self.tokenizer.pad_token_id,
+            bos_token_id=self.tokenizer.bos_token_id, max_new_tokens=cfg.max_new_tokens)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(run_config.seed)  # LoRA's A matrices are random
+            self.policy = models.attach_lora(base, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
+        self.policy.eval()
+        self.reference = models.Reference(self.policy)
+        self.template = problems.resolve_template(cfg.template, self.tokenizer)
+        self.heldout = problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed)
+        self._exclude = set(self.heldout)
+        self.rewards = {str(spec): (rewards.resolve(str(spec)), float(w)) for spec, w in cfg.rewards.items()}
+        self._problems, self._models, self._rewards_mod = problems, models, rewards
+        self._evals, self._base_acc = 0, None
+
+    # ------------------------------------------------------------------ sampling
+
+    def _prompts(self, batch: list) -> tuple[Tensor, Tensor]:
+        texts = [self._problems.render(p, self.template, self.tokenizer) for p in batch]
+        return self._models.encode(self.tokenizer, texts, self.template == "chat", self.device)
+
+    @torch.no_grad()
+    def _generate(self, ids: Tensor, mask: Tensor, n: int, sample: bool, seed: int) -> Tensor:
+        """(len(ids) * n, T) generated tokens, the n samples of a prompt adjacent."""
+        cfg = self.cfg
+        knobs = (dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0) if sample
+                 else dict(do_sample=False))
+        self.policy.eval()
+        # HF samples from the global RNG; fork it so rollouts are a function of the
+        # seed alone and the caller's RNG stream is left untouched.
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            out = self.policy.generate(input_ids=ids, attention_mask=mask, num_return_sequences=n,
+                                       max_new_tokens=cfg.max_new_tokens, use_cache=True, **knobs)
+        return out[:, ids.shape[1]:]
+
+    def _decode(self, tokens: Tensor) -> tuple[list[str], Tensor, Tensor]:
+        """Text of generated tokens (N, T) up to EOS, their mask and whether they finished."""
+        mask, finished = completion_mask(tokens, self.eos)
+        lengths = mask.sum(-1).long().tolist()
+        texts = self.tokenizer.batch_decode([t[:k] for t, k in zip(tokens.tolist(), lengths)], skip_special_tokens=True)
+        return texts, mask, finished
+
+    def _score(self, batch: list, texts: list[str], mask: Tensor, finished: Tensor, n: int):
+        """Weighted total reward and the raw components of the n completions of each problem."""
+        prompts = [self._problems.render(p, self.template, self.tokenizer) for p in batch for _ in range(n)]
+        return self._rewards_mod.combine(
+            self.rewards, prompts, texts, answer=[p.answer for p in batch for _ in range(n)],
+            finished=finished.tolist(), completion_lengths=mask.sum(-1).long().tolist(),
+            max_new_tokens=self.cfg.max_new_tokens)
+
+    def _seed(self, gen: torch.Generator | None, salt: int) -> int:
+        if gen is None:
+            return self.run_cfg.seed * 1_000_003 + salt
+        return int(torch.randint(0, 2**62, (1,), generator=gen).item())
+
+    def rollout(self, epoch: int, group_size: int, gen: torch.Generator) -> Rollout:
+        seed = self._seed(gen, epoch)
+        batch = self._problems.train_batch(self.cfg.ops, self.cfg.prompts_per_step, random.Random(seed), self._exclude)
+        ids, attn = self._prompts(batch)
+        tokens = self._generate(ids, attn, group_size, sample=True, seed=seed)  # (B*G, T)
+        texts, mask, finished = self._decode(tokens)
+        total, parts = self._score(batch, texts, mask, finished, group_size)
+        b, t = len(batch), tokens.shape[1]
+        metrics = {f"reward/{name}": sum(v) / len(v) for name, v in parts.items()}
+        metrics["response/length"] = mask.sum(-1).mean().item()
+        metrics["response/finished"] = finished.float().mean().item()
+        return Rollout(
+            prompts=batch,
+            responses=tokens.view(b, group_size, t),
+            mask=mask.view(b, group_size, t),
+            rewards=torch.tensor(total, dtype=torch.float32, device=self.device).view(b, group_size),
+            extra={"prompt_ids": ids, "prompt_mask": attn},
+            metrics=metrics,
+        )
+
+    # ------------------------------------------------------------------ log-probs
+
+    def _forward(self, ids: Tensor, attn: Tensor, responses: Tensor, mask: Tensor, with_entropy: bool):
+        from ..logprobs import token_logprobs
+
+        t = responses.shape[1]
+        full = torch.cat([ids, responses], 1)
+        full_mask = torch.cat([attn, mask.to(attn.dtype)], 1)
+        # Position P-1 predicts the first response token; keep only the T logits that
+        # predict response tokens rather than a (N, P+T, V) tensor.
+        out = self.policy(input_ids=full, attention_mask=full_mask, position_ids=self._models.positions(full_mask),
+                          logits_to_keep=t + 1, use_cache=False)
+        logits = out.logits[:, :t]
+        if self.cfg.temperature != 1.0:
+            logits = logits / self.cfg.temperature
+        return token_logprobs(logits, responses, backend=self.run_cfg.backend, with_entropy=with_entropy)
+
+    def logprobs(self, rollout: Rollout, reference: bool = False) -> tuple[Tensor, Tensor | None]:
+        b, g, t = rollout.responses.shape
+        ids = rollout.extra["prompt_ids"].repeat_interleave(g, 0)
+        attn = rollout.extra["prompt_mask"].repeat_interleave(g, 0)
+        responses, mask = rollout.responses.reshape(b * g, t), rollout.mask.reshape(b * g, t)
+        if reference:
+            logp, ent = self.reference.forward(lambda: self._forward(ids, attn, responses, mask, False))
+        else:
+            # train mode only matters for LoRA dropout (base dropout is off); no_grad passes
+            # (old log-probs) run in eval mode so they match the sampler
+            self.policy.train(torch.is_grad_enabled())
+            logp, ent = self._forward(ids, attn, responses, mask, True)
+            self.policy.eval()
+        return logp.view(b, g, t), None if ent is None else ent.view(b, g, t)
+
+    def refresh_reference(self) -> None:
+        self.reference.refresh()
+
+    # ---------------------------------------------------------------- evaluation
+
+    @torch.no_grad()
+    def _greedy(self, batch: list) -> tuple[list[str], Tensor, Tensor]:
+        ids, attn = self._prompts(batch)
+        return self._decode(self._generate(ids, attn, 1, sample=False, seed=0))
+
+    @torch.no_grad()
+    def evaluate(self, gen: torch.Generator) -> dict[str, float]:
+        """Held-out greedy accuracy, reward and format rate, pass@k of sampled completions, and
+        the gain in accuracy over the base model (the warm-start: the adapter switched off)."""
+        # Sampling seeds come from the run seed and a counter, not from `gen`, so that
+        # how often a run is evaluated never changes its training stream.
+        self._evals += 1
+        seed = self.run_cfg.seed * 1_000_003 + 7919 * self._evals
+        correct, fmt = self._rewards_mod.correct, self._rewards_mod.format_reward
+        k, chunk = self.cfg.pass_k, 256
+        totals = dict.fromkeys(["accuracy", "reward", "format", "pass@k"], 0.0)
+        for start in range(0, len(self.heldout), chunk):
+            batch = self.heldout[start:start + chunk]
+            answers = [p.answer for p in batch]
+            texts, mask, finished = self._greedy(batch)
+            # exact correctness whatever the training rewards, so reward mixes stay comparable
+            totals["accuracy"] += sum(correct([], texts, answer=answers))
+            totals["format"] += sum(fmt([], texts, finished=finished.tolist()))
+            totals["reward"] += sum(self._score(batch, texts, mask, finished, 1)[0])
+            if k:
+                ids, attn = self._prompts(batch)
+                texts, _, _ = self._decode(self._generate(ids, attn, k, sample=True, seed=seed + start))
+                hits = torch.tensor(correct([], texts, answer=[a for a in answers for _ in range(k)]))
+                totals["pass@k"] += hits.view(len(batch), k).amax(-1).sum().item()
+        if not k:
+            del totals["pass@k"]
+        out = {f"eval/{name}": v / len(self.heldout) for name, v in totals.items()}
+        out["eval/accuracy_gain"] = out["eval/accuracy"] - self._base_accuracy()
+        return out
+
+    def _base_accuracy(self) -> float:
+        if self._base_acc is None:
+            with self.policy.disable_adapter():
+                texts, _, _ = self._greedy(self.heldout)
+            answers = [p.answer for p in self.heldout]
+            self._base_acc = sum(self._rewards_mod.correct([], texts, answer=answers)) / len(self.heldout)
+        return self._base_acc

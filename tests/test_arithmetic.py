@@ -1,0 +1,247 @@
+"""The arithmetic task on a causal LM: masks, log-probs, the LoRA reference, loading, warm-start cache, a short run."""
+import copy
+
+import pytest
+import torch
+
+from grpo_bench.config import resolve_run
+from grpo_bench.registry import get
+from grpo_bench.tasks import Rollout
+from grpo_bench.tasks.arithmetic import completion_mask
+
+SMALL = {"name": "arithmetic", "ops": {"add": [0, 99]}, "tiny_layers": 1, "tiny_width": 32, "tiny_heads": 2,
+         "prompts_per_step": 4, "max_new_tokens": 5, "eval_size": 12, "pass_k": 2, "warmstart_steps": 0}
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "cache"))
+
+
+def make(task=None, **run):
+    cfg = resolve_run({"task": {**SMALL, **(task or {})}, "group_size": 3, **run})
+    return get("task", "arithmetic")(cfg.task, cfg), cfg
+
+
+def perturb_adapter(task, adapter="default", scale=0.2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in task.policy.named_parameters():
+            if f"lora_B.{adapter}." in name:
+                p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+def test_completion_mask_ends_at_first_eos():
+    eos = torch.tensor([2, 7])
+    tokens = torch.tensor([[5, 6, 2, 0, 0],    # EOS then padding
+                           [2, 5, 5, 5, 5],    # EOS first
+                           [5, 5, 5, 5, 5],    # cut off, never ended
+                           [5, 7, 2, 2, 2]])   # second EOS id; pad == eos afterwards
+    mask, finished = completion_mask(tokens, eos)
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+    assert finished.tolist() == [True, True, False, True]
+
+
+def test_left_padding_and_positions():
+    task, _ = make()
+    from grpo_bench.lm import models, problems
+
+    ids, attn = task._prompts([problems.Problem(1, "add", 2), problems.Problem(10, "add", 20)])
+    assert attn.tolist() == [[0, 0, 1, 1, 1, 1, 1], [1] * 7]
+    assert ids[0, :2].tolist() == [task.tokenizer.pad_token_id] * 2 and ids[0, 2] == task.tokenizer.bos_token_id
+    assert models.positions(attn).tolist() == [[0, 0, 0, 1, 2, 3, 4], list(range(7))]
+
+
+def test_rollout_shapes_mask_and_rewards():
+    task, _ = make()
+    ro = task.rollout(0, 3, torch.Generator().manual_seed(0))
+    b, g, t = ro.responses.shape
+    assert (b, g) == (4, 3) and t <= 5 and ro.mask.shape == ro.rewards.shape + (t,)
+    eos = task.eos
+    for resp, m in zip(ro.responses.view(-1, t), ro.mask.view(-1, t)):
+        ends = torch.isin(resp, eos).nonzero()
+        n = int(ends[0]) + 1 if len(ends) else t
+        assert m.tolist() == [1.0] * n + [0.0] * (t - n)
+    assert {"reward/correct", "reward/format", "reward/length", "response/length"} <= set(ro.metrics)
+
+
+def test_same_seed_same_rollout_and_caller_rng_untouched():
+    task, _ = make()
+    torch.manual_seed(123)
+    a = task.rollout(5, 3, torch.Generator().manual_seed(9))
+    after = torch.rand(1)
+    torch.manual_seed(123)
+    b = task.rollout(5, 3, torch.Generator().manual_seed(9))
+    assert torch.equal(a.responses, b.responses) and a.prompts == b.prompts
+    assert torch.equal(after, torch.rand(1))  # sampling ran on a forked RNG
+
+
+def test_logprobs_are_the_samplers():
+    """Log-probs of the sampled tokens equal generate's own tempered scores, despite left padding."""
+    task, _ = make({"temperature": 0.7})
+    from grpo_bench.lm import problems
+
+    batch = [problems.Problem(3, "add", 4), problems.Problem(55, "add", 47)]
+    ids, attn = task._prompts(batch)
+    torch.manual_seed(0)
+    out = task.policy.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=0.7, top_p=1.0,
+                               top_k=0, num_return_sequences=2, max_new_tokens=5,
+                               output_scores=True, return_dict_in_generate=True)
+    tokens = out.sequences[:, ids.shape[1]:]
+    sampler = torch.log_softmax(torch.stack(out.scores, 1).float(), -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    mask, _ = completion_mask(tokens, task.eos)
+    t = tokens.shape[1]
+    ro = Rollout(batch, tokens.view(2, 2, t), mask.view(2, 2, t), torch.zeros(2, 2),
+                 extra={"prompt_ids": ids, "prompt_mask": attn})
+    with torch.no_grad():
+        logp, ent = task.logprobs(ro)
+    on = mask.view(2, 2, t) > 0
+    torch.testing.assert_close(logp[on], sampler.view(2, 2, t)[on], atol=1e-5, rtol=1e-5)
+    assert ent.shape == logp.shape and (ent[on] > 0).all()
+
+
+def test_reference_with_adapter_off_is_the_base_model():
+    task, cfg = make()
+    from grpo_bench.lm import models
+
+    # the same base weights, built independently of peft
+    base = models.build_tiny(task.tokenizer, 1, 32, 2, seed=cfg.task.warmstart_seed)
+    ro = task.rollout(0, 3, torch.Generator().manual_seed(1))
+    perturb_adapter(task)
+    with torch.no_grad():
+        ref, ref_ent = task.logprobs(ro, reference=True)
+        pol, _ = task.logprobs(ro)
+        b, g, t = ro.responses.shape
+        ids = torch.cat([ro.extra["prompt_ids"].repeat_interleave(g, 0), ro.responses.view(-1, t)], 1)
+        attn = torch.cat([ro.extra["prompt_mask"].repeat_interleave(g, 0), ro.mask.view(-1, t).long()], 1)
+        logits = base(input_ids=ids, attention_mask=attn, position_ids=models.positions(attn)).logits
+        want = torch.log_softmax(logits[:, -t - 1:-1], -1).gather(-1, ro.responses.view(-1, t, 1)).view(b, g, t)
+    on = ro.mask > 0
+    torch.testing.assert_close(ref[on], want[on], atol=1e-5, rtol=1e-5)
+    assert ref_ent is None and (pol[on] - ref[on]).abs().max() > 1e-3
+
+
+def test_snapshot_reference_changes_only_at_refresh():
+    task, _ = make()
+    trainable = {n for n, p in task.policy.named_parameters() if p.requires_grad}
+    ro = task.rollout(0, 3, torch.Generator().manual_seed(2))
+    on = ro.mask > 0
+
+    def lp(reference):
+        with torch.no_grad():
+            return task.logprobs(ro, reference=reference)[0][on]
+
+    perturb_adapter(task, seed=1)
+    task.refresh_reference()
+    snap = lp(True)
+    torch.testing.assert_close(snap, lp(False))  # refresh copies the policy
+    perturb_adapter(task, seed=2)
+    opt = torch.optim.SGD([p for p in task.policy.parameters() if p.requires_grad], lr=0.1)
+    task.logprobs(ro)[0][on].sum().backward()
+    opt.step()
+    assert torch.equal(lp(True), snap) and (lp(False) - snap).abs().max() > 1e-3  # policy moved, reference did not
+    assert {n for n, p in task.policy.named_parameters() if p.requires_grad} == trainable
+    task.refresh_reference()
+    torch.testing.assert_close(lp(True), lp(False))
+
+
+def save_other_gpt2(path):
+    """A GPT-2-shaped model unlike the tiny default: other sizes, other vocabulary order."""
+    from grpo_bench.lm import models
+    from grpo_bench.lm.tokenizer import build_char_tokenizer
+
+    tok = models.prepare_tokenizer(build_char_tokenizer("9876543210=+-*/ "))
+    model = models.build_tiny(tok, n_layer=2, n_embd=24, n_head=3, seed=5, n_positions=40)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return tok
+
+
+def test_model_and_tokenizer_load_from_a_local_directory(tmp_path):
+    tok = save_other_gpt2(tmp_path / "other")
+    task, _ = make({"model": str(tmp_path / "other")})
+    assert task.policy.get_base_model().config.n_embd == 24
+    assert task.tokenizer.get_vocab() == tok.get_vocab()
+    ro = task.rollout(0, 3, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logp, _ = task.logprobs(ro)
+    assert torch.isfinite(logp).all()
+    assert set(task.evaluate(torch.Generator())) == {"eval/accuracy", "eval/reward", "eval/format", "eval/pass@k",
+                                                     "eval/accuracy_gain"}
+
+
+def test_warmstart_is_cached_by_config(tmp_path, monkeypatch):
+    from grpo_bench.lm import warmstart
+
+    save_other_gpt2(tmp_path / "other")
+    task_cfg = {"model": str(tmp_path / "other"), "warmstart_steps": 3, "warmstart_batch": 8}
+    cfg = make(task_cfg)[1].task
+    first = warmstart.checkpoint(cfg, torch.device("cpu"))
+    assert (first / "done.json").exists() and not list(first.parent.glob(".tmp-*"))
+
+    def no_build(*a, **k):
+        raise AssertionError("rebuilt a cached warm-start")
+
+    monkeypatch.setattr(warmstart, "_build", no_build)
+    assert warmstart.checkpoint(cfg, torch.device("cpu")) == first
+    cfg.warmstart_lr *= 2  # another config is another checkpoint
+    with pytest.raises(AssertionError, match="rebuilt"):
+        warmstart.checkpoint(cfg, torch.device("cpu"))
+
+
+def test_short_run_end_to_end_is_deterministic():
+    from grpo_bench.trainer import train
+
+    raw = {"task": {**SMALL, "warmstart_steps": 20, "warmstart_batch": 16}, "group_size": 3, "epochs": 3,
+           "inner_steps": 2, "kl_coef": 0.05, "ref_refresh": 2, "eval_every": 2, "lr": 1e-3}
+    rows_a, rows_b = [], []
+    summary = train(resolve_run(copy.deepcopy(raw)), rows=rows_a)
+    train(resolve_run(copy.deepcopy(raw)), rows=rows_b)
+    untimed = lambda rows: [r for r in rows if not r[1].startswith("time/")]  # noqa: E731
+    assert untimed(rows_a) == untimed(rows_b)
+    for key in ("final/eval/accuracy", "final/eval/pass@k", "final/reward"):
+        assert 0.0 <= summary[key] <= 1.1
+    metrics = {m for _, m, _ in rows_a}
+    assert {"reward/correct", "kl/value", "eval/accuracy", "entropy"} <= metrics
+
+
+def test_chat_template_prompts_and_turn_end_token(tmp_path):
+    """A tokenizer with a chat template: prompts go through it, completions end at its turn-end token."""
+    from grpo_bench.lm import models
+    from grpo_bench.lm.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer("0123456789+-*/=() .,:?abcdefghijklmnopqrstuvwxyzCRW\n")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    models.build_tiny(tok, n_layer=1, n_embd=32, n_head=2, seed=0, n_positions=128).save_pretrained(tmp_path / "chat")
+    tok.save_pretrained(tmp_path / "chat")
+
+    task, _ = make({"model": str(tmp_path / "chat"), "ops": {"mul": [0, 12]}, "eval_size": 20})
+    assert task.template == "chat"
+    ro = task.rollout(0, 3, torch.Generator().manual_seed(0))
+    prompt = task.tokenizer.decode(ro.extra["prompt_ids"][-1], skip_special_tokens=False)
+    p = ro.prompts[-1]
+    turn = f"Compute {p.a} * {p.b}. Reply with the integer only."
+    assert prompt == f"<|im_start|>user\n{turn}<|im_end|>\n<|im_start|>assistant\n"
+    assert task.tokenizer.convert_tokens_to_ids("<|im_end|>") in task.eos.tolist()
+    with torch.no_grad():
+        assert torch.isfinite(task.logprobs(ro)[0]).all()
+
+
+def test_default_lora_targets_per_architecture():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_bench.lm import models
+
+    def targets(model):
+        peft_model = models.attach_lora(model, rank=2, alpha=4, dropout=0.0, targets=None)
+        return {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in peft_model.named_parameters() if "lora_A" in n}
+
+    qwen = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, num_key_value_heads=1))
+    assert targets(qwen) == set(models.LORA_TARGETS["qwen2"])
+    task, _ = make()
+    lora = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in task.policy.named_parameters() if "lora_A" in n}
+    assert lora == {"c_attn", "c_proj", "c_fc"}

@@ -1,0 +1,96 @@
+"""Arithmetic data and rewards without a model: tokenizer, problems, answer parsing, reward mixing."""
+import random
+
+import pytest
+
+from grpo_bench.config import ConfigError, resolve_run
+from grpo_bench.lm import problems, rewards
+from grpo_bench.lm.rewards import extract_answer
+
+
+def test_char_tokenizer_round_trip_and_reload(tmp_path):
+    from transformers import AutoTokenizer
+
+    from grpo_bench.lm.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    text = "17+25=42 -8//3 (9*9)"
+    ids = tok(text).input_ids
+    assert ids[0] == tok.bos_token_id and len(ids) == len(text) + 1  # one token per character
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    tok.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    assert again(text).input_ids == ids
+    assert (again.eos_token_id, again.pad_token_id, again.padding_side) == (tok.eos_token_id, tok.pad_token_id, "left")
+    batch = again(["1+1=", "10+10="], padding=True)
+    assert batch.input_ids[0][:2] == [again.pad_token_id] * 2 and batch.attention_mask[0][:2] == [0, 0]
+    assert tok("é").input_ids[1] == tok.unk_token_id
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("42", 42), (" 42 ", 42), ("-8", -8), ("The answer is 42.", 42), ("17+25=42", 42),
+    ("1,234", 1234), ("42.0", 42), ("42.5", None), ("\\boxed{7} and then 9", 7),
+    ("", None), ("abc", None), ("=", None), ("٤٢", None), ("４２", None), ("😀42😀", 42),
+    ("9" * 10_000, None), ("-" * 50, None),
+])
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_rewards_on_malformed_completions_are_defined():
+    bad = ["", "abc", "9" * 5000, "٤٢", "17+25=", "17+25=42", "42<eos>junk", "\x00\n\t", "42\n"]
+    n = len(bad)
+    prompts = ["17+25="] * n
+    correct = rewards.correct(prompts, bad, answer=[42] * n)
+    assert correct == [0, 0, 0, 0, 0, 1, 1, 0, 1]  # the last integer counts, whatever follows
+    fmt = rewards.format_reward(prompts, bad, finished=[True] * (n - 1) + [False])
+    assert fmt == [0, 0, 1, 0, 0, 0, 0, 0, 0]  # the last is a bare integer but was cut off
+    length = rewards.length_penalty(prompts, bad, completion_lengths=[0, 3, 99, 2, 6, 8, 12, 3, 3], max_new_tokens=8)
+    assert length[0] == 0 and length[2] == -1 and all(-1 <= x <= 0 for x in length)
+    assert rewards.correct(prompts, bad) == [0.0] * n  # no answers given: nothing is correct
+
+
+def test_combine_weights_and_plugins():
+    fns = {spec: (rewards.resolve(spec), w) for spec, w in
+           {"correct": 1.0, "format": 0.5, "grpo_bench.lm.rewards:length_penalty": 2.0}.items()}
+    total, parts = rewards.combine(fns, ["1+1="] * 2, ["2", "3 apples"], answer=[2, 2], finished=[True, True],
+                                   completion_lengths=[2, 4], max_new_tokens=8)
+    assert parts == {"correct": [1.0, 0.0], "format": [1.0, 0.0], "length_penalty": [-0.25, -0.5]}
+    assert total == pytest.approx([1.0 + 0.5 - 0.5, -1.0])
+    with pytest.raises(ValueError, match="unknown reward"):
+        rewards.resolve("correctness")
+    with pytest.raises(ValueError, match="cannot load"):
+        rewards.resolve("no_such_module_xyz:fn")
+    short = {"bad": (lambda prompts, completions, **kw: [1.0], 1.0)}
+    with pytest.raises(ValueError, match="returned 1 scores for 2"):
+        rewards.combine(short, ["a", "b"], ["1", "2"])
+
+
+def test_problems_exact_answers_and_disjoint_heldout():
+    ops = {"add": [0, 99], "sub": [-5, 5], "mul": [0, 12], "floordiv": [-9, 9]}
+    exact = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+             "floordiv": lambda a, b: a // b}
+    for p in problems.heldout(ops, 300, seed=3):
+        assert not (p.op == "floordiv" and p.b == 0)
+        assert p.answer == exact[p.op](p.a, p.b)
+    held = problems.heldout(ops, 100, seed=1)
+    assert held == problems.heldout(ops, 100, seed=1) and len(set(held)) == 100
+    stream = problems.train_batch(ops, 2000, random.Random(0), set(held))
+    assert not set(stream) & set(held)
+    assert problems.Problem(17, "floordiv", 5).plain() == "17//5=" and problems.Problem(3, "sub", -4).plain() == "3--4="
+
+
+@pytest.mark.parametrize("task, key", [
+    ({"ops": {"pow": [0, 9]}}, "task.ops"),
+    ({"ops": {"add": [9, 0]}}, "task.ops"),
+    ({"ops": {"floordiv": [0, 0]}}, "task.ops"),
+    ({"ops": {"add": [0, 3]}, "eval_size": 10}, "task.eval_size"),
+    ({"rewards": {"nope": 1.0}}, "task.rewards"),
+    ({"template": "fancy"}, "task.template"),
+    ({"top_p": 0.0}, "task.top_p"),
+    ({"tiny_width": 30, "tiny_heads": 4}, "task.tiny_width"),
+])
+def test_config_errors_name_the_key(task, key):
+    with pytest.raises(ConfigError) as err:
+        resolve_run({"task": {"name": "arithmetic", **task}}, "x.yaml")
+    assert err.value.key == key
