@@ -21,10 +21,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import registry
+from .algos.common import masked_mean
 from .config import BACKENDS
 from .kernels import check_triton
 from .kernels.chunked import _LOG_FLOOR, chunked_logprobs
 from .kernels.linear import fused_linear_logprobs
+from .kernels.spec import EXTRA_REGION, LossSpec
 
 
 @lru_cache(maxsize=1)
@@ -84,62 +86,70 @@ def linear_logprobs(hidden: Tensor, weight: Tensor, labels: Tensor, backend: str
 
 
 def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: Tensor, mask: Tensor, *,
-              loss: str, kl: str | None, kl_coef: float, aggregate: str, clip_low: float, clip_high: float,
-              max_len: int | None = None, backend: str = "auto", return_stats: bool = False):
-    """aggregate(loss(logp, old, deltas, mask) + kl_coef * kl(logp, ref), mask) -> scalar.
+              loss: str | dict = "clipped", aggregate: str | dict = "seq_mean_token_mean",
+              kl: str | dict | None = None, kl_coef: float = 0.0, gate: Tensor | None = None,
+              backend: str = "auto", context: dict | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """aggregate(gate * loss(logp, old, deltas, mask) + kl_coef * kl(logp, ref, old), mask) and its statistics.
 
-    logp, old_logp, ref_logp, mask (..., T); deltas (...). kl_coef == 0 (or kl None) means
-    no KL term, and ref_logp may then be None. The gradient flows to logp only. With
-    return_stats, also a dict of detached scalars: loss/policy (the policy term alone,
-    same aggregation), clip/frac (share of unmasked tokens whose clipped term wins the min;
-    GSPO's is its sequence ratio) and, with a KL term, kl/value (its token mean).
+    logp, old_logp, ref_logp, gate, mask (..., T); deltas (...). Parts are given as a name or
+    {name: ..., param: value}; `context` fills parameters left at None (e.g. max_len). kl None
+    or kl_coef 0 means no KL term (ref_logp may then be None). The gradient flows to logp only.
+
+    Statistics, detached scalars: loss/policy (the gated policy term alone, same aggregation),
+    clip/frac and clip/<region>_frac (share of unmasked tokens in each clip region the loss
+    reports, see algos/losses.py; low and high always), kl/value (token mean of the
+    estimator, with a KL term).
     """
-    loss_fn = registry.get("loss", loss)  # unknown names fail here, listing the valid ones
-    agg_fn = registry.get("aggregate", aggregate)
+    loss_name, loss_params = _resolve("loss", loss, context)
+    agg_name, agg_params = _resolve("aggregate", aggregate, context)
     use_kl = kl is not None and kl_coef != 0
-    kl_fn = registry.get("kl", kl) if use_kl else None
+    kl_name, kl_params = _resolve("kl", kl, context) if use_kl else (None, {})
     if use_kl and ref_logp is None:
         raise ValueError("kl_coef != 0 needs ref_logp")
     b = resolve_backend(backend, logp)
     if b == "triton":
-        from .kernels.loss import LossSpec, fused_grpo_loss
-        spec = LossSpec(loss, kl if use_kl else None, kl_coef if use_kl else 0.0, aggregate,
-                        clip_low, clip_high, max_len)
+        spec = LossSpec(loss_name, tuple(sorted(loss_params.items())), agg_name, tuple(sorted(agg_params.items())),
+                        kl_name, kl_coef if use_kl else 0.0, gate is not None)
         if backend == "triton" or spec.fusable():  # auto falls back for parts the kernel lacks
-            value, stats = fused_grpo_loss(logp, old_logp, ref_logp if use_kl else None, deltas, mask, spec)
-            return (value, stats) if return_stats else value
+            from .kernels.loss import fused_grpo_loss
+            value, sums = fused_grpo_loss(logp, old_logp, ref_logp, deltas, mask, spec, gate)
+            n = sums["tokens"].clamp(min=1)
+            regions = {"low": sums["low"], "high": sums["high"]}
+            if loss_name in EXTRA_REGION:
+                regions[EXTRA_REGION[loss_name]] = sums["extra"]
+            stats = {"loss/policy": sums["policy"], "clip/frac": sum(regions.values()) / n,
+                     **{f"clip/{k}_frac": v / n for k, v in regions.items()}}
+            if use_kl:
+                stats["kl/value"] = sums["kl_sum"] / n
+            return value, {k: v.detach() for k, v in stats.items()}
 
-    pol = loss_fn(logp, old_logp, deltas, mask, clip_low=clip_low, clip_high=clip_high)
-    per_token = pol + kl_coef * kl_fn(logp, ref_logp) if use_kl else pol
-    value = agg_fn(per_token, mask, max_len=max_len)
-    if not return_stats:
-        return value
-    with torch.no_grad():
-        stats = _torch_stats(pol, logp, old_logp, ref_logp, deltas, mask, loss, kl_fn, agg_fn,
-                             clip_low, clip_high, max_len)
-    return value, stats
-
-
-def _torch_stats(pol, logp, old_logp, ref_logp, deltas, mask, loss, kl_fn, agg_fn,
-                 clip_low, clip_high, max_len) -> dict[str, Tensor]:
+    loss_fn = registry.get("loss", loss_name)
+    agg_fn = registry.get("aggregate", agg_name)
     on = mask > 0
-    n = mask.sum().clamp(min=1)
+    # Masked tokens may hold -inf log-probs (a padded position); zeroing them before any
+    # part runs keeps inf out of every backward (0 * inf = nan), whatever the part computes.
+    safe = lambda x: torch.where(on, x, torch.zeros_like(x))  # noqa: E731
+    lp, old = safe(logp), safe(old_logp)
+    pol, regions = loss_fn(lp, old, deltas, mask, **loss_params)
+    if gate is not None:
+        pol = pol * gate
+    per_token = pol
+    if use_kl:
+        kl_tok = registry.get("kl", kl_name)(lp, safe(ref_logp), old, **kl_params)
+        per_token = pol + kl_coef * kl_tok
+    value = agg_fn(per_token, mask, **agg_params)
+    with torch.no_grad():
+        regions = {"low": torch.zeros_like(on), "high": torch.zeros_like(on)} | regions
+        union = torch.zeros_like(on)
+        for r in regions.values():
+            union = union | r
+        stats = {"loss/policy": agg_fn(pol, mask, **agg_params), "clip/frac": masked_mean(union.to(lp.dtype), mask),
+                 **{f"clip/{k}_frac": masked_mean(r.to(lp.dtype), mask) for k, r in regions.items()}}
+        if use_kl:
+            stats["kl/value"] = masked_mean(kl_tok, mask)
+    return value, {k: v.detach() for k, v in stats.items()}
 
-    def token_mean(x: Tensor) -> Tensor:
-        return torch.where(on, x, torch.zeros_like(x)).sum() / n
 
-    stats = {"loss/policy": agg_fn(pol, mask, max_len=max_len)}
-    if loss in ("clipped", "gspo"):
-        if loss == "gspo":
-            lr = torch.where(on, logp - old_logp, torch.zeros_like(logp))
-            ratio = (lr.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)).exp().expand_as(logp)
-        else:
-            ratio = (logp - old_logp).exp()
-        adv = deltas.unsqueeze(-1).expand_as(ratio)
-        clipped = ((adv > 0) & (ratio > 1 + clip_high)) | ((adv < 0) & (ratio < 1 - clip_low))
-        stats["clip/frac"] = token_mean(clipped.to(logp.dtype))
-    else:
-        stats["clip/frac"] = torch.zeros((), dtype=logp.dtype, device=logp.device)
-    if kl_fn is not None:
-        stats["kl/value"] = token_mean(kl_fn(logp, ref_logp))
-    return {k: v.detach() for k, v in stats.items()}
+def _resolve(axis: str, spec: str | dict, context: dict | None) -> tuple[str, dict]:
+    name, given = registry.split_spec(spec)
+    return name, registry.resolve_params(axis, name, given, context)

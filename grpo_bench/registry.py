@@ -1,43 +1,120 @@
 """One registry per axis of the GRPO design space.
 
-A part is registered under the string that selects it in YAML. Every part of an
-axis has the same signature, so the trainer calls them all the same way:
+A part is a function registered under the string that selects it in YAML. Every
+part of an axis takes the same positional data arguments, so the trainer calls
+them all the same way; its keyword-only arguments (each with a default and a type)
+are the part's parameters, set from YAML as `loss: {name: clipped, clip_high: 0.28}`.
 
-    delta      fn(rewards (B, G), *, eps) -> deltas (B, G)
-    loss       fn(logp, old_logp (B, G, T), deltas (B, G), mask=None, *, clip_low, clip_high) -> (B, G, T)
-    kl         fn(logp, ref_logp (B, G, T)) -> per-token estimate of KL(pi || pi_ref), (B, G, T)
-    aggregate  fn(per_token (B, G, T), mask (B, G, T), *, max_len=None) -> scalar
-    task       cls(task_config, run_config) -> a Task (see grpo_bench/tasks/__init__.py)
+    delta       fn(rewards (B, G), lengths (B, G) | None, greedy (B,) | None) -> deltas (B, G)
+    loss        fn(logp, old_logp (B, G, T), deltas (B, G), mask (B, G, T))
+                  -> (per-token loss to minimise (B, G, T), {clip region: bool (B, G, T)})
+    aggregate   fn(per_token (B, G, T), mask (B, G, T)) -> scalar
+    kl          fn(logp, ref_logp, old_logp | None (B, G, T)) -> per-token estimate of KL(pi || pi_ref)
+    kl_ctrl     fn(coef, observed_kl, n_samples) -> the KL coefficient for the next rollout
+    ref_update  fn(epoch) -> weight w of the policy in ref <- w * policy + (1 - w) * ref, or 0 for no update
+    filter      fn(batch: algos.Batch) -> Batch   (runs at its `stage`: "rollout" or "step")
+    task        cls(task_config, run_config) -> a Task (see grpo_bench/tasks/__init__.py)
 
-Keyword-only arguments with defaults are the part's parameters; `python -m
-grpo_bench list` prints them.
+What a part knows about itself travels with its registration (`register(axis, name,
+**traits)`): `needs_group` (a baseline over G >= 2 responses), `needs` (extra inputs the
+trainer must compute, e.g. "greedy"), `stage` (filters). A parameter left at None is
+filled from the run's context when the context has a value of that name (the task's
+generation budget `max_len`, for instance). Constraints on parameters are written in
+their annotations (`Annotated[float, Range(0, 1)]`), so checking a config and printing
+`python -m grpo_bench list` derive from the signature, never from a second list.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
-from dataclasses import MISSING, dataclass, fields, is_dataclass
-from typing import Any, Callable
+import math
+import typing
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from typing import Annotated, Any, Callable
 
-AXES = ("delta", "loss", "aggregate", "kl", "task")
+# axis -> names of the positional data arguments every part of it takes (None: classes)
+AXES: dict[str, tuple[str, ...] | None] = {
+    "delta": ("rewards", "lengths", "greedy"),
+    "loss": ("logp", "old_logp", "deltas", "mask"),
+    "aggregate": ("per_token", "mask"),
+    "kl": ("logp", "ref_logp", "old_logp"),
+    "kl_ctrl": ("coef", "observed_kl", "n_samples"),
+    "ref_update": ("epoch",),
+    "filter": ("batch",),
+    "task": None,
+}
 
 # Modules whose import fills the registries; imported on first lookup so that
 # `from grpo_bench import registry` stays cheap and import cycles cannot bite.
-_PROVIDERS = {
-    "delta": ["grpo_bench.algos"],
-    "loss": ["grpo_bench.algos"],
-    "aggregate": ["grpo_bench.algos"],
-    "kl": ["grpo_bench.algos"],
-    "task": ["grpo_bench.tasks.sort", "grpo_bench.tasks.arithmetic"],
-}
+_PROVIDERS = {axis: ["grpo_bench.algos"] for axis in AXES}
+_PROVIDERS["task"] = ["grpo_bench.tasks.sort", "grpo_bench.tasks.arithmetic"]
+
+
+# ------------------------------------------------------------------ constraints
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric parameter's allowed interval; open ends exclude the bound."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def violation(self, v: float) -> str | None:
+        if self.lo is not None and (v < self.lo or (self.lo_open and v == self.lo)):
+            return f"must be {'>' if self.lo_open else '>='} {self.lo}, got {v}"
+        if self.hi is not None and (v > self.hi or (self.hi_open and v == self.hi)):
+            return f"must be {'<' if self.hi_open else '<='} {self.hi}, got {v}"
+        return None
+
+
+@dataclass(frozen=True)
+class Choice:
+    options: tuple[str, ...]
+
+    def violation(self, v: str) -> str | None:
+        return None if v in self.options else f"unknown {v!r}; valid: {', '.join(self.options)}"
+
+
+Positive = Annotated[float, Range(0, None, lo_open=True)]
+NonNegative = Annotated[float, Range(0)]
+Fraction = Annotated[float, Range(0, 1, lo_open=True, hi_open=True)]  # (0, 1)
+Probability = Annotated[float, Range(0, 1)]                           # [0, 1]
+PositiveInt = Annotated[int, Range(1)]
+
+
+# --------------------------------------------------------------------- entries
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    default: Any
+    type: Any                      # the annotation without its constraint
+    constraint: Range | Choice | None
+
+    def check(self, value: Any) -> str | None:
+        """None when value is acceptable, else a message (the type was checked already)."""
+        if value is None or self.constraint is None:
+            return None
+        if isinstance(value, float) and math.isnan(value):
+            return "must be a number, got nan"
+        return self.constraint.violation(value)
 
 
 @dataclass(frozen=True)
 class Entry:
+    axis: str
     name: str
     obj: Any
-    doc: str
-    config: type | None = None  # tasks: the dataclass their YAML section is checked against
+    doc: str                        # first line of the docstring
+    source: str = ""                # the docstring's "Source:" line
+    config: type | None = None      # tasks: the dataclass their YAML section is checked against
+    traits: dict = field(default_factory=dict)
+    params: dict[str, Param] = field(default_factory=dict)
 
 
 _REGISTRY: dict[str, dict[str, Entry]] = {axis: {} for axis in AXES}
@@ -53,15 +130,41 @@ class UnknownPart(KeyError):
         return self.args[0]
 
 
-def register(axis: str, name: str, config: type | None = None) -> Callable:
+def _split_annotation(tp: Any) -> tuple[Any, Range | Choice | None]:
+    if typing.get_origin(tp) is Annotated:
+        base, *meta = typing.get_args(tp)
+        return base, next((m for m in meta if isinstance(m, (Range, Choice))), None)
+    return tp, None
+
+
+def _params(axis: str, name: str, fn: Callable) -> dict[str, Param]:
+    sig = inspect.signature(fn)
+    hints = typing.get_type_hints(fn, include_extras=True)
+    positional = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if tuple(positional) != AXES[axis]:
+        raise TypeError(f"{axis} {name!r}: positional arguments must be {AXES[axis]}, got {tuple(positional)}")
+    out = {}
+    for p in sig.parameters.values():
+        if p.kind is not p.KEYWORD_ONLY:
+            continue
+        if p.default is p.empty or p.name not in hints:
+            raise TypeError(f"{axis} {name!r}: parameter {p.name!r} needs a type annotation and a default")
+        tp, constraint = _split_annotation(hints[p.name])
+        out[p.name] = Param(p.name, p.default, tp, constraint)
+    return out
+
+
+def register(axis: str, name: str, *, config: type | None = None, **traits) -> Callable:
     if axis not in _REGISTRY:
         raise ValueError(f"unknown axis {axis!r}; valid: {', '.join(AXES)}")
 
     def deco(obj):
         if name in _REGISTRY[axis]:
             raise ValueError(f"{axis} {name!r} registered twice")
-        doc = (inspect.getdoc(obj) or "").strip().split("\n")[0]
-        _REGISTRY[axis][name] = Entry(name, obj, doc, config)
+        lines = (inspect.getdoc(obj) or "").strip().splitlines()
+        source = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Source:")), "")
+        params = _params(axis, name, obj) if AXES[axis] is not None else {}
+        _REGISTRY[axis][name] = Entry(axis, name, obj, lines[0] if lines else "", source, config, traits, params)
         return obj
 
     return deco
@@ -91,7 +194,45 @@ def entry(axis: str, name: str) -> Entry:
 
 
 def get(axis: str, name: str):
+    """The raw part: call it with the axis's data arguments and, optionally, its parameters."""
     return entry(axis, name).obj
+
+
+def resolve_params(axis: str, name: str, given: dict | None = None, context: dict | None = None) -> dict:
+    """Every parameter of a part: given values over defaults, None filled from the context.
+
+    Raises ValueError("param: message") for an unknown parameter or a value out of range;
+    types are the caller's business (config.py checks them against Param.type).
+    """
+    e = entry(axis, name)
+    given = dict(given or {})
+    unknown = [k for k in given if k not in e.params]
+    if unknown:
+        valid = ", ".join(e.params) or "none"
+        raise ValueError(f"{unknown[0]}: {axis} {name!r} has no parameter {unknown[0]!r}; valid: {valid}")
+    out = {}
+    for p in e.params.values():
+        v = given.get(p.name, p.default)
+        if v is None and context and context.get(p.name) is not None:
+            v = context[p.name]
+        problem = p.check(v)
+        if problem:
+            raise ValueError(f"{p.name}: {problem}")
+        out[p.name] = v
+    return out
+
+
+def bind(axis: str, spec: str | dict, context: dict | None = None) -> Callable:
+    """The part selected by `spec` (a name, or {name: ..., param: value}) with its parameters fixed."""
+    name, given = split_spec(spec)
+    return functools.partial(get(axis, name), **resolve_params(axis, name, given, context))
+
+
+def split_spec(spec: str | dict) -> tuple[str, dict]:
+    if isinstance(spec, str):
+        return spec, {}
+    rest = {k: v for k, v in spec.items() if k != "name"}
+    return spec["name"], rest
 
 
 def parameters(e: Entry) -> dict[str, Any]:
@@ -99,16 +240,26 @@ def parameters(e: Entry) -> dict[str, Any]:
     if e.config is not None and is_dataclass(e.config):
         return {f.name: f.default_factory() if f.default is MISSING else f.default
                 for f in fields(e.config) if f.name != "name"}
-    sig = inspect.signature(e.obj)
-    return {p.name: p.default for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY}
+    return {p.name: p.default for p in e.params.values()}
 
 
 def describe() -> str:
+    """What `python -m grpo_bench list` prints: every part, its parameters, source, and fused or not."""
+    from .kernels.spec import fused_names
+
     lines = []
     for axis in AXES:
         lines.append(f"{axis}:")
+        fused = fused_names(axis)
         for name in names(axis):
             e = entry(axis, name)
             params = ", ".join(f"{k}={v!r}" for k, v in parameters(e).items())
-            lines.append(f"  {name:<26} {e.doc}" + (f"  [{params}]" if params else ""))
+            flags = [f"stage={e.traits['stage']}"] if "stage" in e.traits else []
+            flags += ["fused"] if name in fused else []
+            head = f"  {name:<24} {e.doc}"
+            lines.append(head + (f"  [{'; '.join(flags)}]" if flags else ""))
+            if params:
+                lines.append(f"  {'':<24}   params: {params}")
+            if e.source:
+                lines.append(f"  {'':<24}   source: {e.source}")
     return "\n".join(lines)

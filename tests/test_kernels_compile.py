@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
         import triton.backends.nvidia  # noqa: F401
     except ImportError as e:
         print("SKIP", e); sys.exit(0)
-    from grpo_bench.kernels import logprob as K, loss as L
+    from grpo_bench.kernels import logprob as K, loss as L, spec as S
 
     TYPES = {"x_ptr": "*bf16", "dx_ptr": "*bf16", "lab_ptr": "*i64"}
 
@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent("""
             elif p.name.endswith("_ptr"):
                 sig[p.name] = TYPES.get(p.name, "*fp32")
             else:  # strides are int64 so that row * stride never wraps
-                sig[p.name] = "i64" if p.name[0] == "s" else "i32"
+                sig[p.name] = "fp32" if p.name == "coef" else "i64" if p.name[0] == "s" else "i32"
         return sig
 
     target = GPUTarget("cuda", 90, 32)
@@ -43,10 +43,13 @@ SCRIPT = textwrap.dedent("""
     for ent in (False, True):
         for fn in (K._logprob_fwd, K._logprob_bwd):
             jobs.append((fn, dict(BLOCK_V=4096, WITH_ENTROPY=ent), 16))
-    for loss in L.LOSSES.values():
-        for kl in (0, 3):
-            c = dict(LOSS=loss, KL=kl, COEF=0.04, LO=0.8, HI=1.28, BLOCK_T=1024)
+    for code, _ in S.LOSSES.values():
+        for kl, gated in ((0, False), (3, True), (7, False)):
+            c = dict(LOSS=code, KL=kl, GATED=gated, LO=0.8, HI=1.28, C=3.0, TP=1.0, TN=1.05, BLOCK_T=1024)
             jobs += [(L._loss_fwd, c, 4), (L._loss_bwd, c, 4)]
+    for kl in S.KLS.values():
+        c = dict(LOSS=2, KL=kl, GATED=False, LO=0.8, HI=1.28, C=S.INF, TP=1.0, TN=1.0, BLOCK_T=1024)
+        jobs += [(L._loss_fwd, c, 4), (L._loss_bwd, c, 4)]
     for fn, consts, warps in jobs:
         k = triton.compile(ASTSource(fn, signature(fn), constexprs=consts), target=target,
                            options={"num_warps": warps})

@@ -1,9 +1,10 @@
 """The fused GRPO loss kernel against the registry's own functions composed in fp64.
 
 The reference is exactly what the trainer computes:
-    aggregate(loss(logp, old, deltas, mask) + kl_coef * kl(logp, ref), mask, max_len=)
-for every loss mode x KL estimator x aggregation, value, gradient w.r.t. logp and the
-returned statistics.
+    aggregate(gate * loss(logp, old, deltas, mask) + kl_coef * kl(logp, ref, old), mask)
+for every fused loss x aggregation, every KL estimator and the gate, value, gradient
+w.r.t. logp and the returned statistics; and once against the GRPO objective written out
+in this file, so that a mistake shared by the registry and the kernel cannot pass.
 """
 import math
 
@@ -15,6 +16,7 @@ from grpo_bench.logprobs import grpo_loss
 
 pytest.importorskip("triton")
 from grpo_bench.kernels import loss as L  # noqa: E402
+from grpo_bench.kernels import spec as S  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32 = torch.float32  # explicit everywhere: another test module sets the default dtype to fp64
@@ -36,14 +38,14 @@ def batch(b=2, g=3, t=19, seed=0, spread=0.4):
     return [x.to(DEVICE) for x in (logp, old, ref, deltas, mask)]
 
 
-def compare(data, atol=2e-6, **kw):
+def compare(data, atol=2e-6, gate=None, **kw):
     logp, old, ref, deltas, mask = data
     x = logp.clone().requires_grad_()
-    value, stats = grpo_loss(x, old, ref, deltas, mask, backend="triton", return_stats=True, **kw)
+    value, stats = grpo_loss(x, old, ref, deltas, mask, backend="triton", gate=gate, **kw)
     (g,) = torch.autograd.grad(value, x)
     xr = logp.double().requires_grad_()
-    rvalue, rstats = grpo_loss(xr, old.double(), ref.double(), deltas.double(), mask.double(),
-                               backend="torch", return_stats=True, **kw)
+    rvalue, rstats = grpo_loss(xr, old.double(), ref.double(), deltas.double(), mask.double(), backend="torch",
+                               gate=None if gate is None else gate.double(), **kw)
     (rg,) = torch.autograd.grad(rvalue, xr)
     assert value.shape == () and g.dtype == logp.dtype
     torch.testing.assert_close(value.double(), rvalue, rtol=1e-5, atol=atol)
@@ -60,18 +62,77 @@ def small_tiles(monkeypatch):
     monkeypatch.setattr(L, "MAX_PROGRAMS", 4)  # programs loop over the 6 responses
 
 
-@pytest.mark.parametrize("loss", sorted(L.LOSSES))
-@pytest.mark.parametrize("aggregate", L.AGGREGATES)
-def test_every_combination(loss, aggregate, small_tiles):
-    data = batch()
-    for kl, coef in [("k1", 0.0), ("k1", 0.1), ("k2", 0.3), ("k3", 0.05)]:
-        compare(data, loss=loss, kl=kl, kl_coef=coef, aggregate=aggregate, clip_low=0.2, clip_high=0.28)
+# every fused loss with parameters that put ratios on both sides of its bounds
+LOSSES = {
+    "naive": "naive", "unclipped": "unclipped",
+    "clipped": {"name": "clipped", "clip_low": 0.2, "clip_high": 0.28},
+    "gspo": {"name": "gspo", "clip_low": 0.05, "clip_high": 0.05},
+    "dual_clip": {"name": "dual_clip", "clip_low": 0.2, "clip_high": 0.2, "clip_c": 1.5},
+    "cispo": {"name": "cispo", "clip_low": 0.3, "clip_high": 0.2},
+    "sapo": {"name": "sapo", "tau_pos": 1.5, "tau_neg": 2.0},
+}
+KLS = sorted(S.KLS)
 
 
-def test_kernel_covers_the_registry():
-    assert set(L.LOSSES) == set(registry.names("loss"))
-    assert set(L.KLS) == set(registry.names("kl"))
-    assert set(L.AGGREGATES) == set(registry.names("aggregate"))
+def test_the_table_names_registered_parts():
+    assert set(LOSSES) == set(S.LOSSES) and set(S.LOSSES) <= set(registry.names("loss"))
+    assert set(S.KLS) <= set(registry.names("kl"))
+    assert set(S.AGGREGATES) == set(registry.names("aggregate"))
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+@pytest.mark.parametrize("aggregate", S.AGGREGATES)
+def test_every_loss_and_aggregation(loss, aggregate, small_tiles):
+    data = batch(spread=0.6)
+    kl = KLS[(sorted(LOSSES).index(loss) + S.AGGREGATES.index(aggregate)) % len(KLS)]
+    agg = {"name": aggregate, "max_len": 23} if aggregate == "seq_mean_token_sum_norm" else aggregate
+    compare(data, loss=LOSSES[loss], aggregate=agg)
+    compare(data, loss=LOSSES[loss], aggregate=agg, kl=kl, kl_coef=0.1)
+
+
+@pytest.mark.parametrize("kl", KLS)
+def test_every_kl(kl, small_tiles):
+    data = batch(seed=6, spread=0.8)
+    compare(data, loss=LOSSES["clipped"], aggregate="token_mean", kl=kl, kl_coef=0.3)
+    compare(data, loss="naive", aggregate="seq_mean_token_mean", kl=kl, kl_coef=0.05)
+
+
+def test_gate(small_tiles):
+    data = batch(seed=7)
+    gate = (torch.rand(data[0].shape, generator=torch.Generator().manual_seed(0)) > 0.5).to(F32).to(DEVICE)
+    for loss in ["clipped", "gspo", "cispo"]:
+        compare(data, gate=gate, loss=LOSSES[loss], aggregate="token_mean", kl="k3", kl_coef=0.1)
+
+
+def test_against_the_formula_written_here():
+    # clipped PPO + k3 with seq_mean_token_mean, from the GRPO paper's objective, not from the registry
+    logp, old, ref, deltas, mask = [x.double().cpu() for x in batch(seed=8, spread=0.5)]
+    lo, hi, beta = 0.8, 1.28, 0.07
+    x = logp.clone().requires_grad_()
+    total, n = 0.0, 0
+    for b in range(logp.shape[0]):
+        for i in range(logp.shape[1]):
+            toks = [t for t in range(logp.shape[2]) if mask[b, i, t] > 0]
+            if not toks:
+                continue
+            a = deltas[b, i]
+            terms = []
+            for t in toks:
+                r = torch.exp(x[b, i, t] - old[b, i, t])
+                surrogate = torch.minimum(r * a, r.clamp(lo, hi) * a)
+                k3 = torch.exp(ref[b, i, t] - x[b, i, t]) - (ref[b, i, t] - x[b, i, t]) - 1
+                terms.append(-surrogate + beta * k3)
+            total = total + torch.stack(terms).mean()
+            n += 1
+    want = total / n
+    (want_g,) = torch.autograd.grad(want, x)
+    y = logp.float().to(DEVICE).requires_grad_()
+    got, _ = grpo_loss(y, old.float().to(DEVICE), ref.float().to(DEVICE), deltas.float().to(DEVICE),
+                       mask.float().to(DEVICE), loss={"name": "clipped", "clip_low": 0.2, "clip_high": 0.28},
+                       aggregate="seq_mean_token_mean", kl="k3", kl_coef=beta, backend="triton")
+    (g,) = torch.autograd.grad(got, y)
+    torch.testing.assert_close(got.double().cpu(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g.double().cpu(), want_g, rtol=1e-5, atol=1e-6)
 
 
 def test_gspo_uses_the_sequence_ratio():
@@ -82,14 +143,12 @@ def test_gspo_uses_the_sequence_ratio():
     mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]], dtype=F32, device=DEVICE)  # the outlier is padding
     a = torch.tensor([1.5], dtype=F32, device=DEVICE)
     x = logp.clone().requires_grad_()
-    v = grpo_loss(x, old, None, a, mask, loss="gspo", kl=None, kl_coef=0.0, aggregate="token_mean",
-                  clip_low=0.2, clip_high=0.2, backend="triton")
+    v, _ = grpo_loss(x, old, None, a, mask, loss={"name": "gspo", "clip_low": 0.2, "clip_high": 0.2},
+                     aggregate="token_mean", backend="triton")
     ratio = math.exp((0.1 - 0.05 + 0.02 + 0.0) / 4)
     torch.testing.assert_close(v.item(), -1.5 * ratio)
     (g,) = torch.autograd.grad(v, x)
     torch.testing.assert_close(g, torch.tensor([[-1.5 * ratio / 4] * 4 + [0.0]], dtype=F32, device=DEVICE))
-    compare((logp, old, logp, a, mask), loss="gspo", kl="k3", kl_coef=0.1, aggregate="seq_mean_token_mean",
-            clip_low=0.2, clip_high=0.2)
 
 
 def test_gspo_clips_the_whole_sequence():
@@ -97,25 +156,25 @@ def test_gspo_clips_the_whole_sequence():
     old = torch.full((1, 3), -0.5, dtype=F32, device=DEVICE)  # ratio e^0.5 > 1.2 with A > 0: clipped
     x = logp.clone().requires_grad_()
     one, mask = torch.ones(1, dtype=F32, device=DEVICE), torch.ones(1, 3, dtype=F32, device=DEVICE)
-    v, stats = grpo_loss(x, old, None, one, mask, loss="gspo", kl=None, kl_coef=0.0, aggregate="token_mean",
-                         clip_low=0.2, clip_high=0.2, backend="triton", return_stats=True)
+    v, stats = grpo_loss(x, old, None, one, mask, loss={"name": "gspo", "clip_low": 0.2, "clip_high": 0.2},
+                         aggregate="token_mean", backend="triton")
     torch.testing.assert_close(v.item(), -1.2)
-    assert stats["clip/frac"].item() == 1.0
+    assert stats["clip/frac"].item() == 1.0 and stats["clip/high_frac"].item() == 1.0
     assert (torch.autograd.grad(v, x)[0] == 0).all()
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the interpreter's numpy sees the infs
-@pytest.mark.parametrize("aggregate", L.AGGREGATES)
-def test_padding_values_never_leak(aggregate):
-    # garbage under the mask (inf log-probs) must not reach the value or the gradient
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("kl", ["k3", "k3_is", "k2"])
+def test_padding_values_never_leak(backend, kl):
+    # garbage under the mask (-inf log-probs) must reach neither the value nor the gradient, on any backend
     logp, old, ref, deltas, mask = batch(seed=1)
-    kw = dict(loss="unclipped", kl="k3", kl_coef=0.1, aggregate=aggregate, clip_low=0.2, clip_high=0.2,
-              backend="triton")
+    kw = dict(loss="unclipped", kl=kl, kl_coef=0.1, aggregate="seq_mean_token_mean", backend=backend)
     x = logp.clone().requires_grad_()
-    clean = grpo_loss(x, old, ref, deltas, mask, **kw)
+    clean, _ = grpo_loss(x, old, ref, deltas, mask, **kw)
     (g_clean,) = torch.autograd.grad(clean, x)
-    dirty = torch.where(mask > 0, logp, torch.full_like(logp, float("inf"))).requires_grad_()
-    v = grpo_loss(dirty, old, ref, deltas, mask, **kw)
+    dirty = torch.where(mask > 0, logp, torch.full_like(logp, -float("inf"))).requires_grad_()
+    v, _ = grpo_loss(dirty, old, ref, deltas, mask, **kw)
     (g,) = torch.autograd.grad(v, dirty)
     assert torch.isfinite(v) and torch.isfinite(g).all()
     torch.testing.assert_close(v, clean)
@@ -125,40 +184,39 @@ def test_padding_values_never_leak(aggregate):
 
 def test_fully_masked_batch():
     logp, old, ref, deltas, mask = batch(seed=2)
-    for aggregate in L.AGGREGATES:
+    for aggregate in S.AGGREGATES:
         value, g = compare((logp, old, ref, deltas, torch.zeros_like(mask)), loss="clipped", kl="k2",
-                           kl_coef=0.1, aggregate=aggregate, clip_low=0.2, clip_high=0.2)
+                           kl_coef=0.1, aggregate=aggregate)
         assert value.item() == 0.0 and (g == 0).all()
 
 
-def test_max_len_and_bool_mask():
+def test_bool_mask():
     logp, old, ref, deltas, mask = batch(seed=3)
-    compare((logp, old, ref, deltas, mask > 0), loss="clipped", kl="k3", kl_coef=0.2,
-            aggregate="seq_mean_token_sum_norm", clip_low=0.1, clip_high=0.3, max_len=40)
+    compare((logp, old, ref, deltas, mask > 0), loss=LOSSES["clipped"], kl="k3", kl_coef=0.2,
+            aggregate={"name": "seq_mean_token_sum_norm", "max_len": 40})
 
 
 def test_wide_ratios():
     # spread 3: ratios from ~e^-9 to ~e^9, so both clip sides and k3's exp are exercised
-    compare(batch(seed=4, spread=3.0), atol=1e-5, loss="clipped", kl="k3", kl_coef=0.5,
-            aggregate="token_mean", clip_low=0.2, clip_high=0.28)
+    compare(batch(seed=4, spread=3.0), atol=1e-5, loss=LOSSES["dual_clip"], kl="k3", kl_coef=0.5,
+            aggregate="token_mean")
 
 
 def test_unknown_parts_are_rejected():
     data = batch()
     with pytest.raises(KeyError, match="valid"):
-        grpo_loss(*data, loss="nope", kl="k1", kl_coef=0.1, aggregate="token_mean", clip_low=0.2,
-                  clip_high=0.2, backend="triton")
+        grpo_loss(*data, loss="nope", aggregate="token_mean", backend="triton")
     with pytest.raises(ValueError, match="ref_logp"):
-        grpo_loss(data[0], data[1], None, data[3], data[4], loss="clipped", kl="k1", kl_coef=0.1,
-                  aggregate="token_mean", clip_low=0.2, clip_high=0.2)
+        grpo_loss(data[0], data[1], None, data[3], data[4], loss="clipped", kl="k1", kl_coef=0.1)
     with pytest.raises(ValueError, match="backend='torch'"):
-        L.LossSpec("clipped", "k9", 0.1, "token_mean", 0.2, 0.2).check()
+        grpo_loss(*data, loss="gmpo", aggregate="token_mean", backend="triton")
+    # auto falls back to the torch composition for a part the kernel lacks
+    value, _ = grpo_loss(*data, loss="gmpo", aggregate="token_mean", backend="auto")
+    torch.testing.assert_close(value, grpo_loss(*data, loss="gmpo", aggregate="token_mean", backend="torch")[0])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="full-size kernel checks need a GPU")
 @pytest.mark.parametrize("loss, kl, aggregate", [("clipped", "k3", "token_mean"), ("gspo", "k2", "seq_mean_token_mean"),
                                                  ("unclipped", "k1", "seq_mean_token_sum_norm")])
 def test_full_size_gpu(loss, kl, aggregate):
-    compare(batch(b=64, g=16, t=4096, seed=5), atol=1e-6, loss=loss, kl=kl, kl_coef=0.05,
-            aggregate=aggregate, clip_low=0.2, clip_high=0.28)
-
+    compare(batch(b=64, g=16, t=4096, seed=5), atol=1e-6, loss=LOSSES[loss], kl=kl, kl_coef=0.05, aggregate=aggregate)

@@ -17,7 +17,8 @@ import torch
 
 from grpo_bench.logprobs import grpo_loss
 
-CONFIG = dict(loss="clipped", kl="k3", kl_coef=0.04, aggregate="seq_mean_token_mean", clip_low=0.2, clip_high=0.28)
+CONFIG = dict(loss={"name": "clipped", "clip_low": 0.2, "clip_high": 0.28}, kl="k3", kl_coef=0.04,
+              aggregate="seq_mean_token_mean")
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def cases(full: bool, device: str) -> dict[str, list[Case]]:
 
 
 def _torch(*args):
-    return grpo_loss(*args, backend="torch", **CONFIG)
+    return grpo_loss(*args, backend="torch", **CONFIG)[0]
 
 
 _COMPILED = {}
@@ -60,7 +61,7 @@ def provider(name: str, device: str, full: bool):
         return _COMPILED.setdefault("fn", torch.compile(_torch, dynamic=False))
     if device != "cuda" and full:
         pytest.skip("triton runs on CUDA only (the interpreter, which smoke runs use, has no meaningful timings)")
-    return lambda *args: grpo_loss(*args, backend="triton", **CONFIG)
+    return lambda *args: grpo_loss(*args, backend="triton", **CONFIG)[0]
 
 
 def inputs(case: Case, device: str):

@@ -1,0 +1,170 @@
+"""Advantage ("delta") modes: rewards (B, G) -> one advantage per response (B, G).
+
+Every mode is outcome-level: one scalar per response, spread over its tokens by the
+loss. `lengths` (B, G) are the responses' token counts before any filter; `greedy`
+(B,) is the reward of each prompt's greedy response, computed by the trainer only for
+parts registered with needs=("greedy",). A group whose rewards are all equal gets
+exactly 0 from every group-centred mode.
+"""
+from __future__ import annotations
+
+from typing import Annotated
+
+import torch
+from torch import Tensor
+
+from ..registry import Choice, Positive, register
+from .common import centre, zero_flat
+
+Count = Annotated[str, Choice(("advantage", "reward"))]
+
+
+def _weights(rewards: Tensor, lengths: Tensor | None) -> Tensor:
+    return torch.ones_like(rewards) if lengths is None else lengths.to(rewards.dtype)
+
+
+def _whiten(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over the batch, each response weighted by w (its tokens).
+
+    verl's masked_whiten over the response tokens: x repeated on every token, so a mean
+    and an unbiased (Bessel, over tokens) variance in which each response counts |o| times.
+    """
+    n = w.sum()
+    mean = (w * x).sum() / n.clamp(min=1e-12)
+    var = (w * (x - mean) ** 2).sum() / (n - 1).clamp(min=1e-12)
+    return (x - mean) * torch.rsqrt(var + eps)
+
+
+@register("delta", "raw")
+def raw(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None) -> Tensor:
+    """r: plain REINFORCE, no baseline.
+
+    Source: Williams (1992).
+    """
+    return rewards.clone()
+
+
+@register("delta", "centered", needs_group=True)
+def centered(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None) -> Tensor:
+    """r - group mean: unbiased baseline, scale kept.
+
+    Source: Dr. GRPO (Liu et al., 2025); TRL scale_rewards="none"; verl grpo with norm_adv_by_std_in_grpo=False; nanochat.
+    """
+    return centre(rewards)
+
+
+@register("delta", "zscore", needs_group=True)
+def zscore(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None, *,
+           eps: Positive = 1e-6) -> Tensor:
+    """(r - group mean) / (group std + eps), unbiased std.
+
+    Source: DeepSeekMath GRPO (Shao et al., 2024); verl adv_estimator=grpo (eps 1e-6); TRL scale_rewards="group" (eps 1e-4).
+    """
+    return zero_flat(rewards, centre(rewards) / (rewards.std(dim=-1, keepdim=True) + eps))
+
+
+@register("delta", "batch_std", needs_group=True)
+def batch_std(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None, *,
+              eps: Positive = 1e-6) -> Tensor:
+    """(r - group mean) / (std of the whole batch + eps): group baseline, batch scale.
+
+    Source: Tricks or Traps? Lite PPO (Liu et al., 2025); TRL scale_rewards="batch" (eps 1e-4).
+    """
+    return centre(rewards) / (rewards.std() + eps)
+
+
+@register("delta", "rloo", needs_group=True)
+def rloo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None) -> Tensor:
+    """r_i - mean of the other G-1 rewards (leave-one-out baseline).
+
+    Source: RLOO (Ahmadian et al., 2024; Kool et al., 2019); verl adv_estimator=rloo.
+    """
+    g = rewards.shape[-1]
+    return centre(rewards) * (g / (g - 1))  # r - (sum - r)/(G-1) = G/(G-1) * (r - mean)
+
+
+@register("delta", "max", needs_group=True)
+def best_only(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None) -> Tensor:
+    """Only the best response(s) of a group keep their reward, the rest get 0.
+
+    Source: a best-of-G ablation of this suite (rejection-sampling fine-tuning as a policy gradient).
+    """
+    best = rewards == rewards.max(dim=-1, keepdim=True).values
+    return torch.where(best, rewards, torch.zeros_like(rewards))
+
+
+@register("delta", "passk", needs_group=True)
+def passk(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None, *,
+          normalize: bool = True, eps: Positive = 1e-6) -> Tensor:
+    """Pass@k training: only the group's best response learns, from r_max - r_second (/ group std).
+
+    Source: Pass@k training (Chen et al., 2025, arXiv 2503.19595); verl adv_estimator=grpo_passk.
+    """
+    top = rewards.topk(2, dim=-1).values                                     # (B, 2)
+    gap = top[:, :1] - top[:, 1:]                                            # (B, 1)
+    if normalize:
+        gap = gap / (rewards.std(dim=-1, keepdim=True) + eps)
+    # ties give a zero gap, so which of the tied best responses is picked never matters
+    first_best = torch.nn.functional.one_hot(rewards.argmax(-1), rewards.shape[-1]).to(torch.bool)
+    return torch.where(first_best, gap.expand_as(rewards), torch.zeros_like(rewards))
+
+
+@register("delta", "opo", needs_group=True)
+def opo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None) -> Tensor:
+    """r - length-weighted group mean sum(|o| r) / sum(|o|): the optimal baseline under token-sum losses.
+
+    Source: On-Policy RL with Optimal reward baseline, OPO (Hao et al., 2025, arXiv 2505.23585); verl adv_estimator=opo.
+    """
+    w = _weights(rewards, lengths)
+    total = w.sum(-1, keepdim=True)
+    base = torch.where(total > 0, (w * rewards).sum(-1, keepdim=True) / total.clamp(min=1e-12),
+                       rewards.mean(-1, keepdim=True))
+    return zero_flat(rewards, rewards - base)
+
+
+@register("delta", "reinforce_pp")
+def reinforce_pp(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None, *,
+                 eps: Positive = 1e-8) -> Tensor:
+    """Global batch whitening of the rewards, no group baseline (gamma = 1).
+
+    Source: REINFORCE++ (Hu, 2025, arXiv 2501.03262); verl adv_estimator=reinforce_plus_plus with outcome rewards.
+    """
+    return _whiten(rewards, _weights(rewards, lengths), eps)
+
+
+@register("delta", "reinforce_pp_baseline", needs_group=True)
+def reinforce_pp_baseline(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None, *,
+                          eps: Positive = 1e-8) -> Tensor:
+    """r - group mean, then whitened over the batch's tokens.
+
+    Source: REINFORCE++-baseline (Hu, 2025); verl adv_estimator=reinforce_plus_plus_baseline.
+    """
+    return _whiten(centre(rewards), _weights(rewards, lengths), eps)
+
+
+@register("delta", "gpg", needs_group=True)
+def gpg(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None, *,
+        f_norm: Positive = 1.0, count: Count = "advantage") -> Tensor:
+    """alpha * (r - group mean) / f_norm, alpha = N / #responses that count, undoing the dilution by flat groups.
+
+    count="advantage" counts responses with a non-zero advantage (the paper's B / (B - M));
+    count="reward" counts non-zero rewards, as verl's implementation does.
+
+    Source: GPG (Chu et al., 2025, arXiv 2504.02546); verl adv_estimator=gpg.
+    """
+    adv = centre(rewards)
+    counted = adv if count == "advantage" else rewards
+    alpha = rewards.numel() / torch.count_nonzero(counted).clamp(min=1)
+    return alpha * adv / f_norm
+
+
+@register("delta", "remax", needs=("greedy",))
+def remax(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None) -> Tensor:
+    """r - reward of the prompt's greedy response.
+
+    Source: ReMax (Li et al., 2024, arXiv 2310.10505); verl adv_estimator=remax.
+    """
+    if greedy is None:
+        raise ValueError("remax needs the greedy responses' rewards (greedy=...)")
+    return rewards - greedy.to(rewards.dtype).unsqueeze(-1)
+
