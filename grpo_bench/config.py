@@ -15,7 +15,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import yaml
 
@@ -32,40 +32,48 @@ class ConfigError(ValueError):
         super().__init__(f"{source}: {key}: {message}")
 
 
+Part = Union[str, dict]  # a registered name, or {name: <name>, <param>: <value>, ...}
+
+# the axes a run config selects one part of, each under the key of the same name
+PART_KEYS = ("delta", "loss", "aggregate", "kl", "kl_ctrl", "ref_update")
+
+
 @dataclass
 class RunConfig:
-    """One training run: a task, one choice per GRPO axis, and the optimisation budget."""
+    """One training run: a task, one choice per GRPO axis, and the optimisation budget.
+
+    A part is its registered name or a mapping with its parameters, e.g.
+    `loss: {name: clipped, clip_high: 0.28}`; `python -m grpo_bench list` shows every
+    part's parameters and defaults. Resolved, every part is a mapping holding all of its
+    parameters, which is what is saved beside each run.
+    """
 
     task: Any = field(default_factory=lambda: {"name": "sort"})
     """Task section: `{name: <task>, ...}`; the rest is checked against that task's config."""
-    delta: str = "zscore"
+    delta: Part = "zscore"
     """Advantage mode (registry axis `delta`)."""
-    loss: str = "clipped"
-    """Policy-loss mode (registry axis `loss`)."""
-    aggregate: str = "seq_mean_token_mean"
-    """How per-token losses become one scalar (registry axis `aggregate`)."""
-    kl: str = "k3"
-    """KL estimator (registry axis `kl`); only used when kl_coef > 0."""
+    loss: Part = "clipped"
+    """Policy loss (axis `loss`); its clip range and other parameters are its own."""
+    aggregate: Part = "seq_mean_token_mean"
+    """How per-token losses become one scalar (axis `aggregate`)."""
+    kl: Part = "k3"
+    """KL estimator (axis `kl`); only used when kl_coef > 0."""
     kl_coef: float = 0.0
     """beta: weight of the KL term; 0 turns KL and the reference policy off."""
     kl_placement: str = "loss"
     """`loss`: beta*KL added per token before aggregation; `reward`: beta * summed KL subtracted from each response's reward before deltas."""
-    clip_low: float = 0.2
-    """Ratio clip below 1 (1 - clip_low); used by clipped and gspo."""
-    clip_high: float = 0.2
-    """Ratio clip above 1 (1 + clip_high); > clip_low is DAPO's clip-higher."""
-    adv_eps: float = 1e-6
-    """eps in the z-score denominator."""
-    max_len: int | None = None
-    """Normaliser of seq_mean_token_sum_norm; None = the padded response length T."""
-    ref_refresh: int = 0
-    """Copy the policy into the reference every N epochs; 0 = the initial policy stays the reference."""
+    kl_ctrl: Part = "fixed"
+    """How beta changes over training (axis `kl_ctrl`): fixed, or adaptive to a target KL."""
+    ref_update: Part = "frozen"
+    """When and how the reference policy follows the policy (axis `ref_update`): frozen, hard copies, soft (TR-DPO) mixes."""
+    filters: list = field(default_factory=list)
+    """Sample filters (axis `filter`), applied in this order, e.g. [dynamic_sampling, {name: overlong_punish, cache: 2}]."""
     group_size: int = 10
     """G: responses sampled per prompt."""
     epochs: int = 100
     """Rollouts: each samples fresh responses and takes inner_steps gradient steps on them."""
     inner_steps: int = 10
-    """K: gradient steps per rollout; K > 1 is where ratio and clipping matter."""
+    """K: gradient steps per rollout; K > 1 is where ratio and clipping matter (K = 1 is exactly on-policy)."""
     optimizer: str = "adam"
     """adam, adamw or sgd."""
     lr: float = 1e-3
@@ -79,7 +87,7 @@ class RunConfig:
     log_every: int = 1
     """Record metrics every N gradient steps (and always on the last)."""
     eval_every: int = 0
-    """Run the task's held-out evaluation every N epochs (and at the end); 0 = only at the end."""
+    """Run the task's held-out evaluation every N epochs (and at the start and the end); 0 = only at the end."""
     backend: str = "auto"
     """Log-prob / loss implementation: torch, chunked, triton, or auto (triton on CUDA, chunked on CPU)."""
     device: str = "cpu"
@@ -147,7 +155,8 @@ def _check_name(axis: str, name: str, source: str, key: str) -> None:
 
 
 def resolve_run(data: dict, source: str = "<config>") -> RunConfig:
-    """Build a RunConfig from a plain dict; the task section becomes its task's dataclass."""
+    """Build a RunConfig from a plain dict; the task section becomes its task's dataclass,
+    every part a mapping with all of its parameters."""
     data = copy.deepcopy(data)
     cfg = build_dataclass(RunConfig, data, source)
     task = cfg.task
@@ -159,8 +168,36 @@ def resolve_run(data: dict, source: str = "<config>") -> RunConfig:
     _check_name("task", task["name"], source, "task.name")
     entry = registry.entry("task", task["name"])
     cfg.task = build_dataclass(entry.config, {k: v for k, v in task.items() if k != "name"}, source, "task.")
+    context = {"max_len": cfg.task.generation_budget}
+    for axis in PART_KEYS:
+        setattr(cfg, axis, resolve_part(axis, getattr(cfg, axis), source, axis, context))
+    cfg.filters = [resolve_part("filter", f, source, f"filters.{i}", context) for i, f in enumerate(cfg.filters)]
     validate(cfg, source)
     return cfg
+
+
+def resolve_part(axis: str, value: Any, source: str, key: str, context: dict | None = None) -> dict:
+    """`name` or {name: ..., params} -> {name: ..., every param}, or ConfigError naming the key."""
+    if isinstance(value, dict):
+        _require(isinstance(value.get("name"), str), source, f"{key}.name",
+                 f"missing; valid: {', '.join(registry.names(axis))}")
+        name, given = value["name"], {k: v for k, v in value.items() if k != "name"}
+    elif isinstance(value, str):
+        name, given = value, {}
+    else:
+        raise ConfigError(source, key, f"expected a {axis} name or a mapping with `name`, got {value!r}")
+    _check_name(axis, name, source, key if isinstance(value, str) else f"{key}.name")
+    params = registry.entry(axis, name).params
+    for k, v in given.items():
+        if k in params:
+            ok, given[k] = _type_ok(v, params[k].type)
+            _require(ok, source, f"{key}.{k}", f"expected {_type_name(params[k].type)}, got {v!r}")
+    try:
+        resolved = registry.resolve_params(axis, name, given, context)
+    except ValueError as e:
+        param, _, msg = str(e).partition(": ")
+        raise ConfigError(source, f"{key}.{param}", msg) from None
+    return {"name": name, **resolved}
 
 
 def task_name(cfg: RunConfig) -> str:
@@ -171,22 +208,18 @@ def task_name(cfg: RunConfig) -> str:
 
 
 def validate(cfg: RunConfig, source: str) -> None:
-    for axis in ("delta", "loss", "aggregate", "kl"):
-        _check_name(axis, getattr(cfg, axis), source, axis)
     _require(cfg.kl_placement in KL_PLACEMENTS, source, "kl_placement",
              f"unknown {cfg.kl_placement!r}; valid: {', '.join(KL_PLACEMENTS)}")
     _require(cfg.backend in BACKENDS, source, "backend", f"unknown {cfg.backend!r}; valid: {', '.join(BACKENDS)}")
     _require(cfg.optimizer in OPTIMIZERS, source, "optimizer", f"unknown {cfg.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
     _require(cfg.device in ("cpu", "cuda", "auto"), source, "device", f"unknown {cfg.device!r}; valid: cpu, cuda, auto")
-    _require(0 < cfg.clip_low < 1, source, "clip_low", f"must be in (0, 1), got {cfg.clip_low}")
-    _require(cfg.clip_high > 0, source, "clip_high", f"must be > 0, got {cfg.clip_high}")
     _require(cfg.kl_coef >= 0, source, "kl_coef", f"must be >= 0, got {cfg.kl_coef}")
-    _require(cfg.adv_eps > 0, source, "adv_eps", f"must be > 0, got {cfg.adv_eps}")
-    _require(cfg.max_len is None or cfg.max_len > 0, source, "max_len", f"must be > 0 or null, got {cfg.max_len}")
-    _require(cfg.ref_refresh >= 0, source, "ref_refresh", f"must be >= 0 (0 = frozen reference), got {cfg.ref_refresh}")
-    needs_group = cfg.delta in ("zscore", "rloo", "centered")
-    _require(cfg.group_size >= (2 if needs_group else 1), source, "group_size",
-             f"must be >= 2 with delta {cfg.delta!r} (a group of one has no baseline), got {cfg.group_size}")
+    for key, axis, part in [(a, a, getattr(cfg, a)) for a in PART_KEYS] + \
+            [(f"filters.{i}", "filter", f) for i, f in enumerate(cfg.filters)]:
+        if registry.entry(axis, part["name"]).traits.get("needs_group"):
+            _require(cfg.group_size >= 2, source, "group_size",
+                     f"must be >= 2 with {key} {part['name']!r} (it compares responses within a group), got {cfg.group_size}")
+    _require(cfg.group_size >= 1, source, "group_size", f"must be >= 1, got {cfg.group_size}")
     _require(cfg.epochs >= 1, source, "epochs", f"must be >= 1, got {cfg.epochs}")
     _require(cfg.inner_steps >= 1, source, "inner_steps", f"must be >= 1, got {cfg.inner_steps}")
     _require(cfg.lr > 0, source, "lr", f"must be > 0, got {cfg.lr}")
@@ -223,7 +256,7 @@ def set_dotted(d: dict, key: str, value: Any, source: str) -> None:
     node = d
     for p in parts[:-1]:
         nxt = node.get(p)
-        if isinstance(nxt, str) and p == "task":  # `task: sort` shorthand
+        if isinstance(nxt, str):  # `task: sort`, `loss: clipped`: reaching into one names its parameters
             nxt = node[p] = {"name": nxt}
         if nxt is None:
             nxt = node[p] = {}

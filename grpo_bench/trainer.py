@@ -1,25 +1,37 @@
-"""The GRPO loop, shared by every task.
+"""The GRPO loop, shared by every task: machinery, not a place to add parts.
 
-Per epoch: sample G responses per prompt -> rewards -> (KL-in-reward penalty) ->
-deltas -> old and reference log-probs, once, without grad -> K inner gradient
-steps on aggregate(loss + beta * KL) -> metrics. With K = 1 the ratio is exactly
-1 at the only step, so ratio and clipping only matter for K > 1 (the seed
-notebooks' mistake of taking "old" log-probs from the live weights).
+Per epoch:
+    reference update (ref_update)            when the KL term is on
+    rollout -> rollout-stage filters         groups a filter drops are drawn again (up to its cap)
+    old and reference log-probs, no grad     K = 1 takes the old ones from the gradient pass itself
+    KL-in-reward penalty -> deltas
+    K inner steps: log-probs -> step-stage filters -> grpo_loss(loss, aggregate, KL) -> optimiser
+    KL controller (kl_ctrl)
 
-Metrics are one flat namespace: reward/*, loss/*, kl/*, clip/frac, ratio/*,
-entropy, grad/norm, time/step_s, eval/*; final/* summarise a finished run.
-kl/old is KL(pi_old || pi) estimated as (ratio - 1) - log ratio on the tokens
+With K = 1 the update is exactly on-policy: old log-probs are the detached log-probs of the
+same forward pass, so the ratio is 1 to the last bit (as TRL does) even with dropout, and
+no separate no-grad pass is paid for. With K > 1 they come from one no-grad pass in eval
+mode before the first step.
+
+Metrics are one flat namespace: reward/*, loss/*, kl/*, clip/*, ratio/*, filter/*,
+samples/*, entropy, grad/norm, time/step_s, eval/*; final/* summarise a finished run.
+reward/* describe the policy: they are taken on the epoch's first rollout, before any
+filter. kl/old is KL(pi_old || pi) estimated as (ratio - 1) - log ratio on the tokens
 pi_old sampled (CleanRL's approx_kl): how far the inner steps moved the policy.
 """
 from __future__ import annotations
 
 import math
 import time
+
 import torch
+from torch import Tensor
 
 from . import registry
+from .algos import Batch, masked_mean, masked_sum
 from .config import RunConfig, task_name
 from .logprobs import grpo_loss
+from .tasks import Rollout
 
 Row = tuple[int, str, float]  # (step, metric, value)
 
@@ -36,12 +48,82 @@ def _optimizer(cfg: RunConfig, params):
     return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    return (torch.where(mask > 0, x, torch.zeros_like(x)).sum() / mask.sum().clamp(min=1)).item()
-
-
 def build_task(cfg: RunConfig):
     return registry.get("task", task_name(cfg))(cfg.task, cfg)
+
+
+def _filters(cfg: RunConfig, stage: str) -> list[tuple[str, callable]]:
+    return [(f["name"], registry.bind("filter", f)) for f in cfg.filters
+            if registry.entry("filter", f["name"]).traits.get("stage") == stage]
+
+
+def _removed(before: Batch, after: Batch) -> dict[str, float]:
+    """What one filter did, as a share of the tokens (or groups) it was given, or a reward shift."""
+    out = {}
+    on = before.mask > 0
+    n = on.sum().clamp(min=1)
+    if after.mask is not before.mask:
+        out["removed"] = ((after.mask <= 0) & on).sum().item() / n.item()
+    if after.gate is not before.gate and after.gate is not None:
+        old_gate = torch.ones_like(after.gate) if before.gate is None else before.gate
+        out["gated"] = ((after.gate <= 0) & (old_gate > 0) & on).sum().item() / n.item()
+    if after.keep is not None and after.keep is not before.keep:
+        out["dropped_groups"] = 1.0 - after.keep.float().mean().item()
+    if after.rewards is not before.rewards:
+        out["reward_shift"] = (after.rewards - before.rewards).mean().item()
+    return out
+
+
+def sample(task, epoch: int, cfg: RunConfig, gen: torch.Generator, filters) -> tuple[Rollout, dict[str, float]]:
+    """The epoch's batch through the rollout-stage filters, and what the policy's samples looked like.
+
+    A filter that marks groups as not kept (batch.keep) has them replaced by groups of
+    further rollouts, up to batch.max_draws rollouts; if the cap is reached the batch is
+    filled with dropped groups in draw order and filter/capped is 1.
+    """
+    kept, spare, n_kept, draws, metrics = [], [], 0, 0, {}
+    while True:
+        ro = task.rollout(epoch, cfg.group_size, gen)
+        draws += 1
+        if draws == 1:
+            b = ro.rewards.shape[0]
+            flat = (ro.rewards == ro.rewards[:, :1]).all(-1)
+            metrics = {"reward/mean": ro.rewards.mean().item(), "reward/std": ro.rewards.std().item(),
+                       "reward/zero_std_frac": flat.float().mean().item(),
+                       "response/length": ro.lengths.float().mean().item(), **ro.metrics}
+        batch = Batch(ro.rewards, ro.mask, ro.lengths, ro.finished, cfg.task.generation_budget)
+        for name, f in filters:
+            before, batch = batch, f(batch)
+            if draws == 1:
+                metrics.update({f"filter/{name}/{k}": v for k, v in _removed(before, batch).items()})
+        ro = ro.replace(rewards=batch.rewards, mask=batch.mask)
+        if batch.keep is None:
+            break
+        kept.append(ro.select(batch.keep))
+        spare.append(ro.select(~batch.keep))
+        n_kept += int(batch.keep.sum())
+        if n_kept >= b or draws >= batch.max_draws:
+            ro = Rollout.cat(kept + spare).select(torch.arange(b))
+            metrics |= {"filter/draws": float(draws), "filter/capped": float(n_kept < b)}
+            break
+    metrics["samples/responses"] = float(draws * b * cfg.group_size)
+    return ro, metrics
+
+
+def _step_metrics(loss: Tensor, stats: dict, logp: Tensor, old_logp: Tensor, mask: Tensor,
+                  entropy: Tensor | None, gnorm: Tensor, dt: float) -> dict[str, float]:
+    with torch.no_grad():
+        log_ratio = (logp - old_logp).detach()
+        ratio = log_ratio.exp()
+        on = mask > 0
+        m = {"loss/total": loss.item(), **{k: v.item() for k, v in stats.items()},
+             "ratio/max": ratio[on].max().item() if on.any() else 1.0,
+             "ratio/min": ratio[on].min().item() if on.any() else 1.0,
+             "kl/old": masked_mean(torch.expm1(log_ratio) - log_ratio, mask).item(),
+             "grad/norm": gnorm.item(), "time/step_s": dt}
+        if entropy is not None:
+            m["entropy"] = masked_mean(entropy.detach(), mask).item()
+    return m
 
 
 def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
@@ -59,11 +141,19 @@ def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
     params = [p for p in task.policy.parameters() if p.requires_grad]
     opt = _optimizer(cfg, params)
 
-    delta_fn = registry.get("delta", cfg.delta)
-    kl_fn = registry.get("kl", cfg.kl)
+    delta_fn = registry.bind("delta", cfg.delta)
+    needs_greedy = "greedy" in registry.entry("delta", cfg.delta["name"]).traits.get("needs", ())
+    kl_fn = registry.bind("kl", cfg.kl)
+    kl_ctrl = registry.bind("kl_ctrl", cfg.kl_ctrl)
+    ref_update = registry.bind("ref_update", cfg.ref_update)
+    rollout_filters, step_filters = _filters(cfg, "rollout"), _filters(cfg, "step")
     use_ref = cfg.kl_coef > 0
+    kl_in_loss = use_ref and cfg.kl_placement == "loss"
+    kl_coef = cfg.kl_coef
+    on_policy = cfg.inner_steps == 1
     total_steps = cfg.epochs * cfg.inner_steps
     epoch_rewards: list[float] = []
+    samples = 0.0
 
     def log(step: int, metrics: dict[str, float]) -> None:
         rows.extend((step, k, float(v)) for k, v in metrics.items())
@@ -75,40 +165,59 @@ def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
     if cfg.eval_every:
         evaluate(0)  # the starting point of every eval curve
     for epoch in range(cfg.epochs):
-        if use_ref and cfg.ref_refresh and epoch > 0 and epoch % cfg.ref_refresh == 0:
-            task.refresh_reference()
+        if use_ref:
+            w = ref_update(epoch)
+            if w:
+                task.mix_reference(w)
         t0 = time.perf_counter()
         task.policy.eval()  # sampling and old log-probs without dropout
-        ro = task.rollout(epoch, cfg.group_size, gen)
+        ro, epoch_metrics = sample(task, epoch, cfg, gen, rollout_filters)
+        samples += epoch_metrics.pop("samples/responses")
+        epoch_metrics["samples/total"] = samples
         mask = ro.mask
+        task.policy.train()
+        first = None
         with torch.no_grad():
-            old_logp, _ = task.logprobs(ro)
             ref_logp = task.logprobs(ro, reference=True)[0] if use_ref else None
+        if on_policy:
+            first = task.logprobs(ro)
+            old_logp = first[0].detach()
+        else:
+            with torch.no_grad():
+                task.policy.eval()
+                old_logp = task.logprobs(ro)[0]
+                task.policy.train()
         rewards = ro.rewards
-        epoch_metrics = {"reward/mean": rewards.mean().item(), "reward/std": rewards.std().item(), **ro.metrics}
-        if use_ref and cfg.kl_placement == "reward":
-            # a per-response penalty: the sequence KL is the sum of its token terms
-            seq_kl = torch.where(mask > 0, kl_fn(old_logp, ref_logp), torch.zeros_like(old_logp)).sum(-1)
-            rewards = rewards - cfg.kl_coef * seq_kl
-            epoch_metrics["reward/penalised"] = rewards.mean().item()
-        deltas = delta_fn(rewards, eps=cfg.adv_eps)
+        if use_ref:
+            kl_tok = torch.where(mask > 0, kl_fn(old_logp, ref_logp, old_logp), torch.zeros_like(old_logp))
+            observed_kl = masked_mean(kl_tok, mask, dim=-1)[mask.sum(-1) > 0].mean().item() if (mask > 0).any() else 0.0
+            epoch_metrics["kl/coef"] = kl_coef
+            if cfg.kl_placement == "reward":
+                # a per-response penalty: the sequence KL is the sum of its token terms
+                rewards = rewards - kl_coef * masked_sum(kl_tok, mask, dim=-1)
+                epoch_metrics["reward/penalised"] = rewards.mean().item()
+        greedy = task.greedy_rewards(ro) if needs_greedy else None
+        deltas = delta_fn(rewards, mask.sum(-1), greedy)
         epoch_metrics["delta/abs_mean"] = deltas.abs().mean().item()
         epoch_rewards.append(epoch_metrics["reward/mean"])
         rollout_s = time.perf_counter() - t0
 
-        task.policy.train()
         for k in range(cfg.inner_steps):
             step = epoch * cfg.inner_steps + k
             t1 = time.perf_counter()
-            logp, entropy = task.logprobs(ro)
-            kl_in_loss = use_ref and cfg.kl_placement == "loss"
-            # one entry point for every backend: the torch composition of the registry
-            # parts, or the fused Triton kernel (forward and backward in one pass each)
+            logp, entropy = first if first is not None else task.logprobs(ro)
+            first = None
+            gate, filter_metrics = None, {}
+            if step_filters:
+                batch = Batch(rewards, mask, ro.lengths, ro.finished, cfg.task.generation_budget,
+                              entropy=None if entropy is None else entropy.detach())
+                for name, f in step_filters:
+                    before, batch = batch, f(batch)
+                    filter_metrics |= {f"filter/{name}/{key}": v for key, v in _removed(before, batch).items()}
+                gate = batch.gate
             loss, stats = grpo_loss(logp, old_logp, ref_logp if kl_in_loss else None, deltas, mask,
-                                    loss=cfg.loss, kl=cfg.kl if kl_in_loss else None,
-                                    kl_coef=cfg.kl_coef if kl_in_loss else 0.0, aggregate=cfg.aggregate,
-                                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, max_len=cfg.max_len,
-                                    backend=cfg.backend, return_stats=True)
+                                    loss=cfg.loss, aggregate=cfg.aggregate, kl=cfg.kl if kl_in_loss else None,
+                                    kl_coef=kl_coef if kl_in_loss else 0.0, gate=gate, backend=cfg.backend)
             if not torch.isfinite(loss):
                 raise NonFiniteLoss(f"non-finite loss {loss.item()} at epoch {epoch}, inner step {k}")
             opt.zero_grad(set_to_none=True)
@@ -119,20 +228,13 @@ def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
 
             # the end of each window: with log_every = K that is the most off-policy step
             if (step + 1) % cfg.log_every == 0 or step == total_steps - 1:
-                with torch.no_grad():
-                    log_ratio = (logp - old_logp).detach()
-                    ratio = log_ratio.exp()
-                    on = mask > 0
-                    m = {"loss/total": loss.item(), **{k: v.item() for k, v in stats.items()},
-                         "ratio/max": ratio[on].max().item() if on.any() else 1.0,
-                         "ratio/min": ratio[on].min().item() if on.any() else 1.0,
-                         "kl/old": _masked_mean(torch.expm1(log_ratio) - log_ratio, mask),
-                         "grad/norm": gnorm.item(), "time/step_s": dt, "epoch": epoch, **epoch_metrics}
-                    if use_ref and "kl/value" not in m:  # KL in the reward: still worth watching
-                        m["kl/value"] = _masked_mean(kl_fn(logp, ref_logp), mask)
-                    if entropy is not None:
-                        m["entropy"] = _masked_mean(entropy.detach(), mask)
-                log(step, m)
+                m = _step_metrics(loss, stats, logp, old_logp, mask, entropy, gnorm, dt)
+                if use_ref and "kl/value" not in m:  # KL in the reward: still worth watching
+                    with torch.no_grad():
+                        m["kl/value"] = masked_mean(kl_fn(logp, ref_logp, old_logp), mask).item()
+                log(step, m | filter_metrics | epoch_metrics | {"epoch": epoch})
+        if use_ref:
+            kl_coef = kl_ctrl(kl_coef, observed_kl, int(mask.shape[0] * mask.shape[1]))
         if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0 and epoch + 1 < cfg.epochs:
             evaluate(step)
 
@@ -140,6 +242,7 @@ def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
     final_evals = task.evaluate(gen)
     log(total_steps - 1, final_evals)
     tail = max(1, len(epoch_rewards) // 10)
-    summary = {"final/reward": sum(epoch_rewards[-tail:]) / tail, "final/reward_first": epoch_rewards[0]}
+    summary = {"final/reward": sum(epoch_rewards[-tail:]) / tail, "final/reward_first": epoch_rewards[0],
+               "final/samples": samples}
     summary.update({f"final/{k}": v for k, v in final_evals.items()})
     return summary

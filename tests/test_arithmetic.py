@@ -62,7 +62,8 @@ def test_rollout_shapes_mask_and_rewards():
         ends = torch.isin(resp, eos).nonzero()
         n = int(ends[0]) + 1 if len(ends) else t
         assert m.tolist() == [1.0] * n + [0.0] * (t - n)
-    assert {"reward/correct", "reward/format", "reward/length", "response/length"} <= set(ro.metrics)
+    assert {"reward/correct", "reward/format", "reward/length", "response/finished"} <= set(ro.metrics)
+    assert torch.equal(ro.lengths, ro.mask.sum(-1)) and ro.finished.shape == (b, g)
 
 
 def test_same_seed_same_rollout_and_caller_rng_untouched():
@@ -132,17 +133,62 @@ def test_snapshot_reference_changes_only_at_refresh():
             return task.logprobs(ro, reference=reference)[0][on]
 
     perturb_adapter(task, seed=1)
-    task.refresh_reference()
+    task.mix_reference(1.0)
     snap = lp(True)
-    torch.testing.assert_close(snap, lp(False))  # refresh copies the policy
+    assert torch.equal(snap, lp(False))  # a hard refresh copies the policy, to the last bit
     perturb_adapter(task, seed=2)
     opt = torch.optim.SGD([p for p in task.policy.parameters() if p.requires_grad], lr=0.1)
     task.logprobs(ro)[0][on].sum().backward()
     opt.step()
     assert torch.equal(lp(True), snap) and (lp(False) - snap).abs().max() > 1e-3  # policy moved, reference did not
     assert {n for n, p in task.policy.named_parameters() if p.requires_grad} == trainable
-    task.refresh_reference()
-    torch.testing.assert_close(lp(True), lp(False))
+    task.mix_reference(1.0)
+    assert torch.equal(lp(True), lp(False))
+
+
+def test_refresh_covers_embedding_adapters():
+    # peft names an embedding's factors lora_embedding_A.default (no trailing dot): a refresh that
+    # matched ".default." skipped them and left the reference up to 0.39 nats from the policy
+    task, _ = make({"lora_targets": ["c_attn", "wte"]})
+    assert any("lora_embedding_B" in n for n, _ in task.policy.named_parameters())
+    with torch.no_grad():
+        for n, p in task.policy.named_parameters():
+            if "lora_embedding_B.default" in n or "lora_B.default" in n:
+                p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    ro = task.rollout(0, 3, torch.Generator().manual_seed(4))
+    task.mix_reference(1.0)
+    with torch.no_grad():
+        assert torch.equal(task.logprobs(ro, reference=True)[0], task.logprobs(ro)[0])
+
+
+def _deltas(task, adapter):
+    from grpo_bench.lm.models import lora_factors
+    return [(b @ a).detach().clone() for a, b in lora_factors(task.policy, adapter)]
+
+
+def test_soft_reference_mixes_the_adapters_weight_updates():
+    from grpo_bench.lm.models import POLICY, SNAPSHOT
+
+    task, _ = make()
+    perturb_adapter(task, seed=5)
+    first = _deltas(task, POLICY)
+    task.mix_reference(0.6)              # from the adapter switched off: 0.6 * update, rank r, exact
+    for got, p in zip(_deltas(task, SNAPSHOT), first):
+        torch.testing.assert_close(got, 0.6 * p, rtol=1e-4, atol=1e-6)
+    assert task.reference.residual < 1e-6
+    prev = _deltas(task, SNAPSHOT)
+    perturb_adapter(task, seed=6)
+    policy = _deltas(task, POLICY)
+    task.mix_reference(0.25)             # now rank up to 2r: the best rank-r approximation of the mix
+    worst = 0.0
+    for got, p, r in zip(_deltas(task, SNAPSHOT), policy, prev):
+        mix = 0.25 * p + 0.75 * r
+        u, sv, vh = torch.linalg.svd(mix.double())
+        k = 8  # the adapter's rank (lora_rank default)
+        best = (u[:, :k] * sv[:k]) @ vh[:k]
+        torch.testing.assert_close(got.double(), best, rtol=1e-4, atol=1e-6)
+        worst = max(worst, ((sv[k:] ** 2).sum() / (sv ** 2).sum()).sqrt().item())
+    assert task.reference.residual == pytest.approx(worst, rel=1e-3, abs=1e-6)
 
 
 def save_other_gpt2(path):
@@ -193,7 +239,7 @@ def test_short_run_end_to_end_is_deterministic():
     from grpo_bench.trainer import train
 
     raw = {"task": {**SMALL, "warmstart_steps": 20, "warmstart_batch": 16}, "group_size": 3, "epochs": 3,
-           "inner_steps": 2, "kl_coef": 0.05, "ref_refresh": 2, "eval_every": 2, "lr": 1e-3}
+           "inner_steps": 2, "kl_coef": 0.05, "ref_update": {"name": "hard", "every": 2}, "eval_every": 2, "lr": 1e-3}
     rows_a, rows_b = [], []
     summary = train(resolve_run(copy.deepcopy(raw)), rows=rows_a)
     train(resolve_run(copy.deepcopy(raw)), rows=rows_b)

@@ -2,7 +2,12 @@
 import pytest
 import yaml
 
+from grpo_bench import registry
+from grpo_bench.__main__ import main
 from helpers import cli
+
+LOSSES = "valid: " + ", ".join(registry.names("loss"))
+DELTAS = "valid: " + ", ".join(registry.names("delta"))
 
 BASE = {"task": {"name": "sort"}, "epochs": 2, "inner_steps": 1}
 
@@ -15,13 +20,24 @@ def write(tmp_path, doc, name="abl.yaml"):
 
 CASES = [
     # (ablation document, words the one-line error must contain)
-    ({"base": {**BASE, "loss": "ppo"}, "grid": {"seed": [0]}}, ["loss", "'ppo'", "valid: clipped, gspo, naive, unclipped"]),
-    ({"base": BASE, "grid": {"delta": ["zscore", "whiten"]}}, ["delta", "'whiten'", "valid: centered, max, raw, rloo, zscore"]),
+    ({"base": {**BASE, "loss": "ppo"}, "grid": {"seed": [0]}}, ["loss", "'ppo'", LOSSES]),
+    ({"base": BASE, "grid": {"delta": ["zscore", "whiten"]}}, ["delta", "'whiten'", DELTAS]),
     ({"base": {**BASE, "lr_rate": 0.1}, "grid": {"seed": [0]}}, ["lr_rate", "unknown key", "valid:", "inner_steps"]),
     ({"base": {**BASE, "epochs": "ten"}, "grid": {"seed": [0]}}, ["epochs", "expected int", "'ten'"]),
     ({"base": {**BASE, "group_size": 1}, "grid": {"delta": ["zscore"]}}, ["group_size", ">= 2", "zscore"]),
-    ({"base": {**BASE, "clip_low": 0.0}, "grid": {"seed": [0]}}, ["clip_low", "(0, 1)"]),
-    ({"base": {**BASE, "clip_high": -0.1}, "grid": {"seed": [0]}}, ["clip_high", "> 0"]),
+    ({"base": {**BASE, "loss": {"name": "clipped", "clip_low": 0.0}}, "grid": {"seed": [0]}}, ["loss.clip_low", "must be > 0"]),
+    ({"base": {**BASE, "loss": {"name": "clipped", "clip_high": -0.1}}, "grid": {"seed": [0]}}, ["loss.clip_high", "must be > 0"]),
+    ({"base": {**BASE, "loss": {"name": "clipped", "tau": 1}}, "grid": {"seed": [0]}},
+     ["loss.tau", "no parameter 'tau'", "valid: clip_low, clip_high"]),
+    ({"base": {**BASE, "loss": {"name": "sapo", "tau_pos": "hot"}}, "grid": {"seed": [0]}}, ["loss.tau_pos", "expected float"]),
+    ({"base": {**BASE, "loss": {"clip_high": 0.3}}, "grid": {"seed": [0]}}, ["loss.name", "missing", LOSSES]),
+    ({"base": {**BASE, "filters": ["dynamic_sampling", "shuffle"]}, "grid": {"seed": [0]}},
+     ["filters.1", "unknown filter 'shuffle'", "valid: dynamic_sampling"]),
+    ({"base": {**BASE, "group_size": 1, "delta": "raw", "filters": ["dynamic_sampling"]}, "grid": {"seed": [0]}},
+     ["group_size", "filters.0 'dynamic_sampling'"]),
+    ({"base": {**BASE, "delta": {"name": "gpg", "count": "tokens"}}, "grid": {"seed": [0]}},
+     ["delta.count", "valid: advantage, reward"]),
+    ({"base": {**BASE, "ref_update": {"name": "soft", "alpha": 1.5}}, "grid": {"seed": [0]}}, ["ref_update.alpha", "<= 1"]),
     ({"base": {**BASE, "kl_coef": -0.5}, "grid": {"seed": [0]}}, ["kl_coef", ">= 0"]),
     ({"base": BASE, "grid": {}}, ["grid", "empty"]),
     ({"base": BASE, "grid": {"loss": []}}, ["grid.loss", "non-empty list"]),
@@ -36,12 +52,16 @@ CASES = [
 
 
 @pytest.mark.parametrize("doc,words", CASES, ids=[str(i) for i in range(len(CASES))])
-def test_bad_ablation_is_one_line_exit_2(tmp_path, doc, words):
+def test_bad_ablation_is_one_line_exit_2(tmp_path, doc, words, capsys):
+    # in-process, so that 25 cases cost no interpreter start-ups; an exception escaping
+    # main() (what would print a traceback) fails the test, and test_bad_set_and_missing_file
+    # checks the same behaviour through a real process
     path = write(tmp_path, doc)
-    res = cli("run", path, "--out", tmp_path / "out")
-    assert res.returncode == 2, res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    code = main(["run", str(path), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
     assert str(path) in lines[0] or "--set" in lines[0]
     for w in words:
         assert w in lines[0], (w, lines[0])
@@ -50,7 +70,9 @@ def test_bad_ablation_is_one_line_exit_2(tmp_path, doc, words):
 
 def test_bad_set_and_missing_file(tmp_path):
     res = cli("run", "ablations/loss_modes.yaml", "--set", "loss=nope", "--out", tmp_path / "o")
-    assert res.returncode == 2 and "valid: clipped, gspo, naive, unclipped" in res.stderr
+    assert res.returncode == 2 and LOSSES in res.stderr
+    res = cli("run", "ablations/delta_modes.yaml", "--set", "loss.clip_high=-1", "--out", tmp_path / "o")
+    assert res.returncode == 2 and "loss.clip_high: must be > 0" in res.stderr
     res = cli("run", "ablations/loss_modes.yaml", "--set", "loss", "--out", tmp_path / "o")
     assert res.returncode == 2 and "key=value" in res.stderr
     res = cli("run", tmp_path / "missing.yaml")
@@ -62,6 +84,7 @@ def test_bad_set_and_missing_file(tmp_path):
 def test_list_prints_every_part():
     res = cli("list")
     assert res.returncode == 0
-    for name in ["zscore", "rloo", "clipped", "gspo", "k3", "token_mean", "seq_mean_token_sum_norm", "sort"]:
-        assert name in res.stdout
-    assert "clip_high=0.2" in res.stdout
+    for axis in registry.AXES:
+        for name in registry.names(axis):
+            assert f"  {name} " in res.stdout, name
+    assert "clip_high=0.2" in res.stdout and "source: DAPO" in res.stdout

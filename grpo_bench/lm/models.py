@@ -134,26 +134,84 @@ def positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def lora_factors(model: nn.Module, adapter: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(A, B) of every LoRA'd module for one adapter, the update being proportional to B @ A.
+
+    Found through the modules rather than parameter names: peft names a linear layer's
+    factors `lora_A.<adapter>.weight` but an embedding's `lora_embedding_A.<adapter>`.
+    """
+    out = []
+    for module in model.modules():
+        if adapter in getattr(module, "lora_A", {}):
+            out.append((module.lora_A[adapter].weight, module.lora_B[adapter].weight))
+        elif adapter in getattr(module, "lora_embedding_A", {}):
+            out.append((module.lora_embedding_A[adapter], module.lora_embedding_B[adapter]))
+    return out
+
+
+def mix_low_rank(a_p, b_p, a_r, b_r, weight: float) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """Rank-r factors (A, B) of w * B_p A_p + (1 - w) * B_r A_r, and the relative error of the rank cut.
+
+    The mix has rank <= 2r. With the stacked factors' QR decompositions its SVD costs only a
+    2r x 2r SVD; keeping the r largest singular values is the best rank-r approximation
+    (Eckart-Young), exact whenever the mix has rank <= r.
+    """
+    r = a_p.shape[0]
+    dtype = a_p.dtype
+    left = torch.cat([weight * b_p, (1 - weight) * b_r], 1).double()   # (out, 2r)
+    right = torch.cat([a_p, a_r], 0).double().T                         # (in, 2r)
+    q_l, r_l = torch.linalg.qr(left)
+    q_r, r_r = torch.linalg.qr(right)
+    u, sv, vh = torch.linalg.svd(r_l @ r_r.T)
+    root = sv[:r].sqrt()
+    b_new = (q_l @ u[:, :r]) * root
+    a_new = ((q_r @ vh[:r].T) * root).T
+    total = sv.square().sum()
+    residual = (sv[r:].square().sum() / total).sqrt().item() if total > 0 else 0.0
+    return a_new.to(dtype), b_new.to(dtype), residual
+
+
 class Reference:
     """Switches a peft model between the policy adapter and its reference (adapter off, or a snapshot)."""
 
     def __init__(self, peft_model):
         self.model = peft_model
         self.has_snapshot = False
+        self.residual = 0.0  # relative Frobenius error of the last soft mix's rank cut
+
+    def _snapshot(self) -> None:
+        model = self.model
+        model.add_adapter(SNAPSHOT, model.peft_config[POLICY])
+        model.set_adapter(POLICY)  # add_adapter can leave the new adapter trainable
+        # the reference so far is the adapter switched off: a zero update
+        with torch.no_grad():
+            for _, b in lora_factors(model, SNAPSHOT):
+                b.zero_()
+        self.has_snapshot = True
+
+    @torch.no_grad()
+    def mix(self, weight: float) -> None:
+        """reference <- weight * policy + (1 - weight) * reference, on the adapters' weight updates."""
+        if not self.has_snapshot:
+            self._snapshot()
+        pairs = zip(lora_factors(self.model, POLICY), lora_factors(self.model, SNAPSHOT))
+        worst = 0.0
+        for (a_p, b_p), (a_r, b_r) in pairs:
+            if weight == 1.0:  # a copy: exact, whatever the ranks
+                a_r.copy_(a_p)
+                b_r.copy_(b_p)
+                continue
+            a, b, residual = mix_low_rank(a_p, b_p, a_r, b_r, weight)
+            a_r.copy_(a)
+            b_r.copy_(b)
+            worst = max(worst, residual)
+        self.residual = worst
+        for a, b in lora_factors(self.model, SNAPSHOT):
+            a.requires_grad_(False)
+            b.requires_grad_(False)
 
     def refresh(self) -> None:
-        model = self.model
-        if not self.has_snapshot:
-            model.add_adapter(SNAPSHOT, model.peft_config[POLICY])
-            model.set_adapter(POLICY)  # add_adapter can leave the new adapter trainable
-            self.has_snapshot = True
-        params = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, p in params.items():
-                if f".{POLICY}." in name:
-                    snap = params[name.replace(f".{POLICY}.", f".{SNAPSHOT}.")]
-                    snap.copy_(p)
-                    snap.requires_grad_(False)
+        self.mix(1.0)
 
     def forward(self, fn):
         """fn() evaluated under the reference policy."""
@@ -165,6 +223,6 @@ class Reference:
             return fn()
         finally:
             self.model.set_adapter(POLICY)
-            for name, p in self.model.named_parameters():
-                if f".{SNAPSHOT}." in name:
-                    p.requires_grad_(False)
+            for a, b in lora_factors(self.model, SNAPSHOT):
+                a.requires_grad_(False)
+                b.requires_grad_(False)

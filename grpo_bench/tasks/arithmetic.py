@@ -86,6 +86,10 @@ class ArithmeticConfig:
     warmstart_seed: int = 0
     """Seed of the SFT data and initialisation; shared by all RL seeds so they start from one checkpoint."""
 
+    @property
+    def generation_budget(self) -> int:
+        return self.max_new_tokens
+
     def check(self, run_cfg) -> None:
         from ..lm import problems, rewards
 
@@ -224,14 +228,15 @@ class Arithmetic:
         total, parts = self._score(batch, texts, mask, finished, group_size)
         b, t = len(batch), tokens.shape[1]
         metrics = {f"reward/{name}": sum(v) / len(v) for name, v in parts.items()}
-        metrics["response/length"] = mask.sum(-1).mean().item()
         metrics["response/finished"] = finished.float().mean().item()
         return Rollout(
             prompts=batch,
             responses=tokens.view(b, group_size, t),
             mask=mask.view(b, group_size, t),
             rewards=torch.tensor(total, dtype=torch.float32, device=self.device).view(b, group_size),
+            finished=finished.view(b, group_size),
             extra={"prompt_ids": ids, "prompt_mask": attn},
+            left_pad={"prompt_ids": self.tokenizer.pad_token_id, "prompt_mask": 0},
             metrics=metrics,
         )
 
@@ -267,8 +272,15 @@ class Arithmetic:
             self.policy.eval()
         return logp.view(b, g, t), None if ent is None else ent.view(b, g, t)
 
-    def refresh_reference(self) -> None:
-        self.reference.refresh()
+    def mix_reference(self, weight: float) -> None:
+        self.reference.mix(weight)
+
+    @torch.no_grad()
+    def greedy_rewards(self, rollout: Rollout) -> Tensor:
+        ids, attn = rollout.extra["prompt_ids"], rollout.extra["prompt_mask"]
+        texts, mask, finished = self._decode(self._generate(ids, attn, 1, sample=False, seed=0))
+        total, _ = self._score(rollout.prompts, texts, mask, finished, 1)
+        return torch.tensor(total, dtype=torch.float32, device=self.device)
 
     # ---------------------------------------------------------------- evaluation
 

@@ -46,6 +46,10 @@ class SortConfig:
     eval_prompts: int = 256
     """Held-out random prompts for greedy evaluation (the fixed prompts are evaluated too, when given)."""
 
+    @property
+    def generation_budget(self) -> int:
+        return self.n  # every response has exactly n tokens
+
     def check(self, run_cfg) -> None:
         if self.n < 1:
             raise ValueError(f"n: must be >= 1, got {self.n}")
@@ -131,8 +135,15 @@ class SortTask:
         logits = logits.unsqueeze(1).expand(-1, g, -1, -1)              # (B, G, n, V)
         return token_logprobs(logits, rollout.responses, backend=self.backend, with_entropy=not reference)
 
-    def refresh_reference(self) -> None:
-        self.reference.load_state_dict(self.policy.state_dict())
+    @torch.no_grad()
+    def mix_reference(self, weight: float) -> None:
+        for ref, pol in zip(self.reference.parameters(), self.policy.parameters()):
+            ref.lerp_(pol, weight)  # ref + w (pol - ref); w = 1 copies exactly
+
+    @torch.no_grad()
+    def greedy_rewards(self, rollout: Rollout) -> Tensor:
+        greedy = self.policy(rollout.prompts).argmax(-1).unsqueeze(1)   # (B, 1, n)
+        return sort_rewards(rollout.prompts, greedy, self.cfg.reward).squeeze(1)
 
     @torch.no_grad()
     def evaluate(self, gen: torch.Generator) -> dict[str, float]:
