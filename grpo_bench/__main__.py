@@ -26,13 +26,17 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     pl = sub.add_parser("plot", help="redraw plots and REPORT.md of a results directory from its files")
     pl.add_argument("dir")
-    sub.add_parser("list", help="print every registered part with its parameters")
+    sub.add_parser("list", help="print every registered part with its parameters, and the task presets")
     args = p.parse_args(argv)
 
     try:
         if args.cmd == "list":
-            from . import registry
+            from . import presets, registry
             print(registry.describe())
+            print(f"presets ({presets.tasks_dir()}):")
+            for name in presets.names():
+                first = presets.description(name).split(". ")[0].rstrip(".")
+                print(f"  {name:<24} [{presets.section(name)['name']}] {first}.")
             return 0
         if args.cmd == "plot":
             from .report import make_report

@@ -19,7 +19,7 @@ from typing import Any, Union
 
 import yaml
 
-from . import registry
+from . import presets, registry
 
 BACKENDS = ("auto", "torch", "chunked", "triton")
 KL_PLACEMENTS = ("loss", "reward")
@@ -129,6 +129,8 @@ def _type_name(tp: Any) -> str:
 
 
 def build_dataclass(cls: type, data: dict, source: str, prefix: str = "") -> Any:
+    """cls(**data), strictly: unknown keys and wrong types are ConfigErrors; a field whose
+    type is itself a dataclass (a config section) is built from its mapping the same way."""
     if not isinstance(data, dict):
         raise ConfigError(source, prefix.rstrip(".") or "<root>", f"expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
@@ -137,6 +139,9 @@ def build_dataclass(cls: type, data: dict, source: str, prefix: str = "") -> Any
     for key, value in data.items():
         if key not in names:
             raise ConfigError(source, prefix + str(key), f"unknown key; valid: {', '.join(names)}")
+        if dataclasses.is_dataclass(hints[key]):
+            kwargs[key] = build_dataclass(hints[key], value, source, f"{prefix}{key}.")
+            continue
         ok, value = _type_ok(value, hints[key])
         if not ok:
             raise ConfigError(source, prefix + key, f"expected {_type_name(hints[key])}, got {value!r}")
@@ -164,8 +169,12 @@ def resolve_run(data: dict, source: str = "<config>") -> RunConfig:
         task = {"name": task}
     if dataclasses.is_dataclass(task):
         task = dataclasses.asdict(task) | {"name": task_name(cfg)}
-    _require(isinstance(task, dict) and "name" in task, source, "task.name", "missing; valid: " + ", ".join(registry.names("task")))
-    _check_name("task", task["name"], source, "task.name")
+    tasks, known_presets = registry.names("task"), presets.names()
+    valid = f"{', '.join(tasks)} (tasks); {', '.join(known_presets)} (presets in {presets.tasks_dir()})"
+    _require(isinstance(task, dict) and "name" in task, source, "task.name", "missing; valid: " + valid)
+    if task["name"] not in tasks and task["name"] in known_presets:
+        task = presets.merge(presets.section(task["name"]), {k: v for k, v in task.items() if k != "name"})
+    _require(task["name"] in tasks, source, "task.name", f"unknown task {task['name']!r}; valid: {valid}")
     entry = registry.entry("task", task["name"])
     cfg.task = build_dataclass(entry.config, {k: v for k, v in task.items() if k != "name"}, source, "task.")
     context = {"max_len": cfg.task.generation_budget}

@@ -13,6 +13,7 @@ are the part's parameters, set from YAML as `loss: {name: clipped, clip_high: 0.
     kl_ctrl     fn(coef, observed_kl, n_samples) -> the KL coefficient for the next rollout
     ref_update  fn(epoch) -> weight w of the policy in ref <- w * policy + (1 - w) * ref, or 0 for no update
     filter      fn(batch: algos.Batch) -> Batch   (runs at its `stage`: "rollout" or "step")
+    reward      fn(prompts, completions, **kwargs) -> list[float]   (TRL's signature; `task` trait)
     task        cls(task_config, run_config) -> a Task (see grpo_bench/tasks/__init__.py)
 
 What a part knows about itself travels with its registration (`register(axis, name,
@@ -42,6 +43,7 @@ AXES: dict[str, tuple[str, ...] | None] = {
     "kl_ctrl": ("coef", "observed_kl", "n_samples"),
     "ref_update": ("epoch",),
     "filter": ("batch",),
+    "reward": ("prompts", "completions", "**kwargs"),  # TRL's signature: data arrives as keywords
     "task": None,
 }
 
@@ -139,10 +141,16 @@ def _split_annotation(tp: Any) -> tuple[Any, Range | Choice | None]:
 
 def _params(axis: str, name: str, fn: Callable) -> dict[str, Param]:
     sig = inspect.signature(fn)
-    hints = typing.get_type_hints(fn, include_extras=True)
     positional = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if tuple(positional) != AXES[axis]:
-        raise TypeError(f"{axis} {name!r}: positional arguments must be {AXES[axis]}, got {tuple(positional)}")
+    want = AXES[axis]
+    if want[-1] == "**kwargs":  # a leading signature plus keyword data; no tunable parameters
+        takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+        if tuple(positional[:len(want) - 1]) != want[:-1] or not takes_kwargs:
+            raise TypeError(f"{axis} {name!r}: signature must be ({', '.join(want)}), got {sig}")
+        return {}
+    hints = typing.get_type_hints(fn, include_extras=True)
+    if tuple(positional) != want:
+        raise TypeError(f"{axis} {name!r}: positional arguments must be {want}, got {tuple(positional)}")
     out = {}
     for p in sig.parameters.values():
         if p.kind is not p.KEYWORD_ONLY:
@@ -254,7 +262,7 @@ def describe() -> str:
         for name in names(axis):
             e = entry(axis, name)
             params = ", ".join(f"{k}={v!r}" for k, v in parameters(e).items())
-            flags = [f"stage={e.traits['stage']}"] if "stage" in e.traits else []
+            flags = [f"{k}={e.traits[k]}" for k in ("stage", "task") if k in e.traits]
             flags += ["fused"] if name in fused else []
             head = f"  {name:<24} {e.doc}"
             lines.append(head + (f"  [{'; '.join(flags)}]" if flags else ""))

@@ -9,8 +9,8 @@ from grpo_bench.registry import get
 from grpo_bench.tasks import Rollout
 from grpo_bench.tasks.arithmetic import completion_mask
 
-SMALL = {"name": "arithmetic", "ops": {"add": [0, 99]}, "tiny_layers": 1, "tiny_width": 32, "tiny_heads": 2,
-         "prompts_per_step": 4, "max_new_tokens": 5, "eval_size": 12, "pass_k": 2, "warmstart_steps": 0}
+SMALL = {"name": "arithmetic", "ops": {"add": [0, 99]}, "model": {"source": "tiny-scratch", "layers": 1, "width": 32,
+         "heads": 2}, "prompts_per_step": 4, "sampling": {"max_new_tokens": 5}, "eval_size": 12, "pass_k": 2}
 
 
 @pytest.fixture(autouse=True)
@@ -19,7 +19,8 @@ def _private_cache(tmp_path, monkeypatch):
 
 
 def make(task=None, **run):
-    cfg = resolve_run({"task": {**SMALL, **(task or {})}, "group_size": 3, **run})
+    from grpo_bench.presets import merge
+    cfg = resolve_run({"task": merge(SMALL, task or {}), "group_size": 3, **run})
     return get("task", "arithmetic")(cfg.task, cfg), cfg
 
 
@@ -62,7 +63,7 @@ def test_rollout_shapes_mask_and_rewards():
         ends = torch.isin(resp, eos).nonzero()
         n = int(ends[0]) + 1 if len(ends) else t
         assert m.tolist() == [1.0] * n + [0.0] * (t - n)
-    assert {"reward/correct", "reward/format", "reward/length", "response/finished"} <= set(ro.metrics)
+    assert {"reward/correct", "reward/format", "response/finished"} <= set(ro.metrics)
     assert torch.equal(ro.lengths, ro.mask.sum(-1)) and ro.finished.shape == (b, g)
 
 
@@ -79,7 +80,7 @@ def test_same_seed_same_rollout_and_caller_rng_untouched():
 
 def test_logprobs_are_the_samplers():
     """Log-probs of the sampled tokens equal generate's own tempered scores, despite left padding."""
-    task, _ = make({"temperature": 0.7})
+    task, _ = make({"sampling": {"temperature": 0.7}})
     from grpo_bench.lm import problems
 
     batch = [problems.Problem(3, "add", 4), problems.Problem(55, "add", 47)]
@@ -106,7 +107,7 @@ def test_reference_with_adapter_off_is_the_base_model():
     from grpo_bench.lm import models
 
     # the same base weights, built independently of peft
-    base = models.build_tiny(task.tokenizer, 1, 32, 2, seed=cfg.task.warmstart_seed)
+    base = models.build_tiny(task.tokenizer, 1, 32, 2, seed=cfg.task.warmstart.seed)
     ro = task.rollout(0, 3, torch.Generator().manual_seed(1))
     perturb_adapter(task)
     with torch.no_grad():
@@ -149,7 +150,7 @@ def test_snapshot_reference_changes_only_at_refresh():
 def test_refresh_covers_embedding_adapters():
     # peft names an embedding's factors lora_embedding_A.default (no trailing dot): a refresh that
     # matched ".default." skipped them and left the reference up to 0.39 nats from the policy
-    task, _ = make({"lora_targets": ["c_attn", "wte"]})
+    task, _ = make({"lora": {"targets": ["c_attn", "wte"]}})
     assert any("lora_embedding_B" in n for n, _ in task.policy.named_parameters())
     with torch.no_grad():
         for n, p in task.policy.named_parameters():
@@ -184,7 +185,7 @@ def test_soft_reference_mixes_the_adapters_weight_updates():
     for got, p, r in zip(_deltas(task, SNAPSHOT), policy, prev):
         mix = 0.25 * p + 0.75 * r
         u, sv, vh = torch.linalg.svd(mix.double())
-        k = 8  # the adapter's rank (lora_rank default)
+        k = 8  # the adapter's rank (lora.rank default)
         best = (u[:, :k] * sv[:k]) @ vh[:k]
         torch.testing.assert_close(got.double(), best, rtol=1e-4, atol=1e-6)
         worst = max(worst, ((sv[k:] ** 2).sum() / (sv ** 2).sum()).sqrt().item())
@@ -205,7 +206,7 @@ def save_other_gpt2(path):
 
 def test_model_and_tokenizer_load_from_a_local_directory(tmp_path):
     tok = save_other_gpt2(tmp_path / "other")
-    task, _ = make({"model": str(tmp_path / "other")})
+    task, _ = make({"model": {"source": str(tmp_path / "other")}})
     assert task.policy.get_base_model().config.n_embd == 24
     assert task.tokenizer.get_vocab() == tok.get_vocab()
     ro = task.rollout(0, 3, torch.Generator().manual_seed(0))
@@ -220,7 +221,7 @@ def test_warmstart_is_cached_by_config(tmp_path, monkeypatch):
     from grpo_bench.lm import warmstart
 
     save_other_gpt2(tmp_path / "other")
-    task_cfg = {"model": str(tmp_path / "other"), "warmstart_steps": 3, "warmstart_batch": 8}
+    task_cfg = {"model": {"source": str(tmp_path / "other")}, "warmstart": {"steps": 3, "batch": 8}}
     cfg = make(task_cfg)[1].task
     first = warmstart.checkpoint(cfg, torch.device("cpu"))
     assert (first / "done.json").exists() and not list(first.parent.glob(".tmp-*"))
@@ -230,7 +231,7 @@ def test_warmstart_is_cached_by_config(tmp_path, monkeypatch):
 
     monkeypatch.setattr(warmstart, "_build", no_build)
     assert warmstart.checkpoint(cfg, torch.device("cpu")) == first
-    cfg.warmstart_lr *= 2  # another config is another checkpoint
+    cfg.warmstart.lr *= 2  # another config is another checkpoint
     with pytest.raises(AssertionError, match="rebuilt"):
         warmstart.checkpoint(cfg, torch.device("cpu"))
 
@@ -238,7 +239,7 @@ def test_warmstart_is_cached_by_config(tmp_path, monkeypatch):
 def test_short_run_end_to_end_is_deterministic():
     from grpo_bench.trainer import train
 
-    raw = {"task": {**SMALL, "warmstart_steps": 20, "warmstart_batch": 16}, "group_size": 3, "epochs": 3,
+    raw = {"task": {**SMALL, "warmstart": {"steps": 20, "batch": 16}}, "group_size": 3, "epochs": 3,
            "inner_steps": 2, "kl_coef": 0.05, "ref_update": {"name": "hard", "every": 2}, "eval_every": 2, "lr": 1e-3}
     rows_a, rows_b = [], []
     summary = train(resolve_run(copy.deepcopy(raw)), rows=rows_a)
@@ -264,10 +265,11 @@ def test_chat_template_prompts_and_turn_end_token(tmp_path):
     models.build_tiny(tok, n_layer=1, n_embd=32, n_head=2, seed=0, n_positions=128).save_pretrained(tmp_path / "chat")
     tok.save_pretrained(tmp_path / "chat")
 
-    task, _ = make({"model": str(tmp_path / "chat"), "ops": {"mul": [0, 12]}, "eval_size": 20})
+    task, _ = make({"model": {"source": str(tmp_path / "chat")}, "ops": {"mul": [0, 12]}, "eval_size": 20})
     assert task.template == "chat"
     ro = task.rollout(0, 3, torch.Generator().manual_seed(0))
-    prompt = task.tokenizer.decode(ro.extra["prompt_ids"][-1], skip_special_tokens=False)
+    ids, attn = ro.extra["prompt_ids"][-1], ro.extra["prompt_mask"][-1]
+    prompt = task.tokenizer.decode(ids[attn > 0], skip_special_tokens=False)  # without the left padding
     p = ro.prompts[-1]
     turn = f"Compute {p.a} * {p.b}. Reply with the integer only."
     assert prompt == f"<|im_start|>user\n{turn}<|im_end|>\n<|im_start|>assistant\n"
@@ -291,3 +293,62 @@ def test_default_lora_targets_per_architecture():
     task, _ = make()
     lora = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in task.policy.named_parameters() if "lora_A" in n}
     assert lora == {"c_attn", "c_proj", "c_fc"}
+
+
+def test_special_tokens_inside_a_completion_are_not_skipped():
+    # `4<pad><bos>2<eos>` once decoded as `42` (skip_special_tokens): scored correct and well-formed
+    task, _ = make()
+    tok = task.tokenizer
+    ids = [tok.convert_tokens_to_ids(c) for c in "4"] + [tok.pad_token_id, tok.bos_token_id] + \
+          [tok.convert_tokens_to_ids("2"), tok.eos_token_id]
+    clean = [tok.convert_tokens_to_ids(c) for c in "42"] + [tok.eos_token_id, tok.pad_token_id, tok.pad_token_id]
+    texts, mask, finished = task._decode(torch.tensor([ids, clean]))
+    assert texts == ["4<pad><bos>2", "42"] and finished.tolist() == [True, True]
+    from grpo_bench.lm.problems import Problem
+    total, parts = task._score([Problem(40, "add", 2)], texts, mask, finished, 2)
+    assert parts["correct"] == [0.0, 1.0] and parts["format"] == [0.0, 1.0]
+
+
+def test_on_policy_step_is_exact_with_lora_dropout(monkeypatch):
+    # K = 1: the old log-probs are the gradient pass's own, so the ratio is 1 to the last bit
+    # even though dropout makes every train-mode pass different (it was not, with old log-probs
+    # from a separate eval-mode pass)
+    from grpo_bench.lm import models
+    from grpo_bench.trainer import train
+
+    attach = models.attach_lora
+
+    def attach_nonzero(*args, **kwargs):  # LoRA's B starts at 0, where dropout changes nothing
+        model = attach(*args, **kwargs)
+        perturb_adapter(type("T", (), {"policy": model})(), scale=0.5, seed=7)
+        return model
+
+    monkeypatch.setattr(models, "attach_lora", attach_nonzero)
+    base = {"task": {"name": "arithmetic_tiny", "prompts_per_step": 4, "pass_k": 0, "lora": {"dropout": 0.3}},
+            "group_size": 3, "epochs": 2, "loss": {"name": "clipped", "clip_low": 0.01, "clip_high": 0.01}}
+    rows = []
+    train(resolve_run({**base, "inner_steps": 1}), rows=rows)
+    assert {v for _, m, v in rows if m in ("ratio/max", "ratio/min")} == {1.0}
+    assert {v for _, m, v in rows if m == "clip/frac"} == {0.0}
+    rows = []
+    train(resolve_run({**base, "inner_steps": 2, "log_every": 1}), rows=rows)
+    first = [v for s, m, v in rows if m == "ratio/max" and s == 0]
+    assert first[0] > 1.0  # K = 2 keeps the eval-mode pass: dropout alone moves the first ratio
+
+
+def test_tempered_logprobs_are_the_samplers_fp32_ones():
+    # a bf16 model: the sampler divides fp32 logits by the temperature, and so must the log-probs
+    task, _ = make({"sampling": {"temperature": 0.7}})
+    ro = task.rollout(0, 3, torch.Generator().manual_seed(5))
+    task.policy.to(torch.bfloat16)
+    with torch.no_grad():
+        logp, _ = task.logprobs(ro)
+        b, g, t = ro.responses.shape
+        from grpo_bench.lm import models
+        ids = torch.cat([ro.extra["prompt_ids"].repeat_interleave(g, 0), ro.responses.view(-1, t)], 1)
+        attn = torch.cat([ro.extra["prompt_mask"].repeat_interleave(g, 0), ro.mask.view(-1, t).long()], 1)
+        logits = task.policy(input_ids=ids, attention_mask=attn, position_ids=models.positions(attn)).logits
+        want = torch.log_softmax(logits[:, -t - 1:-1].float() / 0.7, -1)
+        want = want.gather(-1, ro.responses.view(-1, t, 1)).view(b, g, t)
+    on = ro.mask > 0
+    torch.testing.assert_close(logp[on], want[on], rtol=0, atol=1e-6)

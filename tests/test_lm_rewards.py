@@ -1,10 +1,11 @@
-"""Arithmetic data and rewards without a model: tokenizer, problems, answer parsing, reward mixing."""
+"""Arithmetic data and rewards without a model: tokenizer, problems, answer parsing, the reward axis and presets."""
 import random
 
 import pytest
 
+from grpo_bench.algos import rewards
 from grpo_bench.config import ConfigError, resolve_run
-from grpo_bench.lm import problems, rewards
+from grpo_bench.lm import problems
 from grpo_bench.lm.rewards import extract_answer
 
 
@@ -51,19 +52,47 @@ def test_rewards_on_malformed_completions_are_defined():
 
 
 def test_combine_weights_and_plugins():
-    fns = {spec: (rewards.resolve(spec), w) for spec, w in
-           {"correct": 1.0, "format": 0.5, "grpo_bench.lm.rewards:length_penalty": 2.0}.items()}
+    fns = rewards.check({"correct": 1.0, "format": 0.5, "grpo_bench.algos.rewards:length_penalty": 2.0,
+                         "arithmetic_rewards:digits": 0.5}, "arithmetic")
     total, parts = rewards.combine(fns, ["1+1="] * 2, ["2", "3 apples"], answer=[2, 2], finished=[True, True],
                                    completion_lengths=[2, 4], max_new_tokens=8)
-    assert parts == {"correct": [1.0, 0.0], "format": [1.0, 0.0], "length_penalty": [-0.25, -0.5]}
-    assert total == pytest.approx([1.0 + 0.5 - 0.5, -1.0])
-    with pytest.raises(ValueError, match="unknown reward"):
-        rewards.resolve("correctness")
+    assert parts == {"correct": [1.0, 0.0], "format": [1.0, 0.0], "length_penalty": [-0.25, -0.5], "digits": [1.0, 0.0]}
+    assert total == pytest.approx([1.0 + 0.5 - 0.5 + 0.5, -1.0])
+    with pytest.raises(ValueError, match="unknown reward 'correctness' for task arithmetic; valid: correct, format, length"):
+        rewards.resolve("correctness", "arithmetic")
+    with pytest.raises(ValueError, match="unknown reward 'correct' for task sort; valid: inclusion_order, match"):
+        rewards.resolve("correct", "sort")
     with pytest.raises(ValueError, match="cannot load"):
-        rewards.resolve("no_such_module_xyz:fn")
+        rewards.resolve("no_such_module_xyz:fn", "arithmetic")
     short = {"bad": (lambda prompts, completions, **kw: [1.0], 1.0)}
     with pytest.raises(ValueError, match="returned 1 scores for 2"):
         rewards.combine(short, ["a", "b"], ["1", "2"])
+
+
+def test_user_reward_module_beside_the_presets():
+    digits = rewards.resolve("arithmetic_rewards:digits", "arithmetic")
+    # units digit aligned: 41 for 42 gets 1 of 2, 142 for 42 gets 2 of 3, a wrong sign nothing
+    assert digits([], ["42", "41", "142", "-42", "x", "7"], answer=[42, 42, 42, 42, 42, 7]) == \
+        pytest.approx([1.0, 0.5, 2 / 3, 0.0, 0.0, 1.0])
+
+
+def test_sort_rewards_hand_values():
+    prompts, completions = [[2, 0, 1]] * 4, [[0, 1, 2], [2, 1, 0], [0, 0, 0], [1, 0, 2]]
+    assert rewards.resolve("match", "sort")(prompts, completions) == pytest.approx([1.0, 1 / 3, 1 / 3, 1 / 3])
+    # inclusion (tokens of the prompt present) + ordered adjacent pairs, over 2n - 1 = 5
+    assert rewards.resolve("inclusion_order", "sort")(prompts, completions) == pytest.approx([1.0, 0.6, 0.6, 0.8])
+
+
+def test_heldout_commutative_twins_never_train():
+    ops = {"add": [0, 30], "mul": [0, 12], "sub": [0, 30]}
+    held = problems.heldout(ops, 60, seed=2)
+    exclude = problems.exclusion(held)
+    stream = problems.train_batch(ops, 5000, random.Random(0), exclude)
+    twins = {problems.Problem(p.b, p.op, p.a) for p in held if p.op in ("add", "mul") and p.a != p.b}
+    assert twins - set(held)                          # the held-out set has twins outside itself...
+    assert not set(stream) & (set(held) | twins)      # ...and the training stream shows none of them
+    subs = {problems.Problem(p.b, p.op, p.a) for p in held if p.op == "sub"} - set(held)
+    assert set(stream) & subs                         # 5 - 3 is not 3 - 5: sub's swaps stay in training
 
 
 def test_problems_exact_answers_and_disjoint_heldout():
@@ -87,10 +116,31 @@ def test_problems_exact_answers_and_disjoint_heldout():
     ({"ops": {"add": [0, 3]}, "eval_size": 10}, "task.eval_size"),
     ({"rewards": {"nope": 1.0}}, "task.rewards"),
     ({"template": "fancy"}, "task.template"),
-    ({"top_p": 0.0}, "task.top_p"),
-    ({"tiny_width": 30, "tiny_heads": 4}, "task.tiny_width"),
+    ({"sampling": {"top_p": 0.0}}, "task.sampling.top_p"),
+    ({"sampling": {"top_k": 5}}, "task.sampling.top_k"),
+    ({"model": {"source": "tiny-scratch", "width": 30, "heads": 4}}, "task.model.width"),
+    ({"lora": {"rank": "eight"}}, "task.lora.rank"),
+    ({"model": "tiny"}, "task.model"),
+    # the shipped checkpoint was warm-started with this held-out split kept out of its training
+    ({"ops": {"add": [0, 99], "sub": [0, 99]}}, "task.ops"),
+    ({"eval_seed": 7}, "task.eval_seed"),
 ])
 def test_config_errors_name_the_key(task, key):
     with pytest.raises(ConfigError) as err:
         resolve_run({"task": {"name": "arithmetic", **task}}, "x.yaml")
     assert err.value.key == key
+
+
+def test_presets_resolve_and_merge_overrides():
+    from grpo_bench import presets
+
+    assert set(presets.names()) >= {"sort_lecture", "sort_hard", "arithmetic_tiny", "arithmetic_qwen"}
+    hard = resolve_run({"task": "sort_hard"}).task
+    assert (hard.n, hard.vocab, hard.prompts, hard.num_prompts, hard.dim) == (6, 16, None, 16, 64)
+    cfg = resolve_run({"task": {"name": "arithmetic_tiny", "sampling": {"temperature": 0.5}, "lora": {"rank": 4}}})
+    assert cfg.task.sampling.temperature == 0.5 and cfg.task.sampling.max_new_tokens == 6   # merged, not replaced
+    assert cfg.task.lora.rank == 4 and cfg.task.rewards == {"correct": 1.0, "format": 0.1}
+    lecture = resolve_run({"task": "sort_lecture"})
+    assert lecture.task == resolve_run({"task": "sort"}).task   # the lecture's setting is the sort default
+    with pytest.raises(ConfigError, match="unknown task 'sort_easy'; valid: arithmetic, sort .*sort_hard"):
+        resolve_run({"task": "sort_easy"}, "x.yaml")

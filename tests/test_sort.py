@@ -2,17 +2,19 @@
 import torch
 
 from grpo_bench.config import resolve_run
-from grpo_bench.tasks.sort import SortTask, sort_rewards
+from grpo_bench.algos import rewards
+from grpo_bench.tasks.sort import SortTask, score
 from grpo_bench.trainer import train
 
 
-def test_rewards_hand_values():
+def test_rewards_are_weighted_per_response():
     prompts = torch.tensor([[2, 0, 1]])
     responses = torch.tensor([[[0, 1, 2], [2, 1, 0], [0, 0, 0], [1, 0, 2]]])
-    torch.testing.assert_close(sort_rewards(prompts, responses, "match"), torch.tensor([[1.0, 1 / 3, 1 / 3, 1 / 3]]))
-    # inclusion (tokens of the prompt present) + ordered adjacent pairs, over 2n - 1 = 5
-    torch.testing.assert_close(sort_rewards(prompts, responses, "inclusion_order"),
-                               torch.tensor([[5 / 5, 3 / 5, 3 / 5, 4 / 5]]))
+    fns = rewards.check({"match": 1.0, "inclusion_order": 0.5}, "sort")
+    total, means = score(fns, prompts, responses)
+    # match 1, 1/3, 1/3, 1/3; inclusion_order 5/5, 3/5, 3/5, 4/5 (see test_lm_rewards)
+    torch.testing.assert_close(total, torch.tensor([[1.5, 1 / 3 + 0.3, 1 / 3 + 0.3, 1 / 3 + 0.4]]))
+    assert abs(means["reward/match"] - 0.5) < 1e-9 and abs(means["reward/inclusion_order"] - 0.75) < 1e-9
 
 
 def test_lecture_defaults():

@@ -6,6 +6,7 @@
     kl.py         KL estimators, straight-through and importance-corrected ones
     control.py    the KL coefficient's controller and the reference policy's update schedule
     filters.py    sample filters: dynamic sampling, overlong shaping, truncation and entropy masks
+    rewards.py    rule rewards with TRL's signature, per task, and how a task's reward mix is resolved
 
 Adding a part is one decorated function in the module of its axis, plus its tests:
 
@@ -25,7 +26,7 @@ Conventions (see ../shared/seeds/README.md): the ratio is pi/pi_old = exp(logp -
 never a quotient of log-probs; with r = pi_ref/pi, k1 = -log r, k2 = (log r)^2 / 2,
 k3 = r - 1 - log r, each an estimate of KL(pi || pi_ref) under samples from pi.
 """
-from . import aggregate, control, deltas, filters, kl, losses  # noqa: F401  (registration)
+from . import aggregate, control, deltas, filters, kl, losses, rewards  # noqa: F401  (registration)
 from .common import masked_mean, masked_sum
 from .filters import Batch
 

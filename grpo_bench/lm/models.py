@@ -1,7 +1,8 @@
 """Causal LMs for the LM tasks: the embedded tiny GPT-2, hub or local models, LoRA, and the reference policy.
 
-Any `AutoModelForCausalLM` loads by hub id or local path; "tiny" builds a small
-GPT-2 from `GPT2Config` over the character tokenizer, which needs no network.
+Any `AutoModelForCausalLM` loads by hub id or local path; "tiny" is the warm-started
+2-layer GPT-2 shipped in tasks/arithmetic_tiny/ (see shipped.py) and "tiny-scratch" builds
+that architecture from `GPT2Config` over the character tokenizer; neither needs a network.
 The reference policy never costs a second copy of the base weights: with refresh
 period 0 it is the base model with the adapter switched off (LoRA's B starts at
 zero, so that is also the initial policy); with a period it is a snapshot of the
@@ -16,7 +17,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-TINY = "tiny"
 POLICY, SNAPSHOT = "default", "reference"
 
 # LoRA on every projection (attention and MLP) per architecture; peft's own table
@@ -55,6 +55,22 @@ def build_tiny(tokenizer, n_layer: int, n_embd: int, n_head: int, seed: int, n_p
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return GPT2LMHeadModel(config)
+
+
+def starting_model(cfg, device: torch.device, dtype: torch.dtype | None = None):
+    """(model, tokenizer) that an arithmetic config starts from, before any warm-start."""
+    from . import shipped
+
+    source = cfg.model.source
+    if source == shipped.TINY:
+        return load(str(shipped.directory()), device, dtype)
+    if source == shipped.SCRATCH:
+        from .tokenizer import build_char_tokenizer
+
+        tokenizer = prepare_tokenizer(build_char_tokenizer())
+        model = build_tiny(tokenizer, cfg.model.layers, cfg.model.width, cfg.model.heads, seed=cfg.warmstart.seed)
+        return model.to(device, dtype or dtype_for(device)), tokenizer
+    return load(source, device, dtype)
 
 
 def prepare_tokenizer(tokenizer):

@@ -3,8 +3,9 @@
 Answers are computed from the operands with `operator`, never by evaluating a
 string. The held-out set depends only on its own seed, so every variant and
 every seed of an ablation is scored on the same problems, and the training
-stream skips those problems, so held-out accuracy measures arithmetic learned
-rather than answers memorised.
+stream skips those problems and their commutative twins (a + b and b + a,
+a * b and b * a), so held-out accuracy measures arithmetic learned rather than
+answers memorised.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import random
 from dataclasses import dataclass
 
 # name in YAML -> (symbol in the prompt, exact integer function)
+COMMUTATIVE = ("add", "mul")
 OPS = {
     "add": ("+", operator.add),
     "sub": ("-", operator.sub),
@@ -80,6 +82,14 @@ def heldout(ops: dict, size: int, seed: int) -> list[Problem]:
     while len(seen) < size:
         seen.setdefault(sample(ops, rng), None)
     return list(seen)
+
+
+def exclusion(heldout: list[Problem]) -> set[Problem]:
+    """What the training stream must never show: the held-out problems and their commutative
+    twins (25+17 answers 17+25 as surely as 17+25 itself)."""
+    out = set(heldout)
+    out.update(Problem(p.b, p.op, p.a) for p in heldout if p.op in COMMUTATIVE)
+    return out
 
 
 def train_batch(ops: dict, n: int, rng: random.Random, exclude: set[Problem]) -> list[Problem]:

@@ -24,7 +24,7 @@ import torch
 
 from . import models, problems
 
-VERSION = 3  # bump when the SFT recipe changes, so old checkpoints are not reused
+VERSION = 4  # bump when the SFT recipe changes, so old checkpoints are not reused
 
 
 def cache_root() -> Path:
@@ -42,13 +42,17 @@ def _model_identity(model_id: str) -> object:
 
 def spec(cfg) -> dict:
     """Everything the checkpoint depends on; its hash names the cache entry."""
+    from . import shipped
+
+    source = cfg.model.source
+    identity = shipped.manifest()["files"] if source == shipped.TINY else _model_identity(source)
     out = {
-        "version": VERSION, "model": _model_identity(cfg.model), "ops": cfg.ops, "template": cfg.template,
-        "eval_size": cfg.eval_size, "eval_seed": cfg.eval_seed, "steps": cfg.warmstart_steps,
-        "batch": cfg.warmstart_batch, "lr": cfg.warmstart_lr, "seed": cfg.warmstart_seed,
+        "version": VERSION, "model": identity, "ops": cfg.ops, "template": cfg.template,
+        "eval_size": cfg.eval_size, "eval_seed": cfg.eval_seed, "steps": cfg.warmstart.steps,
+        "batch": cfg.warmstart.batch, "lr": cfg.warmstart.lr, "seed": cfg.warmstart.seed,
     }
-    if cfg.model == models.TINY:
-        out["tiny"] = [cfg.tiny_layers, cfg.tiny_width, cfg.tiny_heads]
+    if source == shipped.SCRATCH:
+        out["tiny"] = [cfg.model.layers, cfg.model.width, cfg.model.heads]
     return out
 
 
@@ -83,14 +87,7 @@ def checkpoint(cfg, device: torch.device) -> Path:
 
 
 def _build(cfg, device: torch.device):
-    if cfg.model == models.TINY:
-        from .tokenizer import build_char_tokenizer
-
-        tokenizer = models.prepare_tokenizer(build_char_tokenizer())
-        model = models.build_tiny(tokenizer, cfg.tiny_layers, cfg.tiny_width, cfg.tiny_heads,
-                                  seed=cfg.warmstart_seed).to(device)
-    else:
-        model, tokenizer = models.load(cfg.model, device, dtype=torch.float32)
+    model, tokenizer = models.starting_model(cfg, device, dtype=torch.float32)
     models.disable_dropout(model)
     # One CPU thread whatever the caller uses: float sums in another order change the
     # stopping point of a deliberately unfinished run, so the cached checkpoint would
@@ -122,21 +119,21 @@ def _sequences(tokenizer, batch: list[problems.Problem], template: str, eos: int
 
 
 def sft(model, tokenizer, cfg, device: torch.device) -> float:
-    """Train on prompt -> answer for cfg.warmstart_steps batches; returns token accuracy of the last batch."""
+    """Train on prompt -> answer for cfg.warmstart.steps batches; returns token accuracy of the last batch."""
     template = problems.resolve_template(cfg.template, tokenizer)
     eos = tokenizer.eos_token_id if template == "plain" else _chat_eos(tokenizer, model)
-    exclude = set(problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed))
-    rng = random.Random(cfg.warmstart_seed)
-    torch.manual_seed(cfg.warmstart_seed)
+    exclude = problems.exclusion(problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed))
+    rng = random.Random(cfg.warmstart.seed)
+    torch.manual_seed(cfg.warmstart.seed)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.warmstart_lr, weight_decay=0.0)
-    warmup = max(1, cfg.warmstart_steps // 10)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.warmstart.lr, weight_decay=0.0)
+    warmup = max(1, cfg.warmstart.steps // 10)
     # Warm-up, then constant: the phase is stopped mid-learning on purpose, and a
     # decayed rate would leave the model stuck just before the jump in accuracy.
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
     accuracy = 0.0
-    for _ in range(cfg.warmstart_steps):
-        batch = problems.train_batch(cfg.ops, cfg.warmstart_batch, rng, exclude)
+    for _ in range(cfg.warmstart.steps):
+        batch = problems.train_batch(cfg.ops, cfg.warmstart.batch, rng, exclude)
         ids, mask, labels = _sequences(tokenizer, batch, template, eos, device)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=models.positions(mask)).logits[:, :-1]
         target = labels[:, 1:]

@@ -33,102 +33,131 @@ def _default_ops() -> dict:
 
 
 def _default_rewards() -> dict:
-    return {"correct": 1.0, "format": 0.1, "length": 0.0}
+    return {"correct": 1.0, "format": 0.1}
+
+
+@dataclass
+class ModelSection:
+    """Which causal LM, and the shape of one built from code."""
+
+    source: str = "tiny"
+    """`tiny`: the embedded warm-started 2-layer GPT-2 shipped in tasks/arithmetic_tiny/ (offline and
+    identical on every machine); `tiny-scratch`: that architecture with fresh weights (layers, width,
+    heads below), to warm-start yourself; a hub id (`Qwen/Qwen2.5-0.5B-Instruct`) or a local
+    `save_pretrained` directory."""
+    layers: int = 2
+    """tiny-scratch: transformer blocks."""
+    width: int = 128
+    """tiny-scratch: hidden size (n_embd)."""
+    heads: int = 4
+    """tiny-scratch: attention heads."""
+
+
+@dataclass
+class LoraSection:
+    """The adapter GRPO trains; the base weights stay frozen (and are the reference's)."""
+
+    rank: int = 8
+    """LoRA rank r."""
+    alpha: int = 16
+    """LoRA alpha (the update is scaled by alpha / r)."""
+    dropout: float = 0.0
+    """LoRA dropout, active in gradient passes only (sampling runs without it)."""
+    targets: list | None = None
+    """Module names that get LoRA; null = every projection of the architecture (gpt2: c_attn, c_proj, c_fc)."""
+
+
+@dataclass
+class WarmstartSection:
+    """Supervised steps on prompt -> answer before GRPO, cached by everything that shapes them."""
+
+    steps: int = 0
+    """SFT steps (0 = none: the shipped tiny checkpoint and instruct models need none)."""
+    batch: int = 64
+    """SFT batch size."""
+    lr: float = 3e-3
+    """SFT peak learning rate (linear warm-up over a tenth of the steps, then constant)."""
+    seed: int = 0
+    """Seed of the SFT data and of tiny-scratch's initial weights."""
+
+
+@dataclass
+class SamplingSection:
+    """How rollouts and pass@k are sampled; the trained log-probs are the sampler's."""
+
+    temperature: float = 1.0
+    """Sampling temperature; log-probs use the same tempered logits, in fp32."""
+    top_p: float = 1.0
+    """Nucleus sampling; 1 samples from the full distribution (log-probs ignore the truncation, as TRL's do)."""
+    max_new_tokens: int = 8
+    """Completion budget; a completion without EOS by then is cut off (format reward 0)."""
 
 
 @dataclass
 class ArithmeticConfig:
     """Arithmetic problems answered by a causal LM trained through a LoRA adapter."""
 
-    model: str = "tiny"
-    """`tiny` (embedded char-level GPT-2, offline), a hub id (`Qwen/Qwen2.5-0.5B-Instruct`) or a
-    local `save_pretrained` directory."""
-    tiny_layers: int = 2
-    """Embedded model: transformer blocks."""
-    tiny_width: int = 128
-    """Embedded model: hidden size (n_embd)."""
-    tiny_heads: int = 4
-    """Embedded model: attention heads."""
+    model: ModelSection = field(default_factory=ModelSection)
+    """The causal LM (section)."""
+    lora: LoraSection = field(default_factory=LoraSection)
+    """The adapter (section)."""
+    warmstart: WarmstartSection = field(default_factory=WarmstartSection)
+    """Supervised warm-start (section)."""
+    sampling: SamplingSection = field(default_factory=SamplingSection)
+    """Rollout sampling (section)."""
     ops: dict = field(default_factory=_default_ops)
     """Operations and their operand range [lo, hi], any of add, sub, mul, floordiv (divisor 0 is skipped)."""
     template: str = "auto"
     """Prompt: `plain` (`17+25=`), `chat` (the tokenizer's chat template), `auto` (chat if the tokenizer has one)."""
     prompts_per_step: int = 32
     """B: training problems per rollout batch (each gets group_size completions)."""
-    temperature: float = 1.0
-    """Sampling temperature of rollouts and pass@k; log-probs use the same tempered logits."""
-    top_p: float = 1.0
-    """Nucleus sampling; 1 samples from the full distribution (log-probs ignore the truncation, as TRL's do)."""
-    max_new_tokens: int = 8
-    """Completion budget; a completion without EOS by then is cut off (format reward 0)."""
     rewards: dict = field(default_factory=_default_rewards)
-    """Reward -> weight; a reward is correct, format, length, or `module:function` with TRL's signature."""
+    """Reward -> weight (registry axis `reward`): correct, format, length, or `module:function` with TRL's signature."""
     eval_size: int = 200
-    """Held-out problems (fixed by eval_seed, never in the training stream)."""
+    """Held-out problems (fixed by eval_seed; neither they nor their commutative twins are ever trained on)."""
     eval_seed: int = 1234
     """Seed of the held-out set; the same for every run so variants are compared on the same problems."""
     pass_k: int = 8
     """k of eval/pass@k (k samples per held-out problem); 0 skips it."""
-    lora_rank: int = 8
-    """LoRA rank r."""
-    lora_alpha: int = 16
-    """LoRA alpha (the update is scaled by alpha / r)."""
-    lora_dropout: float = 0.0
-    """LoRA dropout, active in the gradient pass only (sampling and old log-probs run without it)."""
-    lora_targets: list | None = None
-    """Module names that get LoRA; null = every projection of the architecture (gpt2: c_attn, c_proj, c_fc)."""
-    warmstart_steps: int = 450
-    """SFT steps before GRPO (0 = none; instruct models need none); the checkpoint is cached by its config."""
-    warmstart_batch: int = 64
-    """SFT batch size."""
-    warmstart_lr: float = 3e-3
-    """SFT peak learning rate (warm-up, then cosine decay to 0)."""
-    warmstart_seed: int = 0
-    """Seed of the SFT data and initialisation; shared by all RL seeds so they start from one checkpoint."""
 
     @property
     def generation_budget(self) -> int:
-        return self.max_new_tokens
+        return self.sampling.max_new_tokens
 
     def check(self, run_cfg) -> None:
-        from ..lm import problems, rewards
+        from ..algos import rewards
+        from ..lm import problems, shipped
 
         problems.check_ops(self.ops)
         if self.template not in problems.TEMPLATES:
             raise ValueError(f"template: unknown {self.template!r}; valid: {', '.join(problems.TEMPLATES)}")
-        if not self.model:
-            raise ValueError("model: empty; give `tiny`, a hub id or a local directory")
+        if not self.model.source:
+            raise ValueError("model.source: empty; give tiny, tiny-scratch, a hub id or a local directory")
         if self.eval_size < 1 or 2 * self.eval_size > problems.space_size(self.ops):
             raise ValueError(f"eval_size: must be >= 1 and at most half of the {problems.space_size(self.ops)} "
                              f"distinct problems (the rest are the training stream), got {self.eval_size}")
-        if not self.rewards:
-            raise ValueError("rewards: empty; give e.g. {correct: 1.0}")
-        for spec, weight in self.rewards.items():
-            try:
-                rewards.resolve(str(spec))
-            except ValueError as e:
-                raise ValueError(f"rewards: {e}") from None
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-                raise ValueError(f"rewards: weight of {spec!r} must be a number, got {weight!r}")
-        positive = {"prompts_per_step": self.prompts_per_step, "max_new_tokens": self.max_new_tokens,
-                    "lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha, "tiny_layers": self.tiny_layers,
-                    "tiny_width": self.tiny_width, "tiny_heads": self.tiny_heads}
+        rewards.check(self.rewards, "arithmetic")
+        positive = {"prompts_per_step": self.prompts_per_step, "sampling.max_new_tokens": self.sampling.max_new_tokens,
+                    "lora.rank": self.lora.rank, "lora.alpha": self.lora.alpha, "model.layers": self.model.layers,
+                    "model.width": self.model.width, "model.heads": self.model.heads}
         for key, value in positive.items():
             if value < 1:
                 raise ValueError(f"{key}: must be >= 1, got {value}")
-        if self.tiny_width % self.tiny_heads:
-            raise ValueError(f"tiny_width: must be a multiple of tiny_heads ({self.tiny_heads}), got {self.tiny_width}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature: must be > 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.lora_dropout < 1:
-            raise ValueError(f"lora_dropout: must be in [0, 1), got {self.lora_dropout}")
-        for key in ("pass_k", "warmstart_steps"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"{key}: must be >= 0, got {getattr(self, key)}")
-        if self.warmstart_steps and (self.warmstart_batch < 1 or self.warmstart_lr <= 0):
-            raise ValueError("warmstart_batch: batch must be >= 1 and warmstart_lr > 0 when warmstart_steps > 0")
+        if self.model.width % self.model.heads:
+            raise ValueError(f"model.width: must be a multiple of model.heads ({self.model.heads}), got {self.model.width}")
+        if self.sampling.temperature <= 0:
+            raise ValueError(f"sampling.temperature: must be > 0, got {self.sampling.temperature}")
+        if not 0 < self.sampling.top_p <= 1:
+            raise ValueError(f"sampling.top_p: must be in (0, 1], got {self.sampling.top_p}")
+        if not 0 <= self.lora.dropout < 1:
+            raise ValueError(f"lora.dropout: must be in [0, 1), got {self.lora.dropout}")
+        for key, value in (("pass_k", self.pass_k), ("warmstart.steps", self.warmstart.steps)):
+            if value < 0:
+                raise ValueError(f"{key}: must be >= 0, got {value}")
+        if self.warmstart.steps and (self.warmstart.batch < 1 or self.warmstart.lr <= 0):
+            raise ValueError("warmstart.batch: batch must be >= 1 and warmstart.lr > 0 when warmstart.steps > 0")
+        if self.model.source == shipped.TINY:
+            shipped.check_compatible(self)
 
 
 def completion_mask(tokens: Tensor, eos: Tensor) -> tuple[Tensor, Tensor]:
@@ -145,36 +174,31 @@ class Arithmetic:
     def __init__(self, task_config: ArithmeticConfig, run_config):
         from transformers import GenerationConfig
 
-        from ..lm import models, problems, rewards, warmstart
+        from ..algos import rewards
+        from ..lm import models, problems, warmstart
 
         self.cfg, self.run_cfg = task_config, run_config
         self.device = models.resolve_device(run_config.device)
         cfg = task_config
-        if cfg.warmstart_steps > 0:
+        if cfg.warmstart.steps > 0:
             base, self.tokenizer = models.load(str(warmstart.checkpoint(cfg, self.device)), self.device)
-        elif cfg.model == models.TINY:
-            from ..lm.tokenizer import build_char_tokenizer
-
-            self.tokenizer = models.prepare_tokenizer(build_char_tokenizer())
-            base = models.build_tiny(self.tokenizer, cfg.tiny_layers, cfg.tiny_width, cfg.tiny_heads,
-                                     seed=cfg.warmstart_seed).to(self.device, models.dtype_for(self.device))
         else:
-            base, self.tokenizer = models.load(cfg.model, self.device)
+            base, self.tokenizer = models.starting_model(cfg, self.device)
         self.eos = torch.tensor(models.eos_ids(base, self.tokenizer), device=self.device)
         # A clean generation config: checkpoints ship sampling defaults (Qwen: top_k 20,
         # repetition penalty) that would make the sampler differ from the trained policy.
         base.generation_config = GenerationConfig(
             eos_token_id=self.eos.tolist(), pad_token_id=self.tokenizer.pad_token_id,
-            bos_token_id=self.tokenizer.bos_token_id, max_new_tokens=cfg.max_new_tokens)
+            bos_token_id=self.tokenizer.bos_token_id, max_new_tokens=cfg.sampling.max_new_tokens)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(run_config.seed)  # LoRA's A matrices are random
-            self.policy = models.attach_lora(base, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
+            self.policy = models.attach_lora(base, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
         self.policy.eval()
         self.reference = models.Reference(self.policy)
         self.template = problems.resolve_template(cfg.template, self.tokenizer)
         self.heldout = problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed)
-        self._exclude = set(self.heldout)
-        self.rewards = {str(spec): (rewards.resolve(str(spec)), float(w)) for spec, w in cfg.rewards.items()}
+        self._exclude = problems.exclusion(self.heldout)
+        self.rewards = rewards.check(cfg.rewards, "arithmetic")
         self._problems, self._models, self._rewards_mod = problems, models, rewards
         self._evals, self._base_acc = 0, None
 
@@ -187,7 +211,7 @@ class Arithmetic:
     @torch.no_grad()
     def _generate(self, ids: Tensor, mask: Tensor, n: int, sample: bool, seed: int) -> Tensor:
         """(len(ids) * n, T) generated tokens, the n samples of a prompt adjacent."""
-        cfg = self.cfg
+        cfg = self.cfg.sampling
         knobs = (dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0) if sample
                  else dict(do_sample=False))
         self.policy.eval()
@@ -202,8 +226,9 @@ class Arithmetic:
     def _decode(self, tokens: Tensor) -> tuple[list[str], Tensor, Tensor]:
         """Text of generated tokens (N, T) up to EOS, their mask and whether they finished."""
         mask, finished = completion_mask(tokens, self.eos)
-        lengths = mask.sum(-1).long().tolist()
-        texts = self.tokenizer.batch_decode([t[:k] for t, k in zip(tokens.tolist(), lengths)], skip_special_tokens=True)
+        # the text before EOS, special tokens kept: skipping them would read `4<pad><bos>2` as `42`
+        content = (mask.sum(-1) - finished.float()).long().tolist()
+        texts = self.tokenizer.batch_decode([t[:k] for t, k in zip(tokens.tolist(), content)], skip_special_tokens=False)
         return texts, mask, finished
 
     def _score(self, batch: list, texts: list[str], mask: Tensor, finished: Tensor, n: int):
@@ -212,7 +237,7 @@ class Arithmetic:
         return self._rewards_mod.combine(
             self.rewards, prompts, texts, answer=[p.answer for p in batch for _ in range(n)],
             finished=finished.tolist(), completion_lengths=mask.sum(-1).long().tolist(),
-            max_new_tokens=self.cfg.max_new_tokens)
+            max_new_tokens=self.cfg.sampling.max_new_tokens)
 
     def _seed(self, gen: torch.Generator | None, salt: int) -> int:
         if gen is None:
@@ -253,8 +278,9 @@ class Arithmetic:
         out = self.policy(input_ids=full, attention_mask=full_mask, position_ids=self._models.positions(full_mask),
                           logits_to_keep=t + 1, use_cache=False)
         logits = out.logits[:, :t]
-        if self.cfg.temperature != 1.0:
-            logits = logits / self.cfg.temperature
+        if self.cfg.sampling.temperature != 1.0:
+            # in fp32, as the sampler divides: bf16 logits / T would round to other log-probs
+            logits = logits.float() / self.cfg.sampling.temperature
         return token_logprobs(logits, responses, backend=self.run_cfg.backend, with_entropy=with_entropy)
 
     def logprobs(self, rollout: Rollout, reference: bool = False) -> tuple[Tensor, Tensor | None]:

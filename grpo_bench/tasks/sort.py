@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from ..algos import rewards as algos_rewards
 from ..logprobs import token_logprobs
 from ..registry import register
 from . import Rollout
 
 LECTURE_PROMPTS = [[1, 0, 2], [3, 2, 4], [1, 2, 3]]
-REWARDS = ("match", "inclusion_order")
 
 
 @dataclass
@@ -39,8 +39,8 @@ class SortConfig:
     """Fixed training prompts (the lecture's three); null = draw num_prompts random prompts every epoch."""
     num_prompts: int = 16
     """B: random prompts drawn per epoch when `prompts` is null."""
-    reward: str = "match"
-    """match: fraction of positions equal to the sorted prompt; inclusion_order: prompt tokens present + adjacent pairs in order, normalised."""
+    rewards: dict = field(default_factory=lambda: {"match": 1.0})
+    """Reward -> weight (registry axis `reward`): match (fraction of positions equal to the sorted prompt), inclusion_order (prompt tokens present + adjacent pairs in order), or `module:function`."""
     dim: int = 16
     """Embedding width of the policy."""
     eval_prompts: int = 256
@@ -55,8 +55,7 @@ class SortConfig:
             raise ValueError(f"n: must be >= 1, got {self.n}")
         if self.vocab < 2:
             raise ValueError(f"vocab: must be >= 2, got {self.vocab}")
-        if self.reward not in REWARDS:
-            raise ValueError(f"reward: unknown {self.reward!r}; valid: {', '.join(REWARDS)}")
+        algos_rewards.check(self.rewards, "sort")
         if self.num_prompts < 1 or self.dim < 1 or self.eval_prompts < 1:
             raise ValueError("num_prompts: num_prompts, dim and eval_prompts must be >= 1")
         if self.prompts is not None:
@@ -85,16 +84,13 @@ class SortPolicy(nn.Module):
         return y @ self.embedding.weight.T / math.sqrt(d)            # (B, n, V)
 
 
-def sort_rewards(prompts: Tensor, responses: Tensor, kind: str) -> Tensor:
-    """prompts (B, n), responses (B, G, n) -> rewards (B, G) in [0, 1]."""
-    n = prompts.shape[-1]
-    target = prompts.sort(dim=-1).values.unsqueeze(1)               # (B, 1, n)
-    if kind == "match":
-        return (responses == target).float().mean(-1)
-    # inclusion: each prompt token that appears somewhere in the response
-    present = (prompts.unsqueeze(1).unsqueeze(-1) == responses.unsqueeze(-2)).any(-1)  # (B, G, n)
-    ordered = (responses[..., 1:] >= responses[..., :-1]).float().sum(-1)
-    return (present.float().sum(-1) + ordered) / (2 * n - 1)
+def score(fns: dict, prompts: Tensor, responses: Tensor) -> tuple[Tensor, dict[str, float]]:
+    """prompts (B, n), responses (B, G, n) -> total rewards (B, G) and each reward's mean."""
+    b, g, _ = responses.shape
+    total, parts = algos_rewards.combine(fns, [p for p in prompts.tolist() for _ in range(g)],
+                                         responses.reshape(b * g, -1).tolist())
+    rewards = torch.tensor(total, dtype=torch.float32, device=responses.device).view(b, g)
+    return rewards, {f"reward/{k}": sum(v) / len(v) for k, v in parts.items()}
 
 
 @register("task", "sort", config=SortConfig)
@@ -103,6 +99,7 @@ class SortTask:
 
     def __init__(self, cfg: SortConfig, run_cfg):
         self.cfg, self.backend = cfg, run_cfg.backend
+        self.rewards = algos_rewards.check(cfg.rewards, "sort")
         self.device = torch.device(run_cfg.device)
         self.policy = SortPolicy(cfg.vocab, cfg.n, cfg.dim).to(self.device)
         self.reference = copy.deepcopy(self.policy).requires_grad_(False)
@@ -123,10 +120,10 @@ class SortTask:
         # sampled on the CPU with the run's generator: identical streams on any device
         draws = torch.multinomial(probs.reshape(b * n, v), group_size, replacement=True, generator=gen)
         responses = draws.reshape(b, n, group_size).permute(0, 2, 1).to(self.device)  # (B, G, n)
-        rewards = sort_rewards(prompts, responses, cfg.reward)
+        rewards, metrics = score(self.rewards, prompts, responses)
         solved = (responses == prompts.sort(-1).values.unsqueeze(1)).all(-1).float()
         return Rollout(prompts=prompts, responses=responses, mask=torch.ones(responses.shape, device=self.device),
-                       rewards=rewards, metrics={"reward/solved": solved.mean().item()})
+                       rewards=rewards, metrics=metrics | {"reward/solved": solved.mean().item()})
 
     def logprobs(self, rollout: Rollout, reference: bool = False) -> tuple[Tensor, Tensor | None]:
         model = self.reference if reference else self.policy
@@ -143,7 +140,7 @@ class SortTask:
     @torch.no_grad()
     def greedy_rewards(self, rollout: Rollout) -> Tensor:
         greedy = self.policy(rollout.prompts).argmax(-1).unsqueeze(1)   # (B, 1, n)
-        return sort_rewards(rollout.prompts, greedy, self.cfg.reward).squeeze(1)
+        return score(self.rewards, rollout.prompts, greedy)[0].squeeze(1)
 
     @torch.no_grad()
     def evaluate(self, gen: torch.Generator) -> dict[str, float]:
@@ -155,5 +152,5 @@ class SortTask:
             greedy = self.policy(prompts).argmax(-1).unsqueeze(1)       # (B, 1, n)
             target = prompts.sort(-1).values.unsqueeze(1)
             out[f"{prefix}/accuracy"] = (greedy == target).all(-1).float().mean().item()
-            out[f"{prefix}/reward"] = sort_rewards(prompts, greedy, self.cfg.reward).mean().item()
+            out[f"{prefix}/reward"] = score(self.rewards, prompts, greedy)[0].mean().item()
         return out

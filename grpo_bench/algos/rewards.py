@@ -1,0 +1,151 @@
+"""Rewards: rule rewards with TRL's signature, `fn(prompts, completions, **kwargs) -> list[float]`.
+
+A task's `rewards` maps reward -> weight; the total is the weighted sum. A reward is a
+registered name below (each registered for the task whose data it reads) or
+`module:function` with the same signature: a module beside the task presets (`tasks/`,
+e.g. `arithmetic_rewards:digits`) or any importable one. Each task calls every reward
+with the same keyword arguments, so a function takes what it needs and **kwargs:
+
+    sort        prompts, completions: lists of n token ids
+    arithmetic  prompts, completions: text; answer (exact result), finished (ended with
+                EOS), completion_lengths (tokens, EOS included), max_new_tokens
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from typing import Callable
+
+from .. import presets
+from ..lm.rewards import extract_answer, is_bare_int
+from ..registry import entry, names, register
+
+RewardFn = Callable[..., list]
+
+
+@register("reward", "match", task="sort")
+def match(prompts: list, completions: list, **kwargs) -> list[float]:
+    """Fraction of positions equal to the sorted prompt.
+
+    Source: CS336 lecture 17 ("minimal GRPO"), normalised to [0, 1].
+    """
+    return [sum(a == b for a, b in zip(sorted(p), c)) / len(p) for p, c in zip(prompts, completions)]
+
+
+@register("reward", "inclusion_order", task="sort")
+def inclusion_order(prompts: list, completions: list, **kwargs) -> list[float]:
+    """Prompt tokens present in the response, plus adjacent pairs in order, over 2n - 1.
+
+    Source: CS336 lecture 17's shaped reward, normalised to [0, 1].
+    """
+    out = []
+    for p, c in zip(prompts, completions):
+        present = sum(x in c for x in p)
+        ordered = sum(a <= b for a, b in zip(c, c[1:]))
+        out.append((present + ordered) / (2 * len(p) - 1))
+    return out
+
+
+@register("reward", "correct", task="arithmetic")
+def correct(prompts: list, completions: list, answer: list | None = None, **kwargs) -> list[float]:
+    """1 if the completion's integer equals the exact answer, else 0.
+
+    Source: the verifiable outcome reward of RLVR (DeepSeek-R1, Tulu 3).
+    """
+    if answer is None:
+        return [0.0] * len(completions)
+    return [float(extract_answer(c) == a) for c, a in zip(completions, answer)]
+
+
+@register("reward", "format", task="arithmetic")
+def format_reward(prompts: list, completions: list, finished: list | None = None, **kwargs) -> list[float]:
+    """1 if the completion is a bare integer that ended with EOS (not cut off), else 0.
+
+    Source: the format rewards of DeepSeek-R1 and TRL's examples, for a bare-integer answer.
+    """
+    done = finished if finished is not None else [True] * len(completions)
+    return [float(is_bare_int(c) and bool(f)) for c, f in zip(completions, done)]
+
+
+@register("reward", "length", task="arithmetic")
+def length_penalty(prompts: list, completions: list, completion_lengths: list | None = None,
+                   max_new_tokens: int | None = None, **kwargs) -> list[float]:
+    """-(tokens used / max_new_tokens), in [-1, 0]: shorter answers score higher.
+
+    Source: the length penalty of the seed notebook's TRL recipe (±1 correctness minus length).
+    """
+    if completion_lengths is None:
+        completion_lengths = [len(c) if isinstance(c, str) else 0 for c in completions]
+    cap = max_new_tokens or max(max(completion_lengths, default=1), 1)
+    return [-min(n, cap) / cap for n in completion_lengths]
+
+
+def resolve(spec: str, task: str) -> RewardFn:
+    """A registered reward of this task, or `module:function` (modules beside the presets first)."""
+    module, colon, attr = spec.partition(":")
+    if not colon:
+        own = [n for n in names("reward") if entry("reward", n).traits.get("task") == task]
+        if spec not in own:
+            raise ValueError(f"unknown reward {spec!r} for task {task}; valid: {', '.join(own)} or module:function")
+        return entry("reward", spec).obj
+    if not module or not attr:
+        raise ValueError(f"reward {spec!r}: expected module:function")
+    try:
+        mod = _import(module)
+        fn = getattr(mod, attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"cannot load reward {spec!r}: {e}") from None
+    if not callable(fn):
+        raise ValueError(f"reward {spec!r} is not callable")
+    return fn
+
+
+def _import(module: str):
+    """A module beside the presets by its file (whether or not the package is installed), else by import."""
+    path = presets.tasks_dir() / f"{module}.py"
+    if not path.is_file():
+        return importlib.import_module(module)
+    name = f"{presets.PACKAGE}.{module}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules[name] = mod
+    return sys.modules[name]
+
+
+def check(rewards: dict, task: str) -> dict[str, tuple[RewardFn, float]]:
+    """{spec: (fn, weight)} for a task's `rewards` mapping; ValueError("rewards: ...") if it is bad."""
+    if not isinstance(rewards, dict) or not rewards:
+        raise ValueError("rewards: empty; give a mapping reward -> weight, e.g. {correct: 1.0}")
+    out = {}
+    for spec, weight in rewards.items():
+        try:
+            fn = resolve(str(spec), task)
+        except ValueError as e:
+            raise ValueError(f"rewards: {e}") from None
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise ValueError(f"rewards: weight of {spec!r} must be a number, got {weight!r}")
+        out[str(spec)] = (fn, float(weight))
+    return out
+
+
+def metric_name(spec: str) -> str:
+    return spec.rpartition(":")[2]
+
+
+def combine(fns: dict[str, tuple[RewardFn, float]], prompts: list, completions: list,
+            **kwargs) -> tuple[list[float], dict[str, list[float]]]:
+    """Weighted total per completion, and each function's raw scores keyed by its metric name."""
+    total = [0.0] * len(completions)
+    parts = {}
+    for spec, (fn, weight) in fns.items():
+        scores = fn(prompts, completions, **kwargs)
+        if len(scores) != len(completions):
+            raise ValueError(f"reward {spec!r} returned {len(scores)} scores for {len(completions)} completions")
+        # TRL lets a function return None for "does not apply"; it counts as 0 here
+        scores = [0.0 if s is None else float(s) for s in scores]
+        parts[metric_name(spec)] = scores
+        total = [t + weight * s for t, s in zip(total, scores)]
+    return total, parts
