@@ -196,26 +196,27 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
         todo = [s for s in specs if not finished(out / "runs" / s.run_id)]
         skipped = len(specs) - len(todo)
         threads = threads or max(1, int(abl.resources["cpus"]))
-        bar = tqdm(total=len(specs), initial=skipped, desc=abl.name, unit="run", disable=not progress, dynamic_ncols=True)
-        if skipped:
-            bar.write(f"{skipped} of {len(specs)} runs already finished in {out}; running the other {len(todo)}", file=sys.stderr)
         with contextlib.ExitStack() as stack:
-            stack.callback(bar.close)
             if executor == "ray":
                 session = stack.enter_context(cluster.connect(address, exclude=out))
-                bar.set_description(f"{abl.name} [{session.describe()}]")
+                where = session.describe
+            else:
+                workers = max(1, min(workers or (os.cpu_count() or 1) // threads or 1, len(todo) or 1))
+                where = lambda: f"local: {workers} worker{'s' * (workers > 1)}"  # noqa: E731
+            bar = stack.enter_context(tqdm(total=len(specs), initial=skipped, desc=f"{abl.name} [{where()}]",
+                                           unit="run", disable=not progress, dynamic_ncols=True))
+            if skipped:
+                bar.write(f"{skipped} of {len(specs)} runs already finished in {out}; running the other {len(todo)}", file=sys.stderr)
+            if executor == "ray":
                 results = session.results(todo, threads, abl.resources, max_retries,
                                           log=lambda msg: bar.write(msg, file=sys.stderr))
             else:
-                workers = max(1, min(workers or (os.cpu_count() or 1) // threads or 1, len(todo) or 1))
-                bar.set_description(f"{abl.name} [local: {workers} worker{'s' * (workers > 1)}]")
                 results = local_results(todo, workers, threads)
             with contextlib.closing(results):
                 for spec, result in results:
                     write_run(out, spec, result)
+                    bar.set_description(f"{abl.name} [{where()}]", refresh=False)  # a cluster grows and shrinks
                     _report(bar, result[2])
-                    if executor == "ray":
-                        bar.set_description(f"{abl.name} [{session.describe()}]", refresh=False)
         return collect(out)
     finally:
         lock.close()
