@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -30,7 +31,8 @@ from .runner import Result, RunSpec, failed_result, train_one
 
 PACKAGE = Path(__file__).resolve().parent
 # shipped with every job; the run's own --out is added when it lies inside the checkout
-EXCLUDES = ["/.git", "/.venv", "/.cache", "/results", "/tests", "/.ci", "__pycache__", "*.egg-info"]
+EXCLUDES = ["/.git", "/.venv", "/.cache", "/results", "/tests", "/.ci", "/.benchmarks", "/.pytest_cache",
+            "__pycache__", "*.egg-info"]
 
 
 def check_installed() -> None:
@@ -42,12 +44,16 @@ def check_installed() -> None:
 
 def runtime_env(out: Path) -> dict:
     root = PACKAGE.parent
-    if not (root / "pyproject.toml").is_file():  # installed, not a checkout: the package alone
-        return {"py_modules": [str(PACKAGE)]}
-    excludes = list(EXCLUDES)
-    with contextlib.suppress(ValueError):
-        excludes.append("/" + str(out.resolve().relative_to(root.resolve())))
-    return {"working_dir": str(root), "excludes": excludes}
+    if (root / "pyproject.toml").is_file():
+        excludes = list(EXCLUDES)
+        with contextlib.suppress(ValueError):
+            excludes.append("/" + str(out.resolve().relative_to(root.resolve())))
+        env = {"working_dir": str(root), "excludes": excludes}
+    else:  # an installed package, not a checkout: the package alone
+        env = {"py_modules": [str(PACKAGE)]}
+    if os.environ.get("GRPO_BENCH_CACHE"):  # a cache the user placed (e.g. on a shared disk) is used there too
+        env["env_vars"] = {"GRPO_BENCH_CACHE": os.environ["GRPO_BENCH_CACHE"]}
+    return env
 
 
 def _probe(address: str) -> None:
@@ -71,8 +77,8 @@ def connect(address: str | None, exclude: Path) -> Iterator["Session"]:
     try:
         ray.init(address=address, runtime_env=runtime_env(exclude), logging_level=logging.ERROR,
                  log_to_driver=False, **kwargs)
-    except (ConnectionError, ValueError) as e:
-        raise ConfigError("--address", address, f"cannot connect to a Ray cluster: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # ConnectionError, a missing auth token, a version mismatch: all one line
+        raise ConfigError("--address", address, f"cannot connect to a Ray cluster: {(str(e) or type(e).__name__).splitlines()[0]}") from None
     try:
         yield Session()
     finally:
@@ -81,26 +87,40 @@ def connect(address: str | None, exclude: Path) -> Iterator["Session"]:
 
 class Session:
     def __init__(self):
-        self._desc, self._at = "", 0.0
+        self._at, self._desc, self._nodes = -1e9, "", []
 
-    def describe(self) -> str:
-        """'ray: 3 nodes, 48 CPUs, 4 GPUs', refreshed at most every 5 s (nodes come and go)."""
+    def _refresh(self) -> None:
+        """Live nodes and their totals, asked at most every 5 s (nodes join and leave)."""
         import ray
 
         if time.monotonic() - self._at > 5:
-            total = ray.cluster_resources()
-            nodes = sum(n["Alive"] for n in ray.nodes())
-            self._desc = (f"ray: {nodes} node{'s' * (nodes != 1)}, {total.get('CPU', 0):g} CPUs"
-                          + (f", {total['GPU']:g} GPUs" if total.get("GPU") else ""))
+            self._nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+            cpus, gpus = (sum(r.get(k, 0) for r in self._nodes) for k in ("CPU", "GPU"))
+            n = len(self._nodes)
+            self._desc = f"ray: {n} node{'s' * (n != 1)}, {cpus:g} CPUs" + (f", {gpus:g} GPUs" if gpus else "")
             self._at = time.monotonic()
+
+    def describe(self) -> str:
+        """'ray: 3 nodes, 48 CPUs, 4 GPUs'."""
+        self._refresh()
         return self._desc
+
+    def slots(self, resources: dict) -> int:
+        """How many runs asking for `resources` the live nodes hold at once."""
+        self._refresh()
+        per_node = ([r.get("CPU", 0) / resources["cpus"]] + ([r.get("GPU", 0) / resources["gpus"]] if resources["gpus"] else [])
+                    for r in self._nodes)
+        return sum(int(min(fit) + 1e-9) for fit in per_node)
 
     def results(self, todo: list[RunSpec], threads: int, resources: dict, max_retries: int,
                 log: Callable[[str], None]) -> Iterator[tuple[RunSpec, Result]]:
         """One task per run; yields (spec, result) in completion order."""
         import ray
 
-        self._check_fits(resources)
+        if not self.slots(resources):  # such a task would wait forever
+            biggest = ", ".join(f"{r.get('CPU', 0):g} CPUs/{r.get('GPU', 0):g} GPUs" for r in self._nodes)
+            raise ConfigError("resources", f"cpus={resources['cpus']}, gpus={resources['gpus']}",
+                              f"no node of this Ray cluster has that much (nodes: {biggest})")
         remote = ray.remote(train_one)
 
         def submit(spec: RunSpec):
@@ -109,10 +129,14 @@ class Session:
             return remote.options(name=spec.run_id, num_cpus=resources["cpus"], num_gpus=resources["gpus"],
                                   max_retries=0, retry_exceptions=False).remote(spec, threads)
 
-        pending = {submit(s): s for s in todo}
-        lost: dict[str, int] = {}
+        queue, pending, lost = deque(todo), {}, {}
         try:
-            while pending:
+            while queue or pending:
+                # a window of twice what the cluster holds, not the whole sweep: ray.wait costs
+                # O(refs in flight) per call, and runs not yet submitted cost nothing to cancel
+                while queue and len(pending) < 2 * self.slots(resources) + 8:
+                    spec = queue.popleft()
+                    pending[submit(spec)] = spec
                 [ref], _ = ray.wait(list(pending), num_returns=1)
                 spec = pending.pop(ref)
                 try:
@@ -125,21 +149,10 @@ class Session:
                     lost[spec.run_id] = n = lost.get(spec.run_id, 0) + 1
                     if n <= max_retries:
                         log(f"run {spec.run_id}: worker lost ({why}); retry {n} of {max_retries}")
-                        pending[submit(spec)] = spec
+                        queue.appendleft(spec)
                         continue
                     result = failed_result(spec, f"worker lost {n} times, last: {why}")
                 yield spec, result
         finally:  # Ctrl-C, or the driver stopped early: nothing left running for nobody
             for ref in pending:
                 ray.cancel(ref, force=True)
-
-    @staticmethod
-    def _check_fits(resources: dict) -> None:
-        """A task no node can hold would wait forever; say so instead."""
-        import ray
-
-        nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
-        if not any(r.get("CPU", 0) >= resources["cpus"] and r.get("GPU", 0) >= resources["gpus"] for r in nodes):
-            biggest = ", ".join(f"{r.get('CPU', 0):g} CPUs/{r.get('GPU', 0):g} GPUs" for r in nodes)
-            raise ConfigError("resources", f"cpus={resources['cpus']}, gpus={resources['gpus']}",
-                              f"no node of this Ray cluster has that much (nodes: {biggest})")

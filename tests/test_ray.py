@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pandas as pd
@@ -150,9 +151,37 @@ def test_failing_run_recorded_as_failed_not_retried(sweep):
     assert "Failed runs" in (sweep["ray"] / "REPORT.md").read_text()
 
 
-def test_resources_no_node_can_hold_is_an_error_not_a_hang(cluster):
-    Session._check_fits({"cpus": 2, "gpus": 0})
+def test_slots_and_resources_no_node_can_hold(cluster):
+    session = Session()
+    assert session.describe() == "ray: 1 node, 2 CPUs"
+    assert session.slots({"cpus": 1, "gpus": 0}) == 2 and session.slots({"cpus": 0.5, "gpus": 0}) == 4
+    assert session.slots({"cpus": 2, "gpus": 0}) == 1 and session.slots({"cpus": 1, "gpus": 0.5}) == 0
+    # a task no node can hold would wait forever: an error instead
     with pytest.raises(ConfigError, match=r"gpus=0.5: no node .* \(nodes: 2 CPUs/0 GPUs\)"):
-        Session._check_fits({"cpus": 1, "gpus": 0.5})
-    with pytest.raises(ConfigError, match="cpus=3"):
-        Session._check_fits({"cpus": 3, "gpus": 0})
+        next(session.results([], 1, {"cpus": 1, "gpus": 0.5}, 0, print))
+
+
+def test_job_ships_package_and_tasks_not_results(tmp_path, monkeypatch):
+    """What reaches a node without the repository: the code and tasks/ (checkpoints), not results or the venv."""
+    from ray._private.runtime_env.packaging import create_package
+
+    import grpo_bench.cluster as cl
+
+    root = tmp_path / "checkout"
+    for f in ["pyproject.toml", "grpo_bench/runner.py", "tasks/arithmetic/warmstart.safetensors", "ablations/a.yaml",
+              "results/a/metrics.csv", ".venv/bin/python", ".git/HEAD", "tests/test_x.py", "sweeps/mine/runs/r/m.csv",
+              "grpo_bench/__pycache__/runner.cpython-311.pyc"]:
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        (root / f).write_text("x")
+    monkeypatch.setattr(cl, "PACKAGE", root / "grpo_bench")
+    monkeypatch.delenv("GRPO_BENCH_CACHE", raising=False)
+    env = cl.runtime_env(root / "sweeps" / "mine")  # an --out inside the checkout is not shipped back out
+    assert env["working_dir"] == str(root) and "env_vars" not in env
+    create_package(env["working_dir"], tmp_path / "pkg.zip", include_gitignore=True, excludes=env["excludes"])
+    names = {n for n in zipfile.ZipFile(tmp_path / "pkg.zip").namelist() if not n.endswith("/")}
+    assert names == {"pyproject.toml", "grpo_bench/runner.py", "tasks/arithmetic/warmstart.safetensors", "ablations/a.yaml"}
+
+    monkeypatch.setenv("GRPO_BENCH_CACHE", "/shared/cache")
+    (root / "pyproject.toml").unlink()  # an installed package: it alone is shipped
+    assert cl.runtime_env(tmp_path) == {"py_modules": [str(root / "grpo_bench")],
+                                        "env_vars": {"GRPO_BENCH_CACHE": "/shared/cache"}}
