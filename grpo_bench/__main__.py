@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seeds", type=int, help="use seeds 0..N-1 instead of the file's seeds")
     r.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a run config key for every variant, e.g. --set epochs=20 --set task.n=6")
-    r.add_argument("--executor", choices=["local", "ray"], default="local",
+    r.add_argument("--executor", choices=["local", "ray"],
                    help="local: a process pool on this machine (default); ray: one Ray task per run, here or on a cluster")
     r.add_argument("--address", help="Ray cluster to join (host:6379, or auto); default RAY_ADDRESS, "
                    "else a local Ray instance sized to this machine; implies --executor ray")
@@ -56,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--threads", "threads", f"must be >= 1, got {args.threads}")
         if args.max_retries < 0:
             raise ConfigError("--max-retries", "max_retries", f"must be >= 0, got {args.max_retries}")
-        if args.address:
-            args.executor = "ray"
+        if args.address and args.executor == "local":
+            raise ConfigError("--address", args.address, "is for --executor ray")
+        args.executor = args.executor or ("ray" if args.address else "local")
         if args.executor == "ray" and args.workers is not None:
             raise ConfigError("--workers", "workers", "is for --executor local; on Ray the ablation's "
                               "resources (--set resources.cpus=N) decide how many runs share a node")

@@ -154,6 +154,10 @@ def lock_out(out: Path):
 # ------------------------------------------------------------------------- executors
 
 
+class WorkerLost(RuntimeError):
+    pass
+
+
 def local_results(todo: list[RunSpec], workers: int, threads: int) -> Iterator[tuple[RunSpec, Result]]:
     """Runs on a pool of `workers` processes here, in completion order."""
     if workers == 1:
@@ -165,18 +169,17 @@ def local_results(todo: list[RunSpec], workers: int, threads: int) -> Iterator[t
         futures = {pool.submit(train_one, s, threads): s for s in todo}
         try:
             for fut in cf.as_completed(futures):
+                spec = futures[fut]
                 try:
                     result = fut.result()
                 except cf.process.BrokenProcessPool:
                     raise WorkerLost("a worker process died (killed, or out of memory?)") from None
-                yield futures[fut], result
+                except Exception as e:  # raised outside training (train_one records what training raises)
+                    result = failed_result(spec, f"{type(e).__name__}: {e}", traceback.format_exc(limit=-3))
+                yield spec, result
         finally:  # Ctrl-C or a lost worker: drop what has not started
             for f in futures:
                 f.cancel()
-
-
-class WorkerLost(RuntimeError):
-    pass
 
 
 def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int | None = None,

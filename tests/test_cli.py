@@ -126,7 +126,12 @@ def test_ray_missing_or_unreachable_is_one_line(tmp_path, monkeypatch, capsys):
     assert f"--address: 127.0.0.1:{port}: cannot reach a Ray cluster" in res.stderr
 
 
-def test_workers_with_ray_is_an_error(tmp_path):
-    path = write(tmp_path, {"base": BASE, "grid": {"seed": [0]}})
-    res = cli("run", path, "--executor", "ray", "--workers", "2", "--out", tmp_path / "o")
-    assert res.returncode == 2 and "--workers" in res.stderr and "resources.cpus" in res.stderr
+def test_executor_options_that_contradict(tmp_path, capsys):
+    path = str(write(tmp_path, {"base": BASE, "grid": {"seed": [0]}}))
+    assert main(["run", path, "--executor", "ray", "--workers", "2", "--out", str(tmp_path / "o")]) == 2
+    assert "--workers" in capsys.readouterr().err
+    assert main(["run", path, "--executor", "local", "--address", "auto", "--out", str(tmp_path / "o")]) == 2
+    assert "is for --executor ray" in capsys.readouterr().err
+    assert main(["run", path, "--executor", "ray", "--max-retries", "-1", "--out", str(tmp_path / "o")]) == 2
+    assert "--max-retries" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -74,7 +74,8 @@ def cluster():
 def sweep(tmp_path_factory, cluster):
     tmp = tmp_path_factory.mktemp("ray")
     abl = tmp / "abl.yaml"
-    abl.write_text(yaml.safe_dump(ABLATION))
+    # in this order: the first driver dies after a `short` run, before any `long` one can finish
+    abl.write_text(yaml.safe_dump(ABLATION, sort_keys=False))
     # the reference: the local executor, in this process (one start-up fewer than a CLI call)
     threads = torch.get_num_threads()
     try:
@@ -91,6 +92,7 @@ def sweep(tmp_path_factory, cluster):
     first.communicate()
     before = _run_dirs(out)
     done = {r for r in before if finished(out / "runs" / r)}
+    assert not any(r.startswith("long-") for r in done), "the first driver lived too long"
     # Ray ends a dead driver's tasks; wait for that so the worker killed below is the second driver's
     deadline = time.time() + 30
     while any(_workers_running(v) for v in ABLATION["variants"]) and time.time() < deadline:
