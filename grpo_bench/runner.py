@@ -199,8 +199,9 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
         todo = [s for s in specs if not finished(out / "runs" / s.run_id)]
         skipped = len(specs) - len(todo)
         threads = threads or max(1, int(abl.resources["cpus"]))
+        on_ray = executor == "ray" and bool(todo)  # nothing left to run: no cluster to join
         with contextlib.ExitStack() as stack:
-            if executor == "ray":
+            if on_ray:
                 session = stack.enter_context(cluster.connect(address, exclude=out))
                 where = session.describe
             else:
@@ -210,7 +211,7 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
                                            unit="run", disable=not progress, dynamic_ncols=True))
             if skipped:
                 bar.write(f"{skipped} of {len(specs)} runs already finished in {out}; running the other {len(todo)}", file=sys.stderr)
-            if executor == "ray":
+            if on_ray:
                 results = session.results(todo, threads, abl.resources, max_retries,
                                           log=lambda msg: bar.write(msg, file=sys.stderr))
             else:
