@@ -151,7 +151,7 @@ class Session:
                         log(f"run {spec.run_id}: worker lost ({why}); retry {n} of {max_retries}")
                         queue.appendleft(spec)
                         continue
-                    result = failed_result(spec, f"worker lost {n} times, last: {why}")
+                    result = failed_result(spec, f"worker lost {n} time{'s' * (n > 1)}, last: {why}")
                 yield spec, result
         finally:  # Ctrl-C, or the driver stopped early: nothing left running for nobody
             for ref in pending:
