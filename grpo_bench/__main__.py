@@ -21,8 +21,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seeds", type=int, help="use seeds 0..N-1 instead of the file's seeds")
     r.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a run config key for every variant, e.g. --set epochs=20 --set task.n=6")
-    r.add_argument("--workers", type=int, help="parallel worker processes (default: one per CPU core; 1 = in-process)")
-    r.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
+    r.add_argument("--executor", choices=["local", "ray"],
+                   help="local: a process pool on this machine (default); ray: one Ray task per run, here or on a cluster")
+    r.add_argument("--address", help="Ray cluster to join (host:6379, or auto); default RAY_ADDRESS, "
+                   "else a local Ray instance sized to this machine; implies --executor ray")
+    r.add_argument("--max-retries", type=int, default=3,
+                   help="Ray: times a run is resubmitted after its worker process or node died (default 3); "
+                   "a run that raises is never retried")
+    r.add_argument("--workers", type=int, help="local: parallel worker processes (default: one per CPU core; 1 = in-process)")
+    r.add_argument("--threads", type=int, help="torch threads per run (default: the ablation's resources.cpus, 1)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     pl = sub.add_parser("plot", help="redraw plots and REPORT.md of a results directory from its files")
     pl.add_argument("dir")
@@ -49,17 +56,34 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--seeds", "seeds", f"must be >= 1, got {args.seeds}")
         if args.workers is not None and args.workers < 1:
             raise ConfigError("--workers", "workers", f"must be >= 1, got {args.workers}")
+        if args.threads is not None and args.threads < 1:
+            raise ConfigError("--threads", "threads", f"must be >= 1, got {args.threads}")
+        if args.max_retries < 0:
+            raise ConfigError("--max-retries", "max_retries", f"must be >= 0, got {args.max_retries}")
+        if args.address and args.executor == "local":
+            raise ConfigError("--address", args.address, "is for --executor ray")
+        args.executor = args.executor or ("ray" if args.address else "local")
+        if args.executor == "ray" and args.workers is not None:
+            raise ConfigError("--workers", "workers", "is for --executor local; on Ray the ablation's "
+                              "resources (--set resources.cpus=N) decide how many runs share a node")
         abl = load_ablation(args.ablation, seeds=args.seeds, sets=args.sets)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
     from .report import make_report
-    from .runner import run_ablation
+    from .runner import WorkerLost, run_ablation
 
     out = Path(args.out) if args.out else Path("results") / abl.name
     try:
-        summary = run_ablation(abl, out, workers=args.workers, threads=args.threads, progress=not args.no_progress)
+        summary = run_ablation(abl, out, executor=args.executor, workers=args.workers, threads=args.threads,
+                               address=args.address, max_retries=args.max_retries, progress=not args.no_progress)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except WorkerLost as e:
+        print(f"error: {e}; finished runs are kept in {out}/runs; run the same command again to resume", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"interrupted: finished runs are kept in {out}/runs; run the same command again to resume", file=sys.stderr)
         return 130

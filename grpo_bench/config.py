@@ -298,9 +298,30 @@ class Ablation:
     axes: list[str]                        # keys varied across variants (variant columns)
     variants: list[tuple[str, dict, dict]]  # (label, axis values, full raw run dict)
     seeds: list[int]
+    resources: dict = field(default_factory=lambda: dict(RESOURCES))
+    """What one run asks of a Ray node ({cpus, gpus}); not part of the run config or its hash."""
 
 
-ABLATION_KEYS = ("name", "description", "base", "grid", "variants", "seeds")
+ABLATION_KEYS = ("name", "description", "base", "grid", "variants", "seeds", "resources")
+RESOURCES = {"cpus": 1, "gpus": 0}
+
+
+def _resources(value: Any, overrides: list[tuple[str, Any]], src: str) -> dict:
+    value = {} if value is None else value
+    if not isinstance(value, dict):
+        raise ConfigError(src, "resources", "expected a mapping, e.g. {cpus: 1, gpus: 0.25}")
+    res = dict(RESOURCES)
+    items = [(src, k, v) for k, v in value.items()] + [("--set", k, v) for k, v in overrides]
+    for source, key, v in items:
+        if key not in RESOURCES:
+            raise ConfigError(source, f"resources.{key}", "unknown key; valid: " + ", ".join(RESOURCES))
+        number = isinstance(v, (int, float)) and not isinstance(v, bool) and v < float("inf")
+        # Ray's rule: a share of one device, or whole devices
+        if not number or not (v >= 0 if key == "gpus" else v > 0) or (v > 1 and v != int(v)):
+            raise ConfigError(source, f"resources.{key}", f"expected {'0, ' if key == 'gpus' else ''}"
+                              f"a fraction below 1 (e.g. 0.25) or a whole number, got {v!r}")
+        res[key] = int(v) if v == int(v) else float(v)
+    return res
 
 
 def _load_yaml(path: Path) -> Any:
@@ -329,6 +350,9 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
     if not isinstance(base, dict):
         raise ConfigError(src, "base", "expected a mapping of run config keys")
     overrides = parse_set(sets or [])
+    resources = _resources(doc.get("resources"), [(k[len("resources."):], v) for k, v in overrides
+                                                         if k.startswith("resources.")], src)
+    overrides = [(k, v) for k, v in overrides if not k.startswith("resources.")]
     for key, value in overrides:
         set_dotted(base, key, value, "--set")
 
@@ -378,7 +402,7 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
     name = doc.get("name") or path.stem
     if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum():
         raise ConfigError(src, "name", f"expected a plain name (letters, digits, _ -), got {name!r}")
-    return Ablation(name, src, str(doc.get("description", "")).strip(), axes, variants, seed_list)
+    return Ablation(name, src, str(doc.get("description", "")).strip(), axes, variants, seed_list, resources)
 
 
 def _fmt(v: Any) -> str:

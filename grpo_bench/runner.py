@@ -1,4 +1,4 @@
-"""Run an ablation: every variant x seed, in worker processes, resumable.
+"""Run an ablation: every variant x seed, on a local process pool or a Ray cluster, resumable.
 
 Layout under the output directory (results/<ablation>/ by default):
 
@@ -7,14 +7,20 @@ Layout under the output directory (results/<ablation>/ by default):
     metrics.csv            long table: run, variant, <axes>, seed, step, metric, value
     summary.csv            one row per run: status, error, wall_s, final/* metrics
     *.png, REPORT.md       drawn from the two CSVs by grpo_bench.report
+    .lock                  held (flock) by the sweep writing here; the kernel drops it when that process dies
 
-A run directory appears by an atomic rename of a finished temporary directory,
-so a sweep killed at any moment leaves either a whole run or nothing that counts.
-The run id holds a hash of the resolved config: a changed config is a new run.
+Both executors run the same `train_one` in a worker and send its result, a
+(resolved config, metric rows, summary) triple, back to this process, which alone
+writes run directories. A run directory appears by an atomic rename of a finished
+temporary directory, so a sweep killed at any moment leaves either a whole run or
+nothing that counts. The run id holds a hash of the resolved config: a changed
+config is a new run.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import fcntl
 import json
 import multiprocessing as mp
 import os
@@ -23,6 +29,7 @@ import shutil
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +37,9 @@ import pandas as pd
 import yaml
 from tqdm import tqdm
 
-from .config import Ablation, config_hash, resolve_run, run_dict
+from .config import Ablation, ConfigError, config_hash, resolve_run, run_dict
+
+Result = tuple[dict, list, dict]  # (resolved config, rows of (step, metric, value), summary)
 
 
 @dataclass
@@ -64,7 +73,39 @@ def finished(run_dir: Path) -> bool:
         return False
 
 
-def _write_run(out: Path, spec: RunSpec, cfg_dict: dict, rows: list, summary: dict) -> None:
+def train_one(spec: RunSpec, threads: int = 1) -> Result:
+    """Train one run in this process; never raises for a run that fails. Every executor calls this."""
+    import torch
+
+    from .trainer import train
+
+    # the same thread count in every kind of worker: it changes reduction order, so the bits
+    torch.set_num_threads(threads)
+    cfg = resolve_run(spec.config, spec.run_id)
+    cfg_dict = run_dict(cfg)
+    rows: list = []
+    summary = {"run": spec.run_id, "variant": spec.variant, **spec.values, "seed": spec.seed}
+    t0 = time.perf_counter()
+    try:
+        final = train(cfg, rows=rows)
+        summary |= {"status": "ok", "error": ""} | final
+    except Exception as e:  # recorded, not raised: one bad run must not end the sweep
+        tb = traceback.format_exc(limit=-3)
+        summary |= {"status": "failed", "error": f"{type(e).__name__}: {e}".splitlines()[0], "traceback": tb}
+    summary["wall_s"] = round(time.perf_counter() - t0, 3)
+    return cfg_dict, rows, summary
+
+
+def failed_result(spec: RunSpec, error: str, tb: str = "") -> Result:
+    """The record of a run that never returned (its worker raised outside training, or kept dying)."""
+    summary = {"run": spec.run_id, "variant": spec.variant, **spec.values, "seed": spec.seed,
+               "status": "failed", "error": error.splitlines()[0] if error else "failed", "traceback": tb,
+               "wall_s": float("nan")}
+    return run_dict(resolve_run(spec.config, spec.run_id)), [], summary
+
+
+def write_run(out: Path, spec: RunSpec, result: Result) -> None:
+    cfg_dict, rows, summary = result
     runs = out / "runs"
     tmp = runs / f".{spec.run_id}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -78,63 +119,111 @@ def _write_run(out: Path, spec: RunSpec, cfg_dict: dict, rows: list, summary: di
     os.replace(tmp, final)
 
 
-def execute(spec: RunSpec, out: str, threads: int = 1) -> dict:
-    """Train one run and write its directory; never raises for a failed run."""
-    import torch
+# ------------------------------------------------------------------ output directory
 
-    from .trainer import train
 
-    torch.set_num_threads(threads)
-    cfg = resolve_run(spec.config, spec.run_id)
-    cfg_dict = run_dict(cfg)
-    rows: list = []
-    summary = {"run": spec.run_id, "variant": spec.variant, **spec.values, "seed": spec.seed}
-    t0 = time.perf_counter()
-
+def lock_out(out: Path):
+    """Create `out` and hold its lock for this process's lifetime; ConfigError if unusable or held."""
     try:
-        final = train(cfg, rows=rows)
-        summary |= {"status": "ok", "error": ""} | final
-    except Exception as e:  # recorded, not raised: one bad run must not end the sweep
-        tb = traceback.format_exc(limit=-3)
-        summary |= {"status": "failed", "error": f"{type(e).__name__}: {e}".splitlines()[0], "traceback": tb}
-    summary["wall_s"] = round(time.perf_counter() - t0, 3)
-    _write_run(Path(out), spec, cfg_dict, rows, summary)
-    return summary
-
-
-def run_ablation(abl: Ablation, out: Path, workers: int | None = None, threads: int = 1,
-                 progress: bool = True) -> pd.DataFrame:
-    out.mkdir(parents=True, exist_ok=True)
-    specs = plan(abl)
-    meta = {"name": abl.name, "source": abl.source, "description": abl.description, "axes": abl.axes,
-            "variants": [label for label, _, _ in abl.variants], "seeds": abl.seeds,
-            "runs": [s.run_id for s in specs]}
-    _atomic_write(out / "ablation.json", json.dumps(meta, indent=1))
-    todo = [s for s in specs if not finished(out / "runs" / s.run_id)]
-    skipped = len(specs) - len(todo)
-    workers = max(1, min(workers or (os.cpu_count() or 1), len(todo) or 1))
-    bar = tqdm(total=len(specs), initial=skipped, desc=abl.name, unit="run", disable=not progress, dynamic_ncols=True)
-    if skipped:
-        bar.write(f"{skipped} of {len(specs)} runs already finished in {out}; running the other {len(todo)}", file=sys.stderr)
+        out.mkdir(parents=True, exist_ok=True)
+        lock = open(out / ".lock", "a+")
+    except OSError as e:
+        raise ConfigError("--out", str(out), f"cannot create or write the output directory: {e.strerror or e}") from None
     try:
-        if workers == 1:
-            for s in todo:
-                _report(bar, execute(s, str(out), threads))
-        else:
-            # spawn, not fork: the parent may hold threads (tqdm, torch) that fork would copy half-alive
-            ctx = mp.get_context("spawn")
-            with cf.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-                futures = [pool.submit(execute, s, str(out), threads) for s in todo]
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise ConfigError("--out", str(out), f"another sweep (pid {holder}) is writing here; "
+                          "wait for it to end or choose another --out") from None
+    try:
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        lock.close()
+        raise ConfigError("--out", str(out), f"output directory is not writable: {e.strerror or e}") from None
+    return lock
+
+
+# ------------------------------------------------------------------------- executors
+
+
+class WorkerLost(RuntimeError):
+    pass
+
+
+def local_results(todo: list[RunSpec], workers: int, threads: int) -> Iterator[tuple[RunSpec, Result]]:
+    """Runs on a pool of `workers` processes here, in completion order."""
+    if workers == 1:
+        for s in todo:
+            yield s, train_one(s, threads)
+        return
+    # spawn, not fork: the parent may hold threads (tqdm, torch) that fork would copy half-alive
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(train_one, s, threads): s for s in todo}
+        try:
+            for fut in cf.as_completed(futures):
+                spec = futures[fut]
                 try:
-                    for fut in cf.as_completed(futures):
-                        _report(bar, fut.result())
-                except KeyboardInterrupt:
-                    for f in futures:
-                        f.cancel()
-                    raise
+                    result = fut.result()
+                except cf.process.BrokenProcessPool:
+                    raise WorkerLost("a worker process died (killed, or out of memory?)") from None
+                except Exception as e:  # raised outside training (train_one records what training raises)
+                    result = failed_result(spec, f"{type(e).__name__}: {e}", traceback.format_exc(limit=-3))
+                yield spec, result
+        finally:  # Ctrl-C or a lost worker: drop what has not started
+            for f in futures:
+                f.cancel()
+
+
+def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int | None = None,
+                 threads: int | None = None, address: str | None = None, max_retries: int = 3,
+                 progress: bool = True) -> pd.DataFrame:
+    """Run what is not finished yet and collect everything; bad --out or a busy one is a ConfigError."""
+    if executor == "ray":
+        from . import cluster
+        cluster.check_installed()
+    lock = lock_out(out)
+    try:
+        specs = plan(abl)
+        meta = {"name": abl.name, "source": abl.source, "description": abl.description, "axes": abl.axes,
+                "variants": [label for label, _, _ in abl.variants], "seeds": abl.seeds,
+                "runs": [s.run_id for s in specs]}
+        _atomic_write(out / "ablation.json", json.dumps(meta, indent=1))
+        todo = [s for s in specs if not finished(out / "runs" / s.run_id)]
+        skipped = len(specs) - len(todo)
+        threads = threads or max(1, int(abl.resources["cpus"]))
+        on_ray = executor == "ray" and bool(todo)  # nothing left to run: no cluster to join
+        with contextlib.ExitStack() as stack:
+            if on_ray:
+                session = stack.enter_context(cluster.connect(address, exclude=out))
+                where = session.describe
+            else:
+                workers = max(1, min(workers or (os.cpu_count() or 1) // threads or 1, len(todo) or 1))
+                where = lambda: f"local: {workers} worker{'s' * (workers > 1)}"  # noqa: E731
+            bar = stack.enter_context(tqdm(total=len(specs), initial=skipped, desc=f"{abl.name} [{where()}]",
+                                           unit="run", disable=not progress, dynamic_ncols=True))
+            if skipped:
+                bar.write(f"{skipped} of {len(specs)} runs already finished in {out}; running the other {len(todo)}", file=sys.stderr)
+            if on_ray:
+                results = session.results(todo, threads, abl.resources, max_retries,
+                                          log=lambda msg: bar.write(msg, file=sys.stderr))
+            else:
+                results = local_results(todo, workers, threads)
+            with contextlib.closing(results):
+                for spec, result in results:
+                    write_run(out, spec, result)
+                    bar.set_description(f"{abl.name} [{where()}]", refresh=False)  # a cluster grows and shrinks
+                    _report(bar, result[2])
+        return collect(out)
     finally:
-        bar.close()
-    return collect(out)
+        lock.close()
 
 
 def _report(bar, summary: dict) -> None:

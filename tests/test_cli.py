@@ -1,9 +1,15 @@
 """Bad input: exit code 2 and one line naming the file, the key and the valid choices."""
+import os
+import socket
+import sys
+
 import pytest
 import yaml
 
 from grpo_bench import registry
 from grpo_bench.__main__ import main
+from grpo_bench.config import ConfigError, load_ablation
+from grpo_bench.runner import lock_out
 from helpers import cli
 
 LOSSES = "valid: " + ", ".join(registry.names("loss"))
@@ -41,7 +47,7 @@ CASES = [
     ({"base": {**BASE, "kl_coef": -0.5}, "grid": {"seed": [0]}}, ["kl_coef", ">= 0"]),
     ({"base": BASE, "grid": {}}, ["grid", "empty"]),
     ({"base": BASE, "grid": {"loss": []}}, ["grid.loss", "non-empty list"]),
-    ({"base": BASE, "grid": {"seed": [0]}, "seed": 3}, [": seed: unknown key", "valid: name, description, base, grid, variants, seeds"]),
+    ({"base": BASE, "grid": {"seed": [0]}, "seed": 3}, [": seed: unknown key", "valid: name, description, base, grid, variants, seeds, resources"]),
     ({"base": {**BASE, "task": {"name": "sorting"}}, "grid": {"seed": [0]}},
      ["task.name", "valid: arithmetic, sort (tasks); arithmetic_qwen, arithmetic_tiny, sort_hard, sort_lecture (presets"]),
     ({"base": {**BASE, "task": {"name": "sort", "size": 3}}, "grid": {"seed": [0]}}, ["task.size", "unknown key", "vocab"]),
@@ -52,6 +58,11 @@ CASES = [
     ({"base": {**BASE, "kl_placement": "advantage"}, "grid": {"seed": [0]}}, ["kl_placement", "valid: loss, reward"]),
     ({"base": BASE, "grid": {"seed": [0]}, "seeds": 0}, ["seeds", "positive int"]),
     ("base: [unclosed\n", ["invalid YAML"]),
+    ({"base": BASE, "grid": {"seed": [0]}, "resources": {"gpu": 1}}, ["resources.gpu", "unknown key", "valid: cpus, gpus"]),
+    ({"base": BASE, "grid": {"seed": [0]}, "resources": {"cpus": 0}}, ["resources.cpus", "got 0"]),
+    ({"base": BASE, "grid": {"seed": [0]}, "resources": {"gpus": 1.5}}, ["resources.gpus", "whole number", "1.5"]),
+    ({"base": BASE, "grid": {"seed": [0]}, "resources": {"gpus": -0.5}}, ["resources.gpus", "-0.5"]),
+    ({"base": BASE, "grid": {"seed": [0]}, "resources": 2}, ["resources", "expected a mapping"]),
 ]
 
 
@@ -92,3 +103,62 @@ def test_list_prints_every_part():
         for name in registry.names(axis):
             assert f"  {name} " in res.stdout, name
     assert "clip_high=0.2" in res.stdout and "source: DAPO" in res.stdout
+
+
+
+def test_resources_from_file_and_set(tmp_path):
+    path = write(tmp_path, {"base": BASE, "grid": {"seed": [0]}, "resources": {"gpus": 0.25}})
+    assert load_ablation(path).resources == {"cpus": 1, "gpus": 0.25}
+    abl = load_ablation(path, sets=["resources.cpus=2", "resources.gpus=1", "epochs=3"])
+    assert abl.resources == {"cpus": 2, "gpus": 1}
+    assert all(raw["epochs"] == 3 and "resources" not in raw for _, _, raw in abl.variants)
+    with pytest.raises(ConfigError, match=r"^--set: resources.cpus: .*'x'"):
+        load_ablation(path, sets=["resources.cpus=x"])
+
+
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_busy_or_unwritable_out_is_one_line(tmp_path, capsys, executor):
+    path = write(tmp_path, {"base": BASE, "grid": {"seed": [0]}})
+    out = tmp_path / "o"
+
+    def run(out):
+        assert main(["run", str(path), "--out", str(out), "--executor", executor, "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        return err
+
+    with lock_out(out):  # as a running sweep holds it
+        err = run(out)
+    assert f"--out: {out}: another sweep (pid {os.getpid()}) is writing here" in err
+    assert not (out / "ablation.json").exists()
+    (tmp_path / "file").write_text("")
+    for bad in ["/proc/grpo_bench_out", tmp_path / "file" / "o"]:
+        assert f"--out: {bad}: cannot create or write the output directory" in run(bad)
+
+
+def test_ray_missing_or_unreachable_is_one_line(tmp_path, monkeypatch, capsys):
+    path = write(tmp_path, {"base": BASE, "grid": {"seed": [0]}})
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets where Ray is not installed
+    assert main(["run", str(path), "--out", str(tmp_path / "o"), "--executor", "ray"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Ray is not installed" in err and "pip install -e '.[ray]'" in err
+    assert not (tmp_path / "o").exists()
+    monkeypatch.undo()
+
+    with socket.socket() as s:  # a port nobody listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = cli("run", path, "--out", tmp_path / "o", "--address", f"127.0.0.1:{port}", timeout=60)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert f"--address: 127.0.0.1:{port}: cannot reach a Ray cluster" in res.stderr
+
+
+def test_executor_options_that_contradict(tmp_path, capsys):
+    path = str(write(tmp_path, {"base": BASE, "grid": {"seed": [0]}}))
+    assert main(["run", path, "--executor", "ray", "--workers", "2", "--out", str(tmp_path / "o")]) == 2
+    assert "--workers" in capsys.readouterr().err
+    assert main(["run", path, "--executor", "local", "--address", "auto", "--out", str(tmp_path / "o")]) == 2
+    assert "is for --executor ray" in capsys.readouterr().err
+    assert main(["run", path, "--executor", "ray", "--max-retries", "-1", "--out", str(tmp_path / "o")]) == 2
+    assert "--max-retries" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
