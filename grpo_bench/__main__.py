@@ -1,4 +1,4 @@
-"""Command line: `python -m grpo_bench {run,plot,list}`.
+"""Command line: `python -m grpo_bench {run,plot,compare,gallery,list}`.
 
 Bad input (unknown part, key, type or value) ends with exit code 2 and one line
 naming the file, the key and the valid choices, never a traceback.
@@ -31,8 +31,19 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--workers", type=int, help="local: parallel worker processes (default: one per CPU core; 1 = in-process)")
     r.add_argument("--threads", type=int, help="torch threads per run (default: the ablation's resources.cpus, 1)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
-    pl = sub.add_parser("plot", help="redraw plots and REPORT.md of a results directory from its files")
+    pl = sub.add_parser("plot", help="redraw figures and REPORT.md of a results directory from its files")
     pl.add_argument("dir")
+    pl.add_argument("--format", default="png", help="figure file format: png, pdf or svg (default png)")
+    c = sub.add_parser("compare", help="several results directories side by side: one figure, one table, "
+                       "Kendall tau between their variant orderings")
+    c.add_argument("dirs", nargs="+", metavar="DIR")
+    c.add_argument("--metric", action="append", default=[], metavar="M",
+                   help="summary metric, e.g. final/reward or eval/accuracy: once for all directories or once per "
+                        "directory (default: each task's main metric)")
+    c.add_argument("--out", help="output directory (default: compare_<A>_vs_<B> beside the first directory)")
+    c.add_argument("--format", default="png", help="figure file format: png, pdf or svg (default png)")
+    g = sub.add_parser("gallery", help="write ROOT/README.md: every ablation's question, headline figure and answer")
+    g.add_argument("root", nargs="?", default="results")
     sub.add_parser("list", help="print every registered part with its parameters, and the task presets")
     args = p.parse_args(argv)
 
@@ -46,11 +57,24 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name:<24} [{presets.section(name)['name']}] {first}.")
             return 0
         if args.cmd == "plot":
-            from .report import make_report
+            from .report import FORMATS, make_report
             d = Path(args.dir)
-            if not (d / "ablation.json").is_file() or not (d / "summary.csv").is_file():
-                raise ConfigError(str(d), "<dir>", "not a results directory (needs ablation.json, summary.csv, metrics.csv)")
-            print(make_report(d))
+            for f in ["ablation.json", "summary.csv", "metrics.csv"]:
+                if not (d / f).is_file():
+                    raise ConfigError(str(d), "<dir>", f"not a results directory: no {f} "
+                                      "(needs ablation.json, summary.csv, metrics.csv)")
+            if args.format not in FORMATS:
+                raise ConfigError("plot", "--format", f"unknown {args.format!r}; valid: {', '.join(FORMATS)}")
+            print(make_report(d, fmt=args.format))
+            return 0
+        if args.cmd == "compare":
+            from .compare import compare
+            path, text = compare(args.dirs, args.metric or None, args.out, args.format)
+            print(text + f"\nwritten: {path}")
+            return 0
+        if args.cmd == "gallery":
+            from .compare import gallery
+            print(gallery(args.root))
             return 0
         if args.seeds is not None and args.seeds < 1:
             raise ConfigError("--seeds", "seeds", f"must be >= 1, got {args.seeds}")

@@ -5,9 +5,10 @@
 
 Writes, next to nothing but the JSON it read (or into --out):
     benchmarks.csv  one row per (case, provider): times, rows/s, GB/s, peak memory, device
-    benchmarks.md   per-case tables with speed-ups over the naive/torch baseline, the device
-                    they came from and the issue's CPU goals checked against the numbers
-    benchmarks.png  speed-up over the baseline, one panel per case
+    benchmarks.md   per-case tables with speed-ups over the naive/torch baseline and the share of
+                    the memory bound (the `bound` row: one read of the logits) each provider reaches,
+                    the device they came from and the issue's CPU goals checked against the numbers
+    benchmarks.png  speed-up over the baseline, one panel per case, the memory bound dashed
 Everything is drawn from the JSON alone, so the outputs can be rebuilt at any time.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ import seaborn as sns  # noqa: E402
 
 BASELINE = {"logprob": "naive", "grpo_loss": "torch"}
 COLUMNS = ["kernel", "mode", "group", "provider", "n", "v", "dtype", "rounds", "min_ms", "median_ms",
-           "iqr_ms", "rows_per_s", "gb_per_s", "peak_mem_mb", "compile_s", "speedup", "device", "torch",
+           "iqr_ms", "rows_per_s", "gb_per_s", "peak_mem_mb", "compile_s", "speedup", "of_bound", "device", "torch",
            "load_avg", "omp_wait_policy", "datetime"]
 
 
@@ -47,6 +48,8 @@ def load(paths: list[Path]) -> pd.DataFrame:
             df[col] = None
     base = df[df.provider == df.kernel.map(BASELINE)].set_index("group").median_ms
     df["speedup"] = df.group.map(base) / df.median_ms
+    bound = df[df.provider == "bound"].set_index("group").median_ms
+    df["of_bound"] = df.group.map(bound) / df.median_ms  # 1.0 = as fast as reading the logits once
     order = df.kernel.map({k: i for i, k in enumerate(BASELINE)})  # log-probs first, then the loss
     return (df.assign(_order=order).sort_values(["_order", "mode", "v", "n", "median_ms"])[COLUMNS]
             .reset_index(drop=True))
@@ -67,7 +70,7 @@ def goals(df: pd.DataFrame) -> list[str]:
                      f"{target:g}{'x' if higher else ''}): **{'met' if ok else 'missed'}**")
 
     check("chunked vs naive, forward speed-up", t["naive"] / t["chunked"], 2)
-    for trl in ("trl", "trl_style", "trl_style_rows"):
+    for trl in ("trl", "trl_rows"):
         if trl in t:
             check(f"chunked vs {trl}, forward speed-up", t[trl] / t["chunked"], 3)
     mem = case.peak_mem_mb
@@ -82,11 +85,12 @@ def markdown(df: pd.DataFrame) -> str:
            + (f"; OMP_WAIT_POLICY={first.omp_wait_policy}" if first.omp_wait_policy else ""), ""]
     for group, g in df.groupby("group", sort=False):
         base = BASELINE[g.kernel.iloc[0]]
-        out += [f"**{group}**", "", f"| provider | median ms | min ms | rows/s | GB/s | peak extra MB | x {base} |",
-                "|---|---:|---:|---:|---:|---:|---:|"]
+        out += [f"**{group}**", "", f"| provider | median ms | min ms | rows/s | GB/s | peak extra MB | x {base} "
+                "| of bound |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for r in g.itertuples():
+            of_bound = "—" if pd.isna(r.of_bound) else f"{r.of_bound:.0%}"
             out.append(f"| {r.provider} | {r.median_ms:.2f} | {r.min_ms:.2f} | {r.rows_per_s:.3g} | "
-                       f"{r.gb_per_s:.2f} | {r.peak_mem_mb:.1f} | {r.speedup:.2f} |")
+                       f"{r.gb_per_s:.2f} | {r.peak_mem_mb:.1f} | {r.speedup:.2f} | {of_bound} |")
         out.append("")
     out += ["Goals (CPU, fp32, N=4096, V=50,257, forward):"] + goals(df)
     return "\n".join(out) + "\n"
@@ -94,12 +98,17 @@ def markdown(df: pd.DataFrame) -> str:
 
 def plot(df: pd.DataFrame, path: Path) -> None:
     sns.set_theme(style="whitegrid", font_scale=0.8)
-    grid = sns.catplot(df, kind="bar", x="speedup", y="provider", col="group", col_wrap=3, sharex=False,
-                       sharey=False, height=2.6, aspect=1.5, color="#4C72B0")
+    bars = df[df.provider != "bound"]
+    grid = sns.catplot(bars, kind="bar", x="speedup", y="provider", col="group", col_wrap=3, sharex=False,
+                       sharey=False, height=2.6, aspect=1.5, color="#0072B2")
     grid.set_titles("{col_name}")
     grid.set_axis_labels("speed-up over naive / torch (median time)", "")
-    for ax in grid.axes.flat:
+    bound = df[df.provider == "bound"].set_index("group").speedup
+    for group, ax in grid.axes_dict.items():
         ax.axvline(1.0, color="k", lw=0.8)
+        if group in bound:  # the memory bound: what one read of the logits takes
+            ax.axvline(bound[group], color="#D55E00", ls="--", lw=1.0, label="memory bound")
+            ax.legend(loc="lower right", fontsize="x-small")
     policy = df.omp_wait_policy.iloc[0]
     grid.figure.suptitle(df.device.iloc[0] + (f", OMP_WAIT_POLICY={policy}" if policy else ""), y=1.02)
     grid.savefig(path, dpi=110, bbox_inches="tight")

@@ -1,6 +1,7 @@
-"""The runner end to end: shipped ablations, failures, resume after a kill, redrawing reports."""
+"""The runner end to end: shipped ablations, failures, resume after a kill (figures: test_report.py)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,9 +32,12 @@ def test_shipped_ablation_smoke(tmp_path, name):
     assert abl.get("seeds", 0) >= (3 if name.startswith("arithmetic") else 5)
     metrics = pd.read_csv(tmp_path / "metrics.csv")
     assert {"run", "variant", "seed", "step", "metric", "value"} <= set(metrics.columns)
-    for f in ["REPORT.md", "reward_curve.png", "final_reward.png"]:
-        assert (tmp_path / f).stat().st_size > 0, f
     report = (tmp_path / "REPORT.md").read_text()
+    # two epochs may leave no metric with a curve; the per-seed final values always exist
+    figures = re.findall(r"\]\(([\w.]+\.png)\)", report)
+    assert "final_values.png" in figures
+    for f in figures:
+        assert (tmp_path / f).stat().st_size > 0, f
     assert "± " in report and "seed noise" in report
 
 
@@ -88,27 +92,3 @@ def test_kill_and_resume(tmp_path):
     # a changed config is a different run: nothing is skipped
     res = cli("run", path, "--out", out, "--workers", "1", "--set", "lr=0.002")
     assert "already finished" not in res.stderr
-
-
-def test_plot_redraws_from_files_alone(tmp_path):
-    base = {"task": {"name": "sort"}, "epochs": 4, "inner_steps": 2}
-    path = _write(tmp_path, base, {"delta": ["centered", "zscore"]}, 2)
-    assert cli("run", path, "--out", tmp_path / "o", "--workers", "1").returncode == 0
-    report = (tmp_path / "o" / "REPORT.md").read_text()
-    for f in ["REPORT.md", "reward_curve.png", "final_reward.png", "diagnostics.png"]:
-        (tmp_path / "o" / f).unlink()
-    res = cli("plot", tmp_path / "o")
-    assert res.returncode == 0, res.stderr
-    assert (tmp_path / "o" / "REPORT.md").read_text() == report
-    assert (tmp_path / "o" / "reward_curve.png").stat().st_size > 0
-
-
-def test_significance_is_reported_when_variants_really_differ(tmp_path):
-    from grpo_bench.report import pairwise
-    s = pd.DataFrame({"variant": ["a"] * 5 + ["b"] * 5 + ["c"] * 5, "status": "ok",
-                      "final/reward": [0.50, 0.52, 0.49, 0.51, 0.50, 0.80, 0.79, 0.82, 0.81, 0.80,
-                                       0.51, 0.49, 0.52, 0.50, 0.50]})
-    tests = {(t["a"], t["b"]): t for t in pairwise(s, "final/reward", ["a", "b", "c"])}
-    assert tests[("a", "b")]["significant"] and tests[("b", "c")]["significant"]
-    assert not tests[("a", "c")]["significant"]
-    assert all(t["p_holm"] >= t["p"] for t in tests.values())

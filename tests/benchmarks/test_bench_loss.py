@@ -5,10 +5,13 @@
     compile  torch.compile of that composition (compile time in extra_info)
     triton   the fused kernel (grpo_loss(backend="triton")); CUDA only
 The configuration is the common GRPO one: clipped ratio (DAPO's 0.2 / 0.28), k3 KL with
-beta = 0.04, seq_mean_token_mean; logp, old, ref and mask are fp32 (B, G, T).
+beta = 0.04, seq_mean_token_mean; logp, old, ref and mask are fp32 (B, G, T). Before it is
+timed, every provider's loss and gradient are checked against that objective written out
+here in fp64 (reference()), not against the registry the providers are built from.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -64,6 +67,29 @@ def provider(name: str, device: str, full: bool):
     return lambda *args: grpo_loss(*args, backend="triton", **CONFIG)[0]
 
 
+def reference(logp, old, ref, deltas, mask, clip_low=0.2, clip_high=0.28, beta=0.04):
+    """The GRPO objective in fp64, from the papers' formulas (PPO clip, Schulman's k3, GRPO's means)."""
+    logp, old, ref, deltas, mask = (t.double() for t in (logp, old, ref, deltas, mask))
+    ratio = torch.exp(logp - old)
+    adv = deltas[..., None]
+    surrogate = torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * adv)
+    k3 = torch.exp(ref - logp) - (ref - logp) - 1  # KL(pi || ref) estimate, >= 0
+    per_token = -surrogate + beta * k3
+    per_seq = (per_token * mask).sum(-1) / mask.sum(-1)  # every response has >= 1 token here
+    return per_seq.mean()
+
+
+def test_reference_by_hand():
+    # one response of two tokens: ratio e^0.5 is clipped at 1.28 for a positive advantage,
+    # ratio e^-0.5 is not clipped (min picks the unclipped, smaller term); k3 from log r by hand
+    f64 = dict(dtype=torch.float64)
+    logp, old, ref = (torch.tensor([[v]], **f64) for v in ([0.0, -1.0], [-0.5, -0.5], [0.0, -0.8]))
+    value = reference(logp, old, ref, torch.tensor([[2.0]], **f64), torch.ones(1, 1, 2, **f64))
+    k3_second = math.exp(0.2) - 0.2 - 1
+    expected = (-(1.28 * 2) + (-(math.exp(-0.5) * 2) + 0.04 * k3_second)) / 2
+    assert value.item() == pytest.approx(expected, rel=1e-12)
+
+
 def inputs(case: Case, device: str):
     gen = torch.Generator(device).manual_seed(0)
     shape = (case.b, case.g, case.t)
@@ -93,7 +119,11 @@ def test_loss_forward_backward(bench, loss_case, device):
             raise
         pytest.skip(f"torch.compile failed here: {type(e).__name__}: {e}"[:300])
     compile_s = time.perf_counter() - t0
-    torch.testing.assert_close(grad, torch.autograd.grad(_torch(logp, *rest), logp)[0], rtol=1e-4, atol=1e-7)
+    x = logp.detach().double().requires_grad_()
+    expected = reference(x, *rest)
+    (expected_grad,) = torch.autograd.grad(expected, x)
+    torch.testing.assert_close(fn(logp.detach(), *rest).double(), expected.detach(), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-4, atol=1e-9)
     tokens = case.b * case.g * case.t
     # ideal traffic: logp, old, ref, mask read by the forward and again by the backward, one
     # gradient written

@@ -1,0 +1,218 @@
+"""Across ablations: several results directories side by side, and the gallery of them all.
+
+    python -m grpo_bench compare results/recipes results/arith_recipes [--metric M] [--out DIR]
+    python -m grpo_bench gallery results
+
+`compare` puts each directory's per-seed final values in one figure (a panel per
+directory, the same variant on the same row and in the same colour in every panel)
+and one markdown table, with Kendall's tau-b between the variant orderings (by mean)
+of every pair of directories over the variants they share: does the toy order the
+variants as the LM does? `gallery` writes results/README.md: for every ablation its
+question, its headline figure and a one-line answer computed from its summary.csv.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from . import report
+from .config import ConfigError
+
+
+@dataclass
+class Side:
+    """One results directory, reduced to one summary column."""
+
+    dir: Path
+    name: str
+    column: str
+    seeds: int
+    values: dict[str, np.ndarray] = field(default_factory=dict)  # variant -> per-seed values, ablation order
+
+    @property
+    def means(self) -> pd.Series:
+        return pd.Series({v: float(np.mean(x)) for v, x in self.values.items()}, dtype=float)
+
+
+def _read(d: Path) -> tuple[dict, pd.DataFrame]:
+    if not (d / "ablation.json").is_file() or not (d / "summary.csv").is_file():
+        raise ConfigError(str(d), "<dir>", "not a results directory (needs ablation.json and summary.csv)")
+    try:
+        meta = json.loads((d / "ablation.json").read_text())
+        summary = pd.read_csv(d / "summary.csv")
+    except (ValueError, pd.errors.EmptyDataError) as e:
+        raise ConfigError(str(d), "<dir>", f"unreadable results: {type(e).__name__}: {e}".splitlines()[0]) from None
+    if "status" not in summary or "variant" not in summary:
+        raise ConfigError(str(d / "summary.csv"), "<columns>", "needs status and variant columns")
+    return meta, summary
+
+
+def resolve_column(summary: pd.DataFrame, metric: str | None, source: str) -> str:
+    """A --metric as a user writes it (final/eval/accuracy, eval/accuracy, reward/mean, reward) -> a column."""
+    finals = [c for c in summary.columns if c.startswith("final/") and summary[c].notna().any()]
+    if metric is None:
+        column = report.main_column(summary)
+        if column is None:
+            raise ConfigError(source, "--metric", f"no main metric found; valid: {', '.join(finals) or 'none'}")
+        return column
+    for c in (metric, f"final/{metric}", report.final_column(metric)):
+        if c in finals:
+            return c
+    raise ConfigError(source, "--metric", f"unknown {metric!r}; valid: {', '.join(finals) or 'none'}")
+
+
+def load_side(d: str | Path, metric: str | None) -> Side:
+    d = Path(d)
+    meta, summary = _read(d)
+    column = resolve_column(summary, metric, str(d / "summary.csv"))
+    ok = summary[(summary.status == "ok") & summary[column].notna()]
+    if ok.empty:
+        raise ConfigError(str(d / "summary.csv"), column, "no finished run has a value")
+    order = [v for v in meta.get("variants", []) if v in set(ok.variant)]
+    order += [v for v in ok.variant.unique() if v not in order]
+    values = {v: ok.loc[ok.variant == v, column].to_numpy(float) for v in order}
+    return Side(d, meta.get("name", d.name), column, len(meta.get("seeds", [])), values)
+
+
+def kendall(a: pd.Series, b: pd.Series) -> tuple[float, float, int]:
+    """Kendall's tau-b and its two-sided p between two orderings, over the variants both have."""
+    shared = [v for v in a.index if v in b.index]
+    if len(shared) < 2:
+        return math.nan, math.nan, len(shared)
+    res = stats.kendalltau(a[shared].to_numpy(), b[shared].to_numpy())
+    return float(res.statistic), float(res.pvalue), len(shared)
+
+
+def _union(sides: list[Side]) -> list[str]:
+    rows: list[str] = []
+    for s in sides:
+        rows += [v for v in s.values if v not in rows]
+    return rows
+
+
+def _title(s: Side) -> str:
+    return f"{s.name}: {report.label_column(s.column)}"
+
+
+def markdown(sides: list[Side]) -> str:
+    rows = _union(sides)
+    ranks = [s.means.rank(ascending=False, method="min") for s in sides]
+    head = ["variant"] + [f"{_title(s)} (rank)" for s in sides]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * len(sides)]
+    for v in rows:
+        cells = [f"`{v}`"]
+        for s, r in zip(sides, ranks):
+            x = s.values.get(v)
+            if x is None:
+                cells.append("—")
+            else:
+                std = float(np.std(x, ddof=1)) if len(x) > 1 else math.nan
+                cells.append(f"{report._fmt(float(np.mean(x)), std)} ({int(r[v])})")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Cells: mean ± std over seeds (rank by mean, 1 = highest). Kendall's τ-b between the orderings "
+              "by mean of the variants both directories ran (τ = 1: the same order; p: two-sided, exact for small "
+              "sets without ties):", "",
+              "| A | B | shared variants | Kendall τ | p |", "|---|---|---:|---:|---:|"]
+    for a, b in combinations(sides, 2):
+        tau, p, n = kendall(a.means, b.means)
+        cell = ("—", "—") if math.isnan(tau) else (f"{tau:+.3f}", f"{p:.3g}")
+        lines.append(f"| {_title(a)} | {_title(b)} | {n} | {cell[0]} | {cell[1]} |")
+    return "\n".join(lines) + "\n"
+
+
+def figure(sides: list[Side]):
+    rows = _union(sides)
+    styles = report.variant_styles(rows)
+    panels = [(s.column, report.label_column(s.column), f"{s.name} ({s.seeds} seeds)", s.values) for s in sides]
+    title = " vs ".join(s.name for s in sides) + f": {len(rows)} variants"
+    if len(sides) == 2:
+        tau, p, n = kendall(sides[0].means, sides[1].means)
+        title += ("" if math.isnan(tau) else f"; Kendall τ = {tau:+.2f} (p = {p:.2g}) over {n} shared")
+    ci = f"; line: 95% bootstrap CI of the mean (>= {report.BAND_SEEDS} seeds)" \
+        if any(len(x) >= report.BAND_SEEDS for s in sides for x in s.values.values()) else ""
+    return report.dot_panels(rows, panels, styles, title + f"\ndots: seeds; bar: mean{ci}")
+
+
+def compare(dirs: list[str | Path], metrics: list[str] | None = None, out: str | Path | None = None,
+            fmt: str = "png") -> tuple[Path, str]:
+    """Write OUT/COMPARE.md and OUT/compare.<fmt>; return the markdown's path and its text."""
+    if len(dirs) < 2:
+        raise ConfigError("compare", "<dirs>", f"needs two or more results directories, got {len(dirs)}")
+    metrics = metrics or [None]
+    if len(metrics) not in (1, len(dirs)):
+        raise ConfigError("compare", "--metric", f"give one metric for all or one per directory "
+                          f"({len(dirs)}), got {len(metrics)}")
+    if fmt not in report.FORMATS:
+        raise ConfigError("compare", "--format", f"unknown {fmt!r}; valid: {', '.join(report.FORMATS)}")
+    per_dir = metrics * len(dirs) if len(metrics) == 1 else metrics
+    sides = [load_side(d, m) for d, m in zip(dirs, per_dir)]
+    out = Path(out) if out else Path(dirs[0]).parent / ("compare_" + "_vs_".join(s.name for s in sides))
+    out.mkdir(parents=True, exist_ok=True)
+    with report.style():
+        name = report.save(figure(sides), out, "compare", fmt)
+    text = (f"# Compare: {' vs '.join(s.name for s in sides)}\n\n"
+            + "".join(f"- `{s.dir}`: {report.label_column(s.column)} (`{s.column}`), {s.seeds} seeds\n" for s in sides)
+            + f"\nRebuild with `python -m grpo_bench compare {' '.join(str(s.dir) for s in sides)}"
+            + "".join(f" --metric {m}" for m in metrics if m) + (f" --format {fmt}" if fmt != "png" else "")
+            + f" --out {out}`.\n\n" + markdown(sides) + f"\n![side by side]({name})\n")
+    (out / "COMPARE.md").write_text(text)
+    return out / "COMPARE.md", text
+
+
+# ---------------------------------------------------------------------------- gallery
+
+
+def question(description: str) -> str:
+    """The first sentence of an ablation's description: what it sets out to compare."""
+    text = " ".join(description.split())
+    # a full stop ends a sentence unless it ends an abbreviation (e.g., i.e., Dr., vs.)
+    end = r"(?<=[.!?])(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bDr\.)(?<!\bvs\.)(?<!\bcf\.)\s+"
+    return re.split(end, text, maxsplit=1)[0] if text else "(no description)"
+
+
+def gallery(root: str | Path) -> Path:
+    """Write ROOT/README.md: every ablation under root, its question, headline figure and answer."""
+    root = Path(root)
+    (root / "README.md").write_text(gallery_text(root))
+    return root / "README.md"
+
+
+def gallery_text(root: str | Path) -> str:
+    root = Path(root)
+    if not root.is_dir():
+        raise ConfigError(str(root), "<dir>", "not a directory")
+    dirs = sorted(d for d in root.iterdir() if (d / "ablation.json").is_file() and (d / "summary.csv").is_file())
+    if not dirs:
+        raise ConfigError(str(root), "<dir>", "holds no results directory (a folder with ablation.json and summary.csv)")
+    lines = ["# Results gallery", "",
+             f"Every ablation under `{root.name}/`: the question it asks (the first sentence of its description), "
+             "its headline figure and a one-line answer computed from its `summary.csv` (best variant by mean of "
+             "the task's main metric; \"beyond seed noise\" = Welch t-test, Holm-corrected over all pairs, "
+             f"p < {report.ALPHA}). Regenerate with `python -m grpo_bench gallery <this directory>`; "
+             "each ablation's own `REPORT.md` has the full tables.", ""]
+    for d in dirs:
+        meta, summary = _read(d)
+        column = report.main_column(summary)
+        head = next((f"{d.name}/headline.{f}" for f in report.FORMATS if (d / f"headline.{f}").is_file()), None)
+        lines += [f"## [{meta['name']}]({d.name}/REPORT.md)", "",
+                  f"**Question.** {question(meta.get('description', ''))}", ""]
+        if head:
+            lines += [f"![{meta['name']} headline]({head})", ""]
+        ans = report.answer(summary, column, meta["variants"]) if column else "no main metric in summary.csv."
+        lines += [f"**Answer** ({report.label_column(column) if column else '—'}): {ans}", ""]
+    extras = sorted(d for d in root.iterdir() if (d / "COMPARE.md").is_file())
+    if (root / "kernels" / "benchmarks.md").is_file() or extras:
+        lines += ["## Other results", ""]
+        lines += [f"- [{d.name}]({d.name}/COMPARE.md): variants compared across ablations" for d in extras]
+        if (root / "kernels" / "benchmarks.md").is_file():
+            lines.append("- [kernels](kernels/benchmarks.md): log-prob and GRPO-loss kernel benchmarks")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,495 @@
+"""Figures, REPORT.md, `compare` and the gallery, on results directories written by hand.
+
+No training: each test writes ablation.json, summary.csv and metrics.csv directly, so
+the data (and what a figure must show of it) is known exactly. Figures are checked
+through matplotlib's objects (Line2D data, band polygons, axis scales) where that is
+more precise than pixels, and through the written PNGs where only pixels tell.
+"""
+import json
+import math
+import zlib
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.collections import PathCollection, PolyCollection
+from PIL import Image
+
+from grpo_bench import compare as C
+from grpo_bench import report as R
+from grpo_bench.__main__ import main
+from helpers import ROOT, cli
+
+
+def run_main(capsys, *args):
+    """The CLI in this process (a subprocess costs seconds of imports): (exit code, stdout, stderr)."""
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def write_results(path, variants, seeds, curve, finals, steps=range(0, 200, 10), eval_steps=(0, 100, 199),
+                  name="synth", axes=("variant_name",), failed=()):
+    """A results directory as the runner writes it.
+
+    curve(metric, i, seed, step) -> value or None, for the metrics in curve.metrics;
+    finals: {summary column: f(i, seed)}; variant i's runs in `failed` have status failed.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    runs, rows, summary = [], [], []
+    for i, v in enumerate(variants):
+        for s in seeds:
+            run = f"{v}-s{s}"
+            runs.append(run)
+            for metric in curve.metrics:
+                for step in (eval_steps if metric.startswith("eval/") else steps):
+                    value = curve(metric, i, s, step)
+                    if value is not None:
+                        rows.append((run, v, s, step, metric, value))
+            ok = (v, s) not in failed
+            summary.append({"run": run, "variant": v, "seed": s, "status": "ok" if ok else "failed",
+                            "error": "" if ok else "NonFiniteLoss: boom", "wall_s": 1.0,
+                            **({c: f(i, s) for c, f in finals.items()} if ok else {})})
+    meta = {"name": name, "source": f"ablations/{name}.yaml", "description": f"What {name} asks. More detail.",
+            "axes": list(axes), "variants": list(variants), "seeds": list(seeds), "runs": runs}
+    (path / "ablation.json").write_text(json.dumps(meta))
+    pd.DataFrame(summary).to_csv(path / "summary.csv", index=False)
+    pd.DataFrame(rows, columns=["run", "variant", "seed", "step", "metric", "value"]).to_csv(
+        path / "metrics.csv", index=False)
+    return path
+
+
+class SortLike:
+    """A sorting-toy-shaped ablation: rollout reward, eval every 100 steps, heavy-tailed diagnostics."""
+
+    metrics = ["reward/mean", "eval/reward", "eval/accuracy", "clip/frac", "kl/old", "ratio/max", "grad/norm",
+               "entropy", "kl/value"]
+
+    def __call__(self, metric, i, seed, step):
+        rng = np.random.default_rng(zlib.crc32(f"{metric}|{i}|{seed}|{step}".encode()))
+        t = step / 200
+        if metric in ("reward/mean", "eval/reward"):
+            return 0.1 + 0.3 * t * (i + 1) / 3 + 0.02 * rng.standard_normal()
+        if metric == "eval/accuracy":  # near 0 with one seed far off: a t-band would go below 0
+            return 0.3 if seed == 0 else 0.0
+        if metric == "clip/frac":
+            return float(np.clip(0.5 - t + 0.4 * rng.standard_normal(), 0, 1))
+        if metric in ("kl/old", "grad/norm"):  # log-normal with rare huge outliers; sometimes exactly 0
+            return 0.0 if (i == 0 and step % 30 == 0) else float(np.exp(3 * rng.standard_normal()))
+        if metric == "ratio/max":
+            return float(1 + np.exp(4 * rng.standard_normal()))
+        if metric == "entropy":
+            return 2 * (1 - t) + 0.05 * rng.random()
+        if metric == "kl/value":  # k1 can be negative: no declared range
+            return 0.05 * rng.standard_normal()
+
+
+SORT_FINALS = {"final/reward": lambda i, s: 0.2 + 0.1 * i + 0.01 * s, "final/eval/accuracy": lambda i, s: 0.01 * s,
+               "final/eval/reward": lambda i, s: 0.25 + 0.1 * i - 0.01 * s}
+
+
+@pytest.fixture(scope="module")
+def sort_dir(tmp_path_factory):
+    d = write_results(tmp_path_factory.mktemp("sortlike") / "sortlike", ["loss=naive", "loss=unclipped",
+                      "loss=clipped"], range(5), SortLike(), SORT_FINALS, axes=("loss",))
+    R.make_report(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def few_seeds_dir(tmp_path_factory):
+    return write_results(tmp_path_factory.mktemp("few") / "few", ["a", "b"], range(3), SortLike(), SORT_FINALS)
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    import matplotlib.pyplot as plt
+    plt.close("all")
+
+
+def all_figures(d):
+    return {stem: fig for stem, fig, _ in R.build_figures(d)}
+
+
+# ------------------------------------------------------------------------- file names
+
+
+def test_no_two_figures_share_a_file_name(sort_dir):
+    figures = R.build_figures(sort_dir)
+    stems = [s for s, _, _ in figures]
+    assert len(stems) == len(set(stems))
+    # eval/reward and reward/mean both end in "reward": the old report drew both into reward_curve.png
+    assert "headline" in stems and "curve_eval_accuracy" in stems
+    written = sorted(p.name for p in sort_dir.glob("*.png"))
+    assert written == sorted(f"{s}.png" for s in stems)
+    report = (sort_dir / "REPORT.md").read_text()
+    for s in stems:
+        assert report.count(f"]({s}.png)") == 1
+
+
+def test_slugs_of_distinct_metrics_differ():
+    names = ["reward/mean", "eval/reward", "eval/pass@k", "eval/accuracy", "eval/accuracy_gain", "eval_train/accuracy"]
+    assert len({R.slug(n) for n in names}) == len(names)
+
+
+def test_single_point_metrics_draw_no_curve(tmp_path):
+    # eval only at the end (no eval cadence): its final value is a dot, never a one-point "curve"
+    d = write_results(tmp_path / "d", ["a", "b"], range(2), SortLike(), SORT_FINALS, eval_steps=(199,))
+    stems = [s for s, _, _ in R.build_figures(d)]
+    assert not [s for s in stems if "eval" in s]
+    head = all_figures(d)["headline"]
+    assert [ax.get_ylabel() for ax in head.axes if ax.get_ylabel()] == ["rollout reward"]
+
+
+# -------------------------------------------------------------------------- lines, bands
+
+
+def drawn_lines(fig):
+    return [(ax, ln) for ax in fig.axes for ln in ax.get_lines()]
+
+
+@pytest.mark.parametrize("which", ["sort_dir", "few_seeds_dir"])
+def test_every_drawn_line_has_two_points(which, request):
+    for stem, fig in all_figures(request.getfixturevalue(which)).items():
+        lines = drawn_lines(fig)
+        if stem != "final_values":
+            assert lines, stem
+        for ax, ln in lines:
+            assert len(ln.get_xdata()) >= 2, (stem, ax.get_title(), ln.get_gid())
+
+
+def test_a_variant_with_one_point_draws_no_line(tmp_path):
+    class OneLate(SortLike):  # variant 1 was evaluated only at the end
+        def __call__(self, metric, i, seed, step):
+            if metric.startswith("eval/") and i == 1 and step != 199:
+                return None
+            return super().__call__(metric, i, seed, step)
+
+    for seeds in (range(2), range(5)):  # seeds as lines, and a band
+        d = write_results(tmp_path / f"d{len(seeds)}", ["a", "late", "c"], seeds, OneLate(), SORT_FINALS)
+        held_out = all_figures(d)["headline"].axes[1]
+        assert held_out.get_ylabel() == "held-out reward"
+        assert {ln.get_gid() for ln in held_out.get_lines()} == {"a", "c"}
+        assert all(len(ln.get_xdata()) == 3 for ln in held_out.get_lines())
+
+
+def band_ys(ax):
+    return [p.vertices[:, 1] for c in ax.collections if isinstance(c, PolyCollection) for p in c.get_paths()]
+
+
+@pytest.mark.parametrize("which", ["sort_dir", "few_seeds_dir"])
+def test_no_line_or_band_leaves_the_metric_range(which, request):
+    figs = all_figures(request.getfixturevalue(which))
+    metric_of = {ax: ax.get_title().split(",")[0] for ax in figs["diagnostics"].axes}
+    metric_of |= {ax: m for ax, m in zip([a for a in figs["headline"].axes if a.get_ylabel()],
+                                         ["reward/mean", "eval/reward"])}
+    metric_of |= {ax: "eval/accuracy" for ax in figs["curve_eval_accuracy"].axes if ax.get_ylabel()}
+    checked = 0
+    for ax, metric in metric_of.items():
+        r = R.metric_range(metric)
+        ys = [ln.get_ydata() for ln in ax.get_lines()] + band_ys(ax)
+        for y in ys:
+            assert np.all(np.asarray(y) >= r.lo - 1e-12) and np.all(np.asarray(y) <= r.hi + 1e-12), metric
+            checked += 1
+    assert checked > 10
+    # the near-zero accuracy with one seed at 0.3: a mean +- t * sd / sqrt(n) band would reach below 0
+    acc = next(ax for ax, m in metric_of.items() if m == "eval/accuracy")
+    assert min(np.min(y) for y in [ln.get_ydata() for ln in acc.get_lines()] + band_ys(acc)) == 0.0
+
+
+def test_bands_follow_the_seed_count(sort_dir, few_seeds_dir):
+    five = all_figures(sort_dir)["headline"].axes[0]
+    three = all_figures(few_seeds_dir)["headline"].axes[0]
+    assert len(band_ys(five)) == 3 and len(five.get_lines()) == 3  # a band and a mean per variant
+    assert len(band_ys(three)) == 0 and len(three.get_lines()) == 2 * (3 + 1)  # each seed, then the mean
+
+
+def test_heavy_tailed_diagnostics_are_on_a_log_scale(sort_dir):
+    diag = all_figures(sort_dir)["diagnostics"]
+    scales = {ax.get_title().split(",")[0]: ax.get_yscale() for ax in diag.axes if ax.get_title()}
+    assert scales["ratio/max"] == "log"
+    assert scales["kl/old"] == scales["grad/norm"] == "symlog"  # they hold exact zeros
+    assert scales["entropy"] == scales["clip/frac"] == scales["kl/value"] == "linear"
+
+
+def test_bootstrap_ci_by_hand():
+    # two seeds {0, 1}: resampled means are 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4
+    lo, hi = R.bootstrap_mean_ci(np.array([[0.0, 1.0], [2.0, 2.0]]), n_boot=4000)
+    assert (lo[0], hi[0]) == (0.0, 1.0) and (lo[1], hi[1]) == (2.0, 2.0)
+    # a missing seed (NaN) is left out, not counted as zero
+    lo, hi = R.bootstrap_mean_ci(np.array([[3.0, np.nan, 3.0]]))
+    assert (lo[0], hi[0]) == (3.0, 3.0)
+
+
+def test_metric_range_table():
+    r = R.metric_range
+    assert (r("eval/accuracy").lo, r("eval/accuracy").hi) == (0, 1)
+    assert (r("final/eval/accuracy_gain").lo, r("eval/accuracy_gain").hi) == (-1, 1)
+    for frac in ["clip/frac", "clip/low_frac", "clip/high_frac", "reward/zero_std_frac", "filter/kept_frac",
+                 "eval/pass@k", "eval_train/accuracy"]:
+        assert (r(frac).lo, r(frac).hi, r(frac).heavy) == (0, 1, False), frac
+    for heavy in ["ratio/max", "ratio/min", "grad/norm", "kl/old"]:
+        assert r(heavy).lo == 0 and r(heavy).heavy, heavy
+    assert r("entropy").lo == 0 and not r("entropy").heavy
+    assert r("kl/value") == r("reward/mean") == r("loss/policy") == R.Range()
+
+
+def test_diagnostics_pick_up_new_metric_names():
+    found = R.diagnostics_in(["reward/mean", "clip/low_frac", "clip/high_frac", "reward/zero_std_frac",
+                              "filter/kept_frac", "entropy", "time/step_s"])
+    assert found == ["clip/high_frac", "clip/low_frac", "entropy", "reward/zero_std_frac", "filter/kept_frac"]
+
+
+# ------------------------------------------------------------------------ paper-ready
+
+
+def test_headline_is_the_tasks_main_metric(sort_dir, tmp_path):
+    head = all_figures(sort_dir)["headline"]
+    assert [ax.get_ylabel() for ax in head.axes if ax.get_ylabel()] == ["rollout reward", "held-out reward"]
+    assert "3 variants of loss, 5 seeds" in head._suptitle.get_text()
+
+    class LMLike(SortLike):
+        metrics = ["reward/mean", "eval/accuracy", "eval/accuracy_gain", "eval/pass@k"]
+
+        def __call__(self, metric, i, seed, step):
+            return step / 1000 + 0.1 * i if metric in ("eval/accuracy_gain", "eval/pass@k") \
+                else super().__call__(metric, i, seed, step)
+
+    finals = {"final/reward": lambda i, s: 0.3, "final/eval/accuracy": lambda i, s: 0.1 * i,
+              "final/eval/accuracy_gain": lambda i, s: 0.1 * i - 0.2, "final/eval/pass@k": lambda i, s: 0.5}
+    d = write_results(tmp_path / "lm", ["a", "b", "c"], range(3), LMLike(), finals)
+    head = all_figures(d)["headline"]
+    assert [ax.get_ylabel() for ax in head.axes if ax.get_ylabel()] == ["held-out accuracy", "rollout reward"]
+    assert R.main_column(pd.read_csv(d / "summary.csv")) == "final/eval/accuracy"
+
+
+def test_same_variant_same_colour_in_every_figure(sort_dir):
+    colours: dict = {}
+    for stem, fig in all_figures(sort_dir).items():
+        for ax in fig.axes:
+            artists = ax.get_lines() + [c for c in ax.collections if c.get_gid()]
+            for a in artists:
+                if a.get_gid() is None:
+                    continue
+                c = a.get_color() if hasattr(a, "get_xdata") else a.get_facecolor()[0][:3]
+                colours.setdefault(a.get_gid(), set()).add(tuple(np.round(matplotlib_rgb(c), 3)))
+    assert set(colours) == {"loss=naive", "loss=unclipped", "loss=clipped"}
+    assert all(len(c) == 1 for c in colours.values()), colours
+    assert len({next(iter(c)) for c in colours.values()}) == 3
+
+
+def matplotlib_rgb(c):
+    from matplotlib.colors import to_rgb
+    return to_rgb(c)
+
+
+def test_twelve_variants_stay_legible_and_bounded(tmp_path):
+    names = [f"kl=k{i % 3 + 1},ref_refresh={10 * i},lr=0.00{i}" for i in range(12)]
+    d = write_results(tmp_path / "wide", names, range(5), SortLike(), SORT_FINALS)
+    for stem, fig in all_figures(d).items():
+        w, h = fig.get_size_inches() * 200
+        assert w <= 1400 and h <= 1800, (stem, w, h)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        box = fig.bbox
+        for ax in fig.axes:
+            lo, hi = sorted(ax.get_ylim())
+            labels = [t for t in ax.get_yticklabels() if t.get_text() and t.get_visible() and lo <= t.get_position()[1] <= hi]
+            boxes = [t.get_window_extent(renderer) for t in labels]
+            assert all(b.x0 >= box.x0 - 1 and b.x1 <= box.x1 + 1 for b in boxes), stem  # not cut off
+            ys = sorted((b.y0, b.y1) for b in boxes)
+            assert all(y1 <= y0_next + 0.5 for (_, y1), (y0_next, _) in zip(ys, ys[1:])), stem  # no overlap
+        legends = fig.legends
+        if legends:
+            lb = legends[0].get_window_extent(renderer)
+            assert lb.x0 >= box.x0 - 1 and lb.x1 <= box.x1 + 1 and lb.y0 >= box.y0 - 1, stem
+    # every variant gets its own (colour, dash) pair
+    styles = R.variant_styles(names)
+    assert len({(s["color"], s["ls"]) for s in styles.values()}) == 12
+
+
+def coloured_share(png) -> tuple[float, float]:
+    a = np.asarray(Image.open(png).convert("RGB"), dtype=float)
+    chroma = a.max(-1) - a.min(-1)
+    return float(a.std()), float((chroma > 60).mean())
+
+
+def test_written_images_are_not_blank(sort_dir, tmp_path):
+    pngs = sorted(sort_dir.glob("*.png"))
+    assert len(pngs) >= 4
+    for png in pngs:
+        std, share = coloured_share(png)
+        assert std > 10 and share > 0.001, (png.name, std, share)
+    # the measure itself: axes with nothing drawn in them (the old blank headline) fail it
+    import matplotlib.pyplot as plt
+    with R.style():
+        fig, ax = plt.subplots(figsize=(R.COLUMN_IN, 2.5))
+        ax.set(xlim=(1420, 1580), title="blank", xlabel="gradient step")
+        R.save(fig, tmp_path, "blank", "png")
+    assert coloured_share(tmp_path / "blank.png")[1] < 0.001
+
+
+@pytest.mark.parametrize("fmt", ["pdf", "svg"])
+def test_other_formats(tmp_path, few_seeds_dir, fmt, capsys):
+    import shutil
+    d = shutil.copytree(few_seeds_dir, tmp_path / "d")
+    code, _, err = run_main(capsys, "plot", d, "--format", fmt)
+    assert code == 0, err
+    made = sorted(p.name for p in d.glob(f"*.{fmt}"))
+    assert "headline." + fmt in made and not list(d.glob("*.png"))
+    head = (d / f"headline.{fmt}").read_bytes()
+    assert head.startswith(b"%PDF") if fmt == "pdf" else b"<svg" in head[:2000]
+    assert f"](headline.{fmt})" in (d / "REPORT.md").read_text()
+
+
+def test_bad_plot_format_is_one_line_exit_2(few_seeds_dir, tmp_path, capsys):
+    code, _, err = run_main(capsys, "plot", few_seeds_dir, "--format", "jpg")
+    assert code == 2 and err.count("\n") == 1 and "'jpg'" in err and "png, pdf, svg" in err
+    (tmp_path / "ablation.json").write_text("{}")
+    code, _, err = run_main(capsys, "plot", tmp_path)
+    assert code == 2 and err.count("\n") == 1 and "no summary.csv" in err
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def test_report_is_rebuilt_identically_from_files_alone(tmp_path):
+    d = write_results(tmp_path / "d", ["a", "b"], range(3), SortLike(), SORT_FINALS, failed={("b", 2)})
+    R.make_report(d)
+    first = {p.name: p.read_bytes() for p in d.iterdir() if p.suffix in (".md", ".png")}
+    for name in first:
+        (d / name).unlink()
+    res = cli("plot", d)
+    assert res.returncode == 0, res.stderr
+    again = {p.name: p.read_bytes() for p in d.iterdir() if p.suffix in (".md", ".png")}
+    assert again == first  # the same bytes: no dates, a fixed bootstrap seed and jitter
+    text = first["REPORT.md"].decode()
+    assert "Failed runs" in text and "b-s2" in text and "5 runs finished, 1 failed" in text
+
+
+def test_significance_is_reported_when_variants_really_differ():
+    s = pd.DataFrame({"variant": ["a"] * 5 + ["b"] * 5 + ["c"] * 5, "status": "ok",
+                      "final/reward": [0.50, 0.52, 0.49, 0.51, 0.50, 0.80, 0.79, 0.82, 0.81, 0.80,
+                                       0.51, 0.49, 0.52, 0.50, 0.50]})
+    tests = {(t["a"], t["b"]): t for t in R.pairwise(s, "final/reward", ["a", "b", "c"])}
+    assert tests[("a", "b")]["significant"] and tests[("b", "c")]["significant"]
+    assert not tests[("a", "c")]["significant"]
+    assert all(t["p_holm"] >= t["p"] for t in tests.values())
+    assert R.answer(s, "final/reward", ["a", "b", "c"]) == (
+        "`b` is best (final reward 0.804 ± 0.011, 5 seeds), beyond seed noise above both others; "
+        "2 of 3 pairs differ beyond seed noise (`b` > `a`, `b` > `c`).")
+
+
+def test_answer_when_the_best_is_within_noise():
+    s = pd.DataFrame({"variant": ["a"] * 3 + ["b"] * 3, "status": "ok",
+                      "final/reward": [0.1, 0.5, 0.3, 0.35, 0.2, 0.4]})
+    assert R.answer(s, "final/reward", ["a", "b"]).startswith(
+        "`b` is best (final reward 0.317 ± 0.104, 3 seeds), but not beyond seed noise above the other; 0 of 1")
+
+
+# ---------------------------------------------------------------------------- compare
+
+
+def dir_with_means(path, name, means: dict, column="final/reward", seeds=3):
+    """Per-seed values mean +- 0.01, so each variant's mean is exactly means[v]."""
+    finals = {column: lambda i, s, m=list(means.values()): m[i] + 0.01 * (s - 1)}
+    return write_results(path / name, list(means), range(seeds), SortLike(), finals, name=name)
+
+
+def test_compare_table_and_kendall_tau_by_hand(tmp_path):
+    a = dir_with_means(tmp_path, "toy", {"w": 0.1, "x": 0.2, "y": 0.3, "z": 0.4, "only_toy": 0.9})
+    b = dir_with_means(tmp_path, "lm", {"x": 0.3, "w": 0.1, "y": 0.2, "z": 0.4, "only_lm": 0.0},
+                       column="final/eval/accuracy")
+    res = cli("compare", a, b, "--out", tmp_path / "cmp")
+    assert res.returncode == 0, res.stderr
+    text = (tmp_path / "cmp" / "COMPARE.md").read_text()
+    # 4 shared variants, one pair (x, y) swapped: 5 concordant, 1 discordant -> tau = 4/6;
+    # exact two-sided p = 2 * P(at most 1 inversion among 4! orders) = 2 * (1 + 3) / 24
+    assert "| toy: final reward | lm: eval accuracy | 4 | +0.667 | 0.333 |" in text
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]]
+            for line in text.splitlines() if line.startswith("| `")}
+    assert rows["`y`"] == ["0.300 ± 0.010 (3)", "0.200 ± 0.010 (3)"]
+    assert rows["`only_toy`"] == ["0.900 ± 0.010 (1)", "—"] and rows["`only_lm`"] == ["—", "0.000 ± 0.010 (5)"]
+    assert list(rows) == ["`w`", "`x`", "`y`", "`z`", "`only_toy`", "`only_lm`"]
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 0
+    assert coloured_share(tmp_path / "cmp" / "compare.png")[1] > 0.001
+    tau, p, n = C.kendall(C.load_side(a, None).means, C.load_side(b, None).means)
+    assert n == 4 and math.isclose(tau, 2 / 3) and math.isclose(p, 1 / 3)
+
+
+def test_compare_figure_rows_line_up(tmp_path):
+    a = dir_with_means(tmp_path, "a", {"p": 0.1, "q": 0.2})
+    b = dir_with_means(tmp_path, "b", {"q": 0.5, "r": 0.1})
+    with R.style():
+        fig = C.figure([C.load_side(a, None), C.load_side(b, None)])
+    ys = {}
+    for ax in fig.axes:
+        for c in ax.collections:
+            if isinstance(c, PathCollection) and c.get_gid():
+                ys.setdefault(c.get_gid(), set()).update(np.round(c.get_offsets()[:, 1]).astype(int).tolist())
+    assert ys == {"p": {0}, "q": {1}, "r": {2}}  # q sits on the same row in both panels
+    assert "Kendall τ" not in fig._suptitle.get_text()  # one shared variant: no order to correlate
+
+
+def test_compare_metric_per_directory(tmp_path, capsys):
+    a = dir_with_means(tmp_path, "a", {"p": 0.1, "q": 0.2, "r": 0.3})
+    b = dir_with_means(tmp_path, "b", {"p": 0.3, "q": 0.2, "r": 0.1}, column="final/eval/reward")
+    code, out, err = run_main(capsys, "compare", a, b, "--metric", "reward", "--metric", "eval/reward",
+                              "--out", tmp_path / "o")
+    assert code == 0, err
+    assert "| a: final reward | b: eval reward | 3 | -1.000 |" in out
+
+
+@pytest.mark.parametrize("args,words", [
+    (["{a}"], ["<dirs>", "two or more", "got 1"]),
+    (["{a}", "{tmp}/nope"], ["nope", "not a results directory", "ablation.json"]),
+    (["{a}", "{b}", "--metric", "accuracy"], ["summary.csv", "--metric", "'accuracy'", "valid: final/reward"]),
+    (["{a}", "{b}", "--metric", "reward", "--metric", "reward", "--metric", "reward"], ["--metric", "one per"]),
+    (["{a}", "{b}", "--format", "gif"], ["--format", "'gif'", "png, pdf, svg"]),
+])
+def test_compare_bad_input_is_one_line_exit_2(tmp_path, args, words, capsys):
+    a = dir_with_means(tmp_path, "a", {"p": 0.1, "q": 0.2})
+    b = dir_with_means(tmp_path, "b", {"p": 0.1, "q": 0.2})
+    code, out, err = run_main(capsys, "compare", *[x.format(a=a, b=b, tmp=tmp_path) for x in args],
+                              "--out", tmp_path / "o")
+    assert code == 2, out + err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    for w in words:
+        assert w in err, (w, err)
+    assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+# ---------------------------------------------------------------------------- gallery
+
+
+def test_gallery_from_files(tmp_path, capsys):
+    dir_with_means(tmp_path, "second", {"p": 0.1, "q": 0.5})
+    first = write_results(tmp_path / "first", ["a", "b"], range(5), SortLike(), SORT_FINALS, name="first")
+    (first / "headline.png").write_bytes(b"png")
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "benchmarks.md").write_text("x")
+    code, _, err = run_main(capsys, "gallery", tmp_path)
+    assert code == 0, err
+    text = (tmp_path / "README.md").read_text()
+    assert text.index("## [first](first/REPORT.md)") < text.index("## [second](second/REPORT.md)")
+    assert "**Question.** What first asks." in text and "More detail" not in text
+    assert "![first headline](first/headline.png)" in text and "second/headline" not in text
+    assert ("**Answer** (final reward): `b` is best (final reward 0.320 ± 0.016, 5 seeds), beyond seed noise "
+            "above the other; 1 of 1 pairs differ beyond seed noise.") in text
+    assert "(kernels/benchmarks.md)" in text
+
+
+def test_committed_gallery_is_current():
+    # results/README.md is generated: a result changed without `gallery` re-run fails here
+    assert C.gallery_text(ROOT / "results") == (ROOT / "results" / "README.md").read_text()
+
+
+def test_gallery_of_a_folder_without_results_is_exit_2(tmp_path, capsys):
+    code, _, err = run_main(capsys, "gallery", tmp_path)
+    assert code == 2 and "holds no results directory" in err and err.count("\n") == 1
+
+
+def test_gallery_question_is_the_first_sentence():
+    assert C.question("Dr. GRPO vs. GSPO, e.g. on a toy. Then more.") == "Dr. GRPO vs. GSPO, e.g. on a toy."
+    assert C.question("K = 10 inner steps. nanochat is on-policy.") == "K = 10 inner steps."
