@@ -12,7 +12,7 @@
     .venv/bin/python scripts/trl_example.py --variant my_variant.yaml
 
 The default variant is a composition TRL has no options for: RLOO advantages, k1 in the
-reward, clip-higher, and a LoRA reference refreshed every 2 rollouts. TRL does the rest
+reward and a LoRA reference refreshed every 2 rollouts, with clip-higher. TRL does the rest
 (generation, vLLM, accelerate/DeepSpeed, logging). To adapt: the dataset (`dataset()`),
 the reward functions (`REWARDS`) and the GRPOConfig below; the variant stays as the
 ablation ran it. On the tiny model (random weights) the run shows the machinery, not
