@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .config import ConfigError, load_ablation
+from .config import ConfigError, ablation_settings, load_ablation
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
                    "a run that raises is never retried")
     r.add_argument("--workers", type=int, help="local: parallel worker processes (default: one per CPU core; 1 = in-process)")
     r.add_argument("--threads", type=int, help="torch threads per run (default: the ablation's resources.cpus, 1)")
+    r.add_argument("--setting", action="append", metavar="NAME",
+                   help="with a file that has `settings` (the same variants on several tasks): run only these "
+                        "(repeatable; default all, each into results/<name>_<setting>)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     pl = sub.add_parser("plot", help="redraw figures and REPORT.md of a results directory from its files")
     pl.add_argument("dir")
@@ -42,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
                         "directory (default: each task's main metric)")
     c.add_argument("--out", help="output directory (default: compare_<A>_vs_<B> beside the first directory)")
     c.add_argument("--format", default="png", help="figure file format: png, pdf or svg (default png)")
+    f = sub.add_parser("findings", help="write ROOT/FINDINGS.md: each published claim tested by an ablation with a "
+                       "`claim`, on the toy and the LM, with effect sizes, Holm-corrected p and Kendall tau")
+    f.add_argument("root", nargs="?", default="results")
+    f.add_argument("--out", help="output file (default ROOT/FINDINGS.md)")
     g = sub.add_parser("gallery", help="write ROOT/README.md: every ablation's question, headline figure and answer")
     g.add_argument("root", nargs="?", default="results")
     sub.add_parser("list", help="print every registered part with its parameters, and the task presets")
@@ -72,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             path, text = compare(args.dirs, args.metric or None, args.out, args.format)
             print(text + f"\nwritten: {path}")
             return 0
+        if args.cmd == "findings":
+            from .findings import write_findings
+            print(write_findings(Path(args.root), Path(args.out) if args.out else None))
+            return 0
         if args.cmd == "gallery":
             from .compare import gallery
             print(gallery(args.root))
@@ -90,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.executor == "ray" and args.workers is not None:
             raise ConfigError("--workers", "workers", "is for --executor local; on Ray the ablation's "
                               "resources (--set resources.cpus=N) decide how many runs share a node")
-        abl = load_ablation(args.ablation, seeds=args.seeds, sets=args.sets)
+        # a file with `settings` runs the same variants on each task it names, one results directory each
+        settings = args.setting or ablation_settings(args.ablation) or [None]
+        ablations = [load_ablation(args.ablation, seeds=args.seeds, sets=args.sets, setting=s) for s in settings]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -98,22 +111,26 @@ def main(argv: list[str] | None = None) -> int:
     from .report import make_report
     from .runner import WorkerLost, run_ablation
 
-    out = Path(args.out) if args.out else Path("results") / abl.name
-    try:
-        summary = run_ablation(abl, out, executor=args.executor, workers=args.workers, threads=args.threads,
-                               address=args.address, max_retries=args.max_retries, progress=not args.no_progress)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except WorkerLost as e:
-        print(f"error: {e}; finished runs are kept in {out}/runs; run the same command again to resume", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"interrupted: finished runs are kept in {out}/runs; run the same command again to resume", file=sys.stderr)
-        return 130
-    report = make_report(out)
-    failed = int((summary.status != "ok").sum()) if len(summary) else 0
-    print(f"{len(summary) - failed} runs ok, {failed} failed; report: {report}")
+    for abl in ablations:
+        if args.out:
+            out = Path(args.out) / abl.name if len(ablations) > 1 else Path(args.out)
+        else:
+            out = Path("results") / abl.name
+        try:
+            summary = run_ablation(abl, out, executor=args.executor, workers=args.workers, threads=args.threads,
+                                   address=args.address, max_retries=args.max_retries, progress=not args.no_progress)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except WorkerLost as e:
+            print(f"error: {e}; finished runs are kept in {out}/runs; run the same command again to resume", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"interrupted: finished runs are kept in {out}/runs; run the same command again to resume", file=sys.stderr)
+            return 130
+        report = make_report(out)
+        failed = int((summary.status != "ok").sum()) if len(summary) else 0
+        print(f"{abl.name}: {len(summary) - failed} runs ok, {failed} failed; report: {report}")
     return 0
 
 

@@ -60,6 +60,8 @@ class RunConfig:
     """KL estimator (axis `kl`); only used when kl_coef > 0."""
     kl_coef: float = 0.0
     """beta: weight of the KL term; 0 turns KL and the reference policy off."""
+    kl_track: bool = False
+    """Compute the reference's log-probs even with kl_coef 0, to log how far the policy drifted from it (kl/seq); one more no-grad forward per rollout."""
     kl_placement: str = "loss"
     """`loss`: beta*KL added per token before aggregation; `reward`: beta * summed KL subtracted from each response's reward before deltas."""
     kl_ctrl: Part = "fixed"
@@ -300,9 +302,14 @@ class Ablation:
     seeds: list[int]
     resources: dict = field(default_factory=lambda: dict(RESOURCES))
     """What one run asks of a Ray node ({cpus, gpus}); not part of the run config or its hash."""
+    claim: dict | None = None
+    """A published claim the ablation tests (text, source, setting, expect: ["a > b", ...])."""
+    setting: str | None = None
+    """Which of the file's `settings` this is (the same variants on another task), or None."""
 
 
-ABLATION_KEYS = ("name", "description", "base", "grid", "variants", "seeds", "resources")
+ABLATION_KEYS = ("name", "description", "claim", "settings", "base", "grid", "variants", "seeds", "resources")
+CLAIM_KEYS = ("text", "source", "setting", "expect", "metric", "untestable")
 RESOURCES = {"cpus": 1, "gpus": 0}
 
 
@@ -337,7 +344,35 @@ def _load_yaml(path: Path) -> Any:
         raise ConfigError(str(path), where, f"invalid YAML: {getattr(e, 'problem', e)}") from None
 
 
-def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | None = None) -> Ablation:
+def ablation_settings(path: str | Path) -> list[str]:
+    """The names of a file's `settings` (the same variants on other tasks), [] if it has none."""
+    doc = _load_yaml(Path(path))
+    settings = doc.get("settings") if isinstance(doc, dict) else None
+    if settings is None:
+        return []
+    if not isinstance(settings, dict) or not settings or not all(isinstance(v, dict) for v in settings.values()):
+        raise ConfigError(str(path), "settings", "expected a mapping name -> {run config keys, seeds}")
+    return list(settings)
+
+
+def _claim(value: Any, src: str) -> dict | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(k in value for k in ("text", "source", "expect")):
+        raise ConfigError(src, "claim", "expected a mapping with text, source and expect (a list of 'a > b')")
+    for key in value:
+        if key not in CLAIM_KEYS:
+            raise ConfigError(src, f"claim.{key}", "unknown key; valid: " + ", ".join(CLAIM_KEYS))
+    expect = value["expect"]
+    if not isinstance(expect, list) or not all(isinstance(e, str) and (e.count(">") + e.count("=")) == 1
+                                               for e in expect):
+        raise ConfigError(src, "claim.expect", f"expected a list of 'variant > variant' or 'variant = variant', "
+                          f"got {expect!r}")
+    return value
+
+
+def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | None = None,
+                  setting: str | None = None) -> Ablation:
     path = Path(path)
     src = str(path)
     doc = _load_yaml(path)
@@ -349,6 +384,17 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
     base = doc.get("base") or {}
     if not isinstance(base, dict):
         raise ConfigError(src, "base", "expected a mapping of run config keys")
+    claim = _claim(doc.get("claim"), src)
+    names = ablation_settings(path)
+    file_seeds = doc.get("seeds", 3)
+    if names or setting is not None:
+        if setting not in names:
+            raise ConfigError(src if setting is None else "--setting", "settings",
+                              f"unknown setting {setting!r}; valid: {', '.join(names) or 'none'}")
+        chosen = copy.deepcopy(doc["settings"][setting])
+        file_seeds = chosen.pop("seeds", file_seeds)
+        for key, value in chosen.items():  # a setting is base keys on top of base
+            set_dotted(base, key, value, f"{src}: settings.{setting}")
     overrides = parse_set(sets or [])
     resources = _resources(doc.get("resources"), [(k[len("resources."):], v) for k, v in overrides
                                                          if k.startswith("resources.")], src)
@@ -392,7 +438,7 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
             resolve_run(run, src)
             variants.append((",".join(label_parts), values, run))
 
-    seeds_val = doc.get("seeds", 3) if seeds is None else seeds
+    seeds_val = file_seeds if seeds is None else seeds
     if isinstance(seeds_val, int) and not isinstance(seeds_val, bool) and seeds_val >= 1:
         seed_list = list(range(seeds_val))
     elif isinstance(seeds_val, list) and seeds_val and all(isinstance(s, int) for s in seeds_val):
@@ -402,7 +448,14 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
     name = doc.get("name") or path.stem
     if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum():
         raise ConfigError(src, "name", f"expected a plain name (letters, digits, _ -), got {name!r}")
-    return Ablation(name, src, str(doc.get("description", "")).strip(), axes, variants, seed_list, resources)
+    if claim is not None:
+        labels = [label for label, _, _ in variants]
+        for e in claim["expect"]:
+            for side in e.replace("=", ">").split(">"):
+                if side.strip() not in labels:
+                    raise ConfigError(src, "claim.expect", f"{side.strip()!r} is no variant; valid: {', '.join(labels)}")
+    return Ablation(name if setting is None else f"{name}_{setting}", src, str(doc.get("description", "")).strip(),
+                    axes, variants, seed_list, resources, claim, setting)
 
 
 def _fmt(v: Any) -> str:

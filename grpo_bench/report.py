@@ -55,7 +55,7 @@ MAIN_METRICS = [
     ("reward/mean", ["reward/mean", "eval/reward"]),  # the sorting toy: rollout reward and its held-out twin
 ]
 DIAGNOSTICS = ["clip/*", "kl/*", "entropy", "ratio/*", "grad/norm", "reward/zero_std_frac", "filter/*",
-               "delta/abs_mean"]
+               "delta/abs_mean", "response/*"]
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ METRIC_RANGES = [
     ("reward/solved", Range(0, 1)), ("response/finished", Range(0, 1)),
     ("ratio/*", Range(0, INF, True)), ("grad/norm", Range(0, INF, True)), ("kl/old", Range(0, INF, True)),
     ("time/*", Range(0, INF, True)),
-    ("entropy", Range(0)), ("*/std", Range(0)), ("*abs*", Range(0)), ("response/length", Range(0)),
+    ("entropy", Range(0)), ("*/std", Range(0)), ("*abs*", Range(0)), ("response/length*", Range(0)),
 ]
 
 

@@ -194,7 +194,7 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
         specs = plan(abl)
         meta = {"name": abl.name, "source": abl.source, "description": abl.description, "axes": abl.axes,
                 "variants": [label for label, _, _ in abl.variants], "seeds": abl.seeds,
-                "runs": [s.run_id for s in specs]}
+                "runs": [s.run_id for s in specs], "claim": abl.claim, "setting": abl.setting}
         _atomic_write(out / "ablation.json", json.dumps(meta, indent=1))
         todo = [s for s in specs if not finished(out / "runs" / s.run_id)]
         skipped = len(specs) - len(todo)
@@ -216,14 +216,28 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
                                           log=lambda msg: bar.write(msg, file=sys.stderr))
             else:
                 results = local_results(todo, workers, threads)
+            started = time.perf_counter()
             with contextlib.closing(results):
                 for spec, result in results:
                     write_run(out, spec, result)
                     bar.set_description(f"{abl.name} [{where()}]", refresh=False)  # a cluster grows and shrinks
                     _report(bar, result[2])
+            if todo:  # how long this sweep took, where: FINDINGS.md quotes it
+                _atomic_write(out / "sweep.json", json.dumps({
+                    "wall_s": round(time.perf_counter() - started, 1), "runs": len(todo), "skipped": skipped,
+                    "where": where(), "threads": threads, "cpus": os.cpu_count(), "cpu": cpu_name(),
+                    "load_avg_end": round(os.getloadavg()[0], 2), "command": " ".join(sys.argv[1:])}, indent=1))
         return collect(out)
     finally:
         lock.close()
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown CPU"
 
 
 def _report(bar, summary: dict) -> None:

@@ -254,6 +254,13 @@ class Arithmetic:
         b, t = len(batch), tokens.shape[1]
         metrics = {f"reward/{name}": sum(v) / len(v) for name, v in parts.items()}
         metrics["response/finished"] = finished.float().mean().item()
+        # Dr. GRPO's length bias shows as wrong answers growing longer: lengths split by exact correctness
+        right = torch.tensor(self._rewards_mod.correct([], texts, answer=[p.answer for p in batch for _ in range(group_size)]),
+                             dtype=torch.bool)
+        lengths = mask.sum(-1).cpu()
+        for name, sel in (("response/length_correct", right), ("response/length_incorrect", ~right)):
+            if sel.any():
+                metrics[name] = lengths[sel].float().mean().item()
         return Rollout(
             prompts=batch,
             responses=tokens.view(b, group_size, t),
