@@ -52,9 +52,9 @@ def perturb(task, seed=0, scale=0.3):
                 p.add_(scale * torch.randn(p.shape, generator=g))
 
 
-def pair(task: dict):
+def pair(task: dict, backend: str = "chunked"):
     """(materialised, fused) tasks over the same weights and adapter, and a rollout of the first."""
-    ref, fused = make(task, "torch"), make(task, "chunked")
+    ref, fused = make(task, "torch"), make(task, backend)
     assert not ref._fused and fused._fused
     for t in (ref, fused):
         perturb(t)
@@ -121,6 +121,17 @@ def test_fused_equals_materialised(case, wide):
         t.mix_reference(1.0)
         perturb(t, seed=1)
     assert_same(ref, fused, ro, reference=True)
+
+
+def test_triton_backend_through_the_task():
+    # the Triton row ops (in the interpreter off-GPU) behind the same task path, tempered
+    pytest.importorskip("triton")
+    from grpo_bench.kernels import triton_usable
+
+    if not triton_usable(torch.zeros(1)):
+        pytest.skip("CPU tensors run Triton only under TRITON_INTERPRET=1")
+    ref, fused, ro = pair({"sampling": {"temperature": 0.7}}, backend="triton")
+    assert_same(ref, fused, ro)
 
 
 def head_calls(task, ro):

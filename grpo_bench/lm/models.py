@@ -7,6 +7,10 @@ The reference policy never costs a second copy of the base weights: with refresh
 period 0 it is the base model with the adapter switched off (LoRA's B starts at
 zero, so that is also the initial policy); with a period it is a snapshot of the
 adapter held as a second peft adapter that the reference pass switches to.
+
+For the fused log-prob path, `last_hidden` runs the transformer body without its head and
+`head_inputs` gives the head's weight (with its LoRA, if any) for those hidden states, so
+the task never asks the model for its (N, T, V) logits.
 """
 from __future__ import annotations
 
