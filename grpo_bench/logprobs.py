@@ -74,15 +74,22 @@ def token_logprobs(logits: Tensor, labels: Tensor, backend: str = "auto",
 
 
 def linear_logprobs(hidden: Tensor, weight: Tensor, labels: Tensor, backend: str = "auto",
-                    with_entropy: bool = False, bias: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                    with_entropy: bool = False, bias: Tensor | None = None,
+                    temperature: float = 1.0) -> tuple[Tensor, Tensor | None]:
     """log-probs of labels under the LM head: hidden (..., H), weight (V, H), bias (V) -> (...).
 
-    torch materialises hidden @ W^T; chunked and triton never hold more than a chunk of it.
+    The distribution is softmax(fp32(hidden @ W^T + bias) / temperature), the sampler's: the
+    division happens in fp32 after the GEMM, never on bf16 hidden states. torch materialises
+    hidden @ W^T; chunked and triton never hold more than a chunk of it.
     """
     b = resolve_backend(backend, hidden, weight)
     if b == "torch":
-        return _torch_logprobs(F.linear(hidden, weight, bias), labels, with_entropy)
-    return fused_linear_logprobs(hidden, weight, labels, with_entropy, bias, use_triton=b == "triton")
+        logits = F.linear(hidden, weight, bias)
+        if temperature != 1.0:
+            logits = logits.float() / temperature
+        return _torch_logprobs(logits, labels, with_entropy)
+    return fused_linear_logprobs(hidden, weight, labels, with_entropy, bias, use_triton=b == "triton",
+                                 temperature=temperature)
 
 
 def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: Tensor, mask: Tensor, *,

@@ -11,3 +11,25 @@ def cli(*args, cwd=None, timeout=300, **popen):
     env = dict(os.environ, PYTHONPATH=str(ROOT), TQDM_DISABLE="1")
     return subprocess.run([sys.executable, "-m", "grpo_bench", *map(str, args)], cwd=cwd or ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout, **popen)
+
+
+def cpu_allocations(fn) -> list[tuple[int, int]]:
+    """(bytes, allocator's running total) of every CPU allocation and free (bytes < 0) that fn()
+    makes, in time order, from torch.profiler's allocator hook: every tensor and ATen temporary,
+    not the Python heap. fn's result is dropped inside the window, so its frees are seen too."""
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+        del out
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    mem = sorted((e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0),
+                 key=lambda e: e["ts"])
+    return [(e["args"]["Bytes"], e["args"]["Total Allocated"]) for e in mem]

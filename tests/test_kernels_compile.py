@@ -35,14 +35,14 @@ SCRIPT = textwrap.dedent("""
             elif p.name.endswith("_ptr"):
                 sig[p.name] = TYPES.get(p.name, "*fp32")
             else:  # strides are int64 so that row * stride never wraps
-                sig[p.name] = "fp32" if p.name == "coef" else "i64" if p.name[0] == "s" else "i32"
+                sig[p.name] = "fp32" if p.name in ("coef", "temp") else "i64" if p.name[0] == "s" else "i32"
         return sig
 
     target = GPUTarget("cuda", 90, 32)
     jobs = []
-    for ent in (False, True):
+    for ent, tempered in ((False, False), (True, False), (True, True)):
         for fn in (K._logprob_fwd, K._logprob_bwd):
-            jobs.append((fn, dict(BLOCK_V=4096, WITH_ENTROPY=ent), 16))
+            jobs.append((fn, dict(BLOCK_V=4096, WITH_ENTROPY=ent, TEMPERED=tempered), 16))
     for code, _ in S.LOSSES.values():
         for kl, gated in ((0, False), (3, True), (7, False)):
             c = dict(LOSS=code, KL=kl, GATED=gated, LO=0.8, HI=1.28, C=3.0, TP=1.0, TN=1.05, BLOCK_T=1024)

@@ -68,10 +68,19 @@ def _work(buf: Tensor, like: Tensor) -> Tensor:
     return buf.view(-1)[: like.numel()].view(like.shape)
 
 
-def rows_forward(x: Tensor, labels: Tensor, with_entropy: bool,
-                 buf: Tensor, buf2: Tensor | None) -> tuple[Tensor, Tensor | None]:
-    """x (..., V) any float dtype -> fp32 log p(label) (...) and entropy (...) or None."""
-    xf = x if x.dtype == torch.float32 else _work(buf2, x).copy_(x)
+def _tempered(x: Tensor, temperature: float, buf2: Tensor | None) -> Tensor:
+    """x in fp32 divided by the temperature, as the sampler computes it: fp32(x) / T, never x / T
+    in x's own dtype (bf16 logits / T round to other log-probs)."""
+    if x.dtype == torch.float32 and temperature == 1.0:
+        return x
+    xf = _work(buf2, x).copy_(x)
+    return xf if temperature == 1.0 else xf.div_(temperature)
+
+
+def rows_forward(x: Tensor, labels: Tensor, with_entropy: bool, buf: Tensor, buf2: Tensor | None,
+                 temperature: float = 1.0) -> tuple[Tensor, Tensor | None]:
+    """x (..., V) any float dtype -> fp32 log p(label) (...) and entropy (...) or None, of x / T."""
+    xf = _tempered(x, temperature, buf2)
     lsm = torch.log_softmax(xf, -1, out=_work(buf, x))
     logp = lsm.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     ent = None
@@ -83,9 +92,9 @@ def rows_forward(x: Tensor, labels: Tensor, with_entropy: bool,
 
 
 def rows_backward(x: Tensor, labels: Tensor, g: Tensor, ge: Tensor | None, ent: Tensor | None,
-                  out: Tensor, buf: Tensor, buf2: Tensor | None) -> None:
-    """Write d(sum g*logp + ge*H)/dx into out (x's shape); out may alias x."""
-    xf = x if x.dtype == torch.float32 else _work(buf2, x).copy_(x)
+                  out: Tensor, buf: Tensor, buf2: Tensor | None, temperature: float = 1.0) -> None:
+    """Write d(sum g*logp + ge*H)/dx into out (x's shape), logp and H being those of x / T; out may alias x."""
+    xf = _tempered(x, temperature, buf2)
     g = g.unsqueeze(-1)
     if ge is None:
         # an fp32 output that is not the input itself takes the softmax directly: no copy
@@ -99,13 +108,16 @@ def rows_backward(x: Tensor, labels: Tensor, g: Tensor, ge: Tensor | None, ent: 
         coef = lsm.add_(ent.unsqueeze(-1)).mul_(ge.unsqueeze(-1)).add_(g)
         p.mul_(coef).neg_()
     p.scatter_add_(-1, labels.unsqueeze(-1), g)
+    if temperature != 1.0:
+        p.div_(temperature)  # d(x / T)/dx, in fp32 before any cast, as autograd through the division
     if p is not out:
         out.copy_(p)
 
 
-def work_buffers(rows: int, v: int, dtype: torch.dtype, device, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+def work_buffers(rows: int, v: int, dtype: torch.dtype, device, with_entropy: bool,
+                 temperature: float = 1.0) -> tuple[Tensor, Tensor | None]:
     buf = torch.empty(rows * v, dtype=torch.float32, device=device)
-    need2 = with_entropy or dtype != torch.float32
+    need2 = with_entropy or dtype != torch.float32 or temperature != 1.0
     return buf, (torch.empty(rows * v, dtype=torch.float32, device=device) if need2 else None)
 
 

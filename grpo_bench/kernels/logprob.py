@@ -37,9 +37,17 @@ FLOOR: tl.constexpr = tl.constexpr(-1e30)
 
 
 @triton.jit
+def _load_row(ptrs, mask, temp, TEMPERED: tl.constexpr):
+    x = tl.load(ptrs, mask=mask, other=float("-inf")).to(tl.float32)
+    if TEMPERED:  # fp32(x) / T correctly rounded, as the sampler's division (`/` may be approximate)
+        x = tl.math.div_rn(x, temp)
+    return x
+
+
+@triton.jit
 def _logprob_fwd(x_ptr, lab_ptr, logp_ptr, lse_ptr, ent_ptr,
-                 n_rows, L, sxb, sxl, slb, sll, V,
-                 BLOCK_V: tl.constexpr, WITH_ENTROPY: tl.constexpr):
+                 n_rows, L, sxb, sxl, slb, sll, V, temp,
+                 BLOCK_V: tl.constexpr, WITH_ENTROPY: tl.constexpr, TEMPERED: tl.constexpr):
     cols = tl.arange(0, BLOCK_V)
     for r in tl.range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
         base = x_ptr + (r // L) * sxb + (r % L) * sxl
@@ -48,8 +56,7 @@ def _logprob_fwd(x_ptr, lab_ptr, logp_ptr, lse_ptr, ent_ptr,
         t = tl.zeros([BLOCK_V], tl.float32)
         for start in range(0, V, BLOCK_V):
             idx = start + cols
-            x = tl.load(base + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
-            x = tl.maximum(x, FLOOR)
+            x = tl.maximum(_load_row(base + idx, idx < V, temp, TEMPERED), FLOOR)
             # One exp per element: either the max moves up to x (old terms scale by
             # exp(m - x), the new one is 1) or it stays (the new term is exp(x - m)).
             delta = x - m
@@ -65,7 +72,7 @@ def _logprob_fwd(x_ptr, lab_ptr, logp_ptr, lse_ptr, ent_ptr,
         log_s = tl.log(ssum)
         label = tl.load(lab_ptr + (r // L) * slb + (r % L) * sll).to(tl.int64)
         # an out-of-range label reads nothing and gives -inf, not another row's memory
-        x_lab = tl.load(base + label, mask=(label >= 0) & (label < V), other=float("-inf")).to(tl.float32)
+        x_lab = _load_row(base + label, (label >= 0) & (label < V), temp, TEMPERED)
         # (x - max) - log s, never x - (max + log s): with logits ~1e4 the latter rounds to 1e-3
         tl.store(logp_ptr + r, (x_lab - mx) - log_s)
         tl.store(lse_ptr + r, mx)
@@ -77,8 +84,8 @@ def _logprob_fwd(x_ptr, lab_ptr, logp_ptr, lse_ptr, ent_ptr,
 
 @triton.jit
 def _logprob_bwd(x_ptr, lab_ptr, lse_ptr, ent_ptr, g_ptr, ge_ptr, dx_ptr,
-                 n_rows, L, sxb, sxl, slb, sll, sdb, sdl, sg, sge, V,
-                 BLOCK_V: tl.constexpr, WITH_ENTROPY: tl.constexpr):
+                 n_rows, L, sxb, sxl, slb, sll, sdb, sdl, sg, sge, V, temp,
+                 BLOCK_V: tl.constexpr, WITH_ENTROPY: tl.constexpr, TEMPERED: tl.constexpr):
     cols = tl.arange(0, BLOCK_V)
     for r in tl.range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
         b = r // L
@@ -95,13 +102,15 @@ def _logprob_bwd(x_ptr, lab_ptr, lse_ptr, ent_ptr, g_ptr, ge_ptr, dx_ptr,
         for start in range(0, V, BLOCK_V):
             idx = start + cols
             inb = idx < V
-            x = tl.maximum(tl.load(base + idx, mask=inb, other=float("-inf")).to(tl.float32), FLOOR)
+            x = tl.maximum(_load_row(base + idx, inb, temp, TEMPERED), FLOOR)
             logp = (x - mx) - log_s
             p = tl.exp(logp)
             coef = g
             if WITH_ENTROPY:
                 coef = g + ge * (logp + h)  # dH/dx = -p (log p + H)
             dx = tl.where(idx == label, g, 0.0) - p * coef
+            if TEMPERED:  # d(x / T)/dx, in fp32 before the store's cast
+                dx = tl.math.div_rn(dx, temp)
             tl.store(dbase + idx, dx.to(dx_ptr.dtype.element_ty), mask=inb)
 
 
@@ -115,8 +124,10 @@ def _launch_cfg(n_rows: int, v: int) -> dict:
                 num_warps=16 if block >= 4096 else 8 if block >= 1024 else 4)
 
 
-def logprob_fwd(x: Tensor, labels: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-    """x (B, L, V) with unit stride on V, labels (B, L) -> logp (B, L), lse (2, B, L), entropy (B, L)|None.
+def logprob_fwd(x: Tensor, labels: Tensor, with_entropy: bool,
+                temperature: float = 1.0) -> tuple[Tensor, Tensor, Tensor | None]:
+    """x (B, L, V) with unit stride on V, labels (B, L) -> logp (B, L), lse (2, B, L), entropy (B, L)|None
+    of the tempered logits fp32(x) / T.
 
     lse holds each row's max and log-sum-exp relative to it; all fp32.
     """
@@ -128,14 +139,14 @@ def logprob_fwd(x: Tensor, labels: Tensor, with_entropy: bool) -> tuple[Tensor, 
     if n:
         cfg = _launch_cfg(n, v)
         _logprob_fwd[cfg.pop("grid")](x, labels, logp, lse, ent, n, l, x.stride(0), x.stride(1),
-                                      labels.stride(0), labels.stride(1), v,
-                                      WITH_ENTROPY=with_entropy, **cfg)
+                                      labels.stride(0), labels.stride(1), v, float(temperature),
+                                      WITH_ENTROPY=with_entropy, TEMPERED=temperature != 1.0, **cfg)
     return logp, lse, ent if with_entropy else None
 
 
 def logprob_bwd(x: Tensor, labels: Tensor, lse: Tensor, ent: Tensor | None, g: Tensor,
-                ge: Tensor | None, out: Tensor) -> Tensor:
-    """Write d(sum g*logp + ge*H)/dx into out (B, L, V); out may be x itself."""
+                ge: Tensor | None, out: Tensor, temperature: float = 1.0) -> Tensor:
+    """Write d(sum g*logp + ge*H)/dx into out (B, L, V), logp and H those of x / T; out may be x itself."""
     b, l, v = x.shape
     n = b * l
     # g and ge keep their stride (autograd often hands in an expanded, zero-stride grad);
@@ -150,7 +161,8 @@ def logprob_bwd(x: Tensor, labels: Tensor, lse: Tensor, ent: Tensor | None, g: T
         _logprob_bwd[cfg.pop("grid")](x, labels, lse, ent, g, ge, out,
                                       n, l, x.stride(0), x.stride(1), labels.stride(0), labels.stride(1),
                                       out.stride(0), out.stride(1), g.stride(0), ge.stride(0), v,
-                                      WITH_ENTROPY=with_entropy, **cfg)
+                                      float(temperature), WITH_ENTROPY=with_entropy,
+                                      TEMPERED=temperature != 1.0, **cfg)
     return out
 
 

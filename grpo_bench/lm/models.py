@@ -7,6 +7,10 @@ The reference policy never costs a second copy of the base weights: with refresh
 period 0 it is the base model with the adapter switched off (LoRA's B starts at
 zero, so that is also the initial policy); with a period it is a snapshot of the
 adapter held as a second peft adapter that the reference pass switches to.
+
+For the fused log-prob path, `last_hidden` runs the transformer body without its head and
+`head_inputs` gives the head's weight (with its LoRA, if any) for those hidden states, so
+the task never asks the model for its (N, T, V) logits.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 POLICY, SNAPSHOT = "default", "reference"
@@ -55,6 +60,23 @@ def build_tiny(tokenizer, n_layer: int, n_embd: int, n_head: int, seed: int, n_p
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return GPT2LMHeadModel(config)
+
+
+def build_qwen2(tokenizer, n_layer: int, width: int, n_head: int, seed: int, vocab: int | None = None,
+                n_positions: int = 128) -> nn.Module:
+    """A Qwen2-shaped causal LM from config, random weights: untied LM head, grouped KV heads
+    (n_head / 2), SwiGLU MLP of 2 x width. `vocab` may exceed the tokenizer (Qwen2.5's is
+    151,936): the wide-vocabulary model of the memory benchmark."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab or len(tokenizer), hidden_size=width, intermediate_size=2 * width,
+        num_hidden_layers=n_layer, num_attention_heads=n_head, num_key_value_heads=max(1, n_head // 2),
+        max_position_embeddings=n_positions, tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return Qwen2ForCausalLM(config)
 
 
 def starting_model(cfg, device: torch.device, dtype: torch.dtype | None = None):
@@ -148,6 +170,65 @@ def encode(tokenizer, texts: list[str], chat: bool, device: torch.device) -> tup
 def positions(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids that start at 0 on the first real token, as generate() computes them for left padding."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+# Architectures whose logits are exactly lm_head(final hidden state), with no logit scale or
+# soft-capping after the head: their log-probs can come from the hidden states and the head's
+# weight without the (N, V) logits. Others (Gemma 2's soft-capping, Cohere's logit scale) keep
+# the materialised path.
+PLAIN_HEADS = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gpt_neox")
+
+
+def _hf_model(model: nn.Module) -> nn.Module:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def plain_head(model: nn.Module) -> bool:
+    """Whether the fused LM-head path gives this model's log-probs exactly (see PLAIN_HEADS)."""
+    hf = _hf_model(model)
+    return hf.config.model_type in PLAIN_HEADS and isinstance(_base_head(hf), nn.Linear)
+
+
+def _base_head(hf: nn.Module) -> nn.Module:
+    head = hf.get_output_embeddings()
+    return head.get_base_layer() if hasattr(head, "get_base_layer") else head
+
+
+def last_hidden(model: nn.Module, **inputs) -> torch.Tensor:
+    """The final hidden states (B, L, H) that the LM head reads, through the adapter that is active.
+
+    Runs the transformer body alone (`base_model`: GPT-2's `transformer`, Qwen2's `model`),
+    as the causal-LM forward does before its head; peft's LoRA layers sit inside the body,
+    so switching or disabling adapters acts here as in a full forward.
+    """
+    return _hf_model(model).base_model(**inputs).last_hidden_state
+
+
+def head_inputs(model: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(hidden', weight (V, H'), bias (V) | None) with hidden' @ weight^T + bias = lm_head(hidden).
+
+    A plain head gives (hidden, W, b), W the tied input embedding for GPT-2. A head with an
+    active LoRA adapter computes W x + s * B A drop(x); that is the GEMM of the concatenations
+    [x, s * A drop(x)] and [W, B], exact with dropout too, and the gradients reach A through
+    hidden' and B through the weight. It costs one copy of W, and a dW for the whole of it.
+    """
+    head = _hf_model(model).get_output_embeddings()
+    base = _base_head(_hf_model(model))
+    if head is base or head.disable_adapters or head.merged:
+        return hidden, base.weight, base.bias
+    xs, ws = [hidden], [base.weight]
+    for name in head.active_adapters:
+        if name not in head.lora_A:
+            continue
+        if name in getattr(head, "lora_variant", {}) or head.lora_B[name].bias is not None:
+            raise ValueError("lora: DoRA or LoRA biases on the LM head are not supported by the fused "
+                             "log-prob path; use backend: torch")
+        a = head.lora_A[name].weight                       # (r, H)
+        xs.append(F.linear(head.lora_dropout[name](hidden.to(a.dtype)), a) * head.scaling[name])  # (..., r)
+        ws.append(head.lora_B[name].weight)               # (V, r)
+    if len(ws) == 1:
+        return hidden, base.weight, base.bias
+    return torch.cat(xs, -1), torch.cat(ws, 1), base.bias
 
 
 def lora_factors(model: nn.Module, adapter: str) -> list[tuple[torch.Tensor, torch.Tensor]]:

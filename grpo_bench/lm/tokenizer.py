@@ -16,13 +16,18 @@ SPECIALS = (PAD, BOS, EOS, UNK)
 CHARS = "0123456789+-*/=() .,:?" + "abcdefghijklmnopqrstuvwxyz"
 
 
-def build_char_tokenizer(chars: str = CHARS):
+def build_char_tokenizer(chars: str = CHARS, size: int | None = None):
+    """The character tokenizer; `size` pads its vocabulary with unused tokens `<u123>` up to a
+    model's vocabulary (e.g. Qwen2.5's 151,936), so that every id such a model can sample
+    decodes to something (an id the vocabulary lacks would decode to nothing at all)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
     for ch in chars:
         vocab.setdefault(ch, len(vocab))
+    for i in range(len(vocab), size or 0):
+        vocab[f"<u{i}>"] = i  # never produced by the one-character pre-tokenizer
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()  # concatenate, no spaces between characters

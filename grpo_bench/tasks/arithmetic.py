@@ -7,7 +7,10 @@ samples G completions each with `generate` (KV cache, left padding), masks each
 completion after its first EOS and scores it with weighted rule rewards.
 Log-probs are those of the sampler: logits divided by the temperature, as TRL
 does, so a temperature other than 1 does not make the "on-policy" data
-off-policy. Held-out greedy accuracy and pass@k go to `eval/`.
+off-policy. They never hold the (N, T, V) logits: the final hidden states and
+the LM head's weight go through the fused, row-chunked head + log-prob kernel
+(backend torch keeps the materialised logits, as the reference). Held-out
+greedy accuracy and pass@k go to `eval/`.
 
 This module is imported whenever tasks are listed, so its top level is the
 config and the class; transformers and peft load only when a task is built.
@@ -17,6 +20,7 @@ config and the class; transformers and peft load only when a task is built.
 from __future__ import annotations
 
 import random
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -195,6 +199,13 @@ class Arithmetic:
             self.policy = models.attach_lora(base, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
         self.policy.eval()
         self.reference = models.Reference(self.policy)
+        # backend torch keeps the materialised logits as the reference path; the others take
+        # log-probs from the final hidden states and the head's weight (logprobs.linear_logprobs)
+        self._fused = run_config.backend != "torch" and models.plain_head(self.policy)
+        if run_config.backend != "torch" and not self._fused:
+            warnings.warn(f"model type {base.config.model_type!r} is not one whose logits are known to be "
+                          f"lm_head(final hidden state) ({', '.join(models.PLAIN_HEADS)}): its log-probs "
+                          "go through the materialised (N, T, V) logits", stacklevel=2)
         self.template = problems.resolve_template(cfg.template, self.tokenizer)
         self.heldout = problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed)
         self._exclude = problems.exclusion(self.heldout)
@@ -275,19 +286,28 @@ class Arithmetic:
     # ------------------------------------------------------------------ log-probs
 
     def _forward(self, ids: Tensor, attn: Tensor, responses: Tensor, mask: Tensor, with_entropy: bool):
-        from ..logprobs import token_logprobs
+        """fp32 log p and entropy (N, T) of responses (N, T) after prompts (N, P), under the sampler's
+        tempered distribution softmax(fp32(logits) / T)."""
+        from ..logprobs import linear_logprobs, token_logprobs
 
         t = responses.shape[1]
-        full = torch.cat([ids, responses], 1)
+        tau = self.cfg.sampling.temperature
+        full = torch.cat([ids, responses], 1)                            # (N, P+T)
         full_mask = torch.cat([attn, mask.to(attn.dtype)], 1)
-        # Position P-1 predicts the first response token; keep only the T logits that
-        # predict response tokens rather than a (N, P+T, V) tensor.
-        out = self.policy(input_ids=full, attention_mask=full_mask, position_ids=self._models.positions(full_mask),
-                          logits_to_keep=t + 1, use_cache=False)
-        logits = out.logits[:, :t]
-        if self.cfg.sampling.temperature != 1.0:
+        inputs = dict(input_ids=full, attention_mask=full_mask, position_ids=self._models.positions(full_mask),
+                      use_cache=False)
+        if self._fused:
+            # Position P-1 predicts the first response token. The head's GEMM, the softmax and
+            # their backward run in row chunks: no (N, T, V) logits, nor their gradient.
+            hidden = self._models.last_hidden(self.policy, **inputs)[:, -t - 1:-1]  # (N, T, H)
+            hidden, weight, bias = self._models.head_inputs(self.policy, hidden)
+            return linear_logprobs(hidden, weight, responses, backend=self.run_cfg.backend,
+                                   with_entropy=with_entropy, bias=bias, temperature=tau)
+        # the materialised reference: the model's own logits, the T that predict response tokens
+        logits = self.policy(**inputs, logits_to_keep=t + 1).logits[:, :t]   # (N, T, V)
+        if tau != 1.0:
             # in fp32, as the sampler divides: bf16 logits / T would round to other log-probs
-            logits = logits.float() / self.cfg.sampling.temperature
+            logits = logits.float() / tau
         return token_logprobs(logits, responses, backend=self.run_cfg.backend, with_entropy=with_entropy)
 
     def logprobs(self, rollout: Rollout, reference: bool = False) -> tuple[Tensor, Tensor | None]:
