@@ -62,7 +62,7 @@ def _filters(cfg: RunConfig, stage: str) -> list[tuple[str, callable]]:
             if registry.entry("filter", f["name"]).traits.get("stage") == stage]
 
 
-def _removed(before: Batch, after: Batch) -> dict[str, float]:
+def filter_effect(before: Batch, after: Batch) -> dict[str, float]:
     """What one filter did, as a share of the tokens (or groups) it was given, or a reward shift."""
     out = {}
     on = before.mask > 0
@@ -100,7 +100,7 @@ def sample(task, epoch: int, cfg: RunConfig, gen: torch.Generator, filters) -> t
         for name, f in filters:
             before, batch = batch, f(batch)
             if draws == 1:
-                metrics.update({f"filter/{name}/{k}": v for k, v in _removed(before, batch).items()})
+                metrics.update({f"filter/{name}/{k}": v for k, v in filter_effect(before, batch).items()})
         ro = ro.replace(rewards=batch.rewards, mask=batch.mask)
         if batch.keep is None:
             break
@@ -225,7 +225,7 @@ def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
                               entropy=None if entropy is None else entropy.detach())
                 for name, f in step_filters:
                     before, batch = batch, f(batch)
-                    filter_metrics |= {f"filter/{name}/{key}": v for key, v in _removed(before, batch).items()}
+                    filter_metrics |= {f"filter/{name}/{key}": v for key, v in filter_effect(before, batch).items()}
                 gate = batch.gate
             loss, stats = grpo_loss(logp, old_logp, ref_logp if kl_in_loss else None, deltas, mask,
                                     loss=cfg.loss, aggregate=cfg.aggregate, kl=cfg.kl if kl_in_loss else None,

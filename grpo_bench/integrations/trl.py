@@ -48,7 +48,7 @@ from .. import registry
 from ..algos import Batch, masked_mean, masked_sum
 from ..config import PART_KEYS, ConfigError, RunConfig, build_dataclass, load_ablation, resolve_part, validate
 from ..logprobs import grpo_loss
-from ..trainer import _removed
+from ..trainer import filter_effect
 
 SUPPORTED_TRL = ">=1.16.0,<1.17"
 _TRL_RANGE = (Version("1.16.0"), Version("1.17"))
@@ -282,7 +282,7 @@ class GRPOBenchTrainer(GRPOTrainer):
             before, batch = batch, f(batch)
             if batch.keep is not None:  # refused at construction; a part changed since
                 raise RuntimeError(f"filter {name!r} drops groups, which GRPOBenchTrainer cannot replace")
-            metrics |= {f"filter/{name}/{k}": v for k, v in _removed(before, batch).items()}
+            metrics |= {f"filter/{name}/{k}": v for k, v in filter_effect(before, batch).items()}
         mask = batch.mask.reshape(n, -1)                                      # (N, T_max)
         mask_local = mask[rows, :t]
         rewards = batch.rewards                                               # (B, G)
@@ -380,7 +380,7 @@ class GRPOBenchTrainer(GRPOTrainer):
                       col(self._finished(inputs)), self.max_completion_length, entropy=col(entropy.detach()))
         for name, f in self._filters["step"]:
             before, batch = batch, f(batch)
-            for k, val in _removed(before, batch).items():
+            for k, val in filter_effect(before, batch).items():
                 self._metrics[mode][f"filter/{name}/{k}"].append(val)
         return None if batch.gate is None else batch.gate[:, 0][self._rows(b), :t]
 
