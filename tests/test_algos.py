@@ -636,3 +636,120 @@ def test_the_readme_example_part_works():
             resolve_run({"task": "sort", "loss": {"name": "my_clip", "clip": 1.5}})
     finally:
         registry._REGISTRY["loss"].pop("my_clip", None)
+
+
+# ------------------------------------------------------------------ contracts
+
+
+def test_masked_helpers():
+    from grpo_bench.algos import masked_mean, masked_sum
+    x = T([[[1.0, 2.0, float("inf")], [4.0, 5.0, 6.0]]])
+    m = T([[[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]])
+    assert masked_sum(x, m).item() == 3.0 and masked_mean(x, m).item() == 1.5   # inf under the mask: not read
+    assert masked_mean(x, m, dim=-1).tolist() == [[1.5, 0.0]]                   # no token: 0, not nan
+    assert masked_mean(x, m, dim=-1, keepdim=True).shape == (1, 2, 1)
+    assert masked_sum(x, m, dim=-1).shape == (1, 2) and masked_sum(x, m, dim=-1, keepdim=True).shape == (1, 2, 1)
+
+
+def test_one_token_aggregates_to_itself():
+    x, m = T([[[2.5, 9.0]]]), T([[[1.0, 0.0]]])
+    for name in ["token_mean", "token_sum", "seq_mean_token_mean", "seq_mean_token_sum"]:
+        assert agg(name, x, m) == 2.5, name
+    assert agg("seq_mean_token_sum_norm", x, m, max_len=1) == 2.5
+
+
+# the papers' (or verl's / TRL's) defaults: what `loss: clipped` without parameters means
+DEFAULTS = {
+    ("delta", "zscore"): {"eps": 1e-6}, ("delta", "batch_std"): {"eps": 1e-6},
+    ("delta", "passk"): {"normalize": True, "eps": 1e-6}, ("delta", "reinforce_pp"): {"eps": 1e-8},
+    ("delta", "reinforce_pp_baseline"): {"eps": 1e-8}, ("delta", "gpg"): {"f_norm": 1.0, "count": "advantage"},
+    ("loss", "clipped"): {"clip_low": 0.2, "clip_high": 0.2},
+    ("loss", "dual_clip"): {"clip_low": 0.2, "clip_high": 0.2, "clip_c": 3.0},
+    ("loss", "gspo"): {"clip_low": 3e-4, "clip_high": 4e-4}, ("loss", "gmpo"): {"clip_low": 0.4, "clip_high": 0.4},
+    ("loss", "cispo"): {"clip_low": None, "clip_high": 4.0}, ("loss", "sapo"): {"tau_pos": 1.0, "tau_neg": 1.05},
+    ("loss", "vespo"): {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0},
+    ("loss", "dppo_tv"): {"clip_low": 0.2, "clip_high": 0.2, "clip_c": 20.0},
+    ("loss", "dppo_kl"): {"clip_low": 0.2, "clip_high": 0.2, "clip_c": 20.0},
+    ("loss", "clip_cov"): {"clip_low": 0.2, "clip_high": 0.2, "clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0,
+                           "clip_cov_ub": 5.0},
+    ("loss", "kl_cov"): {"kl_cov_ratio": 2e-4, "ppo_kl_coef": 1.0},
+    ("aggregate", "seq_mean_token_sum_norm"): {"max_len": None},
+    ("kl_ctrl", "adaptive"): {"target": 0.1, "horizon": 10000.0},
+    ("ref_update", "hard"): {"every": 10}, ("ref_update", "soft"): {"every": 1, "alpha": 0.6},
+    ("filter", "dynamic_sampling"): {"max_draws": 4}, ("filter", "overlong_punish"): {"cache": 4, "max_len": None},
+    ("filter", "top_entropy"): {"rho": 0.2},
+}
+
+
+def test_defaults_are_the_sources_values():
+    for axis in registry.AXES:
+        if axis in ("task", "reward"):
+            continue
+        for name in registry.names(axis):
+            assert registry.resolve_params(axis, name, {}) == DEFAULTS.get((axis, name), {}), (axis, name)
+
+
+@pytest.mark.parametrize("axis,name,param,ok,bad", [
+    ("loss", "clipped", "clip_low", [1e-9, 0.999], [0.0, 1.0]),            # (0, 1)
+    ("loss", "clipped", "clip_high", [1e-9, 5.0], [0.0, -0.1]),            # > 0
+    ("loss", "cispo", "clip_low", [None, 0.5], [0.0, 1.0]),                # null or (0, 1)
+    ("loss", "dual_clip", "clip_c", [1.000001, 10.0], [1.0, 0.5]),         # > 1
+    ("loss", "vespo", "k_pos", [0.0, 2.0], [-1e-9]),                       # >= 0
+    ("aggregate", "seq_mean_token_sum_norm", "max_len", [None, 1], [0]),   # null or >= 1
+    ("filter", "overlong_punish", "max_len", [None, 1], [0]),
+    ("filter", "overlong_punish", "cache", [1], [0]),
+    ("filter", "top_entropy", "rho", [0.0, 1.0], [-0.1, 1.1]),             # [0, 1]
+    ("ref_update", "hard", "every", [1], [0]),
+    ("ref_update", "soft", "alpha", [0.0, 1.0], [1.1]),
+    ("delta", "gpg", "count", ["reward"], ["tokens"]),
+])
+def test_parameter_bounds(axis, name, param, ok, bad):
+    for v in ok:
+        assert registry.resolve_params(axis, name, {param: v})[param] == v
+    for v in bad:
+        with pytest.raises(ValueError, match=f"^{param}: "):
+            registry.resolve_params(axis, name, {param: v})
+
+
+GROUP_PARTS = {("delta", n) for n in ["centered", "zscore", "batch_std", "rloo", "max", "passk", "opo",
+                                      "reinforce_pp_baseline", "gpg"]} | {("filter", "dynamic_sampling")}
+
+
+def test_parts_that_compare_a_group_refuse_one_response():
+    from grpo_bench.config import ConfigError, resolve_run
+    for axis in ("delta", "filter"):
+        for name in registry.names(axis):
+            cfg = {"task": "sort", "group_size": 1, "delta": "raw"}
+            cfg |= {"delta": name} if axis == "delta" else {"filters": [name]}
+            if name == "remax":
+                continue  # compares with the greedy answer, not within a group
+            if (axis, name) in GROUP_PARTS:
+                with pytest.raises(ConfigError, match="group_size: must be >= 2"):
+                    resolve_run(cfg)
+            else:
+                assert resolve_run(cfg).group_size == 1, (axis, name)
+
+
+@pytest.mark.parametrize("name", registry.names("delta"))
+def test_deltas_never_write_into_the_rewards(name):
+    # a caller that edits its advantages in place must not change the rewards it logs
+    src = T([[1.0, 0.0, 2.0], [0.5, 0.5, 0.5]])
+    keep = src.clone()
+    res = registry.get("delta", name)(src, T([[1, 2, 3]] * 2), T([0.5, 0.0]))
+    res.add_(100.0)
+    assert torch.equal(src, keep), name
+
+
+def test_whitening_equal_rewards_is_zero_not_nan():
+    # every reward of the batch equal: variance 0, and eps keeps 0 / sqrt(0 + eps) at 0
+    for name in ["reinforce_pp", "reinforce_pp_baseline"]:
+        out = delta(name, [[0.5, 0.5], [0.5, 0.5]], lengths=[[1, 2], [3, 4]])
+        assert out.tolist() == [[0.0, 0.0], [0.0, 0.0]], name
+
+
+def test_reference_schedules_from_the_first_epoch_on():
+    hard, soft = registry.get("ref_update", "hard"), registry.get("ref_update", "soft")
+    # every = 1: a refresh before every rollout but the first (the reference starts equal to the policy)
+    assert [hard(e, every=1) for e in range(4)] == [0, 1, 1, 1]
+    assert [soft(e, every=1, alpha=0.5) for e in range(4)] == [0, 0.5, 0.5, 0.5]
+    assert [hard(e) for e in range(21)].count(1.0) == 2 and [soft(e) for e in range(3)] == [0, 0.6, 0.6]

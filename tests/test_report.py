@@ -157,6 +157,9 @@ def test_every_drawn_line_has_two_points(which, request):
             assert lines, stem
         for ax, ln in lines:
             assert len(ln.get_xdata()) >= 2, (stem, ax.get_title(), ln.get_gid())
+            if ln.get_gid() is not None:  # a variant's curve: a visible line, not markers or nothing
+                assert ln.get_linestyle() not in ("None", "", " ") and ln.get_linewidth() > 0, (stem, ln.get_gid())
+                assert (ln.get_alpha() is None or ln.get_alpha() > 0) and ln.get_visible(), (stem, ln.get_gid())
 
 
 def test_a_variant_with_one_point_draws_no_line(tmp_path):

@@ -8,10 +8,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
+from grpo_bench.config import load_ablation, resolve_run, run_dict
 from helpers import ROOT, cli
 
 SHIPPED = sorted(p.name for p in (ROOT / "ablations").glob("*.yaml") if p.name != "arithmetic_qwen.yaml")
@@ -30,8 +32,23 @@ def test_shipped_ablation_smoke(tmp_path, name):
     assert n_variants >= 2 and len(summary) == 2 * n_variants
     assert (summary.status == "ok").all(), summary.error.tolist()
     assert abl.get("seeds", 0) >= (3 if name.startswith("arithmetic") else 5)
+    # each run trained on its own variant's resolved config (grid and --set applied), with its seed
+    planned = load_ablation(ROOT / "ablations" / name, seeds=2, sets=tiny[1::2])
+    want = {label: raw for label, _, raw in planned.variants}
     metrics = pd.read_csv(tmp_path / "metrics.csv")
     assert {"run", "variant", "seed", "step", "metric", "value"} <= set(metrics.columns)
+    steps = 2 * 2 if not name.startswith("arithmetic") else 1
+    for _, run in summary.iterrows():
+        saved = yaml.safe_load((tmp_path / "runs" / run.run / "config.yaml").read_text())
+        assert saved == json.loads(json.dumps(run_dict(resolve_run(dict(want[run.variant], seed=run.seed))))), run.run
+        m = metrics[metrics.run == run.run]
+        last = m[m.step == steps - 1].set_index("metric").value
+        assert np.isfinite(last["loss/total"]) and 0 <= last["reward/mean"] <= 1, run.run
+        # final/reward is the mean rollout reward of the last tenth of epochs: the last one here
+        assert run["final/reward"] == pytest.approx(last["reward/mean"]), run.run
+    # seeds and variants reach the numbers: no two runs share every metric
+    fingerprints = metrics.groupby("run").value.apply(lambda v: tuple(v.round(12)))
+    assert fingerprints.nunique() == len(summary)
     report = (tmp_path / "REPORT.md").read_text()
     # two epochs may leave no metric with a curve; the per-seed final values always exist
     figures = re.findall(r"\]\(([\w.]+\.png)\)", report)
@@ -39,6 +56,8 @@ def test_shipped_ablation_smoke(tmp_path, name):
     for f in figures:
         assert (tmp_path / f).stat().st_size > 0, f
     assert "± " in report and "seed noise" in report
+    for v in want:
+        assert f"| `{v}` | 2/2 |" in report
 
 
 def _write(tmp_path, base, grid, seeds):

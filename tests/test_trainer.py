@@ -1,5 +1,6 @@
 """The trainer does what its config says: filters, reference updates, KL placement, eval cadence."""
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -137,3 +138,152 @@ def test_remax_gets_the_greedy_baseline():
     assert same.any() and (d[same] == 0).all()
     _, rows = _rows({"delta": "remax"})
     assert rows
+
+
+# ------------------------------------------------------------------ the loop's bookkeeping
+
+
+def _by_metric(rows):
+    out = {}
+    for step, m, v in rows:
+        out.setdefault(m, []).append((step, v))
+    return out
+
+
+def test_log_cadence_and_the_summary():
+    summary, rows = _rows({**RICH, "epochs": 20, "inner_steps": 2, "log_every": 4})
+    m = _by_metric(rows)
+    # every 4th gradient step, and always the last
+    assert [s for s, _ in m["loss/total"]] == [3, 7, 11, 15, 19, 23, 27, 31, 35, 39]
+    assert [v for _, v in m["epoch"]] == [1, 3, 5, 7, 9, 11, 13, 15, 17, 19]
+    # final/reward: the mean rollout reward of the last tenth of the epochs (here 2), the first epoch's too
+    # the same seed logging every step: the same samples, every epoch's reward/mean
+    _, every = _rows({**RICH, "epochs": 20, "inner_steps": 2, "log_every": 1})
+    per_epoch = [v for s, k, v in every if k == "reward/mean" and s % 2 == 0]
+    assert len(per_epoch) == 20 and [v for _, v in m["reward/mean"]] == per_epoch[1::2]
+    assert summary["final/reward"] == pytest.approx((per_epoch[18] + per_epoch[19]) / 2)
+    assert summary["final/reward_first"] == per_epoch[0]
+    # 8 prompts x 4 responses a rollout, no filter: 32 responses each
+    assert summary["final/samples"] == 20 * 32 and m["samples/total"][-1][1] == 20 * 32
+    assert [v for _, v in m["samples/total"]] == [32.0 * (e + 1) for e in range(1, 20, 2)]
+    assert summary["final/eval/accuracy"] == m["eval/accuracy"][-1][1] and m["eval/accuracy"][-1][0] == 39
+
+
+def test_sample_reports_what_the_policy_sampled():
+    ro, m = _sample({**RICH})
+    r = ro.rewards
+    assert m["reward/mean"] == pytest.approx(r.mean().item()) and m["reward/std"] == pytest.approx(r.std().item())
+    assert m["reward/zero_std_frac"] == pytest.approx(_flat(r).float().mean().item())
+    assert m["response/length"] == 3.0 and m["samples/responses"] == 8 * 4
+    assert "filter/draws" not in m
+
+
+def test_step_metrics_by_hand():
+    from grpo_bench.trainer import _step_metrics
+    logp = torch.tensor([[[-1.0, -2.0, -3.0]]])
+    old = torch.tensor([[[-1.5, -2.0, -1.0]]])
+    mask = torch.tensor([[[1.0, 1.0, 0.0]]])
+    ent = torch.tensor([[[0.5, 1.5, 9.0]]])
+    m = _step_metrics(torch.tensor(0.25), {"clip/frac": torch.tensor(0.5)}, logp, old, mask, ent,
+                      torch.tensor(3.0), 0.1)
+    assert m["loss/total"] == 0.25 and m["clip/frac"] == 0.5 and m["grad/norm"] == 3.0 and m["time/step_s"] == 0.1
+    assert m["ratio/max"] == pytest.approx(math.exp(0.5)) and m["ratio/min"] == 1.0   # the masked e^-2 is not seen
+    assert m["kl/old"] == pytest.approx((math.expm1(0.5) - 0.5) / 2)                  # (r - 1) - log r, token mean
+    assert m["entropy"] == pytest.approx(1.0)
+    none = _step_metrics(torch.tensor(0.0), {}, logp, old, torch.zeros_like(mask), None, torch.tensor(0.0), 0.0)
+    assert none["ratio/max"] == none["ratio/min"] == 1.0 and "entropy" not in none and none["kl/old"] == 0.0
+
+
+def test_removed_reports_each_kind_of_change():
+    from grpo_bench.algos import Batch
+    from grpo_bench.trainer import _removed
+    mask = torch.tensor([[[1.0, 1.0], [1.0, 0.0]], [[1.0, 1.0], [0.0, 0.0]]])   # 5 tokens
+    b = Batch(torch.tensor([[1.0, 0.0], [2.0, 2.0]]), mask, torch.tensor([[2, 1], [2, 0]]),
+              torch.ones(2, 2, dtype=torch.bool), 2)
+    assert _removed(b, b) == {}
+    cut = mask.clone()
+    cut[0, 0] = 0  # two of the five tokens
+    assert _removed(b, b.replace(mask=cut)) == {"removed": pytest.approx(2 / 5)}
+    gate = torch.ones_like(mask)
+    gate[1, 0, 0] = 0  # one token; gates on masked tokens do not count
+    gate[1, 1] = 0
+    assert _removed(b, b.replace(gate=gate)) == {"gated": pytest.approx(1 / 5)}
+    gated = b.replace(gate=gate)
+    assert _removed(gated, gated.replace(gate=gate * 0)) == {"gated": pytest.approx(4 / 5)}  # newly gated only
+    assert _removed(b, b.replace(keep=torch.tensor([True, False]))) == {"dropped_groups": 0.5}
+    assert _removed(b, b.replace(rewards=b.rewards - 0.5)) == {"reward_shift": -0.5}
+
+
+def test_optimizer_follows_the_config():
+    from grpo_bench.trainer import _optimizer
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    for name, cls in [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW), ("sgd", torch.optim.SGD)]:
+        opt = _optimizer(resolve_run({**COIN, "optimizer": name, "lr": 0.3, "weight_decay": 0.01}), p)
+        assert type(opt) is cls and opt.defaults["lr"] == 0.3 and opt.defaults["weight_decay"] == 0.01
+
+
+def _captured(monkeypatch):
+    from grpo_bench import trainer
+    built = []
+
+    def build(cfg):
+        task = registry.get("task", "sort")(cfg.task, cfg)
+        built.append((task, {k: v.clone() for k, v in task.policy.state_dict().items()}))
+        return task
+
+    monkeypatch.setattr(trainer, "build_task", build)
+    return built
+
+
+def test_max_grad_norm_bounds_each_step(monkeypatch):
+    built = _captured(monkeypatch)
+    over = {**RICH, "epochs": 1, "optimizer": "sgd", "lr": 1.0}
+    _, rows = _rows({**over, "max_grad_norm": 1e-3})
+    task, before = built[-1]
+    moved = torch.sqrt(sum(((p - before[k]) ** 2).sum() for k, p in task.policy.state_dict().items()))
+    assert moved.item() == pytest.approx(1e-3, rel=1e-4)   # one SGD step of the clipped gradient, lr 1
+    gnorm = [v for _, m, v in rows if m == "grad/norm"][0]
+    assert gnorm > 1e-2                                     # the norm before clipping is what is logged
+    _, rows = _rows({**over, "max_grad_norm": 0.0})
+    task, before = built[-1]
+    moved = torch.sqrt(sum(((p - before[k]) ** 2).sum() for k, p in task.policy.state_dict().items()))
+    assert moved.item() == pytest.approx(gnorm, rel=1e-4)   # 0: no clipping
+
+
+def test_inner_steps_start_on_policy_and_move_off_it():
+    _, rows = _rows({**RICH, "epochs": 2, "inner_steps": 3, "lr": 0.05, "loss": "unclipped"})
+    m = {k: dict(v) for k, v in _by_metric(rows).items()}
+    for first in (0, 3):  # the first step of each rollout: ratio exactly 1, no drift yet
+        assert m["ratio/max"][first] == m["ratio/min"][first] == 1.0 and m["kl/old"][first] == 0.0
+    for later in (1, 2, 4, 5):
+        assert m["ratio/max"][later] > 1.0 > m["ratio/min"][later] and m["kl/old"][later] > 0
+    assert m["kl/old"][2] > m["kl/old"][1]  # further from the sampler at every step
+    # K = 1: every step is on-policy
+    _, rows = _rows({**RICH, "epochs": 3, "lr": 0.05})
+    assert {v for _, m_, v in rows if m_ in ("ratio/max", "ratio/min")} == {1.0}
+
+
+def test_a_non_finite_loss_stops_the_run():
+    from grpo_bench.trainer import NonFiniteLoss
+    rows = []
+    with pytest.raises(NonFiniteLoss, match="non-finite loss"):
+        train(resolve_run({**RICH, "optimizer": "sgd", "lr": 1e30, "epochs": 5, "inner_steps": 2}), rows=rows)
+    assert rows  # what was logged before it is kept
+
+
+def test_deltas_see_the_rewards_and_lengths(monkeypatch):
+    seen = []
+    raw = registry.entry("delta", "centered")
+
+    def spy(rewards, lengths=None, greedy=None):
+        seen.append((rewards.clone(), lengths.clone(), greedy))
+        return raw.obj(rewards, lengths, greedy)
+
+    monkeypatch.setitem(registry._REGISTRY["delta"], "centered", dataclasses.replace(raw, obj=spy))
+    _, rows = _rows({**RICH, "epochs": 2})
+    m = dict((m, v) for s, m, v in rows if s == 0)
+    r, lengths, greedy = seen[0]
+    assert torch.equal(lengths, torch.full((8, 4), 3.0)) and greedy is None   # tokens per response
+    assert m["reward/mean"] == pytest.approx(r.mean().item())
+    assert m["delta/abs_mean"] == pytest.approx(raw.obj(r).abs().mean().item())
+    assert "kl/coef" not in m and "kl/value" not in m and "reward/penalised" not in m   # no KL, no reference
