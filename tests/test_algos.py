@@ -753,3 +753,41 @@ def test_reference_schedules_from_the_first_epoch_on():
     assert [hard(e, every=1) for e in range(4)] == [0, 1, 1, 1]
     assert [soft(e, every=1, alpha=0.5) for e in range(4)] == [0, 0.5, 0.5, 0.5]
     assert [hard(e) for e in range(21)].count(1.0) == 2 and [soft(e) for e in range(3)] == [0, 0.6, 0.6]
+
+
+@pytest.mark.parametrize("name,params", [
+    ("clipped", {"clip_low": 0.5, "clip_high": 1.0}), ("gspo", {"clip_low": 0.5, "clip_high": 1.0}),
+    ("dual_clip", {"clip_low": 0.5, "clip_high": 1.0, "clip_c": 2.0}), ("cispo", {"clip_low": 0.5, "clip_high": 1.0}),
+    ("clip_cov", {"clip_low": 0.5, "clip_high": 1.0, "clip_cov_lb": 1e9, "clip_cov_ub": 2e9}),
+])
+def test_a_ratio_exactly_on_the_bound_is_not_clipped(name, params):
+    # ratios of exactly 2 and 0.5 (exp(+-log 2) is exact), the bounds 1 + 1.0 and 1 - 0.5: the clip
+    # leaves the token's value and gradient as they are, so it is in no region
+    l2 = math.log(2.0)
+    old = T([[[-l2, -l2], [0.0, 0.0], [-l2, -l2], [0.0, 0.0]]])
+    logp = T([[[0.0, 0.0], [-l2, -l2], [0.0, 0.0], [-l2, -l2]]]).requires_grad_()
+    d = T([[1.0, -1.0, -1.0, 0.0]])   # ratio 2 with A > 0, 0.5 with A < 0, 2 with A < 0 (the dual cap), 0.5 with A = 0
+    per_tok, regions = loss(name, logp, old, d, **params)
+    per_tok[:, :3].sum().backward()
+    for k, r in regions.items():
+        assert not r.any(), (name, k, r)
+    if name != "cispo":
+        assert (logp.grad[:, :3] != 0).all(), name
+
+
+def test_gmpo_log_ratio_on_the_bound_is_not_clipped():
+    logp = T([[[0.5, 0.5], [-0.5, -0.5], [-0.5, -0.5]]]).requires_grad_()
+    old = torch.zeros(1, 3, 2)
+    per_tok, regions = loss("gmpo", logp, old, T([[1.0, -1.0, 0.0]]), clip_low=0.5, clip_high=0.5)
+    assert not regions["low"].any() and not regions["high"].any()
+    per_tok[:, :2].sum().backward()
+    assert (logp.grad[:, :2] != 0).all()
+
+
+def test_filters_return_changed_copies():
+    import dataclasses
+    b = _batch([[1.0, 0.0]], [[3, 8]], [[True, False]])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        b.mask = b.mask * 0   # a filter cannot edit the batch another filter or the trainer still holds
+    out = registry.get("filter", "mask_truncated")(b)
+    assert out is not b and b.mask[0, 1].sum() == 8 and b.max_draws == 1 and b.keep is None and b.gate is None
