@@ -23,7 +23,8 @@ forked from this process (torch, pandas and matplotlib already imported: no inte
 start per mutant) runs pytest on the tests that execute the mutated statement, fastest
 first, stopping at the first failure. Killed: a test failed or it ran past 3x the tests'
 baseline time + 20 s. Survived: every covering test passed. No test: no test of the
-module's subset executes the statement (a survivor that needs no run). Equivalent: listed
+module's subset executes the statement (a survivor that needs no run). A mutant in a
+module-level statement, a default value or a decorator runs every test of the subset. Equivalent: listed
 in scripts/mutants_equivalent.tsv with the reason the change cannot alter behaviour.
 
 Why not mutmut: 3.8.1 does not mutate decorated functions, and every part here is a
@@ -118,7 +119,7 @@ class _Finder(ast.NodeVisitor):
     # -- where a mutant is reached from
     def _anchor(self, node) -> tuple | None:
         if self.in_header and self.in_header[-1]:
-            return self.func_body[-1]
+            return None  # a default or a decorator: read at import (the registry's parameter table) and by callers
         if not self.func_body:
             return None
         st = self.stmt[-1]
