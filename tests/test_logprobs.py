@@ -182,3 +182,16 @@ def test_kl_needs_a_coefficient():
     with_kl, stats = grpo_loss(logp, logp, ref, d, mask, loss="clipped", kl="k3", backend="torch")
     without, _ = grpo_loss(logp, logp, None, d, mask, loss="clipped", backend="torch")
     assert with_kl == without and "kl/value" not in stats
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_clip_share_of_a_single_token(backend):
+    # one unmasked token, clipped: every share is of that one token
+    logp = torch.tensor([[0.0, 0.0]], dtype=F32, device=DEVICE)
+    old = torch.tensor([[-1.0, 0.0]], dtype=F32, device=DEVICE)      # ratio e > 1.2, with A > 0
+    mask = torch.tensor([[1.0, 0.0]], dtype=F32, device=DEVICE)
+    one = torch.ones(1, dtype=F32, device=DEVICE)
+    _, stats = grpo_loss(logp, old, logp, one, mask, loss="clipped", kl="k2", kl_coef=0.1, aggregate="token_mean",
+                         backend=backend)
+    assert stats["clip/frac"].item() == stats["clip/high_frac"].item() == 1.0 and stats["clip/low_frac"].item() == 0.0
+    assert stats["kl/value"].item() == 0.0
