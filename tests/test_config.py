@@ -243,3 +243,28 @@ def test_resources(tmp_path):
         with pytest.raises(ConfigError, match="^--set: resources"):
             load_ablation(path, sets=[bad])
     assert json.loads(json.dumps(load_ablation(path, sets=["resources.cpus=1"]).resources)) == {"cpus": 1, "gpus": 2}
+
+
+def test_run_defaults_are_the_documented_ones():
+    # README and the field docstrings: what a run is when the config says nothing
+    cfg = resolve_run({})
+    assert run_dict(cfg) | {"task": None} == {
+        "task": None, "delta": {"name": "zscore", "eps": 1e-6}, "loss": {"name": "clipped", "clip_low": 0.2, "clip_high": 0.2},
+        "aggregate": {"name": "seq_mean_token_mean"}, "kl": {"name": "k3"}, "kl_coef": 0.0, "kl_placement": "loss",
+        "kl_ctrl": {"name": "fixed"}, "ref_update": {"name": "frozen"}, "filters": [], "group_size": 10, "epochs": 100,
+        "inner_steps": 10, "optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "max_grad_norm": 0.0, "seed": 0,
+        "log_every": 1, "eval_every": 0, "backend": "auto", "device": "cpu"}
+    assert run_dict(cfg)["task"]["name"] == "sort"
+
+
+def test_type_check_of_each_kind():
+    from grpo_bench.config import _type_ok
+    assert _type_ok(1, float) == (True, 1.0) and _type_ok(True, float)[0] is False and _type_ok(1.5, int)[0] is False
+    assert _type_ok(None, int | None) == (True, None) and _type_ok(3, int | None) == (True, 3)
+    assert _type_ok(2, float | None) == (True, 2.0) and _type_ok("x", int | None)[0] is False
+    assert _type_ok([1], list) == (True, [1]) and _type_ok({}, dict)[0] and not _type_ok([], dict)[0]
+    assert _type_ok("a", str)[0] and not _type_ok(1, str)[0] and _type_ok(object(), "anything")[0]
+    with pytest.raises(ConfigError, match=r"^f: aggregate.max_len: expected int \| None, got 'x'"):
+        resolve_part("aggregate", {"name": "seq_mean_token_sum_norm", "max_len": "x"}, "f", "aggregate")
+    assert resolve_part("aggregate", {"name": "seq_mean_token_sum_norm", "max_len": None}, "f", "aggregate",
+                        {"max_len": 6})["max_len"] == 6   # null: the task's budget
