@@ -513,9 +513,10 @@ def load_equivalent() -> dict[str, dict[str, str]]:
 
 
 def run_module(module: str, tests: list[str], sandboxes: list[Path], work: Path, equivalent: dict,
-               verbose: bool) -> tuple[list[Mutant], float, str]:
+               verbose: bool, sample: int = 1) -> tuple[list[Mutant], float, str]:
     t0 = time.perf_counter()
     source, mutants = find_mutants(module)
+    mutants = mutants[::sample]  # every k-th, in file order: the same sample every time
     base = baseline(module, tests, sandboxes[0], work)
     known = equivalent.get(module, {})
     todo = []
@@ -605,16 +606,18 @@ def score(ms: list[Mutant]) -> dict:
 
 def write_report(results: dict, jobs: int, total_s: float) -> None:
     lines = ["# Mutation testing", "",
-             f"`scripts/mutate.py` (see its docstring) on {jobs} job(s), {os.cpu_count()} cores; "
-             f"total {total_s / 60:.1f} min. Score = killed / (mutants - equivalent); a timeout counts as killed.",
-             "", "| module | tests | mutants | killed | timeout | survived | no test | equivalent | score | time |",
+             f"`scripts/mutate.py` (see its docstring) on a {os.cpu_count()}-core machine shared with other jobs; "
+             f"total {total_s / 60:.1f} min. Score = killed / (mutants - equivalent); a timeout counts as killed. "
+             "Time: wall time of that module's run, `jobs` workers.",
+             "", "| module | tests | mutants | killed | timeout | survived | no test | equivalent | score | time (jobs) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for module, (ms, secs) in results.items():
+    for module, (ms, secs, sample, jobs_) in results.items():
         c = score(ms)
         tests = ", ".join(Path(t).name for t in MODULES[module])
-        lines.append(f"| `{module}` | {tests} | {c['mutants']} | {c['killed']} | {c['timeout']} | {c['survived']} | "
-                     f"{c['no test']} | {c['equivalent']} | {100 * c['score']:.1f}% | {secs / 60:.1f} min |")
-    allm = [m for ms, _ in results.values() for m in ms]
+        sampled = f" (1 in {sample})" if sample > 1 else ""
+        lines.append(f"| `{module}` | {tests} | {c['mutants']}{sampled} | {c['killed']} | {c['timeout']} | {c['survived']} | "
+                     f"{c['no test']} | {c['equivalent']} | {100 * c['score']:.1f}% | {secs / 60:.1f} min ({jobs_}) |")
+    allm = [m for ms, *_ in results.values() for m in ms]
     c = score(allm)
     lines.append(f"| **all** | | {c['mutants']} | {c['killed']} | {c['timeout']} | {c['survived']} | {c['no test']} | "
                  f"{c['equivalent']} | {100 * c['score']:.1f}% | {total_s / 60:.1f} min |")
@@ -642,7 +645,8 @@ def _load_cached(module: str) -> tuple[list[Mutant], float]:
     except OSError:
         sys.exit(f"{module}: no earlier run in {_cache(module)}; run scripts/mutate.py {module} first")
     fields = Mutant.__dataclass_fields__
-    return [Mutant(**{k: v for k, v in m.items() if k in fields}) for m in data["mutants"]], data["seconds"]
+    return [Mutant(**{k: v for k, v in m.items() if k in fields}) for m in data["mutants"]], data["seconds"], \
+        data.get("sample", 1), data.get("jobs", 2)
 
 
 def main(argv=None) -> int:
@@ -650,6 +654,8 @@ def main(argv=None) -> int:
     ap.add_argument("modules", nargs="*", help="modules to mutate (default: all of MODULES, and write the report)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--show", action="store_true", help="print each survivor's diff")
+    ap.add_argument("--sample", type=int, default=1, metavar="K",
+                    help="run every K-th mutant only (the same ones every time); the report says so")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     ap.add_argument("--report", action="store_true",
                     help="write results/mutation.md from the last run of each module (kept in .cache/), run nothing")
@@ -669,11 +675,11 @@ def main(argv=None) -> int:
         results, total = {}, 0.0
         equivalent = load_equivalent()
         for mod in modules:
-            ms, secs = _load_cached(mod)
+            ms, secs, sample, jobs = _load_cached(mod)
             for m in ms:  # the list of equivalents may have grown since that run
                 if m.status in ("survived", "no test") and m.key in equivalent.get(mod, {}):
                     m.status, m.reason = "equivalent", equivalent[mod][m.key]
-            results[mod] = (ms, secs)
+            results[mod] = (ms, secs, sample, jobs)
             total += secs
         write_report(results, args.jobs, total)
         print(f"wrote {REPORT.relative_to(ROOT)}")
@@ -687,8 +693,8 @@ def main(argv=None) -> int:
         sandboxes = [make_sandbox(work / f"repo{k}") for k in range(args.jobs)]
         for mod in modules:
             print(f"{mod}: tests {' '.join(MODULES[mod])}", flush=True)
-            ms, secs, source = run_module(mod, MODULES[mod], sandboxes, work, equivalent, args.verbose)
-            results[mod] = (ms, secs)
+            ms, secs, source = run_module(mod, MODULES[mod], sandboxes, work, equivalent, args.verbose, args.sample)
+            results[mod] = (ms, secs, args.sample, args.jobs)
             c = score(ms)
             print(f"{mod}: {c['mutants']} mutants, {c['killed']} killed, {c['timeout']} timeout, {c['survived']} "
                   f"survived, {c['no test']} no test, {c['equivalent']} equivalent: score {100 * c['score']:.1f}% "
@@ -698,7 +704,7 @@ def main(argv=None) -> int:
                     if m.status in ("survived", "no test"):
                         print(f"{m.status}: {m.module}\t{m.key}\n{diff_line(source, m)}\n", flush=True)
             _cache(mod).parent.mkdir(exist_ok=True)
-            _cache(mod).write_text(json.dumps({"seconds": secs, "jobs": args.jobs, "mutants": [
+            _cache(mod).write_text(json.dumps({"seconds": secs, "jobs": args.jobs, "sample": args.sample, "mutants": [
                 {**vars(m), "diff": diff_line(source, m)} for m in ms]}, indent=1))
     total = time.perf_counter() - t0
     if not args.modules:

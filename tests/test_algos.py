@@ -791,3 +791,27 @@ def test_filters_return_changed_copies():
         b.mask = b.mask * 0   # a filter cannot edit the batch another filter or the trainer still holds
     out = registry.get("filter", "mask_truncated")(b)
     assert out is not b and b.mask[0, 1].sum() == 8 and b.max_draws == 1 and b.keep is None and b.gate is None
+
+
+def test_opo_without_lengths_falls_back_to_the_group_mean():
+    # a group whose responses all have length 0 (every token filtered): the plain mean
+    out = delta("opo", [[1.0, 0.0, 2.0], [1.0, 0.0, 0.0]], lengths=[[0, 0, 0], [1, 1, 2]])
+    torch.testing.assert_close(out[0], T([0.0, -1.0, 1.0]))
+    torch.testing.assert_close(out[1], T([0.75, -0.25, -0.25]))
+
+
+def test_gpg_counts_a_single_nonzero_reward():
+    torch.testing.assert_close(delta("gpg", [[1.0, 0.0]], count="reward"), T([[1.0, -1.0]]))   # alpha = 2 / 1
+
+
+def test_top_entropy_edge_cases():
+    f = registry.get("filter", "top_entropy")
+    b = _batch([[1.0, 0.0]], [[4, 5]], [[True, True]])
+    assert f(b, rho=0.2) is b                                        # no entropy: nothing to gate on
+    ent = torch.rand(1, 2, 8, generator=torch.Generator().manual_seed(0)).double()
+    empty = _batch([[1.0, 0.0]], [[0, 0]], [[True, True]], entropy=ent)
+    assert f(empty, rho=0.2) is empty                                # no token at all
+    for dtype in (torch.float16, torch.bfloat16):                    # low precision: compared in fp32
+        half = _batch([[1.0, 0.0]], [[4, 5]], [[True, True]], entropy=ent.to(dtype))
+        gate = f(half, rho=0.5).gate
+        assert gate.sum() >= 4 and gate.dtype == half.mask.dtype
