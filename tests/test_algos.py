@@ -815,3 +815,70 @@ def test_top_entropy_edge_cases():
         half = _batch([[1.0, 0.0]], [[4, 5]], [[True, True]], entropy=ent.to(dtype))
         gate = f(half, rho=0.5).gate
         assert gate.sum() >= 4 and gate.dtype == half.mask.dtype
+
+
+def test_dppo_bounds_are_inclusive():
+    # pi - pi_old exactly +-0.5 (probabilities 1 and 0.5: exact in binary), bounds 0.5: kept, not cut
+    l2 = math.log(2.0)
+    logp = T([[[0.0], [-l2]]])
+    old = T([[[-l2], [0.0]]])
+    per_tok, regions = loss("dppo_tv", logp, old, T([[1.0, -1.0]]), clip_low=0.5, clip_high=0.5, clip_c=2.0)
+    assert not regions["low"].any() and not regions["high"].any()
+    assert not regions["cap"].any()                       # the first token's ratio is exactly clip_c = 2
+    torch.testing.assert_close(per_tok, T([[[-2.0 * 0.0], [0.5 * -l2]]]))
+
+
+def test_kl_cov_picks_unmasked_tokens_by_covariance():
+    logp = T([[[-0.1, -2.0, -3.0], [-0.2, -1.0, -4.0]]])
+    old = logp - 0.05
+    d = T([[1.0, -1.0]])
+    mask = T([[[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]])
+    adv = d.unsqueeze(-1).expand_as(logp)
+    on = mask > 0
+    cov = (adv - adv[on].mean()) * (logp - logp[on].mean())
+    cov[~on] = -float("inf")
+    # the smallest share: one token, the highest covariance among the unmasked ones
+    _, regions = loss("kl_cov", logp, old, d, mask, kl_cov_ratio=1e-6, ppo_kl_coef=1.0)
+    assert regions["cov"].sum() == 1 and regions["cov"].reshape(-1)[cov.reshape(-1).argmax()]
+    # a larger share never reaches a masked token, however high its covariance would be
+    _, regions = loss("kl_cov", logp, old, d, mask, kl_cov_ratio=0.99)
+    assert regions["cov"].sum() == 4 and not regions["cov"][~on].any()
+    _, regions = loss("kl_cov", logp, old, d, torch.zeros_like(mask), kl_cov_ratio=0.5)
+    assert not regions["cov"].any()
+
+
+def test_clip_cov_cuts_candidates_only():
+    logp, old = _logps(16, shape=(2, 3, 4), spread=0.05)
+    d = torch.randn(2, 3, generator=torch.Generator().manual_seed(17)) * 20
+    mask = torch.ones_like(logp)
+    mask[0, 0, 2:] = 0
+    adv = d.unsqueeze(-1).expand_as(logp)
+    on = mask > 0
+    cov = (adv - adv[on].mean()) * (logp - logp[on].mean())
+    ratio = (logp - old).exp()
+    inside = ~(((adv < 0) & (ratio < 0.9)) | ((adv > 0) & (ratio > 1.1)))
+    candidates = on & inside & (cov > 1.0) & (cov < 30.0)
+    assert 2 <= candidates.sum() < on.sum()
+    torch.manual_seed(0)
+    _, regions = loss("clip_cov", logp, old, d, mask, clip_low=0.1, clip_high=0.1, clip_cov_ratio=0.99,
+                      clip_cov_lb=1.0, clip_cov_ub=30.0)
+    assert torch.equal(regions["cov"], candidates)   # a share large enough to take every candidate
+    _, regions = loss("clip_cov", logp, old, d, mask, clip_low=0.1, clip_high=0.1, clip_cov_ratio=1e-6,
+                      clip_cov_lb=1.0, clip_cov_ub=30.0)
+    assert regions["cov"].sum() == 1 and (regions["cov"] & candidates).sum() == 1
+
+
+def test_vespo_clamps_each_token_log_ratio():
+    # per token to [-20, 20] before the sum: 25 and -15 make 5 (not 10); then phi = w^k e^(lambda (1 - w))
+    logp = T([[[0.0, -15.0]]])
+    old = T([[[-25.0, 0.0]]])
+    x = logp.clone().requires_grad_()
+    per_tok, _ = loss("vespo", x, old, T([[1.0]]), k_pos=0.5, lambda_pos=0.0)
+    w = math.exp(5.0)
+    phi = math.exp(1e-4 + 0.5 * 5.0 - 1e-4 * w)   # lambda is kept >= 1e-4
+    torch.testing.assert_close(per_tok, -phi * logp)
+    neg, _ = loss("vespo", T([[[-25.0, 0.0]]]), T([[[0.0, -15.0]]]), T([[1.0]]), k_pos=0.5, lambda_pos=0.0)
+    torch.testing.assert_close(neg, -math.exp(1e-4 + 0.5 * -5.0 - 1e-4 * math.exp(-5.0)) * T([[[-25.0, 0.0]]]))
+    # an overflowing weight is 0, not inf
+    big, _ = loss("vespo", T([[[-1.0]]]), T([[[-21.0]]]), T([[1.0]]), k_pos=3000.0, lambda_pos=0.0)
+    assert big.item() == 0.0   # exp(3000 * 20 - 1e-4 * e^20) overflows

@@ -235,11 +235,36 @@ def test_every_loss_against_its_formula(name, data, seed):
     torch.testing.assert_close(x.grad, y.grad, rtol=1e-9, atol=1e-12)
     for key, region in regions.items():
         assert region.dtype == torch.bool and region.shape == logp.shape, key
+    want_regions = _regions_formula(name, logp, old, d, mask, p)
+    for key, region in want_regions.items():
+        assert torch.equal(regions[key][on], region[on]), key
+
+
+def _regions_formula(name, lp, old, d, mask, p):
+    """Where each loss says its clip cut in, from the definitions in algos/losses.py's docstring."""
+    a = d[..., None].expand_as(lp)
+    r = torch.exp(lp - old)
     if name in ("clipped", "dual_clip", "clip_cov", "gspo"):
-        r = torch.exp(logp - old) if name != "gspo" else torch.exp(_seq_mean(logp - old, mask)).expand_as(logp)
-        a = d[..., None].expand_as(logp)
-        low, high = (a < 0) & (r < 1 - p["clip_low"]), (a > 0) & (r > 1 + p["clip_high"])
-        assert torch.equal(regions["low"][on], low[on]) and torch.equal(regions["high"][on], high[on])
+        if name == "gspo":
+            r = torch.exp(_seq_mean(lp - old, mask)).expand_as(lp)
+        out = {"low": (a < 0) & (r < 1 - p["clip_low"]), "high": (a > 0) & (r > 1 + p["clip_high"])}
+        if name == "dual_clip":
+            out["dual"] = (a < 0) & (torch.maximum(r, r.clamp(1 - p["clip_low"], 1 + p["clip_high"])) > p["clip_c"])
+        return out
+    if name == "gmpo":
+        return {"low": (a < 0) & (lp - old < -p["clip_low"]), "high": (a > 0) & (lp - old > p["clip_high"])}
+    if name == "cispo":
+        lo = 0.0 if p["clip_low"] is None else 1 - p["clip_low"]
+        return {"low": r < lo, "high": r > 1 + p["clip_high"]}
+    if name in ("dppo_tv", "dppo_kl"):
+        pi, q = torch.exp(lp), torch.exp(old)
+        if name == "dppo_tv":
+            valid = torch.where(a > 0, pi - q <= p["clip_high"], pi - q >= -p["clip_low"])
+        else:
+            bkl = q * (old - lp) + (1 - q) * torch.log((1 - q + 1e-8) / (1 - pi + 1e-8))
+            valid = torch.where(a > 0, (bkl <= p["clip_high"]) | (pi <= q), (bkl <= p["clip_low"]) | (pi >= q))
+        return {"low": (a <= 0) & ~valid, "high": (a > 0) & ~valid, "cap": valid & (r > p["clip_c"])}
+    return {}
 
 
 # ----------------------------------------------------------------------------- KL
