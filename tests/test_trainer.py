@@ -335,9 +335,12 @@ def test_sampling_and_old_logprobs_without_dropout_gradient_pass_with_it(monkeyp
     assert {m for _, m in modes} == {False}   # rollouts and evaluations in eval mode
     assert [k for k, _ in modes] == ["evaluate", "rollout", "evaluate", "rollout", "evaluate"]
     calls.clear()
+    modes.clear()
     _rows({**RICH, "epochs": 2, "inner_steps": 1})
     # K = 1: the gradient pass gives the old log-probs too; no second pass
     assert [(r, tr, g) for r, tr, g, _ in calls] == [(False, True, True)] * 2
+    # no evaluation between epochs: the second rollout still samples in eval mode
+    assert modes == [("rollout", False), ("rollout", False), ("evaluate", False)]
 
 
 def test_kl_controller_sees_the_rollouts_kl(monkeypatch):
@@ -409,10 +412,38 @@ def test_device_auto_and_short_runs():
     summary = train(cfg)
     assert cfg.device == ("cuda" if torch.cuda.is_available() else "cpu")
     rows = []
-    summary = train(resolve_run({**RICH, "epochs": 3, "log_every": 2, "inner_steps": 2}), rows=rows)
-    assert sorted({s for s, m, _ in rows if m == "loss/total"}) == [1, 3, 5]   # the last step, off the grid
+    summary = train(resolve_run({**RICH, "epochs": 3, "log_every": 4, "inner_steps": 2}), rows=rows)
+    assert sorted({s for s, m, _ in rows if m == "loss/total"}) == [3, 5]   # the last step, off the grid
     last = [v for s, m, v in rows if m == "reward/mean" and s == 5][0]
     assert summary["final/reward"] == last   # fewer than 20 epochs: the last epoch alone
     _, rows = _rows({"epochs": 6, "inner_steps": 1, "eval_every": 3})
     evals = [s for s, m, _ in rows if m == "eval/accuracy"]
     assert evals == [0, 2, 5]   # at 0, after epoch 3, and once at the end (not twice)
+
+
+class _Scripted:
+    """A task whose rollouts are given: B = 2 prompts, G = 2, one token each."""
+
+    def __init__(self, rewards):
+        self.rewards = [torch.tensor(r) for r in rewards]
+
+    def rollout(self, epoch, group_size, gen):
+        from grpo_bench.tasks import Rollout
+        r = self.rewards.pop(0)
+        return Rollout(prompts=torch.arange(2), responses=torch.zeros(2, 2, 1, dtype=torch.long),
+                       mask=torch.ones(2, 2, 1), rewards=r)
+
+
+def test_dynamic_sampling_stops_as_soon_as_the_batch_is_full():
+    cfg = resolve_run({**COIN, "filters": [{"name": "dynamic_sampling", "max_draws": 5}]})
+    task = _Scripted([[[1.0, 0.0], [1.0, 1.0]], [[0.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]]])
+    ro, m = sample(task, 0, cfg, torch.Generator(), _filters(cfg, "rollout"))
+    assert m["filter/draws"] == 2.0 and m["filter/capped"] == 0.0 and m["samples/responses"] == 8
+    assert ro.rewards.tolist() == [[1.0, 0.0], [0.0, 1.0]]      # the first group with signal of each draw
+    assert m["filter/dynamic_sampling/dropped_groups"] == 0.5 and m["reward/zero_std_frac"] == 0.5
+    # capped: filled with the dropped groups, in draw order
+    task = _Scripted([[[1.0, 1.0], [1.0, 0.0]], [[0.0, 0.0], [1.0, 1.0]]])
+    cfg = resolve_run({**COIN, "filters": [{"name": "dynamic_sampling", "max_draws": 2}]})
+    ro, m = sample(task, 0, cfg, torch.Generator(), _filters(cfg, "rollout"))
+    assert m["filter/draws"] == 2.0 and m["filter/capped"] == 1.0
+    assert ro.rewards.tolist() == [[1.0, 0.0], [1.0, 1.0]]
