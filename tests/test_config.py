@@ -133,6 +133,7 @@ def test_resolved_run_holds_every_parameter():
     d = run_dict(cfg)
     assert d["task"]["name"] == "sort" and d["task"]["n"] == 4 and d["epochs"] == 100
     assert resolve_run(d) == cfg   # what is saved beside a run resolves to the same run
+    assert resolve_run({"task": cfg.task}).task == cfg.task   # a task config object, as the Python API passes it
 
 
 @pytest.mark.parametrize("over,key,words", [
@@ -203,6 +204,8 @@ def test_grid_and_named_variants(tmp_path):
     ({"base": TINY, "grid": {"lr": [0.1]}, "seeds": 0}, "seeds", "positive int or a list of ints, got 0"),
     ({"base": TINY, "grid": {"lr": [0.1]}, "seeds": True}, "seeds", "got True"),
     ({"base": TINY, "grid": {"lr": [0.1]}, "seeds": []}, "seeds", "got []"),
+    ({"base": TINY, "grid": {"lr": [0.1]}, "seeds": [0, "a"]}, "seeds", "got [0, 'a']"),
+    ({"base": TINY, "grid": {"lr": [0.1]}, "resources": {"gpu": 1}}, "resources.gpu", "unknown key; valid: cpus, gpus"),
     ({"base": TINY, "grid": {"lr": [0.1]}, "name": "a b"}, "name", "plain name"),
     ({"base": TINY, "grid": {"lr": []}}, "grid.lr", "non-empty list"),
     ({"base": TINY, "grid": {"lr": 0.1}}, "grid.lr", "non-empty list"),
@@ -263,6 +266,8 @@ def test_type_check_of_each_kind():
     assert _type_ok(None, int | None) == (True, None) and _type_ok(3, int | None) == (True, 3)
     assert _type_ok(2, float | None) == (True, 2.0) and _type_ok("x", int | None)[0] is False
     assert _type_ok([1], list) == (True, [1]) and _type_ok({}, dict)[0] and not _type_ok([], dict)[0]
+    assert _type_ok({}, dict[str, float])[0] and not _type_ok([], dict[str, float])[0]
+    assert _type_ok([1], list[int])[0] and not _type_ok({}, list[int])[0]
     assert _type_ok("a", str)[0] and not _type_ok(1, str)[0] and _type_ok(object(), "anything")[0]
     with pytest.raises(ConfigError, match=r"^f: aggregate.max_len: expected int \| None, got 'x'"):
         resolve_part("aggregate", {"name": "seq_mean_token_sum_norm", "max_len": "x"}, "f", "aggregate")
