@@ -168,8 +168,10 @@ def test_auto_picks_triton_only_when_every_tensor_is_on_cuda():
     class Cuda:  # what resolve_backend reads of a tensor
         is_cuda = True
 
+    import grpo_bench.logprobs as LP
     cpu = torch.zeros(1)
     pytest.importorskip("triton")
+    LP._has_triton.cache_clear()  # looked up afresh, not as an earlier test left it
     assert resolve_backend("auto", Cuda(), Cuda()) == "triton"
     assert resolve_backend("auto", Cuda(), cpu) == "chunked" and resolve_backend("auto", cpu) == "chunked"
 
