@@ -513,10 +513,12 @@ def load_equivalent() -> dict[str, dict[str, str]]:
 
 
 def run_module(module: str, tests: list[str], sandboxes: list[Path], work: Path, equivalent: dict,
-               verbose: bool, sample: int = 1) -> tuple[list[Mutant], float, str]:
+               verbose: bool, sample: int = 1, only: set | None = None) -> tuple[list[Mutant], float, str]:
     t0 = time.perf_counter()
     source, mutants = find_mutants(module)
     mutants = mutants[::sample]  # every k-th, in file order: the same sample every time
+    if only is not None:  # --survivors: the rest keep the status of the last run
+        mutants = [m for m in mutants if m.key in only]
     base = baseline(module, tests, sandboxes[0], work)
     known = equivalent.get(module, {})
     todo = []
@@ -657,6 +659,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sample", type=int, default=1, metavar="K",
                     help="run every K-th mutant only (the same ones every time); the report says so")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    ap.add_argument("--survivors", action="store_true",
+                    help="run again only the last run's survivors of each module (after adding tests), keep the rest")
     ap.add_argument("--report", action="store_true",
                     help="write results/mutation.md from the last run of each module (kept in .cache/), run nothing")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -693,8 +697,15 @@ def main(argv=None) -> int:
         sandboxes = [make_sandbox(work / f"repo{k}") for k in range(args.jobs)]
         for mod in modules:
             print(f"{mod}: tests {' '.join(MODULES[mod])}", flush=True)
-            ms, secs, source = run_module(mod, MODULES[mod], sandboxes, work, equivalent, args.verbose, args.sample)
-            results[mod] = (ms, secs, args.sample, args.jobs)
+            only, previous, sample = None, None, args.sample
+            if args.survivors:
+                previous, prev_secs, sample, _ = _load_cached(mod)
+                only = {m.key for m in previous if m.status in ("survived", "no test")}
+            ms, secs, source = run_module(mod, MODULES[mod], sandboxes, work, equivalent, args.verbose, sample, only)
+            if previous is not None:  # merge: the re-run survivors' new status, everything else as it was
+                again = {m.key: m for m in ms}
+                ms, secs = [again.get(m.key, m) for m in previous], prev_secs + secs
+            results[mod] = (ms, secs, sample, args.jobs)
             c = score(ms)
             print(f"{mod}: {c['mutants']} mutants, {c['killed']} killed, {c['timeout']} timeout, {c['survived']} "
                   f"survived, {c['no test']} no test, {c['equivalent']} equivalent: score {100 * c['score']:.1f}% "
@@ -704,7 +715,7 @@ def main(argv=None) -> int:
                     if m.status in ("survived", "no test"):
                         print(f"{m.status}: {m.module}\t{m.key}\n{diff_line(source, m)}\n", flush=True)
             _cache(mod).parent.mkdir(exist_ok=True)
-            _cache(mod).write_text(json.dumps({"seconds": secs, "jobs": args.jobs, "sample": args.sample, "mutants": [
+            _cache(mod).write_text(json.dumps({"seconds": secs, "jobs": args.jobs, "sample": sample, "mutants": [
                 {**vars(m), "diff": diff_line(source, m)} for m in ms]}, indent=1))
     total = time.perf_counter() - t0
     if not args.modules:
