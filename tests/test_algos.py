@@ -815,6 +815,12 @@ def test_top_entropy_edge_cases():
         half = _batch([[1.0, 0.0]], [[4, 5]], [[True, True]], entropy=ent.to(dtype))
         gate = f(half, rho=0.5).gate
         assert gate.sum() >= 4 and gate.dtype == half.mask.dtype
+    # a gate already set (an earlier step filter) is narrowed, never widened
+    full = _batch([[1.0, 0.0]], [[4, 5]], [[True, True]], entropy=ent)
+    earlier = torch.zeros_like(full.mask)
+    earlier[0, 1] = full.mask[0, 1]
+    out = f(full.replace(gate=earlier), rho=1.0)
+    assert torch.equal(out.gate, earlier)
 
 
 def test_dppo_bounds_are_inclusive():

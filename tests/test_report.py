@@ -236,6 +236,14 @@ def test_metric_range_table():
         assert r(heavy).lo == 0 and r(heavy).heavy, heavy
     assert r("entropy").lo == 0 and not r("entropy").heavy
     assert r("kl/value") == r("reward/mean") == r("loss/policy") == R.Range()
+    # every row of the table: what each metric the trainer and tasks log can be
+    for m in ["reward/format", "reward/solved", "response/finished", "eval/accuracy", "eval/pass@k"]:
+        assert (r(m).lo, r(m).hi, r(m).heavy) == (0, 1, False), m
+    for m in ["entropy", "reward/std", "delta/abs_mean", "response/length"]:
+        assert (r(m).lo, r(m).hi, r(m).heavy) == (0, math.inf, False), m
+    for m in ["time/step_s", "ratio/min", "grad/norm"]:
+        assert (r(m).lo, r(m).hi, r(m).heavy) == (0, math.inf, True), m
+    assert (r("eval/accuracy_gain").lo, r("eval/accuracy_gain").hi, r("eval/accuracy_gain").heavy) == (-1, 1, False)
 
 
 def test_diagnostics_pick_up_new_metric_names():
