@@ -636,3 +636,255 @@ def test_the_readme_example_part_works():
             resolve_run({"task": "sort", "loss": {"name": "my_clip", "clip": 1.5}})
     finally:
         registry._REGISTRY["loss"].pop("my_clip", None)
+
+
+# ------------------------------------------------------------------ contracts
+
+
+def test_masked_helpers():
+    from grpo_bench.algos import masked_mean, masked_sum
+    x = T([[[1.0, 2.0, float("inf")], [4.0, 5.0, 6.0]]])
+    m = T([[[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]])
+    assert masked_sum(x, m).item() == 3.0 and masked_mean(x, m).item() == 1.5   # inf under the mask: not read
+    assert masked_mean(x, m, dim=-1).tolist() == [[1.5, 0.0]]                   # no token: 0, not nan
+    assert masked_mean(x, m, dim=-1, keepdim=True).shape == (1, 2, 1)
+    assert masked_sum(x, m, dim=-1).shape == (1, 2) and masked_sum(x, m, dim=-1, keepdim=True).shape == (1, 2, 1)
+
+
+def test_one_token_aggregates_to_itself():
+    x, m = T([[[2.5, 9.0]]]), T([[[1.0, 0.0]]])
+    for name in ["token_mean", "token_sum", "seq_mean_token_mean", "seq_mean_token_sum"]:
+        assert agg(name, x, m) == 2.5, name
+    assert agg("seq_mean_token_sum_norm", x, m, max_len=1) == 2.5
+
+
+# the papers' (or verl's / TRL's) defaults: what `loss: clipped` without parameters means
+DEFAULTS = {
+    ("delta", "zscore"): {"eps": 1e-6}, ("delta", "batch_std"): {"eps": 1e-6},
+    ("delta", "passk"): {"normalize": True, "eps": 1e-6}, ("delta", "reinforce_pp"): {"eps": 1e-8},
+    ("delta", "reinforce_pp_baseline"): {"eps": 1e-8}, ("delta", "gpg"): {"f_norm": 1.0, "count": "advantage"},
+    ("loss", "clipped"): {"clip_low": 0.2, "clip_high": 0.2},
+    ("loss", "dual_clip"): {"clip_low": 0.2, "clip_high": 0.2, "clip_c": 3.0},
+    ("loss", "gspo"): {"clip_low": 3e-4, "clip_high": 4e-4}, ("loss", "gmpo"): {"clip_low": 0.4, "clip_high": 0.4},
+    ("loss", "cispo"): {"clip_low": None, "clip_high": 4.0}, ("loss", "sapo"): {"tau_pos": 1.0, "tau_neg": 1.05},
+    ("loss", "vespo"): {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0},
+    ("loss", "dppo_tv"): {"clip_low": 0.2, "clip_high": 0.2, "clip_c": 20.0},
+    ("loss", "dppo_kl"): {"clip_low": 0.2, "clip_high": 0.2, "clip_c": 20.0},
+    ("loss", "clip_cov"): {"clip_low": 0.2, "clip_high": 0.2, "clip_cov_ratio": 2e-4, "clip_cov_lb": 1.0,
+                           "clip_cov_ub": 5.0},
+    ("loss", "kl_cov"): {"kl_cov_ratio": 2e-4, "ppo_kl_coef": 1.0},
+    ("aggregate", "seq_mean_token_sum_norm"): {"max_len": None},
+    ("kl_ctrl", "adaptive"): {"target": 0.1, "horizon": 10000.0},
+    ("ref_update", "hard"): {"every": 10}, ("ref_update", "soft"): {"every": 1, "alpha": 0.6},
+    ("filter", "dynamic_sampling"): {"max_draws": 4}, ("filter", "overlong_punish"): {"cache": 4, "max_len": None},
+    ("filter", "top_entropy"): {"rho": 0.2},
+}
+
+
+def test_defaults_are_the_sources_values():
+    for axis in registry.AXES:
+        if axis in ("task", "reward"):
+            continue
+        for name in registry.names(axis):
+            assert registry.resolve_params(axis, name, {}) == DEFAULTS.get((axis, name), {}), (axis, name)
+
+
+@pytest.mark.parametrize("axis,name,param,ok,bad", [
+    ("loss", "clipped", "clip_low", [1e-9, 0.999], [0.0, 1.0]),            # (0, 1)
+    ("loss", "clipped", "clip_high", [1e-9, 5.0], [0.0, -0.1]),            # > 0
+    ("loss", "cispo", "clip_low", [None, 0.5], [0.0, 1.0]),                # null or (0, 1)
+    ("loss", "dual_clip", "clip_c", [1.000001, 10.0], [1.0, 0.5]),         # > 1
+    ("loss", "vespo", "k_pos", [0.0, 2.0], [-1e-9]),                       # >= 0
+    ("aggregate", "seq_mean_token_sum_norm", "max_len", [None, 1], [0]),   # null or >= 1
+    ("filter", "overlong_punish", "max_len", [None, 1], [0]),
+    ("filter", "overlong_punish", "cache", [1], [0]),
+    ("filter", "top_entropy", "rho", [0.0, 1.0], [-0.1, 1.1]),             # [0, 1]
+    ("ref_update", "hard", "every", [1], [0]),
+    ("ref_update", "soft", "alpha", [0.0, 1.0], [1.1]),
+    ("delta", "gpg", "count", ["reward"], ["tokens"]),
+])
+def test_parameter_bounds(axis, name, param, ok, bad):
+    for v in ok:
+        assert registry.resolve_params(axis, name, {param: v})[param] == v
+    for v in bad:
+        with pytest.raises(ValueError, match=f"^{param}: "):
+            registry.resolve_params(axis, name, {param: v})
+
+
+GROUP_PARTS = {("delta", n) for n in ["centered", "zscore", "batch_std", "rloo", "max", "passk", "opo",
+                                      "reinforce_pp_baseline", "gpg"]} | {("filter", "dynamic_sampling")}
+
+
+def test_parts_that_compare_a_group_refuse_one_response():
+    from grpo_bench.config import ConfigError, resolve_run
+    for axis in ("delta", "filter"):
+        for name in registry.names(axis):
+            cfg = {"task": "sort", "group_size": 1, "delta": "raw"}
+            cfg |= {"delta": name} if axis == "delta" else {"filters": [name]}
+            if name == "remax":
+                continue  # compares with the greedy answer, not within a group
+            if (axis, name) in GROUP_PARTS:
+                with pytest.raises(ConfigError, match="group_size: must be >= 2"):
+                    resolve_run(cfg)
+            else:
+                assert resolve_run(cfg).group_size == 1, (axis, name)
+
+
+@pytest.mark.parametrize("name", registry.names("delta"))
+def test_deltas_never_write_into_the_rewards(name):
+    # a caller that edits its advantages in place must not change the rewards it logs
+    src = T([[1.0, 0.0, 2.0], [0.5, 0.5, 0.5]])
+    keep = src.clone()
+    res = registry.get("delta", name)(src, T([[1, 2, 3]] * 2), T([0.5, 0.0]))
+    res.add_(100.0)
+    assert torch.equal(src, keep), name
+
+
+def test_whitening_equal_rewards_is_zero_not_nan():
+    # every reward of the batch equal: variance 0, and eps keeps 0 / sqrt(0 + eps) at 0
+    for name in ["reinforce_pp", "reinforce_pp_baseline"]:
+        out = delta(name, [[0.5, 0.5], [0.5, 0.5]], lengths=[[1, 2], [3, 4]])
+        assert out.tolist() == [[0.0, 0.0], [0.0, 0.0]], name
+
+
+def test_reference_schedules_from_the_first_epoch_on():
+    hard, soft = registry.get("ref_update", "hard"), registry.get("ref_update", "soft")
+    # every = 1: a refresh before every rollout but the first (the reference starts equal to the policy)
+    assert [hard(e, every=1) for e in range(4)] == [0, 1, 1, 1]
+    assert [soft(e, every=1, alpha=0.5) for e in range(4)] == [0, 0.5, 0.5, 0.5]
+    assert [hard(e) for e in range(21)].count(1.0) == 2 and [soft(e) for e in range(3)] == [0, 0.6, 0.6]
+
+
+@pytest.mark.parametrize("name,params", [
+    ("clipped", {"clip_low": 0.5, "clip_high": 1.0}), ("gspo", {"clip_low": 0.5, "clip_high": 1.0}),
+    ("dual_clip", {"clip_low": 0.5, "clip_high": 1.0, "clip_c": 2.0}), ("cispo", {"clip_low": 0.5, "clip_high": 1.0}),
+    ("clip_cov", {"clip_low": 0.5, "clip_high": 1.0, "clip_cov_lb": 1e9, "clip_cov_ub": 2e9}),
+])
+def test_a_ratio_exactly_on_the_bound_is_not_clipped(name, params):
+    # ratios of exactly 2 and 0.5 (exp(+-log 2) is exact), the bounds 1 + 1.0 and 1 - 0.5: the clip
+    # leaves the token's value and gradient as they are, so it is in no region
+    l2 = math.log(2.0)
+    old = T([[[-l2, -l2], [0.0, 0.0], [-l2, -l2], [0.0, 0.0]]])
+    logp = T([[[0.0, 0.0], [-l2, -l2], [0.0, 0.0], [-l2, -l2]]]).requires_grad_()
+    d = T([[1.0, -1.0, -1.0, 0.0]])   # ratio 2 with A > 0, 0.5 with A < 0, 2 with A < 0 (the dual cap), 0.5 with A = 0
+    per_tok, regions = loss(name, logp, old, d, **params)
+    per_tok[:, :3].sum().backward()
+    for k, r in regions.items():
+        assert not r.any(), (name, k, r)
+    if name != "cispo":
+        assert (logp.grad[:, :3] != 0).all(), name
+
+
+def test_gmpo_log_ratio_on_the_bound_is_not_clipped():
+    logp = T([[[0.5, 0.5], [-0.5, -0.5], [-0.5, -0.5]]]).requires_grad_()
+    old = torch.zeros(1, 3, 2)
+    per_tok, regions = loss("gmpo", logp, old, T([[1.0, -1.0, 0.0]]), clip_low=0.5, clip_high=0.5)
+    assert not regions["low"].any() and not regions["high"].any()
+    per_tok[:, :2].sum().backward()
+    assert (logp.grad[:, :2] != 0).all()
+
+
+def test_filters_return_changed_copies():
+    import dataclasses
+    b = _batch([[1.0, 0.0]], [[3, 8]], [[True, False]])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        b.mask = b.mask * 0   # a filter cannot edit the batch another filter or the trainer still holds
+    out = registry.get("filter", "mask_truncated")(b)
+    assert out is not b and b.mask[0, 1].sum() == 8 and b.max_draws == 1 and b.keep is None and b.gate is None
+
+
+def test_opo_without_lengths_falls_back_to_the_group_mean():
+    # a group whose responses all have length 0 (every token filtered): the plain mean
+    out = delta("opo", [[1.0, 0.0, 2.0], [1.0, 0.0, 0.0]], lengths=[[0, 0, 0], [1, 1, 2]])
+    torch.testing.assert_close(out[0], T([0.0, -1.0, 1.0]))
+    torch.testing.assert_close(out[1], T([0.75, -0.25, -0.25]))
+
+
+def test_gpg_counts_a_single_nonzero_reward():
+    torch.testing.assert_close(delta("gpg", [[1.0, 0.0]], count="reward"), T([[1.0, -1.0]]))   # alpha = 2 / 1
+
+
+def test_top_entropy_edge_cases():
+    f = registry.get("filter", "top_entropy")
+    b = _batch([[1.0, 0.0]], [[4, 5]], [[True, True]])
+    assert f(b, rho=0.2) is b                                        # no entropy: nothing to gate on
+    ent = torch.rand(1, 2, 8, generator=torch.Generator().manual_seed(0)).double()
+    empty = _batch([[1.0, 0.0]], [[0, 0]], [[True, True]], entropy=ent)
+    assert f(empty, rho=0.2) is empty                                # no token at all
+    for dtype in (torch.float16, torch.bfloat16):                    # low precision: compared in fp32
+        half = _batch([[1.0, 0.0]], [[4, 5]], [[True, True]], entropy=ent.to(dtype))
+        gate = f(half, rho=0.5).gate
+        assert gate.sum() >= 4 and gate.dtype == half.mask.dtype
+    # a gate already set (an earlier step filter) is narrowed, never widened
+    full = _batch([[1.0, 0.0]], [[4, 5]], [[True, True]], entropy=ent)
+    earlier = torch.zeros_like(full.mask)
+    earlier[0, 1] = full.mask[0, 1]
+    out = f(full.replace(gate=earlier), rho=1.0)
+    assert torch.equal(out.gate, earlier)
+
+
+def test_dppo_bounds_are_inclusive():
+    # pi - pi_old exactly +-0.5 (probabilities 1 and 0.5: exact in binary), bounds 0.5: kept, not cut
+    l2 = math.log(2.0)
+    logp = T([[[0.0], [-l2]]])
+    old = T([[[-l2], [0.0]]])
+    per_tok, regions = loss("dppo_tv", logp, old, T([[1.0, -1.0]]), clip_low=0.5, clip_high=0.5, clip_c=2.0)
+    assert not regions["low"].any() and not regions["high"].any()
+    assert not regions["cap"].any()                       # the first token's ratio is exactly clip_c = 2
+    torch.testing.assert_close(per_tok, T([[[-2.0 * 0.0], [0.5 * -l2]]]))
+
+
+def test_kl_cov_picks_unmasked_tokens_by_covariance():
+    logp = T([[[-0.1, -2.0, -3.0], [-0.2, -1.0, -4.0]]])
+    old = logp - 0.05
+    d = T([[1.0, -1.0]])
+    mask = T([[[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]])
+    adv = d.unsqueeze(-1).expand_as(logp)
+    on = mask > 0
+    cov = (adv - adv[on].mean()) * (logp - logp[on].mean())
+    cov[~on] = -float("inf")
+    # the smallest share: one token, the highest covariance among the unmasked ones
+    _, regions = loss("kl_cov", logp, old, d, mask, kl_cov_ratio=1e-6, ppo_kl_coef=1.0)
+    assert regions["cov"].sum() == 1 and regions["cov"].reshape(-1)[cov.reshape(-1).argmax()]
+    # a larger share never reaches a masked token, however high its covariance would be
+    _, regions = loss("kl_cov", logp, old, d, mask, kl_cov_ratio=0.99)
+    assert regions["cov"].sum() == 4 and not regions["cov"][~on].any()
+    _, regions = loss("kl_cov", logp, old, d, torch.zeros_like(mask), kl_cov_ratio=0.5)
+    assert not regions["cov"].any()
+
+
+def test_clip_cov_cuts_candidates_only():
+    logp, old = _logps(16, shape=(2, 3, 4), spread=0.05)
+    d = torch.randn(2, 3, generator=torch.Generator().manual_seed(17)) * 20
+    mask = torch.ones_like(logp)
+    mask[0, 0, 2:] = 0
+    adv = d.unsqueeze(-1).expand_as(logp)
+    on = mask > 0
+    cov = (adv - adv[on].mean()) * (logp - logp[on].mean())
+    ratio = (logp - old).exp()
+    inside = ~(((adv < 0) & (ratio < 0.9)) | ((adv > 0) & (ratio > 1.1)))
+    candidates = on & inside & (cov > 1.0) & (cov < 30.0)
+    assert 2 <= candidates.sum() < on.sum()
+    torch.manual_seed(0)
+    _, regions = loss("clip_cov", logp, old, d, mask, clip_low=0.1, clip_high=0.1, clip_cov_ratio=0.99,
+                      clip_cov_lb=1.0, clip_cov_ub=30.0)
+    assert torch.equal(regions["cov"], candidates)   # a share large enough to take every candidate
+    _, regions = loss("clip_cov", logp, old, d, mask, clip_low=0.1, clip_high=0.1, clip_cov_ratio=1e-6,
+                      clip_cov_lb=1.0, clip_cov_ub=30.0)
+    assert regions["cov"].sum() == 1 and (regions["cov"] & candidates).sum() == 1
+
+
+def test_vespo_clamps_each_token_log_ratio():
+    # per token to [-20, 20] before the sum: 25 and -15 make 5 (not 10); then phi = w^k e^(lambda (1 - w))
+    logp = T([[[0.0, -15.0]]])
+    old = T([[[-25.0, 0.0]]])
+    x = logp.clone().requires_grad_()
+    per_tok, _ = loss("vespo", x, old, T([[1.0]]), k_pos=0.5, lambda_pos=0.0)
+    w = math.exp(5.0)
+    phi = math.exp(1e-4 + 0.5 * 5.0 - 1e-4 * w)   # lambda is kept >= 1e-4
+    torch.testing.assert_close(per_tok, -phi * logp)
+    neg, _ = loss("vespo", T([[[-25.0, 0.0]]]), T([[[0.0, -15.0]]]), T([[1.0]]), k_pos=0.5, lambda_pos=0.0)
+    torch.testing.assert_close(neg, -math.exp(1e-4 + 0.5 * -5.0 - 1e-4 * math.exp(-5.0)) * T([[[-25.0, 0.0]]]))
+    # an overflowing weight is 0, not inf
+    big, _ = loss("vespo", T([[[-1.0]]]), T([[[-21.0]]]), T([[1.0]]), k_pos=3000.0, lambda_pos=0.0)
+    assert big.item() == 0.0   # exp(3000 * 20 - 1e-4 * e^20) overflows

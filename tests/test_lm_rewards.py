@@ -144,3 +144,29 @@ def test_presets_resolve_and_merge_overrides():
     assert lecture.task == resolve_run({"task": "sort"}).task   # the lecture's setting is the sort default
     with pytest.raises(ConfigError, match="unknown task 'sort_easy'; valid: arithmetic, sort .*sort_hard"):
         resolve_run({"task": "sort_easy"}, "x.yaml")
+
+
+def test_reward_defaults_when_the_task_gives_less():
+    # no `finished`: every completion counts as ended; no lengths: the text's length, the longest as the cap
+    assert rewards.format_reward(["p", "p"], ["12", "x"]) == [1.0, 0.0]
+    assert rewards.length_penalty(["p"] * 3, ["abcd", "ab", ["not text"]]) == [-1.0, -0.5, 0.0]
+    assert rewards.length_penalty(["p"], ["a"]) == [-1.0] and rewards.length_penalty(["p"], [""]) == [0.0]
+    assert rewards.length_penalty([], []) == []
+    assert rewards.length_penalty(["p"], ["abc"], completion_lengths=[5], max_new_tokens=4) == [-1.0]
+
+
+def test_reward_specs_and_weights_are_checked():
+    for spec in ["arithmetic_rewards:", ":digits"]:
+        with pytest.raises(ValueError, match="expected module:function"):
+            rewards.resolve(spec, "arithmetic")
+    for bad, words in [({}, "empty"), ([], "empty"), ({"correct": True}, "must be a number"),
+                       ({"correct": "1"}, "must be a number")]:
+        with pytest.raises(ValueError, match=f"^rewards: .*{words}"):
+            rewards.check(bad, "arithmetic")
+
+
+def test_a_reward_may_abstain():
+    # TRL's convention: None means "does not apply", which counts as 0
+    fns = {"a": (lambda prompts, completions, **kw: [None, 1.0], 2.0), "b": (lambda p, c, **kw: [1.0, None], 0.5)}
+    total, parts = rewards.combine(fns, ["p", "q"], ["x", "y"])
+    assert total == [0.5, 2.0] and parts == {"a": [0.0, 1.0], "b": [1.0, 0.0]}

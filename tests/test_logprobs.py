@@ -141,3 +141,59 @@ def test_kl_off_needs_no_reference():
 def test_public_name():
     import grpo_bench
     assert grpo_bench.selective_log_softmax is selective_log_softmax
+
+
+def test_each_backend_runs_its_own_implementation(monkeypatch):
+    # the numbers agree by design, so which code ran is checked directly
+    import grpo_bench.logprobs as LP
+    ran = []
+    for name in ["_torch_logprobs", "chunked_logprobs", "fused_linear_logprobs"]:
+        real = getattr(LP, name)
+        monkeypatch.setattr(LP, name, lambda *a, _n=name, _f=real, **k: ran.append((_n, k.get("use_triton"))) or _f(*a, **k))
+    x, y = logits_and_labels(2, 3, v=7)
+    for backend, want in [("torch", "_torch_logprobs"), ("chunked", "chunked_logprobs")] + \
+            ([("auto", "chunked_logprobs")] if DEVICE == "cpu" else []):
+        ran.clear()
+        token_logprobs(x, y, backend=backend)
+        assert [n for n, _ in ran] == [want], backend
+    h, w = torch.randn(2, 3, 4, dtype=F32, device=DEVICE), torch.randn(7, 4, dtype=F32, device=DEVICE)
+    for backend, want in [("torch", [("_torch_logprobs", None)]), ("chunked", [("fused_linear_logprobs", False)]),
+                          ("triton", [("fused_linear_logprobs", True)])]:
+        ran.clear()
+        lp, ent = linear_logprobs(h, w, y, backend=backend)
+        assert ran == want and ent is None, backend   # no entropy unless asked for
+
+
+def test_auto_picks_triton_only_when_every_tensor_is_on_cuda():
+    class Cuda:  # what resolve_backend reads of a tensor
+        is_cuda = True
+
+    import grpo_bench.logprobs as LP
+    cpu = torch.zeros(1)
+    pytest.importorskip("triton")
+    LP._has_triton.cache_clear()  # looked up afresh, not as an earlier test left it
+    assert resolve_backend("auto", Cuda(), Cuda()) == "triton"
+    assert resolve_backend("auto", Cuda(), cpu) == "chunked" and resolve_backend("auto", cpu) == "chunked"
+
+
+def test_kl_needs_a_coefficient():
+    # kl named without kl_coef adds nothing: the coefficient defaults to 0
+    gen = torch.Generator().manual_seed(5)
+    logp, ref = -torch.rand(2, 3, 4, generator=gen), -torch.rand(2, 3, 4, generator=gen)
+    d, mask = torch.randn(2, 3, generator=gen), torch.ones(2, 3, 4)
+    with_kl, stats = grpo_loss(logp, logp, ref, d, mask, loss="clipped", kl="k3", backend="torch")
+    without, _ = grpo_loss(logp, logp, None, d, mask, loss="clipped", backend="torch")
+    assert with_kl == without and "kl/value" not in stats
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_clip_share_of_a_single_token(backend):
+    # one unmasked token, clipped: every share is of that one token
+    logp = torch.tensor([[0.0, 0.0]], dtype=F32, device=DEVICE)
+    old = torch.tensor([[-1.0, 0.0]], dtype=F32, device=DEVICE)      # ratio e > 1.2, with A > 0
+    mask = torch.tensor([[1.0, 0.0]], dtype=F32, device=DEVICE)
+    one = torch.ones(1, dtype=F32, device=DEVICE)
+    _, stats = grpo_loss(logp, old, logp, one, mask, loss="clipped", kl="k2", kl_coef=0.1, aggregate="token_mean",
+                         backend=backend)
+    assert stats["clip/frac"].item() == stats["clip/high_frac"].item() == 1.0 and stats["clip/low_frac"].item() == 0.0
+    assert stats["kl/value"].item() == 0.0

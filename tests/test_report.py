@@ -157,6 +157,9 @@ def test_every_drawn_line_has_two_points(which, request):
             assert lines, stem
         for ax, ln in lines:
             assert len(ln.get_xdata()) >= 2, (stem, ax.get_title(), ln.get_gid())
+            if ln.get_gid() is not None:  # a variant's curve: a visible line, not markers or nothing
+                assert ln.get_linestyle() not in ("None", "", " ") and ln.get_linewidth() > 0, (stem, ln.get_gid())
+                assert (ln.get_alpha() is None or ln.get_alpha() > 0) and ln.get_visible(), (stem, ln.get_gid())
 
 
 def test_a_variant_with_one_point_draws_no_line(tmp_path):
@@ -233,6 +236,14 @@ def test_metric_range_table():
         assert r(heavy).lo == 0 and r(heavy).heavy, heavy
     assert r("entropy").lo == 0 and not r("entropy").heavy
     assert r("kl/value") == r("reward/mean") == r("loss/policy") == R.Range()
+    # every row of the table: what each metric the trainer and tasks log can be
+    for m in ["reward/format", "reward/solved", "response/finished", "eval/accuracy", "eval/pass@k"]:
+        assert (r(m).lo, r(m).hi, r(m).heavy) == (0, 1, False), m
+    for m in ["entropy", "reward/std", "delta/abs_mean", "response/length"]:
+        assert (r(m).lo, r(m).hi, r(m).heavy) == (0, math.inf, False), m
+    for m in ["time/step_s", "ratio/min", "grad/norm"]:
+        assert (r(m).lo, r(m).hi, r(m).heavy) == (0, math.inf, True), m
+    assert (r("eval/accuracy_gain").lo, r("eval/accuracy_gain").hi, r("eval/accuracy_gain").heavy) == (-1, 1, False)
 
 
 def test_diagnostics_pick_up_new_metric_names():
@@ -493,3 +504,26 @@ def test_gallery_of_a_folder_without_results_is_exit_2(tmp_path, capsys):
 def test_gallery_question_is_the_first_sentence():
     assert C.question("Dr. GRPO vs. GSPO, e.g. on a toy. Then more.") == "Dr. GRPO vs. GSPO, e.g. on a toy."
     assert C.question("K = 10 inner steps. nanochat is on-policy.") == "K = 10 inner steps."
+
+
+def test_main_column_ignores_empty_and_non_final_columns():
+    s = pd.DataFrame({"variant": ["a"], "status": ["ok"], "final/reward": [0.3],
+                      "final/eval/accuracy_gain": [float("nan")], "eval/accuracy_gain": [0.2]})
+    assert R.main_column(s) == "final/reward"   # an all-NaN final column is not a task's metric
+    assert R.main_column(s.drop(columns=["final/reward"])) is None
+
+
+def test_percentiles_per_row_with_missing_values():
+    x = np.array([[1.0, 2.0, 3.0], [4.0, np.nan, 6.0], [np.nan, np.nan, np.nan]])
+    with np.errstate(all="ignore"):
+        assert R._percentiles(x, 50)[:2].tolist() == [2.0, 5.0] and np.isnan(R._percentiles(x, 50)[2])
+
+
+def test_curves_are_smoothed_over_a_twentieth_of_the_run():
+    rows = [("r", "a", 0, step, "reward/mean", float(step % 2)) for step in range(40)]
+    curves = R.by_metric(pd.DataFrame(rows, columns=["run", "variant", "seed", "step", "metric", "value"]))
+    table = R.run_matrices(curves, "reward/mean", ["a"])["a"]
+    # 40 steps: a rolling mean over 2, so the alternating 0, 1 becomes 0, 0.5, 0.5, ...
+    assert table["r"].tolist() == [0.0] + [0.5] * 39
+    short = R.by_metric(pd.DataFrame(rows[:39], columns=["run", "variant", "seed", "step", "metric", "value"]))
+    assert R.run_matrices(short, "reward/mean", ["a"])["a"]["r"].tolist() == [float(s % 2) for s in range(39)]

@@ -8,10 +8,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
+from grpo_bench.config import load_ablation, resolve_run, run_dict
 from helpers import ROOT, cli
 
 # the claim ablations (with `settings`) have their own smoke test in test_findings.py
@@ -32,8 +34,23 @@ def test_shipped_ablation_smoke(tmp_path, name):
     assert n_variants >= 2 and len(summary) == 2 * n_variants
     assert (summary.status == "ok").all(), summary.error.tolist()
     assert abl.get("seeds", 0) >= (3 if name.startswith("arithmetic") else 5)
+    # each run trained on its own variant's resolved config (grid and --set applied), with its seed
+    planned = load_ablation(ROOT / "ablations" / name, seeds=2, sets=tiny[1::2])
+    want = {label: raw for label, _, raw in planned.variants}
     metrics = pd.read_csv(tmp_path / "metrics.csv")
     assert {"run", "variant", "seed", "step", "metric", "value"} <= set(metrics.columns)
+    steps = 2 * 2 if not name.startswith("arithmetic") else 1
+    for _, run in summary.iterrows():
+        saved = yaml.safe_load((tmp_path / "runs" / run.run / "config.yaml").read_text())
+        assert saved == json.loads(json.dumps(run_dict(resolve_run(dict(want[run.variant], seed=run.seed))))), run.run
+        m = metrics[metrics.run == run.run]
+        last = m[m.step == steps - 1].set_index("metric").value
+        assert np.isfinite(last["loss/total"]) and 0 <= last["reward/mean"] <= 1, run.run
+        # final/reward is the mean rollout reward of the last tenth of epochs: the last one here
+        assert run["final/reward"] == pytest.approx(last["reward/mean"]), run.run
+    # seeds and variants reach the numbers: no two runs share every metric
+    fingerprints = metrics.groupby("run").value.apply(lambda v: tuple(v.round(12)))
+    assert fingerprints.nunique() == len(summary)
     report = (tmp_path / "REPORT.md").read_text()
     # two epochs may leave no metric with a curve; the per-seed final values always exist
     figures = re.findall(r"\]\(([\w.]+\.png)\)", report)
@@ -41,6 +58,8 @@ def test_shipped_ablation_smoke(tmp_path, name):
     for f in figures:
         assert (tmp_path / f).stat().st_size > 0, f
     assert "± " in report and "seed noise" in report
+    for v in want:
+        assert f"| `{v}` | 2/2 |" in report
 
 
 def _write(tmp_path, base, grid, seeds):
@@ -94,3 +113,129 @@ def test_kill_and_resume(tmp_path):
     # a changed config is a different run: nothing is skipped
     res = cli("run", path, "--out", out, "--workers", "1", "--set", "lr=0.002")
     assert "already finished" not in res.stderr
+
+
+# ------------------------------------------------------------------ in-process: the runner's pieces
+
+from grpo_bench import runner as RN  # noqa: E402
+from grpo_bench.config import ConfigError, config_hash  # noqa: E402
+
+TINY = {"task": {"name": "sort", "prompts": None, "num_prompts": 2, "eval_prompts": 4, "n": 2, "vocab": 3},
+        "epochs": 2, "inner_steps": 1, "group_size": 2, "delta": "centered"}
+
+
+def _abl(tmp_path, grid=None, seeds=2, base=None):
+    return load_ablation(_write(tmp_path, base or TINY, grid or {"loss": ["naive", "clipped"]}, seeds))
+
+
+def test_slug_and_plan(tmp_path):
+    assert RN._slug("loss=clipped,kl=k3") == "loss=clipped_kl=k3" and RN._slug(" a b/c ") == "a_b_c"
+    assert RN._slug("///") == "base" and len(RN._slug("x" * 200)) == 80
+    abl = _abl(tmp_path, {"loss": ["naive", {"name": "clipped", "clip_high": 0.3}]})
+    specs = RN.plan(abl)
+    assert [(s.variant, s.seed) for s in specs] == [(v, s) for v, _, _ in abl.variants for s in (0, 1)]
+    for s in specs:
+        h = config_hash(resolve_run(dict(s.config)))
+        assert s.run_id == f"{RN._slug(s.variant)}-s{s.seed}-{h}" and s.config["seed"] == s.seed
+    assert specs[2].values == {"loss": '{"clip_high": 0.3, "name": "clipped"}'} and specs[0].values == {"loss": "naive"}
+    assert len({s.run_id for s in specs}) == 4
+
+
+def test_train_one_records_a_failure_and_never_raises():
+    import torch
+    before = torch.get_num_threads()
+    try:
+        spec = RN.RunSpec("r-s0-x", "v", {"lr": 1e30}, 0, {**TINY, "optimizer": "sgd", "lr": 1e30, "epochs": 5, "seed": 0})
+        cfg, rows, summary = RN.train_one(spec, threads=1)
+        assert torch.get_num_threads() == 1
+        # SGD at lr 1e30: a non-finite loss, or logits so large that sampling itself fails
+        assert summary["status"] == "failed" and re.match(r"^(NonFiniteLoss|RuntimeError): \w", summary["error"])
+        assert "\n" not in summary["error"] and "Traceback" in summary["traceback"] and summary["wall_s"] >= 0
+        assert summary["run"] == "r-s0-x" and summary["variant"] == "v" and summary["lr"] == 1e30
+        assert rows and cfg["lr"] == 1e30   # what it logged before failing is kept
+        ok = RN.train_one(RN.RunSpec("ok", "v", {}, 3, {**TINY, "seed": 3}))[2]
+        assert ok["status"] == "ok" and ok["error"] == "" and ok["seed"] == 3 and "final/reward" in ok
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_failed_result_keeps_the_first_line():
+    spec = RN.RunSpec("r", "v", {"loss": "naive"}, 1, {**TINY, "seed": 1})
+    cfg, rows, s = RN.failed_result(spec, "WorkerLost: gone\nmore", "tb")
+    assert s["error"] == "WorkerLost: gone" and s["status"] == "failed" and s["traceback"] == "tb"
+    assert rows == [] and cfg["seed"] == 1 and s["loss"] == "naive" and s["seed"] == 1
+    assert RN.failed_result(spec, "")[2]["error"] == "failed"
+
+
+def test_write_run_is_whole_or_absent(tmp_path):
+    spec = RN.RunSpec("r1", "v", {}, 0, {**TINY, "seed": 0})
+    cfg = run_dict(resolve_run(spec.config))
+    RN.write_run(tmp_path, spec, (cfg, [(0, "m", 1.5)], {"run": "r1", "status": "failed"}))
+    d = tmp_path / "runs" / "r1"
+    assert not RN.finished(d) and yaml.safe_load((d / "config.yaml").read_text()) == json.loads(json.dumps(cfg))
+    RN.write_run(tmp_path, spec, (cfg, [(0, "m", 2.5)], {"run": "r1", "status": "ok"}))  # a retry replaces it
+    assert RN.finished(d) and pd.read_csv(d / "metrics.csv").value.tolist() == [2.5]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["r1"]   # no temporary directory left
+    (d / "summary.json").write_text("{not json")
+    assert not RN.finished(d) and not RN.finished(tmp_path / "runs" / "nope")
+    (d / "summary.json").write_text("{}")
+    assert not RN.finished(d)
+
+
+def test_the_lock_is_held_and_named(tmp_path):
+    out = tmp_path / "o"
+    lock = RN.lock_out(out)
+    try:
+        assert (out / ".lock").read_text() == f"{os.getpid()}\n" and not list(out.glob(".write-test*"))
+        with pytest.raises(ConfigError, match=rf"another sweep \(pid {os.getpid()}\) is writing here"):
+            RN.lock_out(out)
+    finally:
+        lock.close()
+    RN.lock_out(out).close()   # released: the next sweep takes it
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_run_ablation_in_process_and_resume(tmp_path, workers, capsys):
+    abl = _abl(tmp_path, seeds=2)
+    out = tmp_path / "o"
+    summary = RN.run_ablation(abl, out, workers=workers, progress=False)
+    specs = RN.plan(abl)
+    assert summary.run.tolist() == [s.run_id for s in specs] and (summary.status == "ok").all()
+    meta = json.loads((out / "ablation.json").read_text())
+    assert meta["runs"] == summary.run.tolist() and meta["variants"] == ["loss=naive", "loss=clipped"]
+    assert meta["axes"] == ["loss"] and meta["seeds"] == [0, 1] and meta["name"] == "t"
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert list(metrics.columns) == ["run", "variant", "loss", "seed", "step", "metric", "value"]
+    assert set(metrics.run) == set(summary.run) and "traceback" not in summary.columns
+    first = {p.name: (p / "summary.json").stat().st_mtime_ns for p in (out / "runs").iterdir()}
+    capsys.readouterr()
+    again = RN.run_ablation(abl, out, workers=workers, progress=False)
+    assert "4 of 4 runs already finished" in capsys.readouterr().err
+    assert {p.name: (p / "summary.json").stat().st_mtime_ns for p in (out / "runs").iterdir()} == first
+    pd.testing.assert_frame_equal(again, summary)
+
+
+def test_a_failed_run_is_reported_and_kept(tmp_path, capsys):
+    abl = load_ablation(_write(tmp_path, {**TINY, "optimizer": "sgd", "epochs": 4}, {"lr": [1e30, 0.01]}, 1))
+    summary = RN.run_ablation(abl, tmp_path / "o", workers=1, progress=False)
+    assert summary.status.tolist() == ["failed", "ok"]
+    err = capsys.readouterr().err
+    assert f"run {summary.run[0]} failed: {summary.error[0]}" in err and summary.run[1] not in err
+    # resuming redoes the failed run only
+    RN.run_ablation(abl, tmp_path / "o", workers=1, progress=False)
+    assert "1 of 2 runs already finished" in capsys.readouterr().err
+
+
+def test_collect_reads_only_the_current_plan(tmp_path):
+    abl = _abl(tmp_path, seeds=1)
+    out = tmp_path / "o"
+    RN.run_ablation(abl, out, workers=1, progress=False)
+    # a run of another plan in runs/ (a changed config) and a planned run that never ran
+    (out / "runs" / "stale").mkdir()
+    (out / "runs" / "stale" / "summary.json").write_text(json.dumps({"run": "stale", "status": "ok"}))
+    meta = json.loads((out / "ablation.json").read_text())
+    meta["runs"].append("never-ran")
+    (out / "ablation.json").write_text(json.dumps(meta))
+    summary = RN.collect(out)
+    assert summary.run.tolist() == meta["runs"][:2]
+    assert set(pd.read_csv(out / "metrics.csv").run) == set(meta["runs"][:2])

@@ -1,5 +1,6 @@
 """The trainer does what its config says: filters, reference updates, KL placement, eval cadence."""
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -137,3 +138,312 @@ def test_remax_gets_the_greedy_baseline():
     assert same.any() and (d[same] == 0).all()
     _, rows = _rows({"delta": "remax"})
     assert rows
+
+
+# ------------------------------------------------------------------ the loop's bookkeeping
+
+
+def _by_metric(rows):
+    out = {}
+    for step, m, v in rows:
+        out.setdefault(m, []).append((step, v))
+    return out
+
+
+def test_log_cadence_and_the_summary():
+    summary, rows = _rows({**RICH, "epochs": 20, "inner_steps": 2, "log_every": 4})
+    m = _by_metric(rows)
+    # every 4th gradient step, and always the last
+    assert [s for s, _ in m["loss/total"]] == [3, 7, 11, 15, 19, 23, 27, 31, 35, 39]
+    assert [v for _, v in m["epoch"]] == [1, 3, 5, 7, 9, 11, 13, 15, 17, 19]
+    # final/reward: the mean rollout reward of the last tenth of the epochs (here 2), the first epoch's too
+    # the same seed logging every step: the same samples, every epoch's reward/mean
+    _, every = _rows({**RICH, "epochs": 20, "inner_steps": 2, "log_every": 1})
+    per_epoch = [v for s, k, v in every if k == "reward/mean" and s % 2 == 0]
+    assert len(per_epoch) == 20 and [v for _, v in m["reward/mean"]] == per_epoch[1::2]
+    assert summary["final/reward"] == pytest.approx((per_epoch[18] + per_epoch[19]) / 2)
+    assert summary["final/reward_first"] == per_epoch[0]
+    # 8 prompts x 4 responses a rollout, no filter: 32 responses each
+    assert summary["final/samples"] == 20 * 32 and m["samples/total"][-1][1] == 20 * 32
+    assert [v for _, v in m["samples/total"]] == [32.0 * (e + 1) for e in range(1, 20, 2)]
+    assert summary["final/eval/accuracy"] == m["eval/accuracy"][-1][1] and m["eval/accuracy"][-1][0] == 39
+
+
+def test_sample_reports_what_the_policy_sampled():
+    ro, m = _sample({**RICH})
+    r = ro.rewards
+    assert m["reward/mean"] == pytest.approx(r.mean().item()) and m["reward/std"] == pytest.approx(r.std().item())
+    assert m["reward/zero_std_frac"] == pytest.approx(_flat(r).float().mean().item())
+    assert m["response/length"] == 3.0 and m["samples/responses"] == 8 * 4
+    assert "filter/draws" not in m
+
+
+def test_step_metrics_by_hand():
+    from grpo_bench.trainer import _step_metrics
+    logp = torch.tensor([[[-1.0, -2.0, -3.0]]])
+    old = torch.tensor([[[-1.5, -1.75, -1.0]]])
+    mask = torch.tensor([[[1.0, 1.0, 0.0]]])
+    ent = torch.tensor([[[0.5, 1.5, 9.0]]])
+    m = _step_metrics(torch.tensor(0.25), {"clip/frac": torch.tensor(0.5)}, logp, old, mask, ent,
+                      torch.tensor(3.0), 0.1)
+    assert m["loss/total"] == 0.25 and m["clip/frac"] == 0.5 and m["grad/norm"] == 3.0 and m["time/step_s"] == 0.1
+    assert m["ratio/max"] == pytest.approx(math.exp(0.5)) and m["ratio/min"] == pytest.approx(math.exp(-0.25))  # not the masked e^-2
+    assert m["kl/old"] == pytest.approx((math.expm1(0.5) - 0.5 + math.expm1(-0.25) + 0.25) / 2)  # (r - 1) - log r
+    assert m["entropy"] == pytest.approx(1.0)
+    none = _step_metrics(torch.tensor(0.0), {}, logp, old, torch.zeros_like(mask), None, torch.tensor(0.0), 0.0)
+    assert none["ratio/max"] == none["ratio/min"] == 1.0 and "entropy" not in none and none["kl/old"] == 0.0
+
+
+def test_removed_reports_each_kind_of_change():
+    from grpo_bench.algos import Batch
+    from grpo_bench.trainer import _removed
+    mask = torch.tensor([[[1.0, 1.0], [1.0, 0.0]], [[1.0, 1.0], [0.0, 0.0]]])   # 5 tokens
+    b = Batch(torch.tensor([[1.0, 0.0], [2.0, 2.0]]), mask, torch.tensor([[2, 1], [2, 0]]),
+              torch.ones(2, 2, dtype=torch.bool), 2)
+    assert _removed(b, b) == {}
+    cut = mask.clone()
+    cut[0, 0] = 0  # two of the five tokens
+    assert _removed(b, b.replace(mask=cut)) == {"removed": pytest.approx(2 / 5)}
+    gate = torch.ones_like(mask)
+    gate[1, 0, 0] = 0  # one token; gates on masked tokens do not count
+    gate[1, 1] = 0
+    assert _removed(b, b.replace(gate=gate)) == {"gated": pytest.approx(1 / 5)}
+    gated = b.replace(gate=gate)
+    assert _removed(gated, gated.replace(gate=gate * 0)) == {"gated": pytest.approx(4 / 5)}  # newly gated only
+    assert _removed(b, b.replace(keep=torch.tensor([True, False]))) == {"dropped_groups": 0.5}
+    assert _removed(b, b.replace(rewards=b.rewards - 0.5)) == {"reward_shift": -0.5}
+    # what a filter passed on unchanged is not its doing
+    kept = b.replace(keep=torch.tensor([True, False]))
+    assert _removed(gated, gated) == {} and _removed(kept, kept.replace(rewards=b.rewards + 1)) == {"reward_shift": 1.0}
+    one = b.replace(mask=torch.zeros_like(mask))
+    one.mask[0, 0, 0] = 1.0   # a single token: removing it removes all of the batch
+    assert _removed(one, one.replace(mask=torch.zeros_like(mask))) == {"removed": 1.0}
+
+
+def test_optimizer_follows_the_config():
+    from grpo_bench.trainer import _optimizer
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    for name, cls in [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW), ("sgd", torch.optim.SGD)]:
+        opt = _optimizer(resolve_run({**COIN, "optimizer": name, "lr": 0.3, "weight_decay": 0.01}), p)
+        assert type(opt) is cls and opt.defaults["lr"] == 0.3 and opt.defaults["weight_decay"] == 0.01
+
+
+def _captured(monkeypatch):
+    from grpo_bench import trainer
+    built = []
+
+    def build(cfg):
+        task = registry.get("task", "sort")(cfg.task, cfg)
+        built.append((task, {k: v.clone() for k, v in task.policy.state_dict().items()}))
+        return task
+
+    monkeypatch.setattr(trainer, "build_task", build)
+    return built
+
+
+def test_max_grad_norm_bounds_each_step(monkeypatch):
+    built = _captured(monkeypatch)
+    over = {**RICH, "epochs": 1, "optimizer": "sgd", "lr": 1.0}
+    _, rows = _rows({**over, "max_grad_norm": 1e-3})
+    task, before = built[-1]
+    moved = torch.sqrt(sum(((p - before[k]) ** 2).sum() for k, p in task.policy.state_dict().items()))
+    assert moved.item() == pytest.approx(1e-3, rel=1e-4)   # one SGD step of the clipped gradient, lr 1
+    gnorm = [v for _, m, v in rows if m == "grad/norm"][0]
+    assert gnorm > 1e-2                                     # the norm before clipping is what is logged
+    _, rows = _rows({**over, "max_grad_norm": 0.0})
+    task, before = built[-1]
+    moved = torch.sqrt(sum(((p - before[k]) ** 2).sum() for k, p in task.policy.state_dict().items()))
+    assert moved.item() == pytest.approx(gnorm, rel=1e-4)   # 0: no clipping
+
+
+def test_inner_steps_start_on_policy_and_move_off_it():
+    _, rows = _rows({**RICH, "epochs": 2, "inner_steps": 3, "lr": 0.05, "loss": "unclipped"})
+    m = {k: dict(v) for k, v in _by_metric(rows).items()}
+    for first in (0, 3):  # the first step of each rollout: ratio exactly 1, no drift yet
+        assert m["ratio/max"][first] == m["ratio/min"][first] == 1.0 and m["kl/old"][first] == 0.0
+    for later in (1, 2, 4, 5):
+        assert m["ratio/max"][later] > 1.0 > m["ratio/min"][later] and m["kl/old"][later] > 0
+    assert m["kl/old"][2] > m["kl/old"][1]  # further from the sampler at every step
+    # K = 1: every step is on-policy
+    _, rows = _rows({**RICH, "epochs": 3, "lr": 0.05})
+    assert {v for _, m_, v in rows if m_ in ("ratio/max", "ratio/min")} == {1.0}
+
+
+def test_a_non_finite_loss_stops_the_run():
+    from grpo_bench.trainer import NonFiniteLoss
+    rows = []
+    with pytest.raises(NonFiniteLoss, match="non-finite loss"):
+        train(resolve_run({**RICH, "optimizer": "sgd", "lr": 1e30, "epochs": 5, "inner_steps": 2}), rows=rows)
+    assert rows  # what was logged before it is kept
+
+
+def test_deltas_see_the_rewards_and_lengths(monkeypatch):
+    seen = []
+    raw = registry.entry("delta", "centered")
+
+    def spy(rewards, lengths=None, greedy=None):
+        seen.append((rewards.clone(), lengths.clone(), greedy))
+        return raw.obj(rewards, lengths, greedy)
+
+    monkeypatch.setitem(registry._REGISTRY["delta"], "centered", dataclasses.replace(raw, obj=spy))
+    _, rows = _rows({**RICH, "epochs": 2})
+    m = dict((m, v) for s, m, v in rows if s == 0)
+    r, lengths, greedy = seen[0]
+    assert torch.equal(lengths, torch.full((8, 4), 3.0)) and greedy is None   # tokens per response
+    assert m["reward/mean"] == pytest.approx(r.mean().item())
+    assert m["delta/abs_mean"] == pytest.approx(raw.obj(r).abs().mean().item())
+    assert "kl/coef" not in m and "kl/value" not in m and "reward/penalised" not in m   # no KL, no reference
+
+
+def _wrapped(monkeypatch, mask_fn=None):
+    """The sort task, with its rollouts' masks edited by mask_fn and every logprobs call recorded:
+    (reference?, policy in train mode?, grad enabled?, logp)."""
+    from grpo_bench import trainer
+    calls, modes = [], []
+
+    def build(cfg):
+        task = registry.get("task", "sort")(cfg.task, cfg)
+        rollout, logprobs, evaluate = task.rollout, task.logprobs, task.evaluate
+
+        def rollout_(*a, **k):
+            modes.append(("rollout", task.policy.training))
+            ro = rollout(*a, **k)
+            return ro if mask_fn is None else ro.replace(mask=mask_fn(ro.mask.clone()))
+
+        def logprobs_(ro, reference=False):
+            out = logprobs(ro, reference=reference)
+            calls.append((reference, task.policy.training, torch.is_grad_enabled(), out[0].detach().clone()))
+            return out
+
+        def evaluate_(gen):
+            modes.append(("evaluate", task.policy.training))
+            return evaluate(gen)
+
+        task.rollout, task.logprobs, task.evaluate = rollout_, logprobs_, evaluate_
+        return task
+
+    monkeypatch.setattr(trainer, "build_task", build)
+    return calls, modes
+
+
+def test_sampling_and_old_logprobs_without_dropout_gradient_pass_with_it(monkeypatch):
+    calls, modes = _wrapped(monkeypatch)
+    _rows({**RICH, "epochs": 2, "inner_steps": 2, "eval_every": 1, "kl_coef": 0.1})
+    # per epoch: reference (no grad), old log-probs (eval mode, no grad), one gradient pass per inner step
+    assert [(r, tr, g) for r, tr, g, _ in calls] == [(True, True, False), (False, False, False), (False, True, True),
+                                                     (False, True, True)] * 2
+    assert {m for _, m in modes} == {False}   # rollouts and evaluations in eval mode
+    assert [k for k, _ in modes] == ["evaluate", "rollout", "evaluate", "rollout", "evaluate"]
+    calls.clear()
+    modes.clear()
+    _rows({**RICH, "epochs": 2, "inner_steps": 1})
+    # K = 1: the gradient pass gives the old log-probs too; no second pass
+    assert [(r, tr, g) for r, tr, g, _ in calls] == [(False, True, True)] * 2
+    # no evaluation between epochs: the second rollout still samples in eval mode
+    assert modes == [("rollout", False), ("rollout", False), ("evaluate", False)]
+
+
+def test_kl_controller_sees_the_rollouts_kl(monkeypatch):
+    def mask_fn(m):
+        m[0, 0] = 0           # an empty response: not part of the mean
+        m[1, 0, 1:] = 0       # one token
+        m[:, 1, -1] = 0
+        return m
+
+    calls, _ = _wrapped(monkeypatch, mask_fn)
+    seen = []
+    fixed = registry.entry("kl_ctrl", "fixed")
+    monkeypatch.setitem(registry._REGISTRY["kl_ctrl"], "fixed",
+                        dataclasses.replace(fixed, obj=lambda c, kl, n: seen.append((kl, n)) or c))
+    _rows({**RICH, "epochs": 3, "kl_coef": 0.1, "kl": "k2", "lr": 0.05})
+    mask = mask_fn(torch.ones(8, 4, 3))
+    for epoch, (kl, n) in enumerate(seen):
+        ref, old = calls[2 * epoch][3], calls[2 * epoch + 1][3]
+        k2 = 0.5 * (old - ref) ** 2
+        per_response = [(k2[b, g] * mask[b, g]).sum() / mask[b, g].sum()
+                        for b in range(8) for g in range(4) if mask[b, g].sum() > 0]
+        assert kl == pytest.approx(torch.stack(per_response).mean().item(), rel=1e-6) and n == 32
+    assert seen[0][0] == 0.0 and seen[1][0] > 0
+    seen.clear()
+    _wrapped(monkeypatch, lambda m: m * 0)  # every token masked: no KL to observe, and no nan
+    _rows({**RICH, "epochs": 2, "kl_coef": 0.1, "kl": "k2"})
+    assert [kl for kl, _ in seen] == [0.0, 0.0]
+
+
+def test_kl_in_the_loss_is_in_the_loss():
+    # all responses are full (n tokens): the aggregated KL term is beta times the token mean kl/value
+    for placement in ("loss", "reward"):
+        _, rows = _rows({**RICH, "epochs": 3, "kl_coef": 0.5, "kl": "k2", "lr": 0.05, "kl_placement": placement})
+        m = {k: [v for _, v in vs] for k, vs in _by_metric(rows).items()}
+        for total, policy, kl in zip(m["loss/total"], m["loss/policy"], m["kl/value"]):
+            if placement == "loss":
+                assert total - policy == pytest.approx(0.5 * kl, rel=1e-5, abs=1e-9)
+            else:
+                assert total == policy
+        assert m["kl/value"][-1] > 0
+
+
+def test_step_time_counts_the_rollout_once(monkeypatch):
+    from grpo_bench import trainer
+
+    class Clock:  # one second per reading
+        now = 0.0
+
+        def perf_counter(self):
+            self.now += 1.0
+            return self.now
+
+    monkeypatch.setattr(trainer, "time", Clock())
+    _, rows = _rows({**RICH, "epochs": 2, "inner_steps": 3})
+    # the first step of a rollout: its own second plus the rollout's; the others: their own
+    assert [v for _, m, v in rows if m == "time/step_s"] == [2.0, 1.0, 1.0] * 2
+
+
+def test_gradients_do_not_accumulate_across_inner_steps(monkeypatch):
+    from grpo_bench import trainer
+    monkeypatch.setattr(trainer, "_optimizer", lambda cfg, params: torch.optim.SGD(params, lr=0.0))
+    _, rows = _rows({**RICH, "epochs": 1, "inner_steps": 3, "loss": "unclipped"})
+    norms = [v for _, m, v in rows if m == "grad/norm"]
+    assert norms[0] > 0 and norms == [norms[0]] * 3   # the same loss each step (lr 0): the same gradient
+
+
+def test_device_auto_and_short_runs():
+    cfg = resolve_run({**RICH, "epochs": 3, "device": "auto"})
+    summary = train(cfg)
+    assert cfg.device == ("cuda" if torch.cuda.is_available() else "cpu")
+    rows = []
+    summary = train(resolve_run({**RICH, "epochs": 3, "log_every": 4, "inner_steps": 2}), rows=rows)
+    assert sorted({s for s, m, _ in rows if m == "loss/total"}) == [3, 5]   # the last step, off the grid
+    last = [v for s, m, v in rows if m == "reward/mean" and s == 5][0]
+    assert summary["final/reward"] == last   # fewer than 20 epochs: the last epoch alone
+    _, rows = _rows({"epochs": 6, "inner_steps": 1, "eval_every": 3})
+    evals = [s for s, m, _ in rows if m == "eval/accuracy"]
+    assert evals == [0, 2, 5]   # at 0, after epoch 3, and once at the end (not twice)
+
+
+class _Scripted:
+    """A task whose rollouts are given: B = 2 prompts, G = 2, one token each."""
+
+    def __init__(self, rewards):
+        self.rewards = [torch.tensor(r) for r in rewards]
+
+    def rollout(self, epoch, group_size, gen):
+        from grpo_bench.tasks import Rollout
+        r = self.rewards.pop(0)
+        return Rollout(prompts=torch.arange(2), responses=torch.zeros(2, 2, 1, dtype=torch.long),
+                       mask=torch.ones(2, 2, 1), rewards=r)
+
+
+def test_dynamic_sampling_stops_as_soon_as_the_batch_is_full():
+    cfg = resolve_run({**COIN, "filters": [{"name": "dynamic_sampling", "max_draws": 5}]})
+    task = _Scripted([[[1.0, 0.0], [1.0, 1.0]], [[0.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]]])
+    ro, m = sample(task, 0, cfg, torch.Generator(), _filters(cfg, "rollout"))
+    assert m["filter/draws"] == 2.0 and m["filter/capped"] == 0.0 and m["samples/responses"] == 8
+    assert ro.rewards.tolist() == [[1.0, 0.0], [0.0, 1.0]]      # the first group with signal of each draw
+    assert m["filter/dynamic_sampling/dropped_groups"] == 0.5 and m["reward/zero_std_frac"] == 0.5
+    # capped: filled with the dropped groups, in draw order
+    task = _Scripted([[[1.0, 1.0], [1.0, 0.0]], [[0.0, 0.0], [1.0, 1.0]]])
+    cfg = resolve_run({**COIN, "filters": [{"name": "dynamic_sampling", "max_draws": 2}]})
+    ro, m = sample(task, 0, cfg, torch.Generator(), _filters(cfg, "rollout"))
+    assert m["filter/draws"] == 2.0 and m["filter/capped"] == 1.0
+    assert ro.rewards.tolist() == [[1.0, 0.0], [1.0, 1.0]]

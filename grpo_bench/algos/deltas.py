@@ -154,7 +154,7 @@ def gpg(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = 
     """
     adv = centre(rewards)
     counted = adv if count == "advantage" else rewards
-    alpha = rewards.numel() / torch.count_nonzero(counted).clamp(min=1)
+    alpha = rewards.numel() / torch.count_nonzero(counted).clamp(min=1).to(rewards.dtype)  # not the default dtype
     return alpha * adv / f_norm
 
 

@@ -1,0 +1,730 @@
+"""Mutation testing on demand: small AST mutants of a module, one at a time, each run
+against the tests that execute the mutated line. A mutant no test notices is a bug the
+suite would let through.
+
+    .venv/bin/python scripts/mutate.py                         # every module below -> results/mutation.md
+    .venv/bin/python scripts/mutate.py grpo_bench/trainer.py   # one module (prints, writes nothing)
+    .venv/bin/python scripts/mutate.py grpo_bench/algos/kl.py --show   # and each survivor's diff
+    .venv/bin/python scripts/mutate.py --jobs 1                # default 2: one per core
+
+Mutants (curated, one change each): arithmetic and bitwise operator swaps (+ -, * /, ** *,
+// /, | &, augmented too), comparison swaps (< <=, > >=, == !=, is / is not, in / not in),
+and / or, dropped `not` / unary minus (except on -1) / `~`, numbers n -> n + 1, True <-> False,
+min <-> max, minimum <-> maximum, sum <-> mean, any <-> all, argmax <-> argmin, dropped
+.detach() / .clone(), a bare `if x:` negated, and removed statements (a call for its
+effect, an augmented or attribute/item assignment, break, continue). Strings, docstrings,
+annotations and a figure's looks (matplotlib size, width and spacing keywords, report.py's
+style tables) are left alone.
+
+How: the repository (git ls-files) is copied once per job. A first run of the module's
+tests in the copy traces which test executes which line of the module, and how long each
+test takes. Then, per mutant: the mutated module is written into the copy, and a child
+forked from this process (torch, pandas and matplotlib already imported: no interpreter
+start per mutant) runs pytest on the tests that execute the mutated statement, fastest
+first, stopping at the first failure. Killed: a test failed or it ran past 3x the tests'
+baseline time + 20 s. Survived: every covering test passed. No test: no test of the
+module's subset executes the statement (a survivor that needs no run). A mutant in a
+module-level statement, a default value or a decorator runs every test of the subset. Equivalent: listed
+in scripts/mutants_equivalent.tsv with the reason the change cannot alter behaviour.
+
+Why not mutmut: 3.8.1 does not mutate decorated functions, and every part here is a
+registered (decorated) function; on grpo_bench/algos/kl.py it made 8 mutants, all in the
+one undecorated helper.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EQUIVALENT = ROOT / "scripts" / "mutants_equivalent.tsv"
+REPORT = ROOT / "results" / "mutation.md"
+
+# module -> the fast tests that cover it (pytest arguments)
+ALGOS = ["tests/test_algos.py", "tests/test_properties.py"]
+MODULES = {
+    "grpo_bench/algos/aggregate.py": ALGOS,
+    "grpo_bench/algos/common.py": ALGOS,
+    "grpo_bench/algos/control.py": ALGOS + ["tests/test_trainer.py"],
+    "grpo_bench/algos/deltas.py": ALGOS,
+    "grpo_bench/algos/filters.py": ALGOS + ["tests/test_trainer.py"],
+    "grpo_bench/algos/kl.py": ALGOS,
+    "grpo_bench/algos/losses.py": ALGOS,
+    "grpo_bench/algos/rewards.py": ["tests/test_lm_rewards.py"],
+    "grpo_bench/trainer.py": ["tests/test_trainer.py"],
+    "grpo_bench/logprobs.py": ["tests/test_logprobs.py", "tests/test_properties.py", "tests/test_kernels_loss.py"],
+    # the CLI-subprocess tests of test_runner.py execute runner.py in other processes, where no
+    # line is traced: they could never be picked for a mutant, so the baseline skips them too
+    "grpo_bench/runner.py": ["tests/test_runner.py", "-k", "not shipped and not kill_and_resume and not failed_run_is"],
+    "grpo_bench/config.py": ["tests/test_config.py", "tests/test_lm_rewards.py"],
+    "grpo_bench/report.py": ["tests/test_report.py"],
+}
+
+SWAP_BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Pow: ast.Mult,
+              ast.FloorDiv: ast.Div, ast.BitOr: ast.BitAnd, ast.BitAnd: ast.BitOr}
+SWAP_CMP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
+            ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
+SWAP_NAME = {"min": "max", "max": "min", "minimum": "maximum", "maximum": "minimum", "sum": "mean",
+             "mean": "sum", "any": "all", "all": "any", "argmax": "argmin", "argmin": "argmax"}
+BUILTIN_SWAPS = ("min", "max", "any", "all")  # sum -> mean only as a method: there is no builtin mean
+DROP_METHOD = ("detach", "clone")
+# matplotlib keywords of looks (sizes, widths, transparency, spacing): not mutated
+STYLE_KWARGS = {"figsize", "dpi", "alpha", "lw", "linewidth", "s", "zorder", "handlelength", "columnspacing",
+                "fontsize", "linscale", "numticks", "subs", "markersize", "ms"}
+STYLE_NAMES = {"RC", "PALETTE", "DASHES", "MARKERS", "COLUMN_IN", "PAGE_IN"}  # report.py's style tables
+
+
+@dataclass
+class Mutant:
+    module: str
+    qualname: str
+    desc: str          # what changed, e.g. "`<` -> `<=`"
+    code: str          # the original line, stripped
+    start: tuple       # (line, col) of the replaced segment
+    end: tuple
+    text: str          # its replacement
+    anchor: tuple | None  # lines whose execution means a test reaches it; None: module level (every test)
+    key: str = ""
+    status: str = ""   # killed, timeout, survived, no test, equivalent
+    reason: str = ""
+    by: str = ""       # the test that killed it
+    seconds: float = 0.0
+
+
+# ------------------------------------------------------------------------ mutants
+
+
+def _seg(src_lines: list[str], node) -> str:
+    return ast.get_source_segment("".join(src_lines), node) or ""
+
+
+class _Finder(ast.NodeVisitor):
+    def __init__(self, module: str, source: str):
+        self.module, self.source = module, source
+        self.lines = source.splitlines(keepends=True)
+        self.out: list[Mutant] = []
+        self.scope: list[str] = []
+        self.stmt: list[ast.stmt] = []
+        self.func_body: list[tuple] = []   # (first, last) body lines of the enclosing functions
+        self.in_header: list[bool] = []    # inside a def's signature or decorators
+
+    # -- where a mutant is reached from
+    def _anchor(self, node) -> tuple | None:
+        if self.in_header and self.in_header[-1]:
+            return None  # a default or a decorator: read at import (the registry's parameter table) and by callers
+        if not self.func_body:
+            return None
+        st = self.stmt[-1]
+        if isinstance(st, (ast.If, ast.For, ast.While, ast.With, ast.Try)):
+            return (st.lineno, node.end_lineno)
+        return (st.lineno, st.end_lineno)
+
+    def _add(self, node, desc: str, text: str, wrap: bool = True) -> None:
+        n_lines = node.end_lineno - node.lineno
+        if wrap:  # parentheses keep precedence and allow the lines a multi-line node took
+            text = "(" + text + "\n" * n_lines + ")"
+        code = self.lines[node.lineno - 1].strip()
+        self.out.append(Mutant(self.module, ".".join(self.scope) or "<module>", desc, code,
+                               (node.lineno, node.col_offset), (node.end_lineno, node.end_col_offset), text,
+                               self._anchor(node)))
+
+    # -- scopes
+    def _scoped(self, node, name):
+        self.scope.append(name)
+        self.generic_visit(node)
+        self.scope.pop()
+
+    def visit_ClassDef(self, node):
+        for d in node.decorator_list:
+            self.visit(d)
+        self.stmt.append(node)
+        self.scope.append(node.name)
+        for s in node.body:
+            self.visit(s)
+        self.scope.pop()
+        self.stmt.pop()
+
+    def visit_FunctionDef(self, node):
+        body = node.body[1:] if _docstring(node) else node.body
+        first = body[0].lineno if body else node.lineno
+        self.func_body.append((first, node.end_lineno))
+        self.stmt.append(node)
+        self.in_header.append(True)
+        self.scope.append(node.name)
+        for d in node.decorator_list:
+            self.visit(d)
+        self._visit_defaults(node.args)
+        self.in_header[-1] = False
+        for s in body:
+            self.visit(s)
+        self.in_header.pop()
+        self.scope.pop()
+        self.stmt.pop()
+        self.func_body.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def _visit_defaults(self, args: ast.arguments):
+        for d in args.defaults + [d for d in args.kw_defaults if d is not None]:
+            self.visit(d)
+
+    def visit_Lambda(self, node):
+        self._visit_defaults(node.args)
+        self.visit(node.body)
+
+    # -- statements
+    def generic_visit(self, node):
+        if isinstance(node, ast.stmt):
+            self.stmt.append(node)
+            super().generic_visit(node)
+            self.stmt.pop()
+        else:
+            super().generic_visit(node)
+
+    def visit_Expr(self, node):
+        if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return  # a docstring or a bare string
+        if isinstance(node.value, ast.Call) and self.func_body:
+            self.stmt.append(node)
+            self._add(node, "removed the statement", "pass", wrap=False)
+            self.stmt.pop()
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node):
+        self.stmt.append(node)
+        if self.func_body:
+            self._add(node, "removed the statement", "pass", wrap=False)
+        op = SWAP_BINOP.get(type(node.op))
+        if op:
+            new = ast.AugAssign(node.target, op(), node.value)
+            self._add(node, f"`{_op(node.op)}=` -> `{_op(op())}=`", ast.unparse(new), wrap=False)
+        self.visit(node.value)
+        self.stmt.pop()
+
+    def visit_Assign(self, node):
+        if any(isinstance(t, ast.Name) and t.id in STYLE_NAMES for t in node.targets):
+            return
+        self.stmt.append(node)
+        if self.func_body and all(isinstance(t, (ast.Attribute, ast.Subscript)) for t in node.targets):
+            self._add(node, "removed the statement", "pass", wrap=False)
+        for t in node.targets:
+            if isinstance(t, ast.Subscript):
+                self.visit(t.slice)
+        self.visit(node.value)
+        self.stmt.pop()
+
+    def visit_AnnAssign(self, node):
+        if isinstance(node.target, ast.Name) and node.target.id in STYLE_NAMES:
+            return
+        self.stmt.append(node)
+        if node.value is not None:
+            self.visit(node.value)
+        self.stmt.pop()
+
+    def visit_Break(self, node):
+        self._add(node, "removed `break`", "pass", wrap=False)
+
+    def visit_Continue(self, node):
+        self._add(node, "removed `continue`", "pass", wrap=False)
+
+    def visit_If(self, node):
+        self.stmt.append(node)
+        if isinstance(node.test, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
+            self._add(node.test, "negated the condition", "not " + _seg(self.lines, node.test))
+        self.generic_visit_children(node)
+        self.stmt.pop()
+
+    def generic_visit_children(self, node):
+        for child in ast.iter_child_nodes(node):
+            self.visit(child)
+
+    def visit_JoinedStr(self, node):
+        return  # f-strings: messages and names
+
+    def visit_arg(self, node):
+        return  # annotations
+
+    # -- expressions
+    def visit_BinOp(self, node):
+        op = SWAP_BINOP.get(type(node.op))
+        if op:
+            new = ast.BinOp(node.left, op(), node.right)
+            self._add(node, f"`{_op(node.op)}` -> `{_op(op())}`", _unparse(new, self.lines, node))
+        self.generic_visit(node)
+
+    def visit_Compare(self, node):
+        for i, cmp in enumerate(node.ops):
+            op = SWAP_CMP.get(type(cmp))
+            if op:
+                ops = list(node.ops)
+                ops[i] = op()
+                new = ast.Compare(node.left, ops, node.comparators)
+                self._add(node, f"`{_op(cmp)}` -> `{_op(op())}`", _unparse(new, self.lines, node))
+        self.generic_visit(node)
+
+    def visit_BoolOp(self, node):
+        other = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+        self._add(node, f"`{_op(node.op)}` -> `{_op(other)}`", _unparse(ast.BoolOp(other, node.values), self.lines, node))
+        self.generic_visit(node)
+
+    def visit_UnaryOp(self, node):
+        axis = isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant) and node.operand.value == 1
+        # -1 is nearly always the last axis or element: -1 -> 1 on the (B, G) tensors of an
+        # advantage mode is the same axis; the constant mutant -1 -> -2 still moves it
+        if isinstance(node.op, (ast.Not, ast.USub, ast.Invert)) and not axis:
+            self._add(node, f"dropped `{_op(node.op)}`", _seg(self.lines, node.operand))
+        self.generic_visit(node)
+
+    def visit_keyword(self, node):
+        if node.arg in STYLE_KWARGS:
+            return  # how a figure looks, not what it shows
+        self.visit(node.value)
+
+    def visit_Constant(self, node):
+        v = node.value
+        if isinstance(v, bool):
+            self._add(node, f"`{v}` -> `{not v}`", repr(not v))
+        elif isinstance(v, (int, float)):
+            self._add(node, f"`{v!r}` -> `{v + 1!r}`", repr(v + 1))
+
+    def visit_Call(self, node):
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr in DROP_METHOD and not node.args and not node.keywords:
+            self._add(node, f"dropped `.{f.attr}()`", _seg(self.lines, f.value))
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+        if name in SWAP_NAME and (isinstance(f, ast.Attribute) or name in BUILTIN_SWAPS):
+            new_f = ast.Attribute(f.value, SWAP_NAME[name], ast.Load()) if isinstance(f, ast.Attribute) \
+                else ast.Name(SWAP_NAME[name], ast.Load())
+            new = ast.Call(new_f, node.args, node.keywords)
+            self._add(node, f"`{name}` -> `{SWAP_NAME[name]}`", _unparse(new, self.lines, node))
+        self.generic_visit(node)
+
+
+def _docstring(node) -> bool:
+    return bool(node.body) and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
+        and isinstance(node.body[0].value.value, str)
+
+
+def _op(op) -> str:
+    return {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.Pow: "**", ast.FloorDiv: "//",
+            ast.BitOr: "|", ast.BitAnd: "&", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=",
+            ast.Eq: "==", ast.NotEq: "!=", ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in",
+            ast.And: "and", ast.Or: "or", ast.Not: "not", ast.USub: "-", ast.Invert: "~"}[type(op)]
+
+
+def _unparse(new, lines, old) -> str:
+    """The new node's source, its children copied from the file (f-strings and comments kept)."""
+    if isinstance(new, ast.BinOp):
+        return f"({_seg(lines, new.left)}) {_op(new.op)} ({_seg(lines, new.right)})"
+    if isinstance(new, ast.Compare):
+        out = f"({_seg(lines, new.left)})"
+        for op, c in zip(new.ops, new.comparators):
+            out += f" {_op(op)} ({_seg(lines, c)})"
+        return out
+    if isinstance(new, ast.BoolOp):
+        return f" {_op(new.op)} ".join(f"({_seg(lines, v)})" for v in new.values)
+    if isinstance(new, ast.Call):  # only the function name changed
+        old_f, new_f = old.func, new.func
+        head = _seg(lines, old_f.value) + "." + new_f.attr if isinstance(new_f, ast.Attribute) else new_f.id
+        whole = _seg(lines, old)
+        return head + whole[len(_seg(lines, old_f)):]
+    return ast.unparse(new)
+
+
+def find_mutants(module: str) -> tuple[str, list[Mutant]]:
+    source = (ROOT / module).read_text()
+    finder = _Finder(module, source)
+    tree = ast.parse(source)
+    body = tree.body[1:] if _docstring(tree) else tree.body
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        finder.visit(node)
+    seen: dict[tuple, int] = {}
+    for m in finder.out:
+        k = (m.qualname, m.desc, m.code)
+        seen[k] = seen.get(k, 0) + 1
+        m.key = f"{m.qualname}\t{m.desc}{f' ({seen[k]})' if seen[k] > 1 else ''}\t{m.code}"
+    return source, finder.out
+
+
+def apply(source: str, m: Mutant) -> str:
+    lines = source.splitlines(keepends=True)
+    offsets = [0]
+    for ln in lines:
+        offsets.append(offsets[-1] + len(ln.encode()))
+    b = source.encode()
+    s = offsets[m.start[0] - 1] + m.start[1]
+    e = offsets[m.end[0] - 1] + m.end[1]
+    return (b[:s] + m.text.encode() + b[e:]).decode()
+
+
+def diff_line(source: str, m: Mutant) -> str:
+    new = apply(source, m).splitlines()
+    return f"- {source.splitlines()[m.start[0] - 1].strip()}\n+ {new[m.start[0] - 1].strip()}"
+
+
+# ------------------------------------------------------------------------ running
+
+
+def preload() -> None:
+    """Import what every test imports, once, before any fork; run no torch op here
+    (a forked child must not inherit a started thread pool)."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
+    os.environ["TQDM_DISABLE"] = "1"
+    import matplotlib
+    matplotlib.use("Agg")
+    for name in ["torch", "numpy", "pandas", "scipy.stats", "matplotlib.pyplot", "yaml", "pytest", "PIL.Image",
+                 "tqdm", "hypothesis", "seaborn", "transformers", "peft", "triton"]:
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001  (an optional peer missing only costs time)
+            pass
+
+
+class _Tracer:
+    """A pytest plugin: per test, the lines of one file it executes, and its duration."""
+
+    def __init__(self, path: str):
+        self.path, self.lines, self.durations = path, {}, {}
+        self._cur, self._t0 = None, 0.0
+
+    def _global(self, frame, event, arg):
+        if frame.f_code.co_filename == self.path:
+            self.lines[self._cur].add(frame.f_lineno)
+            return self._local
+        return None
+
+    def _local(self, frame, event, arg):
+        if event == "line":
+            self.lines[self._cur].add(frame.f_lineno)
+        return self._local
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        import threading
+        self._cur, self._t0 = nodeid, time.perf_counter()
+        self.lines.setdefault(nodeid, set())
+        sys.settrace(self._global)
+        threading.settrace(self._global)
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        import threading
+        sys.settrace(None)
+        threading.settrace(None)
+        self.durations[nodeid] = time.perf_counter() - self._t0
+
+
+def _child(sandbox: Path, args: list[str], log: Path, trace: str | None = None, out: Path | None = None):
+    """In a forked child: run pytest in the sandbox; exit with its code."""
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.chdir(sandbox)
+        sys.path.insert(0, str(sandbox))
+        os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # entry-point scanning costs seconds a run
+        import torch
+        torch.set_num_threads(int(os.environ.get("MUTATE_THREADS", "1")))
+        import pytest
+        plugins = []
+        tracer = None
+        if trace:
+            tracer = _Tracer(str(sandbox / trace))
+            plugins.append(tracer)
+        code = pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--rootdir", str(sandbox),
+                            "-o", "addopts=", *args], plugins=plugins)
+        if tracer is not None:
+            out.write_text(json.dumps({"lines": {k: sorted(v) for k, v in tracer.lines.items()},
+                                       "durations": tracer.durations}))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(code))
+    except BaseException:  # noqa: BLE001
+        import traceback
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(99)
+
+
+def fork_pytest(sandbox, args, log, trace=None, out=None) -> int:
+    pid = os.fork()
+    if pid == 0:
+        os.setpgid(0, 0)
+        _child(sandbox, args, log, trace, out)
+    return pid
+
+
+def make_sandbox(base: Path) -> Path:
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    for f in files:
+        if not f:
+            continue
+        src = ROOT / f.decode()
+        if not src.is_file():
+            continue
+        dst = base / f.decode()
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+    # untracked test files being written alongside (they are what is under test here)
+    for extra in list((ROOT / "tests").glob("test_*.py")) + [ROOT / "scripts" / "mutants_equivalent.tsv"]:
+        if extra.is_file() and not (base / extra.relative_to(ROOT)).exists():
+            shutil.copy2(extra, base / extra.relative_to(ROOT))
+    return base
+
+
+def baseline(module: str, tests: list[str], sandbox: Path, work: Path) -> dict:
+    out, log = work / "baseline.json", work / "baseline.log"
+    pid = fork_pytest(sandbox, tests, log, trace=module, out=out)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0 or not out.exists():
+        sys.exit(f"{module}: the tests fail before any mutation (exit {code}); see {log}")
+    return json.loads(out.read_text())
+
+
+def covering(m: Mutant, base: dict) -> list[str]:
+    durations = base["durations"]
+    if m.anchor is None:
+        tests = list(durations)
+    else:
+        lo, hi = m.anchor
+        tests = [t for t, lines in base["lines"].items() if any(lo <= ln <= hi for ln in lines)]
+    return sorted(tests, key=lambda t: durations.get(t, 0.0))
+
+
+def load_equivalent() -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    if EQUIVALENT.exists():
+        for line in EQUIVALENT.read_text().splitlines():
+            if not line.strip() or line.startswith("#"):
+                continue
+            module, qual, desc, code, reason = line.split("\t")
+            out.setdefault(module, {})[f"{qual}\t{desc}\t{code}"] = reason
+    return out
+
+
+def run_module(module: str, tests: list[str], sandboxes: list[Path], work: Path, equivalent: dict,
+               verbose: bool, sample: int = 1, only: set | None = None) -> tuple[list[Mutant], float, str]:
+    t0 = time.perf_counter()
+    source, mutants = find_mutants(module)
+    mutants = mutants[::sample]  # every k-th, in file order: the same sample every time
+    if only is not None:  # --survivors: the rest keep the status of the last run
+        mutants = [m for m in mutants if m.key in only]
+    base = baseline(module, tests, sandboxes[0], work)
+    known = equivalent.get(module, {})
+    todo = []
+    for m in mutants:
+        if m.key in known:
+            m.status, m.reason = "equivalent", known[m.key]
+        elif not covering(m, base):
+            m.status = "no test"
+        else:
+            todo.append(m)
+    free = list(range(len(sandboxes)))
+    running: dict[int, tuple[Mutant, int, float, float]] = {}  # pid -> (mutant, sandbox, start, limit)
+    done = 0
+
+    def finish(pid, code):
+        nonlocal done
+        m, k, start, _ = running.pop(pid)
+        _write(sandboxes[k] / module, source)
+        m.seconds = time.perf_counter() - start
+        if code == "timeout":
+            m.status = "timeout"
+        elif code == 0:
+            m.status = "survived"
+        elif code in (1, 2, 3):  # tests failed, interrupted, internal error (an import raised)
+            m.status = "killed"
+            m.by = _first_failure(work / f"mutant{k}.log")
+        else:
+            m.status, m.by = "killed", f"exit {code}"
+        free.append(k)
+        done += 1
+        if verbose or m.status == "survived":
+            print(f"  [{done}/{len(todo)}] {m.status:8s} {m.qualname}: {m.desc}  `{m.code}`", flush=True)
+
+    queue = list(todo)
+    while queue or running:
+        while queue and free:
+            m = queue.pop(0)
+            k = free.pop()
+            tests_m = covering(m, base)
+            limit = 3 * sum(base["durations"].get(t, 1.0) for t in tests_m) + 20
+            _write(sandboxes[k] / module, apply(source, m))
+            pid = fork_pytest(sandboxes[k], ["-x", *tests_m], work / f"mutant{k}.log")
+            running[pid] = (m, k, time.perf_counter(), limit)
+        time.sleep(0.02)
+        for pid in list(running):
+            got, status = os.waitpid(pid, os.WNOHANG)
+            if got:
+                finish(pid, os.waitstatus_to_exitcode(status))
+            elif time.perf_counter() - running[pid][2] > running[pid][3]:
+                os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                finish(pid, "timeout")
+    return mutants, time.perf_counter() - t0, source
+
+
+_STAMP = [int(time.time()) + 10**7]
+
+
+def _write(path: Path, text: str) -> None:
+    """Write a module with an mtime never used before: a cached .pyc (keyed on mtime and size)
+    is then never taken for this text, while the untouched modules keep theirs."""
+    path.write_text(text)
+    _STAMP[0] += 1
+    os.utime(path, (_STAMP[0], _STAMP[0]))
+
+
+def _first_failure(log: Path) -> str:
+    try:
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith(("FAILED ", "ERROR ")):
+                return line.split(" ", 1)[1].split(" - ")[0]
+    except OSError:
+        pass
+    return ""
+
+
+# ------------------------------------------------------------------------ report
+
+
+def score(ms: list[Mutant]) -> dict:
+    c = {s: sum(m.status == s for m in ms) for s in ("killed", "timeout", "survived", "no test", "equivalent")}
+    live = len(ms) - c["equivalent"]
+    c["mutants"] = len(ms)
+    c["score"] = (c["killed"] + c["timeout"]) / live if live else 1.0
+    return c
+
+
+def write_report(results: dict, jobs: int, total_s: float) -> None:
+    lines = ["# Mutation testing", "",
+             f"`scripts/mutate.py` (see its docstring) on a {os.cpu_count()}-core machine shared with other jobs; "
+             f"total {total_s / 60:.1f} min. Score = killed / (mutants - equivalent); a timeout counts as killed. "
+             "Time: wall time of that module's run, `jobs` workers.",
+             "", "| module | tests | mutants | killed | timeout | survived | no test | equivalent | score | time (jobs) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for module, (ms, secs, sample, jobs_) in results.items():
+        c = score(ms)
+        tests = ", ".join(Path(t).name if t.startswith("tests/") else f"`{t}`" for t in MODULES[module])
+        sampled = f" (1 in {sample})" if sample > 1 else ""
+        lines.append(f"| `{module}` | {tests} | {c['mutants']}{sampled} | {c['killed']} | {c['timeout']} | {c['survived']} | "
+                     f"{c['no test']} | {c['equivalent']} | {100 * c['score']:.1f}% | {secs / 60:.1f} min ({jobs_}) |")
+    allm = [m for ms, *_ in results.values() for m in ms]
+    c = score(allm)
+    lines.append(f"| **all** | | {c['mutants']} | {c['killed']} | {c['timeout']} | {c['survived']} | {c['no test']} | "
+                 f"{c['equivalent']} | {100 * c['score']:.1f}% | {total_s / 60:.1f} min |")
+    left = [m for m in allm if m.status in ("survived", "no test")]
+    lines += ["", "## Survivors", ""]
+    lines += [f"- `{m.module}` {m.qualname}: {m.desc} in `{m.code}` ({m.status})" for m in left] or ["None."]
+    lines += ["", "## Equivalent mutants", "",
+              "Listed in `scripts/mutants_equivalent.tsv`; each change cannot alter what the code computes "
+              "(or only in a way no caller can observe), for the reason given.", "",
+              "| module | where | change | line | why equivalent |", "|---|---|---|---|---|"]
+    for m in allm:
+        if m.status == "equivalent":
+            code = m.code.replace("|", "\\|")
+            lines.append(f"| `{Path(m.module).name}` | {m.qualname} | {m.desc} | `{code}` | {m.reason} |")
+    REPORT.write_text("\n".join(lines) + "\n")
+
+
+def _cache(module: str) -> Path:
+    return ROOT / ".cache" / f"mutate-{module.replace('/', '_')}.json"
+
+
+def _load_cached(module: str) -> tuple[list[Mutant], float]:
+    try:
+        data = json.loads(_cache(module).read_text())
+    except OSError:
+        sys.exit(f"{module}: no earlier run in {_cache(module)}; run scripts/mutate.py {module} first")
+    fields = Mutant.__dataclass_fields__
+    return [Mutant(**{k: v for k, v in m.items() if k in fields}) for m in data["mutants"]], data["seconds"], \
+        data.get("sample", 1), data.get("jobs", 2)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("modules", nargs="*", help="modules to mutate (default: all of MODULES, and write the report)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--show", action="store_true", help="print each survivor's diff")
+    ap.add_argument("--sample", type=int, default=1, metavar="K",
+                    help="run every K-th mutant only (the same ones every time); the report says so")
+    ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    ap.add_argument("--survivors", action="store_true",
+                    help="run again only the last run's survivors of each module (after adding tests), keep the rest")
+    ap.add_argument("--report", action="store_true",
+                    help="write results/mutation.md from the last run of each module (kept in .cache/), run nothing")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    modules = args.modules or list(MODULES)
+    for m in modules:
+        if m not in MODULES:
+            ap.error(f"{m}: not in MODULES; valid: {', '.join(MODULES)}")
+    if args.list:
+        for mod in modules:
+            source, ms = find_mutants(mod)
+            for m in ms:
+                print(f"{mod}\t{m.key}\n{diff_line(source, m)}")
+        return 0
+    if args.report:
+        results, total = {}, 0.0
+        equivalent = load_equivalent()
+        for mod in modules:
+            ms, secs, sample, jobs = _load_cached(mod)
+            for m in ms:  # the list of equivalents may have grown since that run
+                if m.status in ("survived", "no test") and m.key in equivalent.get(mod, {}):
+                    m.status, m.reason = "equivalent", equivalent[mod][m.key]
+            results[mod] = (ms, secs, sample, jobs)
+            total += secs
+        write_report(results, args.jobs, total)
+        print(f"wrote {REPORT.relative_to(ROOT)}")
+        return 0
+    preload()
+    equivalent = load_equivalent()
+    results = {}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mutate-") as tmp:
+        work = Path(tmp)
+        sandboxes = [make_sandbox(work / f"repo{k}") for k in range(args.jobs)]
+        for mod in modules:
+            print(f"{mod}: tests {' '.join(MODULES[mod])}", flush=True)
+            only, previous, sample = None, None, args.sample
+            if args.survivors:
+                previous, prev_secs, sample, _ = _load_cached(mod)
+                only = {m.key for m in previous if m.status in ("survived", "no test")}
+            ms, secs, source = run_module(mod, MODULES[mod], sandboxes, work, equivalent, args.verbose, sample, only)
+            if previous is not None:  # merge: the re-run survivors' new status, everything else as it was
+                again = {m.key: m for m in ms}
+                ms, secs = [again.get(m.key, m) for m in previous], prev_secs + secs
+            results[mod] = (ms, secs, sample, args.jobs)
+            c = score(ms)
+            print(f"{mod}: {c['mutants']} mutants, {c['killed']} killed, {c['timeout']} timeout, {c['survived']} "
+                  f"survived, {c['no test']} no test, {c['equivalent']} equivalent: score {100 * c['score']:.1f}% "
+                  f"in {secs:.0f} s", flush=True)
+            if args.show:
+                for m in ms:
+                    if m.status in ("survived", "no test"):
+                        print(f"{m.status}: {m.module}\t{m.key}\n{diff_line(source, m)}\n", flush=True)
+            _cache(mod).parent.mkdir(exist_ok=True)
+            _cache(mod).write_text(json.dumps({"seconds": secs, "jobs": args.jobs, "sample": sample, "mutants": [
+                {**vars(m), "diff": diff_line(source, m)} for m in ms]}, indent=1))
+    total = time.perf_counter() - t0
+    if not args.modules:
+        write_report(results, args.jobs, total)
+        print(f"wrote {REPORT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

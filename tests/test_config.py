@@ -1,0 +1,275 @@
+"""Config loading: dotted --set keys reach the task and the run, strict types, the grid, hashes.
+
+Error messages seen through the CLI are in test_cli.py; here the values a user's config
+turns into, in-process.
+"""
+import dataclasses
+import json
+
+import pandas as pd
+import pytest
+import yaml
+
+from grpo_bench.config import (ConfigError, RunConfig, build_dataclass, config_hash, load_ablation, parse_set,
+                               resolve_part, resolve_run, run_dict, set_dotted)
+from grpo_bench.runner import run_ablation
+from helpers import ROOT
+
+TINY = {"task": "sort", "epochs": 2, "inner_steps": 1, "group_size": 2}
+
+
+def write(tmp_path, doc, name="abl.yaml"):
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def resolved(abl):
+    return {label: resolve_run(raw) for label, _, raw in abl.variants}
+
+
+# ------------------------------------------------------------------ dotted --set
+
+
+@pytest.mark.parametrize("task", ["sort", {"name": "sort", "n": 2, "prompts": None}, "sort_hard", {"name": "sort_lecture"}],
+                         ids=["name", "mapping", "preset", "preset-mapping"])
+def test_dotted_set_reaches_the_task_of_every_variant(tmp_path, task):
+    # a task given as a name, a mapping or a preset: `--set task.x=...` reaches its resolved config
+    path = write(tmp_path, {"base": {**TINY, "task": task, "loss": {"name": "clipped", "clip_low": 0.1}},
+                            "grid": {"task.vocab": [5, 6], "lr": [0.01, 0.02]}})
+    abl = load_ablation(path, sets=["task.n=4", "task.vocab=7", "loss.clip_high=0.3", "task.prompts=null"])
+    cfgs = resolved(abl)
+    assert len(cfgs) == 4
+    for cfg in cfgs.values():
+        assert (cfg.task.n, cfg.task.vocab, cfg.task.prompts) == (4, 7, None)   # --set wins over the grid
+        assert cfg.loss == {"name": "clipped", "clip_low": 0.1, "clip_high": 0.3}
+    assert sorted(c.lr for c in cfgs.values()) == [0.01, 0.01, 0.02, 0.02]
+    # without --set the grid's task.vocab reaches each variant
+    assert sorted(c.task.vocab for c in resolved(load_ablation(path)).values()) == [5, 5, 6, 6]
+
+
+def test_dotted_set_reaches_nested_task_sections():
+    # README: `--set task.model.source=DIR` runs arithmetic_lora.yaml unchanged on another checkpoint
+    abl = load_ablation(ROOT / "ablations" / "arithmetic_lora.yaml",
+                        sets=["task.model.source=/elsewhere/gpt2", "task.sampling.temperature=0.5", "lr=0.003"])
+    for cfg in resolved(abl).values():
+        assert cfg.task.model.source == "/elsewhere/gpt2" and cfg.task.sampling.temperature == 0.5
+        assert cfg.lr == 0.003
+    default = resolved(load_ablation(ROOT / "ablations" / "arithmetic_lora.yaml"))
+    assert {c.task.model.source for c in default.values()} != {"/elsewhere/gpt2"}
+    assert len({c.task.sampling.temperature for c in default.values()}) > 1   # cold/hot sampling variants
+
+
+def test_dotted_set_reaches_the_run(tmp_path):
+    # past the config: the run trains on the task the override describes and saves it beside itself
+    path = write(tmp_path, {"name": "t", "base": {**TINY, "task": {"name": "sort", "prompts": None, "num_prompts": 4,
+                                                                     "eval_prompts": 8}},
+                            "grid": {"loss": ["naive", "clipped"]}, "seeds": 1})
+    abl = load_ablation(path, sets=["task.n=5", "task.vocab=9"])
+    summary = run_ablation(abl, tmp_path / "o", workers=1, progress=False)
+    assert (summary.status == "ok").all() and len(summary) == 2
+    for run in summary.run:
+        saved = yaml.safe_load((tmp_path / "o" / "runs" / run / "config.yaml").read_text())
+        assert saved["task"]["n"] == 5 and saved["task"]["vocab"] == 9
+    m = pd.read_csv(tmp_path / "o" / "metrics.csv")
+    assert set(m[m.metric == "response/length"].value) == {5.0}   # every toy response is n tokens long
+
+
+def test_set_dotted_rules():
+    d = {"loss": "clipped", "task": {"name": "sort"}}
+    set_dotted(d, "loss.clip_high", 0.3, "--set")            # a part named by a string becomes a mapping
+    set_dotted(d, "task.sampling.temperature", 2.0, "--set")  # a missing section is created
+    set_dotted(d, "epochs", 3, "--set")
+    assert d == {"loss": {"name": "clipped", "clip_high": 0.3}, "task": {"name": "sort", "sampling": {"temperature": 2.0}},
+                 "epochs": 3}
+    with pytest.raises(ConfigError, match=r"^--set: epochs.x: 'epochs' is not a mapping$"):
+        set_dotted(d, "epochs.x", 1, "--set")
+
+
+def test_parse_set_reads_yaml_values():
+    assert parse_set(["a=1", "b.c=0.5", "d=[1, 2]", "e=null", "f=x=y", " g =true"]) == [
+        ("a", 1), ("b.c", 0.5), ("d", [1, 2]), ("e", None), ("f", "x=y"), ("g", True)]
+    for bad in ["novalue", "=3"]:
+        with pytest.raises(ConfigError, match="expected key=value"):
+            parse_set([bad])
+
+
+# ------------------------------------------------------------------ strict types
+
+
+def test_types_are_strict_and_ints_become_floats():
+    cfg = build_dataclass(RunConfig, {"lr": 1, "epochs": 3, "kl_coef": 0}, "f.yaml")
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float) and isinstance(cfg.kl_coef, float)
+    for key, value, expected in [("epochs", 2.5, "int"), ("epochs", True, "int"), ("lr", "0.1", "float"),
+                                 ("lr", False, "float"), ("filters", "x", "list")]:
+        with pytest.raises(ConfigError, match=rf"^f.yaml: {key}: expected {expected}"):
+            build_dataclass(RunConfig, {key: value}, "f.yaml")
+    with pytest.raises(ConfigError, match=r"^f.yaml: epoch: unknown key; valid: task, delta"):
+        build_dataclass(RunConfig, {"epoch": 3}, "f.yaml")
+    with pytest.raises(ConfigError, match=r"^f.yaml: <root>: expected a mapping, got list"):
+        build_dataclass(RunConfig, [1], "f.yaml")
+
+
+def test_part_parameters_are_typed_and_resolved():
+    assert resolve_part("loss", "clipped", "f", "loss") == {"name": "clipped", "clip_low": 0.2, "clip_high": 0.2}
+    assert resolve_part("loss", {"name": "clipped", "clip_high": 1}, "f", "loss")["clip_high"] == 1.0
+    assert resolve_part("aggregate", "seq_mean_token_sum_norm", "f", "aggregate", {"max_len": 7})["max_len"] == 7
+    for value, key, words in [({"clip_high": 0.3}, "loss.name", "missing; valid: cispo"),
+                              (3, "loss", "expected a loss name or a mapping with `name`, got 3"),
+                              ({"name": "clipped", "clip_high": "x"}, "loss.clip_high", "expected float, got 'x'"),
+                              ({"name": "clipped", "clip_high": -1}, "loss.clip_high", "must be > 0"),
+                              ({"name": "nope"}, "loss.name", "unknown loss 'nope'")]:
+        with pytest.raises(ConfigError, match=rf"^f: {key}: .*{words}"):
+            resolve_part("loss", value, "f", "loss")
+
+
+def test_resolved_run_holds_every_parameter():
+    cfg = resolve_run({"task": {"name": "sort", "n": 4, "prompts": None}, "aggregate": "seq_mean_token_sum_norm",
+                       "filters": ["dynamic_sampling", {"name": "overlong_punish", "cache": 2}]})
+    assert cfg.aggregate == {"name": "seq_mean_token_sum_norm", "max_len": 4}   # the task's budget fills max_len
+    assert cfg.filters == [{"name": "dynamic_sampling", "max_draws": 4},
+                           {"name": "overlong_punish", "cache": 2, "max_len": 4}]
+    assert cfg.delta == {"name": "zscore", "eps": 1e-6}
+    d = run_dict(cfg)
+    assert d["task"]["name"] == "sort" and d["task"]["n"] == 4 and d["epochs"] == 100
+    assert resolve_run(d) == cfg   # what is saved beside a run resolves to the same run
+    assert resolve_run({"task": cfg.task}).task == cfg.task   # a task config object, as the Python API passes it
+
+
+@pytest.mark.parametrize("over,key,words", [
+    ({"kl_placement": "logits"}, "kl_placement", "valid: loss, reward"),
+    ({"backend": "cuda"}, "backend", "valid: auto, torch, chunked, triton"),
+    ({"optimizer": "lion"}, "optimizer", "valid: adam, adamw, sgd"),
+    ({"device": "tpu"}, "device", "valid: cpu, cuda, auto"),
+    ({"kl_coef": -0.1}, "kl_coef", "must be >= 0"),
+    ({"group_size": 1}, "group_size", "must be >= 2 with delta 'zscore'"),
+    ({"group_size": 1, "delta": "raw", "filters": ["dynamic_sampling"]}, "group_size", "filters.0 'dynamic_sampling'"),
+    ({"group_size": 0, "delta": "raw"}, "group_size", "must be >= 1, got 0"),
+    ({"epochs": 0}, "epochs", "must be >= 1"),
+    ({"inner_steps": 0}, "inner_steps", "must be >= 1"),
+    ({"lr": 0.0}, "lr", "must be > 0"),
+    ({"weight_decay": -1.0}, "weight_decay", "must be >= 0"),
+    ({"max_grad_norm": -1.0}, "max_grad_norm", "must be >= 0"),
+    ({"log_every": 0}, "log_every", "must be >= 1"),
+    ({"eval_every": -1}, "eval_every", "must be >= 0"),
+    ({"task": {"name": "sort", "n": 0}}, "task.n", "must be >= 1"),
+    ({"task": {"name": "sort", "n": "3"}}, "task.n", "expected int"),
+    ({"task": {"n": 3}}, "task.name", "missing; valid: arithmetic, sort"),
+    ({"task": "chess"}, "task.name", "unknown task 'chess'"),
+])
+def test_bad_values_name_their_key(over, key, words):
+    with pytest.raises(ConfigError, match=rf"^run.yaml: {key.replace('.', '[.]')}: .*{words}"):
+        resolve_run({"task": "sort", **over}, "run.yaml")
+
+
+def test_boundary_values_are_accepted():
+    cfg = resolve_run({"task": "sort", "group_size": 1, "delta": "raw", "kl_coef": 0, "eval_every": 0,
+                       "weight_decay": 0, "max_grad_norm": 0, "epochs": 1, "inner_steps": 1, "log_every": 1})
+    assert cfg.group_size == 1
+    assert resolve_run({"task": "sort", "group_size": 2}).group_size == 2
+
+
+def test_config_hash_follows_the_resolved_config():
+    a = resolve_run({"task": "sort", "loss": "clipped"})
+    b = resolve_run({"task": {"name": "sort"}, "loss": {"name": "clipped", "clip_low": 0.2}})
+    assert config_hash(a) == config_hash(b) and len(config_hash(a)) == 10   # the same run however written
+    assert config_hash(a) != config_hash(dataclasses.replace(a, lr=0.002))
+    assert config_hash(a) != config_hash(resolve_run({"task": {"name": "sort", "vocab": 6}, "loss": "clipped"}))
+
+
+# ------------------------------------------------------------------ ablations
+
+
+def test_grid_and_named_variants(tmp_path):
+    path = write(tmp_path, {"name": "g-1", "description": " Why.  ", "base": TINY,
+                            "variants": {"a": {"lr": 0.01}, "b": {"loss": "naive"}},
+                            "grid": {"delta": ["centered", "rloo"], "task.vocab": [6]}, "seeds": [3, 5]})
+    abl = load_ablation(path)
+    assert abl.name == "g-1" and abl.description == "Why." and abl.seeds == [3, 5]
+    assert abl.axes == ["variant_name", "delta", "task.vocab"]
+    assert [label for label, _, _ in abl.variants] == ["a,delta=centered,task.vocab=6", "a,delta=rloo,task.vocab=6",
+                                                         "b,delta=centered,task.vocab=6", "b,delta=rloo,task.vocab=6"]
+    assert abl.variants[3][1] == {"variant_name": "b", "delta": "rloo", "task.vocab": 6}
+    cfgs = list(resolved(abl).values())
+    assert [c.lr for c in cfgs] == [0.01, 0.01, 1e-3, 1e-3] and cfgs[2].loss["name"] == "naive"
+    assert load_ablation(path, seeds=2).seeds == [0, 1]
+    # a grid of parts given as mappings: the label spells the mapping out
+    path = write(tmp_path, {"base": TINY, "grid": {"loss": [{"name": "clipped", "clip_high": 0.28}]}}, "m.yaml")
+    abl = load_ablation(path)
+    assert abl.name == "m" and abl.seeds == [0, 1, 2] and abl.resources == {"cpus": 1, "gpus": 0}
+    assert abl.variants[0][0] == 'loss={"clip_high": 0.28, "name": "clipped"}'  # yaml.safe_dump sorted the keys
+
+
+@pytest.mark.parametrize("doc,key,words", [
+    ({"base": TINY, "grid": {"lr": [0.1]}, "seeds": 0}, "seeds", "positive int or a list of ints, got 0"),
+    ({"base": TINY, "grid": {"lr": [0.1]}, "seeds": True}, "seeds", "got True"),
+    ({"base": TINY, "grid": {"lr": [0.1]}, "seeds": []}, "seeds", "got []"),
+    ({"base": TINY, "grid": {"lr": [0.1]}, "seeds": [0, "a"]}, "seeds", "got [0, 'a']"),
+    ({"base": TINY, "grid": {"lr": [0.1]}, "resources": {"gpu": 1}}, "resources.gpu", "unknown key; valid: cpus, gpus"),
+    ({"base": TINY, "grid": {"lr": [0.1]}, "name": "a b"}, "name", "plain name"),
+    ({"base": TINY, "grid": {"lr": []}}, "grid.lr", "non-empty list"),
+    ({"base": TINY, "grid": {"lr": 0.1}}, "grid.lr", "non-empty list"),
+    ({"base": TINY, "grid": [1]}, "grid", "expected a mapping key -> list"),
+    ({"base": TINY, "variants": [1]}, "variants", "expected a mapping name"),
+    ({"base": TINY, "variants": {"a": 1}}, "variants.a", "expected a mapping of run config keys"),
+    ({"base": TINY}, "grid", "empty"),
+    ({"base": [1], "grid": {"lr": [0.1]}}, "base", "expected a mapping"),
+    ({"base": TINY, "grid": {"lr": [0.1]}, "extra": 1}, "extra", "unknown key; valid: name"),
+    ({"base": TINY, "grid": {"lr": [-0.1]}}, "lr", "must be > 0"),
+])
+def test_bad_ablation_names_file_and_key(tmp_path, doc, key, words):
+    path = write(tmp_path, doc)
+    with pytest.raises(ConfigError) as e:
+        load_ablation(path)
+    assert (e.value.source, e.value.key) == (str(path), key) and words in e.value.message
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    (tmp_path / "bad.yaml").write_text("base:\n  lr: [1\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: line \d+: invalid YAML"):
+        load_ablation(tmp_path / "bad.yaml")
+    with pytest.raises(ConfigError, match=r"nope.yaml: <file>: No such file"):
+        load_ablation(tmp_path / "nope.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ConfigError, match=r"list.yaml: <root>: expected a mapping"):
+        load_ablation(tmp_path / "list.yaml")
+    with pytest.raises(ConfigError, match=r"^--seeds: seeds: "):
+        load_ablation(write(tmp_path, {"base": TINY, "grid": {"lr": [0.1]}}), seeds=0)
+
+
+def test_resources(tmp_path):
+    path = write(tmp_path, {"base": TINY, "grid": {"lr": [0.1]}, "resources": {"cpus": 0.5, "gpus": 2}})
+    assert load_ablation(path).resources == {"cpus": 0.5, "gpus": 2}
+    assert load_ablation(path, sets=["resources.gpus=0"]).resources == {"cpus": 0.5, "gpus": 0}
+    for bad in ["resources.cpus=0", "resources.cpus=1.5", "resources.gpus=-1", "resources.cpus=.inf",
+                "resources.cpus=true"]:
+        with pytest.raises(ConfigError, match="^--set: resources"):
+            load_ablation(path, sets=[bad])
+    assert json.loads(json.dumps(load_ablation(path, sets=["resources.cpus=1"]).resources)) == {"cpus": 1, "gpus": 2}
+
+
+def test_run_defaults_are_the_documented_ones():
+    # README and the field docstrings: what a run is when the config says nothing
+    cfg = resolve_run({})
+    assert run_dict(cfg) | {"task": None} == {
+        "task": None, "delta": {"name": "zscore", "eps": 1e-6}, "loss": {"name": "clipped", "clip_low": 0.2, "clip_high": 0.2},
+        "aggregate": {"name": "seq_mean_token_mean"}, "kl": {"name": "k3"}, "kl_coef": 0.0, "kl_placement": "loss",
+        "kl_ctrl": {"name": "fixed"}, "ref_update": {"name": "frozen"}, "filters": [], "group_size": 10, "epochs": 100,
+        "inner_steps": 10, "optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "max_grad_norm": 0.0, "seed": 0,
+        "log_every": 1, "eval_every": 0, "backend": "auto", "device": "cpu"}
+    assert run_dict(cfg)["task"]["name"] == "sort"
+
+
+def test_type_check_of_each_kind():
+    from grpo_bench.config import _type_ok
+    assert _type_ok(1, float) == (True, 1.0) and _type_ok(True, float)[0] is False and _type_ok(1.5, int)[0] is False
+    assert _type_ok(None, int | None) == (True, None) and _type_ok(3, int | None) == (True, 3)
+    assert _type_ok(2, float | None) == (True, 2.0) and _type_ok("x", int | None)[0] is False
+    assert _type_ok([1], list) == (True, [1]) and _type_ok({}, dict)[0] and not _type_ok([], dict)[0]
+    assert _type_ok({}, dict[str, float])[0] and not _type_ok([], dict[str, float])[0]
+    assert _type_ok([1], list[int])[0] and not _type_ok({}, list[int])[0]
+    assert _type_ok("a", str)[0] and not _type_ok(1, str)[0] and _type_ok(object(), "anything")[0]
+    with pytest.raises(ConfigError, match=r"^f: aggregate.max_len: expected int \| None, got 'x'"):
+        resolve_part("aggregate", {"name": "seq_mean_token_sum_norm", "max_len": "x"}, "f", "aggregate")
+    assert resolve_part("aggregate", {"name": "seq_mean_token_sum_norm", "max_len": None}, "f", "aggregate",
+                        {"max_len": 6})["max_len"] == 6   # null: the task's budget
