@@ -253,7 +253,7 @@ def test_run_defaults_are_the_documented_ones():
     cfg = resolve_run({})
     assert run_dict(cfg) | {"task": None} == {
         "task": None, "delta": {"name": "zscore", "eps": 1e-6}, "loss": {"name": "clipped", "clip_low": 0.2, "clip_high": 0.2},
-        "aggregate": {"name": "seq_mean_token_mean"}, "kl": {"name": "k3"}, "kl_coef": 0.0, "kl_placement": "loss",
+        "aggregate": {"name": "seq_mean_token_mean"}, "kl": {"name": "k3"}, "kl_coef": 0.0, "kl_placement": "loss", "kl_track": False,
         "kl_ctrl": {"name": "fixed"}, "ref_update": {"name": "frozen"}, "filters": [], "group_size": 10, "epochs": 100,
         "inner_steps": 10, "optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "max_grad_norm": 0.0, "seed": 0,
         "log_every": 1, "eval_every": 0, "backend": "auto", "device": "cpu"}

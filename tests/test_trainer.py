@@ -196,7 +196,7 @@ def test_step_metrics_by_hand():
 
 def test_removed_reports_each_kind_of_change():
     from grpo_bench.algos import Batch
-    from grpo_bench.trainer import _removed
+    from grpo_bench.trainer import filter_effect as _removed
     mask = torch.tensor([[[1.0, 1.0], [1.0, 0.0]], [[1.0, 1.0], [0.0, 0.0]]])   # 5 tokens
     b = Batch(torch.tensor([[1.0, 0.0], [2.0, 2.0]]), mask, torch.tensor([[2, 1], [2, 0]]),
               torch.ones(2, 2, dtype=torch.bool), 2)
