@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Rebuild everything under results/ from scratch, in the order the README presents it:
+# the five sorting ablations, the arithmetic ablation, every setting of every claim
+# ablation, then FINDINGS.md, the toy-vs-LM comparison and the gallery.
+# About 90 minutes on 2 CPU cores; each line prints its wall time so that the README's
+# timings can be checked. Pass ablation names to run only those (e.g. `loss_modes recipes`).
+# The kernel benchmarks are separate (README, Kernels): they want an otherwise idle machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+PY=.venv/bin/python
+export OMP_WAIT_POLICY=PASSIVE   # busy-waiting OpenMP threads slow the other worker
+
+sort_ablations=(loss_modes delta_modes kl_estimators ref_refresh recipes)
+lm_ablations=(arithmetic_lora)
+claims=(adv_norm dapo_ladder policy_losses kl_gradients length_bias ref_policy)
+wanted=("$@")
+
+want() { [ ${#wanted[@]} -eq 0 ] || [[ " ${wanted[*]} " == *" $1 "* ]]; }
+timed() { local t0=$SECONDS; "$@"; echo "[reproduce] $* : $((SECONDS - t0)) s" >&2; }
+
+for a in "${sort_ablations[@]}" "${lm_ablations[@]}"; do
+  want "$a" && timed $PY -m grpo_bench run "ablations/$a.yaml" --no-progress
+done
+for a in "${claims[@]}"; do
+  want "$a" || continue
+  for s in $($PY -c "import yaml,sys; print(' '.join(yaml.safe_load(open(sys.argv[1]))['settings']))" "ablations/$a.yaml"); do
+    timed $PY -m grpo_bench run "ablations/$a.yaml" --setting "$s" --no-progress
+  done
+done
+$PY -m grpo_bench findings results
+[ -d results/policy_losses_sort ] && [ -d results/policy_losses_lm ] && \
+  $PY -m grpo_bench compare results/policy_losses_sort results/policy_losses_lm
+$PY -m grpo_bench gallery results
