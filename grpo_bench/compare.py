@@ -209,8 +209,11 @@ def gallery_text(root: str | Path) -> str:
         ans = report.answer(summary, column, meta["variants"]) if column else "no main metric in summary.csv."
         lines += [f"**Answer** ({report.label_column(column) if column else '—'}): {ans}", ""]
     extras = sorted(d for d in root.iterdir() if (d / "COMPARE.md").is_file())
-    if (root / "kernels" / "benchmarks.md").is_file() or extras:
+    findings = (root / "FINDINGS.md").is_file()
+    if (root / "kernels" / "benchmarks.md").is_file() or extras or findings:
         lines += ["## Other results", ""]
+        if findings:
+            lines.append("- [FINDINGS.md](FINDINGS.md): the suite's verdict on each published claim it tests")
         lines += [f"- [{d.name}]({d.name}/COMPARE.md): variants compared across ablations" for d in extras]
         if (root / "kernels" / "benchmarks.md").is_file():
             lines.append("- [kernels](kernels/benchmarks.md): log-prob and GRPO-loss kernel benchmarks")

@@ -488,7 +488,9 @@ def test_gallery_from_files(tmp_path, capsys):
     assert "![first headline](first/headline.png)" in text and "second/headline" not in text
     assert ("**Answer** (final reward): `b` is best (final reward 0.320 ± 0.016, 5 seeds), beyond seed noise "
             "above the other; 1 of 1 pairs differ beyond seed noise.") in text
-    assert "(kernels/benchmarks.md)" in text
+    assert "(kernels/benchmarks.md)" in text and "FINDINGS.md" not in text
+    (tmp_path / "FINDINGS.md").write_text("x")
+    assert "- [FINDINGS.md](FINDINGS.md)" in C.gallery_text(tmp_path)
 
 
 def test_committed_gallery_is_current():
