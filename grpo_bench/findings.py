@@ -168,8 +168,9 @@ def render(root: Path) -> str:
         untestable = claim.get("untestable") or {}
         results = {s: judge_setting(d, claim["expect"], claim.get("metric")) for s, d in entry["settings"].items()}
         cells = [summarise(results.get(s), untestable.get(s)) for s in ("sort", "lm")]
-        lines.append(f"| [{family}](#{family}): {claim['text']} | {claim['source']} | {cells[0]} | {cells[1]} | "
-                     f"{_tau(results)} |")
+        row = [f"[{family}](#{family}): {claim['text']}", claim["source"], *cells, _tau(results)]
+        # a claim's own text may hold a pipe (1/|o|), which would split the table's cell
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
         details += [f"## {family}", "", f"**Claim.** {claim['text']}", "", f"**Source.** {claim['source']}", ""]
         if claim.get("setting"):
             details += [f"**Their setting.** {claim['setting']}", ""]

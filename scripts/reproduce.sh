@@ -20,11 +20,13 @@ want() { [ ${#wanted[@]} -eq 0 ] || [[ " ${wanted[*]} " == *" $1 "* ]]; }
 timed() { local t0=$SECONDS; "$@"; echo "[reproduce] $* : $((SECONDS - t0)) s" >&2; }
 
 for a in "${sort_ablations[@]}" "${lm_ablations[@]}"; do
-  want "$a" && timed $PY -m grpo_bench run "ablations/$a.yaml" --no-progress
+  # a run directory of the same config is resumed, not re-run: clear it, the code may have changed
+  want "$a" && rm -rf "results/$a/runs" && timed $PY -m grpo_bench run "ablations/$a.yaml" --no-progress
 done
 for a in "${claims[@]}"; do
   want "$a" || continue
   for s in $($PY -c "import yaml,sys; print(' '.join(yaml.safe_load(open(sys.argv[1]))['settings']))" "ablations/$a.yaml"); do
+    rm -rf "results/${a}_$s/runs"
     timed $PY -m grpo_bench run "ablations/$a.yaml" --setting "$s" --no-progress
   done
 done

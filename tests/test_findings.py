@@ -2,6 +2,8 @@
 import json
 import math
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -51,7 +53,7 @@ def test_verdicts():
 
 
 def test_findings_from_two_settings(tmp_path):
-    claim = {"text": "a beats b and c", "source": "Someone (2025)", "setting": "a big model",
+    claim = {"text": "a beats b and c by 1/|o|", "source": "Someone (2025)", "setting": "a big model",
              "expect": ["a > b", "a > c", "b = c"], "untestable": {"sort": "(part) a note"}}
     rng = np.random.default_rng(0)
     sort = {"a": 0.9 + 0.01 * rng.standard_normal(5), "b": 0.5 + 0.01 * rng.standard_normal(5),
@@ -63,6 +65,7 @@ def test_findings_from_two_settings(tmp_path):
     write(tmp_path / "other", "other", None, {"a": [1, 2]}, None)   # no claim: not a finding
     text = render(tmp_path)
     row = next(line for line in text.splitlines() if line.startswith("| [claimx]"))
+    assert len(re.findall(r"(?<!\\)\|", row)) == 6 and "1/\\|o\\|" in row   # the claim's pipe is escaped
     sort_cell, lm_cell, tau_cell = row.split(" | ")[2:5]
     assert sort_cell.startswith("agrees (3 of 3")
     assert lm_cell.startswith("mixed (1 of 3 orderings hold, 2 reversed)")   # b = c holds, a > b and a > c reverse
