@@ -135,7 +135,8 @@ def figure(sides: list[Side]):
     title = " vs ".join(s.name for s in sides) + f": {len(rows)} variants"
     if len(sides) == 2:
         tau, p, n = kendall(sides[0].means, sides[1].means)
-        title += ("" if math.isnan(tau) else f"; Kendall τ = {tau:+.2f} (p = {p:.2g}) over {n} shared")
+        # its own line: with long directory names one line overflows a page-wide figure
+        title += ("" if math.isnan(tau) else f"\nKendall τ = {tau:+.2f} (p = {p:.2g}) over {n} shared variants")
     ci = f"; line: 95% bootstrap CI of the mean (>= {report.BAND_SEEDS} seeds)" \
         if any(len(x) >= report.BAND_SEEDS for s in sides for x in s.values.values()) else ""
     return report.dot_panels(rows, panels, styles, title + f"\ndots: seeds; bar: mean{ci}")

@@ -443,6 +443,19 @@ def test_compare_figure_rows_line_up(tmp_path):
     assert "Kendall τ" not in fig._suptitle.get_text()  # one shared variant: no order to correlate
 
 
+def test_compare_title_fits_the_figure(tmp_path):
+    # the real policy_losses_sort vs policy_losses_lm title once ran off both edges
+    names = ("policy_losses_sort", "policy_losses_lm")
+    dirs = [dir_with_means(tmp_path, n, {v: 0.1 * i for i, v in enumerate(["dapo", "gspo", "cispo", "sapo", "gmpo"])})
+            for n in names]
+    with R.style():
+        fig = C.figure([C.load_side(d, None) for d in dirs])
+        fig.canvas.draw()
+        box = fig._suptitle.get_window_extent()
+    assert "Kendall τ" in fig._suptitle.get_text()
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width
+
+
 def test_compare_metric_per_directory(tmp_path, capsys):
     a = dir_with_means(tmp_path, "a", {"p": 0.1, "q": 0.2, "r": 0.3})
     b = dir_with_means(tmp_path, "b", {"p": 0.3, "q": 0.2, "r": 0.1}, column="final/eval/reward")
