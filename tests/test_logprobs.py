@@ -75,7 +75,8 @@ def test_backend_resolution():
 def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="CUDA"):
-        token_logprobs(*logits_and_labels(2, v=5), backend="triton")
+        x, y = logits_and_labels(2, v=5)
+        token_logprobs(x.cpu(), y.cpu(), backend="triton")  # CPU tensors even where CUDA exists
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

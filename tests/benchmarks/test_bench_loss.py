@@ -123,7 +123,14 @@ def test_loss_forward_backward(bench, loss_case, device):
     expected = reference(x, *rest)
     (expected_grad,) = torch.autograd.grad(expected, x)
     torch.testing.assert_close(fn(logp.detach(), *rest).double(), expected.detach(), rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(grad.double(), expected_grad, rtol=1e-4, atol=1e-9)
+    # A ratio within fp32 rounding of a clip bound may land on the other side of it in fp32 than
+    # in fp64, which switches its token's gradient between clipped and not: those few tokens are
+    # left out (4M tokens on the GPU give a handful), every other token must match.
+    ratio = torch.exp(x.detach() - rest[0].double())
+    low, high = 1 - CONFIG["loss"]["clip_low"], 1 + CONFIG["loss"]["clip_high"]
+    edge = ((ratio - low).abs() < 1e-6) | ((ratio - high).abs() < 1e-6)
+    assert edge.sum() <= 1e-5 * edge.numel()
+    torch.testing.assert_close(grad.double()[~edge], expected_grad[~edge], rtol=1e-4, atol=1e-9)
     tokens = case.b * case.g * case.t
     # ideal traffic: logp, old, ref, mask read by the forward and again by the backward, one
     # gradient written
