@@ -92,8 +92,12 @@ def test_temperature_divides_the_fp32_logits(use_triton):
 
 
 def test_chunk_rule():
-    # GPU: chunk logits about the size of the hidden states, a power of two, within [1, N]
-    assert default_rows(4096, 151_936, 896, "cuda") == 32
+    # GPU: a sixteenth of the rows, capped at 1 GiB of fp32 logits (1,766 rows of 151,936),
+    # never below Liger's rule (logits about the size of the hidden states), within [1, N]
+    assert default_rows(8192, 151_936, 896, "cuda") == 512
+    assert default_rows(131_072, 151_936, 896, "cuda") == (1 << 30) // (4 * 151_936) == 1766
+    assert default_rows(16, 151_936, 896, "cuda") == 1  # n / 16 = 1 = Liger's rule here
+    assert default_rows(1024, 50_257, 8192, "cuda") == 256  # Liger: 1024 / ceil(50,257 / 8,192) -> 256 > 64
     assert default_rows(8, 10, 1000, "cuda") == 8
     assert default_rows(1, 50_257, 64, "cuda") == 1
     # CPU: 64 rows for the GEMM's sake, never above N / 16 (nor below 1), the whole of small logits
