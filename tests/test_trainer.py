@@ -370,6 +370,28 @@ def test_kl_controller_sees_the_rollouts_kl(monkeypatch):
     assert [kl for kl, _ in seen] == [0.0, 0.0]
 
 
+def test_kl_seq_is_the_mean_over_responses_of_each_summed_log_ratio(monkeypatch):
+    # tracked only (no KL coefficient): the reference is the initial policy, so from epoch 1 on
+    # old and ref differ. Groups of 4, responses of 3 tokens: a sum over the wrong axis, or a mean
+    # over the wrong count, gives another number
+    def mask_fn(m):
+        m[0, 0] = 0           # an empty response: a sequence KL of 0 that still counts in the mean
+        m[1, 2, 1:] = 0
+        return m
+
+    calls, _ = _wrapped(monkeypatch, mask_fn)
+    _, rows = _rows({**RICH, "epochs": 3, "kl_track": True, "lr": 0.1})
+    assert [r for r, *_ in calls] == [True, False] * 3     # per epoch: the reference, then the policy
+    kl_seq = [v for _, m, v in rows if m == "kl/seq"]
+    mask = mask_fn(torch.ones(8, 4, 3))
+    for epoch, got in enumerate(kl_seq):
+        ref, old = calls[2 * epoch][3], calls[2 * epoch + 1][3]
+        total = sum(float(old[b, g, t] - ref[b, g, t]) for b in range(8) for g in range(4) for t in range(3)
+                    if mask[b, g, t] > 0)
+        assert got == pytest.approx(total / 32, rel=1e-5, abs=1e-7)   # 8 prompts x 4 responses
+    assert kl_seq[0] == 0.0 and abs(kl_seq[2]) > 1e-3
+
+
 def test_kl_in_the_loss_is_in_the_loss():
     # all responses are full (n tokens): the aggregated KL term is beta times the token mean kl/value
     for placement in ("loss", "reward"):
