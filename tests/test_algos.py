@@ -834,6 +834,48 @@ def test_dppo_bounds_are_inclusive():
     torch.testing.assert_close(per_tok, T([[[-2.0 * 0.0], [0.5 * -l2]]]))
 
 
+def test_dppo_kl_bounds_are_inclusive():
+    # as dppo_tv: a divergence exactly at the bound is kept. Negative advantage, q = pi_old = 1 (log 0):
+    # the binary KL is -log p exactly (its (1 - q) term is 0), and p < q, so only the bound decides
+    logp, old = T([[[-0.25]]]), T([[[0.0]]])
+    _, regions = loss("dppo_kl", logp, old, T([[-1.0]]), clip_low=0.25, clip_high=0.2)
+    assert not regions["low"].any()
+    _, regions = loss("dppo_kl", logp, old, T([[-1.0]]), clip_low=0.2499, clip_high=0.2)
+    assert regions["low"].all()
+    # positive advantage, p = 1 > q = 1/2: KL(Bern(1/2) || Bern(1)) = 1/2 log(1/2) + 1/2 log(1/2 / 0), with
+    # verl's 1e-8 guard on the 1 - p and 1 - q, here in the order the float rounding makes exact
+    l2 = math.log(2.0)
+    bkl = 0.5 * -l2 + 0.5 * math.log((0.5 + 1e-8) / 1e-8)
+    logp, old = T([[[0.0]]]), T([[[-l2]]])
+    _, regions = loss("dppo_kl", logp, old, T([[1.0]]), clip_low=0.2, clip_high=bkl)
+    assert not regions["high"].any()
+    _, regions = loss("dppo_kl", logp, old, T([[1.0]]), clip_low=0.2, clip_high=bkl - 1e-9)
+    assert regions["high"].all()
+
+
+def test_dppo_caps_the_log_ratio_at_20_before_clip_c():
+    # as verl: exp of the log-ratio clamped to [-20, 20], so a clip_c above e^20 never binds and
+    # log-ratios of +-21 weigh e^+-20, not e^+-21 (the gradient of -A w log pi is -A w). Both tokens
+    # are inside the trust region: +21 moves p by e^-1, and -21 lowers p under a positive advantage
+    logp, old = T([[[-1.0, -22.0]]]), T([[[-22.0, -1.0]]])
+    for name in ("dppo_tv", "dppo_kl"):
+        x = logp.clone().requires_grad_()
+        per_tok, regions = loss(name, x, old, T([[1.0]]), clip_low=1.0, clip_high=1.0, clip_c=math.exp(20.5))
+        per_tok.sum().backward()
+        torch.testing.assert_close(x.grad, T([[[-math.exp(20.0), -math.exp(-20.0)]]]), rtol=1e-12, atol=0.0)
+        assert not regions["cap"].any() and not regions["high"].any()
+
+
+def test_clip_cov_band_is_open():
+    # covariances exactly 2 on both tokens (centred log-probs +-1 times centred advantages +-2, all exact),
+    # ratio 1 (no PPO clip): a band with 2 as either end takes no token, one just around 2 takes one
+    logp = T([[[-1.0], [-3.0]]])
+    d = T([[2.0, -2.0]])
+    for lb, ub, cut in [(2.0, 5.0, 0), (1.0, 2.0, 0), (1.999, 2.001, 1)]:
+        _, regions = loss("clip_cov", logp, logp.clone(), d, clip_cov_ratio=0.5, clip_cov_lb=lb, clip_cov_ub=ub)
+        assert regions["cov"].sum() == cut, (lb, ub)
+
+
 def test_kl_cov_picks_unmasked_tokens_by_covariance():
     logp = T([[[-0.1, -2.0, -3.0], [-0.2, -1.0, -4.0]]])
     old = logp - 0.05
