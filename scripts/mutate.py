@@ -662,7 +662,8 @@ def main(argv=None) -> int:
                     help="run every K-th mutant only (the same ones every time); the report says so")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     ap.add_argument("--survivors", action="store_true",
-                    help="run again only the last run's survivors of each module (after adding tests), keep the rest")
+                    help="run again only the last run's survivors of each module (after adding tests), and mutants "
+                         "no longer listed as equivalent; keep the rest")
     ap.add_argument("--report", action="store_true",
                     help="write results/mutation.md from the last run of each module (kept in .cache/), run nothing")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -682,9 +683,12 @@ def main(argv=None) -> int:
         equivalent = load_equivalent()
         for mod in modules:
             ms, secs, sample, jobs = _load_cached(mod)
-            for m in ms:  # the list of equivalents may have grown since that run
-                if m.status in ("survived", "no test") and m.key in equivalent.get(mod, {}):
-                    m.status, m.reason = "equivalent", equivalent[mod][m.key]
+            known = equivalent.get(mod, {})
+            for m in ms:  # the list of equivalents may have changed since that run
+                if m.status in ("survived", "no test") and m.key in known:
+                    m.status, m.reason = "equivalent", known[m.key]
+                elif m.status == "equivalent" and m.key not in known:  # its row was dropped: not shown as settled
+                    m.status, m.reason = "survived", ""
             results[mod] = (ms, secs, sample, jobs)
             total += secs
         write_report(results, args.jobs, total)
@@ -702,7 +706,9 @@ def main(argv=None) -> int:
             only, previous, sample = None, None, args.sample
             if args.survivors:
                 previous, prev_secs, sample, _ = _load_cached(mod)
-                only = {m.key for m in previous if m.status in ("survived", "no test")}
+                # and those whose equivalent row was dropped since (it turned out not to be)
+                only = {m.key for m in previous if m.status in ("survived", "no test")
+                        or (m.status == "equivalent" and m.key not in equivalent.get(mod, {}))}
             ms, secs, source = run_module(mod, MODULES[mod], sandboxes, work, equivalent, args.verbose, sample, only)
             if previous is not None:  # merge: the re-run survivors' new status, everything else as it was
                 again = {m.key: m for m in ms}

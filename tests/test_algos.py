@@ -930,3 +930,38 @@ def test_vespo_clamps_each_token_log_ratio():
     # an overflowing weight is 0, not inf
     big, _ = loss("vespo", T([[[-1.0]]]), T([[[-21.0]]]), T([[1.0]]), k_pos=3000.0, lambda_pos=0.0)
     assert big.item() == 0.0   # exp(3000 * 20 - 1e-4 * e^20) overflows
+
+
+def test_vespo_caps_the_sequence_log_weight_at_20():
+    # two tokens of log-ratio 12 (each under the per-token clamp) make 24, capped at 20. k is picked so
+    # that phi = exp(lambda + k log w - lambda w) is about 1 at log w = 20 (at 24 it would underflow to 0)
+    lam = 1e-3
+    k = lam * (math.exp(20.0) - 1.0) / 20.0
+    logp, old = T([[[-1.0, -2.0]]]), T([[[-13.0, -14.0]]])
+    per_tok, _ = loss("vespo", logp, old, T([[1.0]]), k_pos=k, lambda_pos=lam)
+    phi = math.exp(lam + k * 20.0 - lam * math.exp(20.0))
+    assert 0.5 < phi < 2.0
+    torch.testing.assert_close(per_tok, -phi * logp)
+
+
+def test_sapo_clamps_the_log_ratio_at_20():
+    # as verl and TRL: log-ratios of +-21 gate like +-20, with no gradient past the clamp. A tiny tau_pos
+    # keeps the gate off saturation at r = e^20, so the upper end shows in the value too
+    logp, old = T([[[-22.0, -1.0]]]), T([[[-1.0, -22.0]]])
+    for tau in (1.0, 1e-8):
+        x = logp.clone().requires_grad_()
+        per_tok, _ = loss("sapo", x, old, T([[1.0]]), tau_pos=tau)
+        gate = [1.0 / (1.0 + math.exp(-tau * (math.exp(s) - 1.0))) for s in (-20.0, 20.0)]
+        torch.testing.assert_close(per_tok, T([[[-g * 4.0 / tau for g in gate]]]), rtol=1e-12, atol=0.0)
+        per_tok.sum().backward()
+        assert (x.grad == 0).all()
+
+
+def test_dppo_kl_keeps_a_token_whose_probability_did_not_move():
+    # only a move in the advantage's direction is bounded: log-probs 1e-17 apart give p = q = 1 in
+    # floating point but a binary KL of 1e-17, above bounds of 1e-18; the token stays on both sides
+    logp, old = T([[[-1e-17]]]), T([[[0.0]]])
+    for a in (1.0, -1.0):
+        per_tok, regions = loss("dppo_kl", logp, old, T([[a]]), clip_low=1e-18, clip_high=1e-18)
+        assert not regions["low"].any() and not regions["high"].any()
+        assert per_tok.item() == -a * 1.0 * -1e-17      # weight: ratio exp(-1e-17) = 1
