@@ -392,6 +392,29 @@ def test_kl_seq_is_the_mean_over_responses_of_each_summed_log_ratio(monkeypatch)
     assert kl_seq[0] == 0.0 and abs(kl_seq[2]) > 1e-3
 
 
+def test_summary_tails_average_the_last_tenth_of_the_epochs():
+    # 20 epochs: the last 2; 5 epochs: at least the last one. kl/seq moves every epoch, so another
+    # window gives another number
+    for epochs, tail in [(20, 2), (5, 1)]:
+        summary, rows = _rows({**RICH, "epochs": epochs, "kl_track": True, "lr": 0.1})
+        kl_seq = [v for _, m, v in rows if m == "kl/seq"]
+        assert len(kl_seq) == epochs and len(set(kl_seq[-3:])) == 3
+        assert summary["final/kl/seq"] == pytest.approx(sum(kl_seq[-tail:]) / tail, rel=1e-12)
+        assert summary["final/response/length"] == 3.0     # the sort task answers with all n = 3 tokens
+
+
+def test_kl_in_the_loss_leaves_the_rewards_alone(monkeypatch):
+    seen = []
+    raw = registry.entry("delta", "centered")
+    spy = lambda r, n=None, g=None: seen.append(r.clone()) or raw.obj(r, n, g)  # noqa: E731
+    monkeypatch.setitem(registry._REGISTRY["delta"], "centered", dataclasses.replace(raw, obj=spy))
+    _, rows = _rows({**RICH, "epochs": 3, "kl_coef": 0.5, "kl": "k2", "lr": 0.1, "kl_placement": "loss"})
+    means = [v for _, m, v in rows if m == "reward/mean"]
+    assert [r.mean().item() for r in seen] == pytest.approx(means, rel=1e-6)
+    assert [v for _, m, v in rows if m == "kl/value"][-1] > 0    # there was a KL to subtract
+    assert not any(m == "reward/penalised" for _, m, _ in rows)
+
+
 def test_kl_in_the_loss_is_in_the_loss():
     # all responses are full (n tokens): the aggregated KL term is beta times the token mean kl/value
     for placement in ("loss", "reward"):
