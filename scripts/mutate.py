@@ -65,7 +65,7 @@ MODULES = {
     "grpo_bench/logprobs.py": ["tests/test_logprobs.py", "tests/test_properties.py", "tests/test_kernels_loss.py"],
     # the CLI-subprocess tests of test_runner.py execute runner.py in other processes, where no
     # line is traced: they could never be picked for a mutant, so the baseline skips them too
-    "grpo_bench/runner.py": ["tests/test_runner.py", "-k", "not shipped and not kill_and_resume and not failed_run_is"],
+    "grpo_bench/runner.py": ["tests/test_runner.py", "-k", "not shipped and not kill_and_resume and not failed_run_is_recorded"],
     "grpo_bench/config.py": ["tests/test_config.py", "tests/test_lm_rewards.py", "tests/test_findings.py"],
     "grpo_bench/report.py": ["tests/test_report.py"],
 }
