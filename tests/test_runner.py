@@ -401,3 +401,75 @@ def test_the_lock_file_holds_only_this_pid_and_is_closed(tmp_path):
         gc.collect()
     # every lock file object is closed by the code, none left to the garbage collector
     assert not [w for w in caught if issubclass(w.category, ResourceWarning) and ".lock" in str(w.message)]
+
+
+def test_the_pool_path_records_errors_and_drops_what_has_not_started(monkeypatch):
+    import concurrent.futures as cf
+    futures = []
+
+    def boom():
+        raise ValueError("boom")
+
+    def inner():
+        boom()
+
+    class Pool:   # a stand-in for the process pool: futures this test settles by hand
+        def __init__(self, workers, mp_context=None):
+            assert workers == 2
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, spec, threads):
+            f = cf.Future()
+            futures.append(f)
+            if len(futures) == 1:
+                try:
+                    inner()
+                except ValueError as e:
+                    f.set_exception(e)     # raised outside training: recorded as a failed run
+            return f
+
+    monkeypatch.setattr(cf, "ProcessPoolExecutor", Pool)
+    todo = [RN.RunSpec(f"r{k}", "v", {}, k, {**TINY, "seed": k}) for k in range(3)]
+    results = RN.local_results(todo, 2, 1)
+    spec, (_, rows, summary) = next(results)
+    assert spec == todo[0] and rows == [] and summary["status"] == "failed" and summary["error"] == "ValueError: boom"
+    # the innermost three frames of where it was raised
+    assert re.findall(r", in (\w+)\n", summary["traceback"]) == ["submit", "inner", "boom"]
+    results.close()      # Ctrl-C or a lost worker: the runs not started are dropped
+    assert [f.cancelled() for f in futures] == [False, True, True]
+
+
+def test_a_ray_sweep_through_a_stand_in_session(tmp_path, monkeypatch, capsys):
+    import contextlib
+    from grpo_bench import cluster
+    seen, nodes = [], iter(range(1, 100))
+
+    class Session:
+        def describe(self):
+            return f"ray: {next(nodes)} nodes"    # a cluster that grows between two looks
+
+        def results(self, todo, threads, resources, max_retries, log):
+            seen.append((threads, resources, max_retries))
+            log("a note from the cluster")
+            for s in todo:
+                yield s, RN.failed_result(s, "not run")
+
+    @contextlib.contextmanager
+    def connect(address, exclude):
+        seen.append((address, exclude))
+        yield Session()
+
+    monkeypatch.setattr(cluster, "check_installed", lambda: None)
+    monkeypatch.setattr(cluster, "connect", connect)
+    out = tmp_path / "o"
+    RN.run_ablation(_sweep_abl(tmp_path, 2), out, executor="ray", address="auto")
+    assert seen == [("auto", out), (2, {"cpus": 2, "gpus": 0}, 3)]
+    err = capsys.readouterr().err
+    # described on start (1), after each of the 4 runs (2-5), and in sweep.json (6)
+    assert "t [ray: 1 nodes]" in err and "t [ray: 5 nodes]" in err and "a note from the cluster" in err
+    assert json.loads((out / "sweep.json").read_text())["where"] == "ray: 6 nodes"
