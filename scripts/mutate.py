@@ -13,8 +13,8 @@ and / or, dropped `not` / unary minus (except on -1) / `~`, numbers n -> n + 1, 
 min <-> max, minimum <-> maximum, sum <-> mean, any <-> all, argmax <-> argmin, dropped
 .detach() / .clone(), a bare `if x:` negated, and removed statements (a call for its
 effect, an augmented or attribute/item assignment, break, continue). Strings, docstrings,
-annotations and a figure's looks (matplotlib size, width and spacing keywords, report.py's
-style tables) are left alone.
+annotations, a figure's looks (matplotlib size, width and spacing keywords, report.py's
+style tables) and a progress bar's drawing (tqdm's dynamic_ncols, refresh) are left alone.
 
 How: the repository (git ls-files) is copied once per job. A first run of the module's
 tests in the copy traces which test executes which line of the module, and how long each
@@ -78,9 +78,10 @@ SWAP_NAME = {"min": "max", "max": "min", "minimum": "maximum", "maximum": "minim
              "mean": "sum", "any": "all", "all": "any", "argmax": "argmin", "argmin": "argmax"}
 BUILTIN_SWAPS = ("min", "max", "any", "all")  # sum -> mean only as a method: there is no builtin mean
 DROP_METHOD = ("detach", "clone")
-# matplotlib keywords of looks (sizes, widths, transparency, spacing): not mutated
+# matplotlib keywords of looks (sizes, widths, transparency, spacing) and tqdm's of drawing (a bar
+# following the terminal's width, redrawn now or at the next update): not mutated
 STYLE_KWARGS = {"figsize", "dpi", "alpha", "lw", "linewidth", "s", "zorder", "handlelength", "columnspacing",
-                "fontsize", "linscale", "numticks", "subs", "markersize", "ms"}
+                "fontsize", "linscale", "numticks", "subs", "markersize", "ms", "dynamic_ncols", "refresh"}
 STYLE_NAMES = {"RC", "PALETTE", "DASHES", "MARKERS", "COLUMN_IN", "PAGE_IN"}  # report.py's style tables
 
 

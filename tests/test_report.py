@@ -542,3 +542,18 @@ def test_curves_are_smoothed_over_a_twentieth_of_the_run():
     assert table["r"].tolist() == [0.0] + [0.5] * 39
     short = R.by_metric(pd.DataFrame(rows[:39], columns=["run", "variant", "seed", "step", "metric", "value"]))
     assert R.run_matrices(short, "reward/mean", ["a"])["a"]["r"].tolist() == [float(s % 2) for s in range(39)]
+
+
+def test_band_captions_switch_at_five_seeds():
+    # BAND_SEEDS = 5: four seeds are drawn one by one, five get a band (as the figures do)
+    assert R.describe_band("reward/mean", 4) == "thin lines: each of 4 seeds; bold: their mean"
+    assert R.describe_band("reward/mean", 5) == "mean over 5 seeds, band: 95% bootstrap CI of the mean"
+    assert R.describe_band("ratio/max", 4) == "thin lines: each of 4 seeds; bold: their median"
+    assert R.describe_band("ratio/max", 5) == "median and quartiles over seeds, log scale"
+
+
+def test_main_column_reads_only_final_columns_with_values():
+    # a per-step column named like the main metric is not a summary of the run
+    s = pd.DataFrame({"variant": ["a"], "eval/accuracy_gain": [0.1], "eval/accuracy": [0.5],
+                      "final/eval/accuracy": [float("nan")]})
+    assert R.main_column(s) is None

@@ -398,6 +398,11 @@ def test_the_lock_file_holds_only_this_pid_and_is_closed(tmp_path):
             RN.lock_out(out)
         lock.close()
         RN.run_ablation(_abl(tmp_path, seeds=1), tmp_path / "x" / "y", workers=1, progress=False)
+        # the write probe cannot be written (a directory in its place): unusable, and the lock let go
+        bad = tmp_path / "bad"
+        (bad / f".write-test-{os.getpid()}").mkdir(parents=True)
+        with pytest.raises(ConfigError, match="output directory is not writable"):
+            RN.lock_out(bad)
         gc.collect()
     # every lock file object is closed by the code, none left to the garbage collector
     assert not [w for w in caught if issubclass(w.category, ResourceWarning) and ".lock" in str(w.message)]
