@@ -336,7 +336,9 @@ def _unparse(new, lines, old) -> str:
         return f" {_op(new.op)} ".join(f"({_seg(lines, v)})" for v in new.values)
     if isinstance(new, ast.Call):  # only the function name changed
         old_f, new_f = old.func, new.func
-        head = _seg(lines, old_f.value) + "." + new_f.attr if isinstance(new_f, ast.Attribute) else new_f.id
+        # the receiver in parentheses: its segment leaves out any of its own, and `(~m).any()`
+        # must not become `~m.all()`
+        head = f"({_seg(lines, old_f.value)}).{new_f.attr}" if isinstance(new_f, ast.Attribute) else new_f.id
         whole = _seg(lines, old)
         return head + whole[len(_seg(lines, old_f)):]
     return ast.unparse(new)

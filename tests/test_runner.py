@@ -280,6 +280,8 @@ def test_sweep_json_and_the_progress_bar(tmp_path, monkeypatch, capsys):
     text = (out / "sweep.json").read_text()
     sweep = json.loads(text)
     assert text == json.dumps(sweep, indent=1)
+    meta = (out / "ablation.json").read_text()
+    assert meta == json.dumps(json.loads(meta), indent=1)     # indented by one, as every JSON file here
     wall = sweep.pop("wall_s")
     assert 0 <= wall <= elapsed + 0.05 and wall == round(wall, 1)      # to a tenth of a second
     assert sweep == {"runs": 4, "skipped": 0, "where": "local: 4 workers", "threads": 2, "cpus": 8,
