@@ -557,3 +557,28 @@ def test_main_column_reads_only_final_columns_with_values():
     s = pd.DataFrame({"variant": ["a"], "eval/accuracy_gain": [0.1], "eval/accuracy": [0.5],
                       "final/eval/accuracy": [float("nan")]})
     assert R.main_column(s) is None
+
+
+def test_report_markdown_by_hand():
+    import statistics
+    finals = {"a": [0.50, 0.52, 0.49, 0.51, 0.50], "b": [0.80, 0.79, 0.82, 0.81, 0.80],
+              "c": [0.51, 0.49, 0.52, 0.50, 0.50]}
+    rows = [{"run": f"{v}-s{s}", "variant": v, "seed": s, "status": "ok", "error": "", "wall_s": 2.0,
+             "final/reward": x} for v, xs in finals.items() for s, x in enumerate(xs)]
+    rows.append({"run": "c-s5", "variant": "c", "seed": 5, "status": "failed", "error": "boom | bang", "wall_s": 1.0})
+    summary = pd.DataFrame(rows)
+    meta = {"name": "t", "description": "Does b beat a?", "source": "t.yaml", "seeds": list(range(6)),
+            "runs": list(summary.run) + ["never-ran"]}
+    md = R._markdown(meta, summary, summary[summary.status == "ok"], [("final/reward", "final reward", "reward/mean")],
+                     ["a", "b", "c"], [("curves.png", "the curves")]).splitlines()
+    assert md[:4] == ["# Ablation: t", "", "Does b beat a?", ""]
+    assert md[4].startswith("Source `t.yaml`; seeds [0, 1, 2, 3, 4, 5]; 15 runs finished, 1 failed, 1 not run.")
+    cell = {v: f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" for v, xs in finals.items()}
+    assert f"| `a` | 5/5 | {cell['a']} | 2.0 |" in md and f"| `c` | 5/6 | {cell['c']} | 2.0 |" in md
+    # b against a and c is beyond noise, a against c is not
+    assert "Welch t-test per pair on per-seed values, Holm-corrected over 3 pairs, α = 0.05." in md
+    assert [line[:43] for line in md if line.startswith("- ")] == [
+        "- `b` > `a`: 0.804 vs 0.504 (Δ = +0.300, p_", "- `b` > `c`: 0.804 vs 0.504 (Δ = +0.300, p_"]
+    assert "The other 1 pair(s) are within seed noise." in md
+    assert "| `c-s5` | boom / bang |" in md
+    assert md[-5:] == ["## Plots", "", "![the curves](curves.png)", "", "*the curves*"]
