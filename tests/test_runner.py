@@ -290,12 +290,13 @@ def test_sweep_json_and_the_progress_bar(tmp_path, monkeypatch, capsys):
     assert written.run.tolist() == summary.run.tolist()
     assert written["final/reward"].tolist() == summary["final/reward"].tolist()
     err = capsys.readouterr().err
-    assert "t [local: 4 workers]" in err and "4/4" in err and "8/4" not in err
+    final = err.strip().split("\r")[-1]                      # the bar as it was left
+    assert final.startswith("t [local: 4 workers]: 100%") and " 4/4 [" in final
     last = summary.iloc[-1]
     assert f"last: {last.variant} seed {last.seed} reward {last['final/reward']:.3f}" in err
-    # nothing left to run: sweep.json stays the first sweep's
+    # nothing left to run: one worker at most, and sweep.json stays the first sweep's
     RN.run_ablation(abl, out, progress=False)
-    assert (out / "sweep.json").read_text() == text
+    assert seen[-1] == (1, 2) and (out / "sweep.json").read_text() == text
     # one run lost: the rest are skipped, and the sweep says so
     first = summary.run[0]
     import shutil
