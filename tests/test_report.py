@@ -582,3 +582,17 @@ def test_report_markdown_by_hand():
     assert "The other 1 pair(s) are within seed noise." in md
     assert "| `c-s5` | boom / bang |" in md
     assert md[-5:] == ["## Plots", "", "![the curves](curves.png)", "", "*the curves*"]
+
+
+def test_pairwise_and_answer_at_their_edges():
+    two = pd.DataFrame({"variant": ["a", "a", "b", "b"], "status": "ok", "final/reward": [0.1, 0.2, 0.5, 0.6]})
+    assert len(R.pairwise(two, "final/reward", ["a", "b"])) == 1          # two seeds each are enough
+    # no seed noise at all: different means differ for sure, equal ones not at all
+    flat = pd.DataFrame({"variant": ["a", "a", "b", "b", "c", "c"], "status": "ok",
+                         "final/reward": [0.5, 0.5, 0.7, 0.7, 0.5, 0.5]})
+    p = {(t["a"], t["b"]): t["p"] for t in R.pairwise(flat, "final/reward", ["a", "b", "c"])}
+    assert p == {("a", "b"): 0.0, ("b", "c"): 0.0, ("a", "c"): 1.0}
+    one = pd.DataFrame({"variant": ["a", "b"], "status": "ok", "final/reward": [0.1, 0.3]})
+    assert R.answer(one, "final/reward", ["a", "b"]) == \
+        "`b` is best (final reward 0.300 ± 0.000, 1 seeds); too few seeds to test differences."
+    assert R.answer(one, "final/eval/accuracy", ["a", "b"]) == "no finished runs."    # a column it never logged
