@@ -843,9 +843,10 @@ def test_dppo_kl_bounds_are_inclusive():
     _, regions = loss("dppo_kl", logp, old, T([[-1.0]]), clip_low=0.2499, clip_high=0.2)
     assert regions["low"].all()
     # positive advantage, p = 1 > q = 1/2: KL(Bern(1/2) || Bern(1)) = 1/2 log(1/2) + 1/2 log(1/2 / 0), with
-    # verl's 1e-8 guard on the 1 - p and 1 - q, here in the order the float rounding makes exact
+    # verl's 1e-8 guard on the 1 - p and 1 - q, here in the order the float rounding makes exact (torch's
+    # log on a tensor of the same shape: a libm log may differ from it in the last bit)
     l2 = math.log(2.0)
-    bkl = 0.5 * -l2 + 0.5 * math.log((0.5 + 1e-8) / 1e-8)
+    bkl = 0.5 * -l2 + 0.5 * torch.log(T([[[(0.5 + 1e-8) / 1e-8]]])).item()
     logp, old = T([[[0.0]]]), T([[[-l2]]])
     _, regions = loss("dppo_kl", logp, old, T([[1.0]]), clip_low=0.2, clip_high=bkl)
     assert not regions["high"].any()
