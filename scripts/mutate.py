@@ -13,8 +13,8 @@ and / or, dropped `not` / unary minus (except on -1) / `~`, numbers n -> n + 1, 
 min <-> max, minimum <-> maximum, sum <-> mean, any <-> all, argmax <-> argmin, dropped
 .detach() / .clone(), a bare `if x:` negated, and removed statements (a call for its
 effect, an augmented or attribute/item assignment, break, continue). Strings, docstrings,
-annotations and a figure's looks (matplotlib size, width and spacing keywords, report.py's
-style tables) are left alone.
+annotations, a figure's looks (matplotlib size, width and spacing keywords, report.py's
+style tables) and a progress bar's drawing (tqdm's dynamic_ncols, refresh) are left alone.
 
 How: the repository (git ls-files) is copied once per job. A first run of the module's
 tests in the copy traces which test executes which line of the module, and how long each
@@ -65,7 +65,7 @@ MODULES = {
     "grpo_bench/logprobs.py": ["tests/test_logprobs.py", "tests/test_properties.py", "tests/test_kernels_loss.py"],
     # the CLI-subprocess tests of test_runner.py execute runner.py in other processes, where no
     # line is traced: they could never be picked for a mutant, so the baseline skips them too
-    "grpo_bench/runner.py": ["tests/test_runner.py", "-k", "not shipped and not kill_and_resume and not failed_run_is"],
+    "grpo_bench/runner.py": ["tests/test_runner.py", "-k", "not shipped and not kill_and_resume and not failed_run_is_recorded"],
     "grpo_bench/config.py": ["tests/test_config.py", "tests/test_lm_rewards.py", "tests/test_findings.py"],
     "grpo_bench/report.py": ["tests/test_report.py"],
 }
@@ -78,9 +78,10 @@ SWAP_NAME = {"min": "max", "max": "min", "minimum": "maximum", "maximum": "minim
              "mean": "sum", "any": "all", "all": "any", "argmax": "argmin", "argmin": "argmax"}
 BUILTIN_SWAPS = ("min", "max", "any", "all")  # sum -> mean only as a method: there is no builtin mean
 DROP_METHOD = ("detach", "clone")
-# matplotlib keywords of looks (sizes, widths, transparency, spacing): not mutated
+# matplotlib keywords of looks (sizes, widths, transparency, spacing) and tqdm's of drawing (a bar
+# following the terminal's width, redrawn now or at the next update): not mutated
 STYLE_KWARGS = {"figsize", "dpi", "alpha", "lw", "linewidth", "s", "zorder", "handlelength", "columnspacing",
-                "fontsize", "linscale", "numticks", "subs", "markersize", "ms"}
+                "fontsize", "linscale", "numticks", "subs", "markersize", "ms", "dynamic_ncols", "refresh"}
 STYLE_NAMES = {"RC", "PALETTE", "DASHES", "MARKERS", "COLUMN_IN", "PAGE_IN"}  # report.py's style tables
 
 
@@ -335,7 +336,9 @@ def _unparse(new, lines, old) -> str:
         return f" {_op(new.op)} ".join(f"({_seg(lines, v)})" for v in new.values)
     if isinstance(new, ast.Call):  # only the function name changed
         old_f, new_f = old.func, new.func
-        head = _seg(lines, old_f.value) + "." + new_f.attr if isinstance(new_f, ast.Attribute) else new_f.id
+        # the receiver in parentheses: its segment leaves out any of its own, and `(~m).any()`
+        # must not become `~m.all()`
+        head = f"({_seg(lines, old_f.value)}).{new_f.attr}" if isinstance(new_f, ast.Attribute) else new_f.id
         whole = _seg(lines, old)
         return head + whole[len(_seg(lines, old_f)):]
     return ast.unparse(new)
@@ -662,7 +665,8 @@ def main(argv=None) -> int:
                     help="run every K-th mutant only (the same ones every time); the report says so")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     ap.add_argument("--survivors", action="store_true",
-                    help="run again only the last run's survivors of each module (after adding tests), keep the rest")
+                    help="run again only the last run's survivors of each module (after adding tests), and mutants "
+                         "no longer listed as equivalent; keep the rest")
     ap.add_argument("--report", action="store_true",
                     help="write results/mutation.md from the last run of each module (kept in .cache/), run nothing")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -682,9 +686,12 @@ def main(argv=None) -> int:
         equivalent = load_equivalent()
         for mod in modules:
             ms, secs, sample, jobs = _load_cached(mod)
-            for m in ms:  # the list of equivalents may have grown since that run
-                if m.status in ("survived", "no test") and m.key in equivalent.get(mod, {}):
-                    m.status, m.reason = "equivalent", equivalent[mod][m.key]
+            known = equivalent.get(mod, {})
+            for m in ms:  # the list of equivalents may have changed since that run
+                if m.status in ("survived", "no test") and m.key in known:
+                    m.status, m.reason = "equivalent", known[m.key]
+                elif m.status == "equivalent" and m.key not in known:  # its row was dropped: not shown as settled
+                    m.status, m.reason = "survived", ""
             results[mod] = (ms, secs, sample, jobs)
             total += secs
         write_report(results, args.jobs, total)
@@ -702,7 +709,9 @@ def main(argv=None) -> int:
             only, previous, sample = None, None, args.sample
             if args.survivors:
                 previous, prev_secs, sample, _ = _load_cached(mod)
-                only = {m.key for m in previous if m.status in ("survived", "no test")}
+                # and those whose equivalent row was dropped since (it turned out not to be)
+                only = {m.key for m in previous if m.status in ("survived", "no test")
+                        or (m.status == "equivalent" and m.key not in equivalent.get(mod, {}))}
             ms, secs, source = run_module(mod, MODULES[mod], sandboxes, work, equivalent, args.verbose, sample, only)
             if previous is not None:  # merge: the re-run survivors' new status, everything else as it was
                 again = {m.key: m for m in ms}

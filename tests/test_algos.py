@@ -834,6 +834,49 @@ def test_dppo_bounds_are_inclusive():
     torch.testing.assert_close(per_tok, T([[[-2.0 * 0.0], [0.5 * -l2]]]))
 
 
+def test_dppo_kl_bounds_are_inclusive():
+    # as dppo_tv: a divergence exactly at the bound is kept. Negative advantage, q = pi_old = 1 (log 0):
+    # the binary KL is -log p exactly (its (1 - q) term is 0), and p < q, so only the bound decides
+    logp, old = T([[[-0.25]]]), T([[[0.0]]])
+    _, regions = loss("dppo_kl", logp, old, T([[-1.0]]), clip_low=0.25, clip_high=0.2)
+    assert not regions["low"].any()
+    _, regions = loss("dppo_kl", logp, old, T([[-1.0]]), clip_low=0.2499, clip_high=0.2)
+    assert regions["low"].all()
+    # positive advantage, p = 1 > q = 1/2: KL(Bern(1/2) || Bern(1)) = 1/2 log(1/2) + 1/2 log(1/2 / 0), with
+    # verl's 1e-8 guard on the 1 - p and 1 - q, here in the order the float rounding makes exact (torch's
+    # log on a tensor of the same shape: a libm log may differ from it in the last bit)
+    l2 = math.log(2.0)
+    bkl = 0.5 * -l2 + 0.5 * torch.log(T([[[(0.5 + 1e-8) / 1e-8]]])).item()
+    logp, old = T([[[0.0]]]), T([[[-l2]]])
+    _, regions = loss("dppo_kl", logp, old, T([[1.0]]), clip_low=0.2, clip_high=bkl)
+    assert not regions["high"].any()
+    _, regions = loss("dppo_kl", logp, old, T([[1.0]]), clip_low=0.2, clip_high=bkl - 1e-9)
+    assert regions["high"].all()
+
+
+def test_dppo_caps_the_log_ratio_at_20_before_clip_c():
+    # as verl: exp of the log-ratio clamped to [-20, 20], so a clip_c above e^20 never binds and
+    # log-ratios of +-21 weigh e^+-20, not e^+-21 (the gradient of -A w log pi is -A w). Both tokens
+    # are inside the trust region: +21 moves p by e^-1, and -21 lowers p under a positive advantage
+    logp, old = T([[[-1.0, -22.0]]]), T([[[-22.0, -1.0]]])
+    for name in ("dppo_tv", "dppo_kl"):
+        x = logp.clone().requires_grad_()
+        per_tok, regions = loss(name, x, old, T([[1.0]]), clip_low=1.0, clip_high=1.0, clip_c=math.exp(20.5))
+        per_tok.sum().backward()
+        torch.testing.assert_close(x.grad, T([[[-math.exp(20.0), -math.exp(-20.0)]]]), rtol=1e-12, atol=0.0)
+        assert not regions["cap"].any() and not regions["high"].any()
+
+
+def test_clip_cov_band_is_open():
+    # covariances exactly 2 on both tokens (centred log-probs +-1 times centred advantages +-2, all exact),
+    # ratio 1 (no PPO clip): a band with 2 as either end takes no token, one just around 2 takes one
+    logp = T([[[-1.0], [-3.0]]])
+    d = T([[2.0, -2.0]])
+    for lb, ub, cut in [(2.0, 5.0, 0), (1.0, 2.0, 0), (1.999, 2.001, 1)]:
+        _, regions = loss("clip_cov", logp, logp.clone(), d, clip_cov_ratio=0.5, clip_cov_lb=lb, clip_cov_ub=ub)
+        assert regions["cov"].sum() == cut, (lb, ub)
+
+
 def test_kl_cov_picks_unmasked_tokens_by_covariance():
     logp = T([[[-0.1, -2.0, -3.0], [-0.2, -1.0, -4.0]]])
     old = logp - 0.05
@@ -888,3 +931,38 @@ def test_vespo_clamps_each_token_log_ratio():
     # an overflowing weight is 0, not inf
     big, _ = loss("vespo", T([[[-1.0]]]), T([[[-21.0]]]), T([[1.0]]), k_pos=3000.0, lambda_pos=0.0)
     assert big.item() == 0.0   # exp(3000 * 20 - 1e-4 * e^20) overflows
+
+
+def test_vespo_caps_the_sequence_log_weight_at_20():
+    # two tokens of log-ratio 12 (each under the per-token clamp) make 24, capped at 20. k is picked so
+    # that phi = exp(lambda + k log w - lambda w) is about 1 at log w = 20 (at 24 it would underflow to 0)
+    lam = 1e-3
+    k = lam * (math.exp(20.0) - 1.0) / 20.0
+    logp, old = T([[[-1.0, -2.0]]]), T([[[-13.0, -14.0]]])
+    per_tok, _ = loss("vespo", logp, old, T([[1.0]]), k_pos=k, lambda_pos=lam)
+    phi = math.exp(lam + k * 20.0 - lam * math.exp(20.0))
+    assert 0.5 < phi < 2.0
+    torch.testing.assert_close(per_tok, -phi * logp)
+
+
+def test_sapo_clamps_the_log_ratio_at_20():
+    # as verl and TRL: log-ratios of +-21 gate like +-20, with no gradient past the clamp. A tiny tau_pos
+    # keeps the gate off saturation at r = e^20, so the upper end shows in the value too
+    logp, old = T([[[-22.0, -1.0]]]), T([[[-1.0, -22.0]]])
+    for tau in (1.0, 1e-8):
+        x = logp.clone().requires_grad_()
+        per_tok, _ = loss("sapo", x, old, T([[1.0]]), tau_pos=tau)
+        gate = [1.0 / (1.0 + math.exp(-tau * (math.exp(s) - 1.0))) for s in (-20.0, 20.0)]
+        torch.testing.assert_close(per_tok, T([[[-g * 4.0 / tau for g in gate]]]), rtol=1e-12, atol=0.0)
+        per_tok.sum().backward()
+        assert (x.grad == 0).all()
+
+
+def test_dppo_kl_keeps_a_token_whose_probability_did_not_move():
+    # only a move in the advantage's direction is bounded: log-probs 1e-17 apart give p = q = 1 in
+    # floating point but a binary KL of 1e-17, above bounds of 1e-18; the token stays on both sides
+    logp, old = T([[[-1e-17]]]), T([[[0.0]]])
+    for a in (1.0, -1.0):
+        per_tok, regions = loss("dppo_kl", logp, old, T([[a]]), clip_low=1e-18, clip_high=1e-18)
+        assert not regions["low"].any() and not regions["high"].any()
+        assert per_tok.item() == -a * 1.0 * -1e-17      # weight: ratio exp(-1e-17) = 1

@@ -102,6 +102,33 @@ def test_ablation_settings_and_claims(tmp_path):
         load_ablation(path, setting="sort")
 
 
+def test_settings_and_claims_that_do_not_load(tmp_path):
+    doc = {"name": "c", "base": {"inner_steps": 1}, "variants": {"x": {"loss": "naive"}, "y": {"loss": "clipped"}}}
+    path = tmp_path / "c.yaml"
+
+    def fails(match, setting=None, **over):
+        path.write_text(yaml.safe_dump({**doc, **over}, sort_keys=False))
+        with pytest.raises(ConfigError, match=match):
+            load_ablation(path, setting=setting)
+
+    # a file with settings runs one of them, never its bare base; one without has none to pick
+    fails(r"unknown setting None; valid: sort", settings={"sort": {"epochs": 2}})
+    fails(r"--setting: settings: unknown setting 'sort'; valid: none", setting="sort")
+    for settings in ([{"epochs": 2}], {}, {"sort": {"epochs": 2}, "lm": 3}):
+        path.write_text(yaml.safe_dump({**doc, "settings": settings}, sort_keys=False))
+        with pytest.raises(ConfigError, match="settings: expected a mapping name -> "):
+            ablation_settings(path)
+    ok = {"text": "t", "source": "s", "expect": ["x > y", "x = y"]}
+    for claim in ({"text": "t", "source": "s"}, ["x > y"]):
+        fails(r"claim: expected a mapping with text, source and expect", claim=claim)
+    fails(r"claim\.sauce: unknown key; valid: text, source, setting, expect, metric, untestable$",
+          claim={**ok, "sauce": 1})
+    for expect in ("x > y", ["x > y", "x >= y"], ["x y"], [["x > y"]]):   # one > or = per comparison
+        fails(r"claim\.expect: expected a list of", claim={**ok, "expect": expect})
+    path.write_text(yaml.safe_dump({**doc, "claim": ok}, sort_keys=False))
+    assert load_ablation(path).claim["expect"] == ["x > y", "x = y"]
+
+
 @pytest.mark.parametrize("name", ["adv_norm", "dapo_ladder", "policy_losses", "kl_gradients", "length_bias",
                                   "ref_policy"])
 def test_shipped_claims_load_on_every_setting(name):

@@ -95,6 +95,24 @@ def test_linear_logprobs(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_linear_logprobs_with_a_temperature(backend):
+    # the sampler's distribution softmax((h W^T + b) / T), written here in fp64; T = 2 too, in case a
+    # division is skipped for one particular value
+    gen = torch.Generator().manual_seed(5)
+    h = torch.randn(2, 5, 12, generator=gen, dtype=torch.float32)
+    w = torch.randn(40, 12, generator=gen, dtype=torch.float32)
+    b = torch.randn(40, generator=gen, dtype=torch.float32)
+    y = torch.randint(0, 40, (2, 5), generator=gen)
+    for temperature in (0.7, 2.0):
+        z = torch.log_softmax((h.double() @ w.double().T + b.double()) / temperature, -1)
+        lp, ent = linear_logprobs(h.to(DEVICE), w.to(DEVICE), y.to(DEVICE), backend=backend, with_entropy=True,
+                                  bias=b.to(DEVICE), temperature=temperature)
+        want = z.gather(-1, y.unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(lp.cpu().double(), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ent.cpu().double(), -(z.exp() * z).sum(-1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_grpo_loss_every_backend_against_the_formula(backend):
     # DAPO's objective written out here (token-level mean of the clip-higher surrogate, k3 in
     # the loss), not the registry's composition: every backend is held to it

@@ -542,3 +542,57 @@ def test_curves_are_smoothed_over_a_twentieth_of_the_run():
     assert table["r"].tolist() == [0.0] + [0.5] * 39
     short = R.by_metric(pd.DataFrame(rows[:39], columns=["run", "variant", "seed", "step", "metric", "value"]))
     assert R.run_matrices(short, "reward/mean", ["a"])["a"]["r"].tolist() == [float(s % 2) for s in range(39)]
+
+
+def test_band_captions_switch_at_five_seeds():
+    # BAND_SEEDS = 5: four seeds are drawn one by one, five get a band (as the figures do)
+    assert R.describe_band("reward/mean", 4) == "thin lines: each of 4 seeds; bold: their mean"
+    assert R.describe_band("reward/mean", 5) == "mean over 5 seeds, band: 95% bootstrap CI of the mean"
+    assert R.describe_band("ratio/max", 4) == "thin lines: each of 4 seeds; bold: their median"
+    assert R.describe_band("ratio/max", 5) == "median and quartiles over seeds, log scale"
+
+
+def test_main_column_reads_only_final_columns_with_values():
+    # a per-step column named like the main metric is not a summary of the run
+    s = pd.DataFrame({"variant": ["a"], "eval/accuracy_gain": [0.1], "eval/accuracy": [0.5],
+                      "final/eval/accuracy": [float("nan")]})
+    assert R.main_column(s) is None
+
+
+def test_report_markdown_by_hand():
+    import statistics
+    finals = {"a": [0.50, 0.52, 0.49, 0.51, 0.50], "b": [0.80, 0.79, 0.82, 0.81, 0.80],
+              "c": [0.51, 0.49, 0.52, 0.50, 0.50]}
+    rows = [{"run": f"{v}-s{s}", "variant": v, "seed": s, "status": "ok", "error": "", "wall_s": 2.0,
+             "final/reward": x} for v, xs in finals.items() for s, x in enumerate(xs)]
+    rows.append({"run": "c-s5", "variant": "c", "seed": 5, "status": "failed", "error": "boom | bang", "wall_s": 1.0})
+    summary = pd.DataFrame(rows)
+    meta = {"name": "t", "description": "Does b beat a?", "source": "t.yaml", "seeds": list(range(6)),
+            "runs": list(summary.run) + ["never-ran"]}
+    md = R._markdown(meta, summary, summary[summary.status == "ok"], [("final/reward", "final reward", "reward/mean")],
+                     ["a", "b", "c"], [("curves.png", "the curves")]).splitlines()
+    assert md[:4] == ["# Ablation: t", "", "Does b beat a?", ""]
+    assert md[4].startswith("Source `t.yaml`; seeds [0, 1, 2, 3, 4, 5]; 15 runs finished, 1 failed, 1 not run.")
+    cell = {v: f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" for v, xs in finals.items()}
+    assert f"| `a` | 5/5 | {cell['a']} | 2.0 |" in md and f"| `c` | 5/6 | {cell['c']} | 2.0 |" in md
+    # b against a and c is beyond noise, a against c is not
+    assert "Welch t-test per pair on per-seed values, Holm-corrected over 3 pairs, α = 0.05." in md
+    assert [line[:43] for line in md if line.startswith("- ")] == [
+        "- `b` > `a`: 0.804 vs 0.504 (Δ = +0.300, p_", "- `b` > `c`: 0.804 vs 0.504 (Δ = +0.300, p_"]
+    assert "The other 1 pair(s) are within seed noise." in md
+    assert "| `c-s5` | boom / bang |" in md
+    assert md[-5:] == ["## Plots", "", "![the curves](curves.png)", "", "*the curves*"]
+
+
+def test_pairwise_and_answer_at_their_edges():
+    two = pd.DataFrame({"variant": ["a", "a", "b", "b"], "status": "ok", "final/reward": [0.1, 0.2, 0.5, 0.6]})
+    assert len(R.pairwise(two, "final/reward", ["a", "b"])) == 1          # two seeds each are enough
+    # no seed noise at all: different means differ for sure, equal ones not at all
+    flat = pd.DataFrame({"variant": ["a", "a", "b", "b", "c", "c"], "status": "ok",
+                         "final/reward": [0.5, 0.5, 0.7, 0.7, 0.5, 0.5]})
+    p = {(t["a"], t["b"]): t["p"] for t in R.pairwise(flat, "final/reward", ["a", "b", "c"])}
+    assert p == {("a", "b"): 0.0, ("b", "c"): 0.0, ("a", "c"): 1.0}
+    one = pd.DataFrame({"variant": ["a", "b"], "status": "ok", "final/reward": [0.1, 0.3]})
+    assert R.answer(one, "final/reward", ["a", "b"]) == \
+        "`b` is best (final reward 0.300 ± 0.000, 1 seeds); too few seeds to test differences."
+    assert R.answer(one, "final/eval/accuracy", ["a", "b"]) == "no finished runs."    # a column it never logged

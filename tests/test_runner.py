@@ -218,7 +218,7 @@ def test_run_ablation_in_process_and_resume(tmp_path, workers, capsys):
 def test_a_failed_run_is_reported_and_kept(tmp_path, capsys):
     abl = load_ablation(_write(tmp_path, {**TINY, "optimizer": "sgd", "epochs": 4}, {"lr": [1e30, 0.01]}, 1))
     summary = RN.run_ablation(abl, tmp_path / "o", workers=1, progress=False)
-    assert summary.status.tolist() == ["failed", "ok"]
+    assert summary.status.tolist() == ["failed", "ok"] and "traceback" not in summary.columns
     err = capsys.readouterr().err
     assert f"run {summary.run[0]} failed: {summary.error[0]}" in err and summary.run[1] not in err
     # resuming redoes the failed run only
@@ -239,3 +239,245 @@ def test_collect_reads_only_the_current_plan(tmp_path):
     summary = RN.collect(out)
     assert summary.run.tolist() == meta["runs"][:2]
     assert set(pd.read_csv(out / "metrics.csv").run) == set(meta["runs"][:2])
+
+
+def _sweep_abl(tmp_path, cpus):
+    p = tmp_path / "sweep.yaml"
+    p.write_text(yaml.safe_dump({"name": "t", "base": TINY, "grid": {"loss": ["naive", "clipped"]}, "seeds": 2,
+                                 "resources": {"cpus": cpus}}))
+    return load_ablation(p)
+
+
+def _in_process(monkeypatch, train=True):
+    """local_results replaced by one that records (workers, threads) and trains here, one thread."""
+    seen = []
+
+    def local(todo, workers, threads):
+        seen.append((workers, threads))
+        for s in todo:
+            yield s, RN.train_one(s, 1) if train else RN.failed_result(s, "not run")
+
+    monkeypatch.setattr(RN, "local_results", local)
+    return seen
+
+
+def test_sweep_json_and_the_progress_bar(tmp_path, monkeypatch, capsys):
+    import torch
+    before = torch.get_num_threads()
+    seen = _in_process(monkeypatch)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.2345, 5.0, 9.0))
+    monkeypatch.setattr(sys, "argv", ["grpo_bench", "run", "sweep.yaml", "--seeds", "2"])
+    abl, out = _sweep_abl(tmp_path, 2), tmp_path / "o"
+    t0 = time.perf_counter()
+    try:
+        summary = RN.run_ablation(abl, out)     # the progress bar is on by default
+    finally:
+        torch.set_num_threads(before)
+    elapsed = time.perf_counter() - t0
+    # 8 cpus, 2 threads a run: 4 workers for 4 runs
+    assert seen == [(4, 2)]
+    text = (out / "sweep.json").read_text()
+    sweep = json.loads(text)
+    assert text == json.dumps(sweep, indent=1)
+    meta = (out / "ablation.json").read_text()
+    assert meta == json.dumps(json.loads(meta), indent=1)     # indented by one, as every JSON file here
+    wall = sweep.pop("wall_s")
+    assert 0 <= wall <= elapsed + 0.05 and wall == round(wall, 1)      # to a tenth of a second
+    assert sweep == {"runs": 4, "skipped": 0, "where": "local: 4 workers", "threads": 2, "cpus": 8,
+                     "cpu": RN.cpu_name(), "load_avg_end": 1.23, "command": "run sweep.yaml --seeds 2"}
+    written = pd.read_csv(out / "summary.csv")
+    assert written.run.tolist() == summary.run.tolist()
+    assert written["final/reward"].tolist() == summary["final/reward"].tolist()
+    err = capsys.readouterr().err
+    final = err.strip().split("\r")[-1]                      # the bar as it was left
+    assert final.startswith("t [local: 4 workers]: 100%") and " 4/4 [" in final
+    last = summary.iloc[-1]
+    assert f"last: {last.variant} seed {last.seed} reward {last['final/reward']:.3f}" in err
+    # nothing left to run: one worker at most, and sweep.json stays the first sweep's
+    RN.run_ablation(abl, out, progress=False)
+    assert seen[-1] == (1, 2) and (out / "sweep.json").read_text() == text
+    # one run lost: the rest are skipped, and the sweep says so
+    first = summary.run[0]
+    import shutil
+    shutil.rmtree(out / "runs" / first)
+    RN.run_ablation(abl, out, progress=False)
+    assert "3 of 4 runs already finished" in capsys.readouterr().err
+    again = json.loads((out / "sweep.json").read_text())
+    assert (again["runs"], again["skipped"], again["where"]) == (1, 3, "local: 1 worker")
+
+
+@pytest.mark.parametrize("workers, cpus, cpu_count, want", [
+    (None, 2, 8, (4, 2)),      # cpu_count // threads
+    (None, 2, 1, (1, 2)),      # 1 // 2 = 0: still one worker
+    (None, 1, None, (1, 1)),   # cpu_count unknown
+    (None, 0.5, 8, (4, 1)),    # a fraction of a cpu a run: one thread; never more workers than runs
+    (3, 1, 8, (3, 1)),         # asked for
+    (9, 1, 8, (4, 1)),         # never more than the runs
+])
+def test_workers_and_threads(tmp_path, monkeypatch, workers, cpus, cpu_count, want):
+    seen = _in_process(monkeypatch, train=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: cpu_count)
+    RN.run_ablation(_sweep_abl(tmp_path, cpus), tmp_path / "o", workers=workers, progress=False)
+    assert seen == [want] and type(seen[0][0]) is int
+
+
+def test_one_worker_runs_here_in_order(monkeypatch):
+    calls = []
+    monkeypatch.setattr(RN, "train_one", lambda s, threads: calls.append((s, threads)) or ({}, [], {}))
+    todo = [RN.RunSpec(f"r{k}", "v", {}, k, {}) for k in range(3)]
+    assert [s for s, _ in RN.local_results(todo, 1, 2)] == todo
+    assert calls == [(s, 2) for s in todo]     # in this process: the patched train_one ran
+
+
+def test_ray_is_checked_before_anything_and_only_for_ray(tmp_path, monkeypatch):
+    from grpo_bench import cluster
+
+    def missing():
+        raise ConfigError("--executor", "ray", "not installed")
+
+    monkeypatch.setattr(cluster, "check_installed", missing)
+    _in_process(monkeypatch, train=False)
+    abl = _abl(tmp_path, seeds=1)
+    with pytest.raises(ConfigError, match="not installed"):
+        RN.run_ablation(abl, tmp_path / "ray", executor="ray", progress=False)
+    assert not (tmp_path / "ray").exists()
+    assert len(RN.run_ablation(abl, tmp_path / "local", progress=False)) == 2
+
+
+def test_cpu_name_keeps_colons_in_the_model_name(monkeypatch):
+    import io
+    info = "processor\t: 0\nmodel name\t: Vendor: Fast CPU @ 2.0GHz\n"
+    monkeypatch.setattr(RN, "open", lambda *a, **k: io.StringIO(info), raising=False)
+    assert RN.cpu_name() == "Vendor: Fast CPU @ 2.0GHz"
+
+
+def test_train_one_threads_traceback_and_wall_time():
+    import torch
+    before = torch.get_num_threads()
+    spec = RN.RunSpec("r", "v", {}, 0, {**TINY, "optimizer": "sgd", "lr": 1e30, "epochs": 5, "seed": 0})
+    try:
+        torch.set_num_threads(3)
+        t0 = time.perf_counter()
+        summary = RN.train_one(spec, threads=2)[2]
+        elapsed = time.perf_counter() - t0
+        assert torch.get_num_threads() == 2
+        RN.train_one(spec)
+        assert torch.get_num_threads() == 1                  # one thread unless told
+    finally:
+        torch.set_num_threads(before)
+    # the innermost three frames: where it failed, not how the runner got there
+    frames = re.findall(r'^  File "([^"]+)", line \d+, in (\w+)', summary["traceback"], re.M)
+    assert len(frames) == 3 and ("runner.py", "train_one") not in [(Path(f).name, fn) for f, fn in frames]
+    assert 0 <= summary["wall_s"] <= elapsed and summary["wall_s"] == round(summary["wall_s"], 3)
+
+
+def test_write_run_files_and_a_stale_temporary(tmp_path):
+    spec = RN.RunSpec("r1", "v", {}, 0, {**TINY, "seed": 0})
+    cfg = run_dict(resolve_run(spec.config))
+    stale = tmp_path / "runs" / f".r1.tmp-{os.getpid()}"     # a crashed attempt of this very process
+    stale.mkdir(parents=True)
+    (stale / "junk").write_text("x")
+    summary = {"run": "r1", "status": "ok", "final/reward": 0.5}
+    RN.write_run(tmp_path, spec, (cfg, [(0, "m", 1.5)], summary))
+    d = tmp_path / "runs" / "r1"
+    assert sorted(p.name for p in d.iterdir()) == ["config.yaml", "metrics.csv", "summary.json"]
+    assert list(yaml.safe_load((d / "config.yaml").read_text())) == list(cfg)       # the config's own order
+    assert (d / "metrics.csv").read_text().splitlines() == ["step,metric,value", "0,m,1.5"]
+    assert (d / "summary.json").read_text() == json.dumps(summary, indent=1)
+
+
+def test_the_lock_file_holds_only_this_pid_and_is_closed(tmp_path):
+    import gc
+    import warnings
+    out = tmp_path / "a" / "b"                                  # parents made too
+    out.mkdir(parents=True)
+    (out / ".lock").write_text("99999999\nstale\n")            # left by a sweep that ended
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        lock = RN.lock_out(out)
+        assert (out / ".lock").read_text() == f"{os.getpid()}\n"
+        with pytest.raises(ConfigError, match="another sweep"):
+            RN.lock_out(out)
+        lock.close()
+        RN.run_ablation(_abl(tmp_path, seeds=1), tmp_path / "x" / "y", workers=1, progress=False)
+        # the write probe cannot be written (a directory in its place): unusable, and the lock let go
+        bad = tmp_path / "bad"
+        (bad / f".write-test-{os.getpid()}").mkdir(parents=True)
+        with pytest.raises(ConfigError, match="output directory is not writable"):
+            RN.lock_out(bad)
+        gc.collect()
+    # every lock file object is closed by the code, none left to the garbage collector
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning) and ".lock" in str(w.message)]
+
+
+def test_the_pool_path_records_errors_and_drops_what_has_not_started(monkeypatch):
+    import concurrent.futures as cf
+    futures = []
+
+    def boom():
+        raise ValueError("boom")
+
+    def inner():
+        boom()
+
+    class Pool:   # a stand-in for the process pool: futures this test settles by hand
+        def __init__(self, workers, mp_context=None):
+            assert workers == 2
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, spec, threads):
+            f = cf.Future()
+            futures.append(f)
+            if len(futures) == 1:
+                try:
+                    inner()
+                except ValueError as e:
+                    f.set_exception(e)     # raised outside training: recorded as a failed run
+            return f
+
+    monkeypatch.setattr(cf, "ProcessPoolExecutor", Pool)
+    todo = [RN.RunSpec(f"r{k}", "v", {}, k, {**TINY, "seed": k}) for k in range(3)]
+    results = RN.local_results(todo, 2, 1)
+    spec, (_, rows, summary) = next(results)
+    assert spec == todo[0] and rows == [] and summary["status"] == "failed" and summary["error"] == "ValueError: boom"
+    # the innermost three frames of where it was raised
+    assert re.findall(r", in (\w+)\n", summary["traceback"]) == ["submit", "inner", "boom"]
+    results.close()      # Ctrl-C or a lost worker: the runs not started are dropped
+    assert [f.cancelled() for f in futures] == [False, True, True]
+
+
+def test_a_ray_sweep_through_a_stand_in_session(tmp_path, monkeypatch, capsys):
+    import contextlib
+    from grpo_bench import cluster
+    seen, nodes = [], iter(range(1, 100))
+
+    class Session:
+        def describe(self):
+            return f"ray: {next(nodes)} nodes"    # a cluster that grows between two looks
+
+        def results(self, todo, threads, resources, max_retries, log):
+            seen.append((threads, resources, max_retries))
+            log("a note from the cluster")
+            for s in todo:
+                yield s, RN.failed_result(s, "not run")
+
+    @contextlib.contextmanager
+    def connect(address, exclude):
+        seen.append((address, exclude))
+        yield Session()
+
+    monkeypatch.setattr(cluster, "check_installed", lambda: None)
+    monkeypatch.setattr(cluster, "connect", connect)
+    out = tmp_path / "o"
+    RN.run_ablation(_sweep_abl(tmp_path, 2), out, executor="ray", address="auto")
+    assert seen == [("auto", out), (2, {"cpus": 2, "gpus": 0}, 3)]
+    err = capsys.readouterr().err
+    # described on start (1), after each of the 4 runs (2-5), and in sweep.json (6)
+    assert "t [ray: 1 nodes]" in err and "t [ray: 5 nodes]" in err and "a note from the cluster" in err
+    assert json.loads((out / "sweep.json").read_text())["where"] == "ray: 6 nodes"

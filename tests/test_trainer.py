@@ -370,6 +370,51 @@ def test_kl_controller_sees_the_rollouts_kl(monkeypatch):
     assert [kl for kl, _ in seen] == [0.0, 0.0]
 
 
+def test_kl_seq_is_the_mean_over_responses_of_each_summed_log_ratio(monkeypatch):
+    # tracked only (no KL coefficient): the reference is the initial policy, so from epoch 1 on
+    # old and ref differ. Groups of 4, responses of 3 tokens: a sum over the wrong axis, or a mean
+    # over the wrong count, gives another number
+    def mask_fn(m):
+        m[0, 0] = 0           # an empty response: a sequence KL of 0 that still counts in the mean
+        m[1, 2, 1:] = 0
+        return m
+
+    calls, _ = _wrapped(monkeypatch, mask_fn)
+    _, rows = _rows({**RICH, "epochs": 3, "kl_track": True, "lr": 0.1})
+    assert [r for r, *_ in calls] == [True, False] * 3     # per epoch: the reference, then the policy
+    kl_seq = [v for _, m, v in rows if m == "kl/seq"]
+    mask = mask_fn(torch.ones(8, 4, 3))
+    for epoch, got in enumerate(kl_seq):
+        ref, old = calls[2 * epoch][3], calls[2 * epoch + 1][3]
+        total = sum(float(old[b, g, t] - ref[b, g, t]) for b in range(8) for g in range(4) for t in range(3)
+                    if mask[b, g, t] > 0)
+        assert got == pytest.approx(total / 32, rel=1e-5, abs=1e-7)   # 8 prompts x 4 responses
+    assert kl_seq[0] == 0.0 and abs(kl_seq[2]) > 1e-3
+
+
+def test_summary_tails_average_the_last_tenth_of_the_epochs():
+    # 20 epochs: the last 2; 5 epochs: at least the last one. kl/seq moves every epoch, so another
+    # window gives another number
+    for epochs, tail in [(20, 2), (5, 1)]:
+        summary, rows = _rows({**RICH, "epochs": epochs, "kl_track": True, "lr": 0.1})
+        kl_seq = [v for _, m, v in rows if m == "kl/seq"]
+        assert len(kl_seq) == epochs and len(set(kl_seq[-3:])) == 3
+        assert summary["final/kl/seq"] == pytest.approx(sum(kl_seq[-tail:]) / tail, rel=1e-12)
+        assert summary["final/response/length"] == 3.0     # the sort task answers with all n = 3 tokens
+
+
+def test_kl_in_the_loss_leaves_the_rewards_alone(monkeypatch):
+    seen = []
+    raw = registry.entry("delta", "centered")
+    spy = lambda r, n=None, g=None: seen.append(r.clone()) or raw.obj(r, n, g)  # noqa: E731
+    monkeypatch.setitem(registry._REGISTRY["delta"], "centered", dataclasses.replace(raw, obj=spy))
+    _, rows = _rows({**RICH, "epochs": 3, "kl_coef": 0.5, "kl": "k2", "lr": 0.1, "kl_placement": "loss"})
+    means = [v for _, m, v in rows if m == "reward/mean"]
+    assert [r.mean().item() for r in seen] == pytest.approx(means, rel=1e-6)
+    assert [v for _, m, v in rows if m == "kl/value"][-1] > 0    # there was a KL to subtract
+    assert not any(m == "reward/penalised" for _, m, _ in rows)
+
+
 def test_kl_in_the_loss_is_in_the_loss():
     # all responses are full (n tokens): the aggregated KL term is beta times the token mean kl/value
     for placement in ("loss", "reward"):
