@@ -596,3 +596,194 @@ def test_pairwise_and_answer_at_their_edges():
     assert R.answer(one, "final/reward", ["a", "b"]) == \
         "`b` is best (final reward 0.300 ± 0.000, 1 seeds); too few seeds to test differences."
     assert R.answer(one, "final/eval/accuracy", ["a", "b"]) == "no finished runs."    # a column it never logged
+
+
+# ------------------------------------------------------------ what each figure shows
+
+
+def curves_from(rows):
+    """(run, variant, step, metric, value) rows as load() reads them: categorical run, variant, metric."""
+    df = pd.DataFrame([(r, v, 0, s, m, x) for r, v, s, m, x in rows],
+                      columns=["run", "variant", "seed", "step", "metric", "value"])
+    return R.by_metric(df.astype({"run": "category", "variant": "category", "metric": "category"}))
+
+
+def test_figures_carry_axis_labels_legends_and_captions(sort_dir, few_seeds_dir):
+    figures = {stem: (fig, caption) for stem, fig, caption in R.build_figures(sort_dir)}
+    variants = ["loss=naive", "loss=unclipped", "loss=clipped"]
+    for stem in ("headline", "curve_eval_accuracy", "diagnostics"):
+        fig = figures[stem][0]
+        assert [t.get_text() for t in fig.legends[0].get_texts()] == variants, stem
+    head = figures["headline"][0]
+    assert head.axes[-1].get_xlabel() == "gradient step"
+    # six diagnostics on a page-wide figure: two full rows of three, the lower row labelled
+    diag = figures["diagnostics"][0]
+    assert len(diag.axes) == 6 and diag.axes[0].get_gridspec().ncols == 3
+    assert [ax.get_xlabel() for ax in diag.axes] == [""] * 3 + ["gradient step"] * 3
+    # five seeds: the caption promises the CI line; three seeds draw none and must not say so
+    assert figures["final_values"][1].endswith("and its 95% bootstrap CI (line)")
+    few = {stem: caption for stem, _, caption in R.build_figures(few_seeds_dir)}
+    assert few["final_values"] == "final values per seed (dots) with their mean (bar)"
+
+
+def test_final_values_panels_read_like_a_table(sort_dir):
+    fig = all_figures(sort_dir)["final_values"]
+    # the main metrics first (rollout reward, its held-out twin), then the rest
+    assert [ax.get_xlabel() for ax in fig.axes] == ["final reward", "eval reward", "eval accuracy"]
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["loss=naive", "loss=unclipped", "loss=clipped"]
+    assert ax.get_ylim() == (2.5, -0.5)  # first variant on top, each row a unit band around its index
+    for ax in fig.axes:  # rows are categories: horizontal grid lines would only cut through the dots
+        assert not any(g.get_visible() for g in ax.yaxis.get_gridlines())
+
+
+def test_dot_panel_per_variant(tmp_path):
+    a = [0.1, 0.2, 0.3, 0.4, 0.5]          # five seeds: dots, a mean bar and a CI line
+    data = {"a": a, "b": [0.6, 0.7, 0.8, 0.9], "c": []}   # c never finished: nothing on its row
+    with R.style():
+        fig = R.dot_panels(["a", "b", "c"], [("final/eval/accuracy", "eval accuracy", "", data)],
+                           R.variant_styles(["a", "b", "c"]), "t")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "eval accuracy"
+    # one panel of short names fits one column of a paper
+    assert fig.get_size_inches()[0] <= R.COLUMN_IN
+    dots = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert sorted(c.get_gid() for c in dots if c.get_gid()) == ["a", "b"]
+    bars = [c for c in dots if not c.get_gid()]
+    assert sorted(np.round(c.get_offsets()[0], 6).tolist() for c in bars) == [[0.3, 0.0], [0.75, 1.0]]
+    (line,) = ax.get_lines()  # only a has five seeds
+    lo, hi = line.get_xdata()
+    assert line.get_ydata().tolist() == [0, 0] and 0.1 <= lo < 0.3 < hi <= 0.5
+
+
+def test_final_values_title_gives_the_seed_range():
+    summary = pd.DataFrame({"variant": ["a"] * 5 + ["b"] * 4, "status": "ok", "final/reward": np.linspace(0, 1, 9)})
+    with R.style():
+        fig = R.final_values_figure({"name": "t", "variants": ["a", "b"]}, summary, [("final/reward", "final reward")],
+                                    R.variant_styles(["a", "b"]))
+    assert fig._suptitle.get_text().startswith("t: final values, 2 variants x 4-5 seeds\n")
+
+
+def test_diagnostics_with_an_incomplete_last_row_label_every_columns_lowest_panel(tmp_path):
+    class FiveDiag(SortLike):
+        metrics = [m for m in SortLike.metrics if m != "kl/value"]
+
+    d = write_results(tmp_path / "d", ["a", "b"], range(2), FiveDiag(), SORT_FINALS)
+    fig = all_figures(d)["diagnostics"]
+    fig.canvas.draw()
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert len(panels) == 5
+    # the third column has one panel, in the first row: sharex would hide its step labels
+    lowest = [panels[3], panels[4], panels[2]]
+    for ax in lowest:
+        assert ax.get_xlabel() == "gradient step"
+        assert any(t.get_visible() and t.get_text() for t in ax.get_xticklabels()), ax.get_title()
+
+
+def test_bootstrap_ci_is_the_central_95_percent_of_the_resampled_means():
+    # 60 seeds: the resampled mean is close to normal with sd = std(x) / sqrt(n), so the CI is
+    # mean -+ 1.96 sd (a 3.5th percentile would sit at -1.81 sd); 20000 resamples pin it to ~0.02 sd
+    x = np.arange(60, dtype=float)
+    lo, hi = R.bootstrap_mean_ci(x[None, :], n_boot=20000)
+    sd = x.std() / math.sqrt(len(x))
+    assert (x.mean() - lo[0]) / sd == pytest.approx(1.96, abs=0.06)
+    assert (hi[0] - x.mean()) / sd == pytest.approx(1.96, abs=0.06)
+
+
+def test_run_matrices_keep_a_run_with_gaps_and_drop_other_variants_runs():
+    rows = [("r1", "a", s, "reward/mean", 1.0) for s in range(10)]
+    rows += [("r2", "a", s, "reward/mean", 2.0) for s in range(0, 10, 2)]  # logged every other step
+    rows += [("r3", "b", s, "reward/mean", 3.0) for s in range(10)]
+    tables = R.run_matrices(curves_from(rows), "reward/mean", ["a", "b"])
+    assert list(tables["a"].columns) == ["r1", "r2"] and list(tables["b"].columns) == ["r3"]
+    assert tables["a"]["r2"].notna().sum() == 5
+
+
+@pytest.mark.parametrize("seeds", [3, 5])
+def test_two_points_are_a_line(seeds):
+    import matplotlib.pyplot as plt
+    rows = [(f"r{s}", "a", step, "reward/mean", s + step / 10) for s in range(seeds) for step in (0, 10)]
+    fig, ax = plt.subplots()
+    R.draw_curves(ax, curves_from(rows), "reward/mean", ["a"], R.variant_styles(["a"]))
+    if seeds < R.BAND_SEEDS:  # each seed, then the mean
+        assert len(ax.get_lines()) == seeds + 1 and not band_ys(ax)
+    else:
+        assert len(ax.get_lines()) == 1 and len(band_ys(ax)) == 1
+
+
+def test_heavy_tailed_band_is_the_quartiles():
+    import matplotlib.pyplot as plt
+    rng = np.random.default_rng(3)
+    M = np.exp(rng.standard_normal((10, 5)))  # 10 steps (no smoothing), 5 seeds
+    rows = [(f"r{s}", "a", step, "ratio/max", M[step, s]) for s in range(5) for step in range(10)]
+    fig, ax = plt.subplots()
+    R.draw_curves(ax, curves_from(rows), "ratio/max", ["a"], R.variant_styles(["a"]))
+    (ys,) = band_ys(ax)
+    quartiles = np.concatenate([np.percentile(M, 25, axis=1), np.percentile(M, 75, axis=1)])
+    assert np.allclose(np.sort(np.unique(ys)), np.sort(quartiles))
+    assert np.allclose(ax.get_lines()[0].get_ydata(), np.median(M, axis=1))
+
+
+def log_axis(values, ylim=None):
+    import matplotlib.pyplot as plt
+    rows = [("r0", "a", step, "ratio/max", v) for step, v in enumerate(values)]
+    fig, ax = plt.subplots()
+    if ylim:
+        ax.set_ylim(*ylim)
+    R.draw_curves(ax, curves_from(rows), "ratio/max", ["a"], R.variant_styles(["a"]))
+    fig.canvas.draw()
+    lo, hi = ax.get_ylim()
+    shown = [t for t in ax.get_yticklabels() if lo <= t.get_position()[1] <= hi]
+    return ax, [t.get_position()[1] for t in shown], [t.get_text() for t in shown]
+
+
+def test_log_axis_ticks_are_plain_round_numbers():
+    # under one decade: 1, 1.5, 2, 3, 5, 7 x 10^k, written as plain numbers, not 2 x 10^0
+    ax, ticks, texts = log_axis([2.0, 3.0, 4.0, 5.0])
+    assert ax.get_yscale() == "log" and ticks == [2.0, 3.0, 5.0] and texts == ["2", "3", "5"]
+    # a decade and a half: 1, 2, 5 x 10^k
+    ax, ticks, texts = log_axis([1.5, 10.0, 40.0])
+    assert ticks == [2.0, 5.0, 10.0, 20.0] and texts == ["2", "5", "10", "20"]
+    # exactly one decade is no longer "under one"; exactly 2.5 decades is past 1-2-5's range
+    assert log_axis([2.0, 8.0], ylim=(1, 10))[1] == [1.0, 2.0, 5.0, 10.0]
+    assert log_axis([2.0, 200.0], ylim=(1, 10 ** 2.5))[1] == [1.0, 10.0, 100.0]
+
+
+def test_unit_interval_metric_axis_stops_just_past_0_and_1():
+    import matplotlib.pyplot as plt
+    rows = [(f"r{s}", "a", step, "clip/frac", float(step % 2)) for s in range(2) for step in range(10)]
+    fig, ax = plt.subplots()
+    R.draw_curves(ax, curves_from(rows), "clip/frac", ["a"], R.variant_styles(["a"]))
+    assert ax.get_ylim() == (-0.02, 1.02)  # matplotlib's 5% margin would show values a fraction cannot take
+
+
+def test_headline_metric_with_two_evals_gets_its_curve(tmp_path):
+    d = write_results(tmp_path / "d", ["a", "b"], range(2), SortLike(), SORT_FINALS, eval_steps=(100, 199))
+    assert "curve_eval_accuracy" in all_figures(d)
+
+
+def test_no_final_columns_no_final_values_figure(tmp_path):
+    d = write_results(tmp_path / "d", ["a", "b"], range(2), SortLike(), {})
+    stems = [s for s, _, _ in R.build_figures(d)]
+    assert "final_values" not in stems and "headline" in stems
+
+
+def test_final_values_drop_the_gain_beside_accuracy(tmp_path):
+    class LM(SortLike):
+        metrics = ["reward/mean", "eval/accuracy"]
+
+    finals = {"final/reward": lambda i, s: 0.3, "final/eval/accuracy": lambda i, s: 0.1 * i + 0.01 * s,
+              "final/eval/accuracy_gain": lambda i, s: 0.1 * i - 0.2, "final/eval/pass@k": lambda i, s: 0.5 + s / 100}
+    d = write_results(tmp_path / "lm", ["a", "b"], range(2), LM(), finals)
+    fig = all_figures(d)["final_values"]
+    # the main metric (rollout reward here) first; the gain is accuracy minus a constant, so
+    # pass@k takes the third panel instead
+    assert [ax.get_xlabel() for ax in fig.axes] == ["final reward", "eval accuracy", "eval pass@k"]
+
+
+def test_report_markdown_with_no_runs_yet():
+    empty = pd.DataFrame(columns=["run", "variant", "seed", "status", "error", "wall_s"])  # as load() gives it
+    meta = {"name": "t", "source": "t.yaml", "seeds": [0], "runs": ["a-s0", "b-s0"]}
+    md = R._markdown(meta, empty, empty, [], ["a", "b"], []).splitlines()
+    assert "| `a` | 0/0 | — |" in md and "| `b` | 0/0 | — |" in md
+    assert "0 runs finished, 0 failed, 2 not run." in md[2]
