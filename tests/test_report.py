@@ -580,8 +580,9 @@ def test_report_markdown_by_hand():
     assert [line[:43] for line in md if line.startswith("- ")] == [
         "- `b` > `a`: 0.804 vs 0.504 (Δ = +0.300, p_", "- `b` > `c`: 0.804 vs 0.504 (Δ = +0.300, p_"]
     assert "The other 1 pair(s) are within seed noise." in md
-    assert "| `c-s5` | boom / bang |" in md
-    assert md[-5:] == ["## Plots", "", "![the curves](curves.png)", "", "*the curves*"]
+    assert md[md.index("## Failed runs"):] == ["## Failed runs", "", "| run | error |", "|---|---|",
+                                               "| `c-s5` | boom / bang |", "",
+                                               "## Plots", "", "![the curves](curves.png)", "", "*the curves*"]
 
 
 def test_pairwise_and_answer_at_their_edges():
@@ -888,9 +889,10 @@ def test_load_reads_the_runners_summary_of_no_runs(tmp_path):
 
 
 def test_two_steps_per_run_make_a_headline_and_diagnostics(tmp_path):
-    d = write_results(tmp_path / "d", ["a", "b"], range(2), SortLike(), SORT_FINALS, steps=(0, 10))
-    stems = [s for s, _, _ in R.build_figures(d)]
-    assert "headline" in stems and "diagnostics" in stems
+    d = write_results(tmp_path / "d", ["a", "b"], range(2), SortLike(), SORT_FINALS, steps=(0, 10), eval_steps=(0, 199))
+    figs = all_figures(d)
+    assert [ax.get_ylabel() for ax in figs["headline"].axes] == ["rollout reward", "held-out reward"]
+    assert "diagnostics" in figs
 
 
 def test_accuracy_gain_is_no_second_curve_beside_accuracy(tmp_path):
