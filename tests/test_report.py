@@ -580,8 +580,9 @@ def test_report_markdown_by_hand():
     assert [line[:43] for line in md if line.startswith("- ")] == [
         "- `b` > `a`: 0.804 vs 0.504 (Δ = +0.300, p_", "- `b` > `c`: 0.804 vs 0.504 (Δ = +0.300, p_"]
     assert "The other 1 pair(s) are within seed noise." in md
-    assert "| `c-s5` | boom / bang |" in md
-    assert md[-5:] == ["## Plots", "", "![the curves](curves.png)", "", "*the curves*"]
+    assert md[md.index("## Failed runs"):] == ["## Failed runs", "", "| run | error |", "|---|---|",
+                                               "| `c-s5` | boom / bang |", "",
+                                               "## Plots", "", "![the curves](curves.png)", "", "*the curves*"]
 
 
 def test_pairwise_and_answer_at_their_edges():
@@ -787,3 +788,163 @@ def test_report_markdown_with_no_runs_yet():
     md = R._markdown(meta, empty, empty, [], ["a", "b"], []).splitlines()
     assert "| `a` | 0/0 | — |" in md and "| `b` | 0/0 | — |" in md
     assert "0 runs finished, 0 failed, 2 not run." in md[2]
+
+
+# ------------------------------------------------- edges found by the 1-in-2 mutation pass
+
+
+def test_bootstrap_band_is_1000_resamples_from_seed_0():
+    # a redraw must give the same band: the default is 1000 resamples drawn from default_rng(0),
+    # one multinomial count vector (how often each seed is picked) per resample
+    M = np.array([[0.1, 0.5, 0.2, 0.9, 0.4, 0.3], [1.0, 2.0, 4.0, 3.0, 0.0, 5.0]])
+    rng = np.random.default_rng(0)
+    means = np.array([M @ rng.multinomial(6, [1 / 6] * 6) / 6 for _ in range(1000)]).T  # (steps, resamples)
+    lo, hi = R.bootstrap_mean_ci(M)
+    assert np.allclose(lo, np.percentile(means, 2.5, axis=1)) and np.allclose(hi, np.percentile(means, 97.5, axis=1))
+
+
+def test_legend_columns_fit_the_longest_name():
+    # per entry: 0.45 in + 0.055 in per character of the longest name; 10 characters take 1.0 in
+    names = ["a", "bb", "ccc", "dddd", "eeeee", "ffffffffff"]
+    assert R._legend_cols(names, R.COLUMN_IN) == 3 and R._legend_rows(names, R.COLUMN_IN) == 2
+    assert R._legend_cols(names, R.PAGE_IN) == 6
+    assert R._legend_cols(["x" * 200, "y"], R.PAGE_IN) == 1  # wider than the page: still one column
+
+
+def test_draw_curves_says_what_it_drew_for_the_fewest_seeds():
+    import matplotlib.pyplot as plt
+    rows = [(f"a{s}", "a", step, "reward/mean", s + step) for s in range(5) for step in range(3)]
+    fig, ax = plt.subplots()
+    assert R.draw_curves(ax, curves_from(rows), "reward/mean", ["a"], R.variant_styles(["a"])) == \
+        "mean over 5 seeds, band: 95% bootstrap CI of the mean"
+    rows += [(f"b{s}", "b", step, "reward/mean", s + step) for s in range(3) for step in range(3)]
+    fig, ax = plt.subplots()  # b has only 3 seeds: drawn seed by seed, and the caption must say so
+    assert R.draw_curves(ax, curves_from(rows), "reward/mean", ["a", "b"], R.variant_styles(["a", "b"])) == \
+        "thin lines: each of 3 seeds; bold: their mean"
+
+
+def test_heavy_band_skips_a_step_whose_upper_quartile_is_undefined():
+    import matplotlib.pyplot as plt
+    # step 2: two seeds logged inf, so the 75th percentile is inf - inf = NaN; the band must go round it
+    M = np.array([[1, 2, 3, 4, 5], [2, 3, 4, 5, 6], [1, 2, 3, np.inf, np.inf], [3, 4, 5, 6, 7]], float)
+    rows = [(f"r{s}", "a", step, "ratio/max", M[step, s]) for s in range(5) for step in range(4)]
+    fig, ax = plt.subplots()
+    R.draw_curves(ax, curves_from(rows), "ratio/max", ["a"], R.variant_styles(["a"]))
+    paths = [p for c in ax.collections if isinstance(c, PolyCollection) for p in c.get_paths()]
+    assert len(paths) == 1 and np.all(np.isfinite(paths[0].vertices))
+    assert sorted(set(paths[0].vertices[:, 0])) == [0.0, 1.0, 3.0]
+
+
+def test_heavy_metric_below_one_is_still_on_a_log_scale():
+    ax, _, _ = log_axis([0.01, 0.02, 0.05, 0.1])
+    assert ax.get_yscale() == "log"
+    ax, _, _ = log_axis([0.0, 0.01, 0.02, 0.05, 0.1])  # an exact zero: symlog, linear below 10^-2
+    assert ax.get_yscale() == "symlog" and ax.yaxis.get_transform().linthresh == pytest.approx(1e-2)
+
+
+def test_symlog_spans_at_most_six_decades_below_the_top():
+    # positives from 1e-10 to 1e3 and a zero: the top decade is 10^3, so the linear stretch starts at 10^-3
+    ax, _, _ = log_axis([0.0] + [10.0 ** k for k in range(-10, 4)])
+    assert ax.get_yscale() == "symlog" and ax.yaxis.get_transform().linthresh == pytest.approx(1e-3)
+
+
+def test_dot_panel_jitter_and_titles():
+    data = {"a": [0.1, 0.2, 0.3], "b": [0.6, 0.7]}
+    with R.style():
+        fig = R.dot_panels(["a", "b"], [("final/reward", "final reward", "left", data),
+                                         ("final/eval/reward", "eval reward", "right", data)],
+                           R.variant_styles(["a", "b"]), "t")
+    assert [ax.get_title() for ax in fig.axes] == ["left", "right"]
+    # the jitter: uniform draws in (-0.15, 0.15) from default_rng(0), in drawing order, added to the row
+    draws = np.random.default_rng(0).uniform(-0.15, 0.15, 10)
+    ys = [c.get_offsets()[:, 1] for ax in fig.axes for c in ax.collections if c.get_gid()]
+    assert np.allclose(np.concatenate(ys), [0, 0, 0, 1, 1] * 2 + draws)
+
+
+def test_final_values_title_promises_a_ci_line_only_if_every_variant_has_one():
+    summary = pd.DataFrame({"variant": ["a"] * 5 + ["b"] * 4, "status": "ok", "final/reward": np.linspace(0, 1, 9)})
+    with R.style():
+        fig = R.final_values_figure({"name": "t", "variants": ["a", "b"]}, summary, [("final/reward", "final reward")],
+                                    R.variant_styles(["a", "b"]))
+    assert fig._suptitle.get_text() == "t: final values, 2 variants x 4-5 seeds\ndots: seeds; bar: mean"
+
+
+def test_diagnostics_share_the_step_axis(sort_dir):
+    axes = all_figures(sort_dir)["diagnostics"].axes
+    shared = axes[0].get_shared_x_axes()
+    assert all(shared.joined(axes[0], ax) for ax in axes[1:])
+
+
+def test_load_reads_the_runners_summary_of_no_runs(tmp_path):
+    from grpo_bench import runner
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "ablation.json").write_text(json.dumps({"name": "t", "source": "t.yaml", "axes": ["variant_name"],
+                                                  "variants": ["a"], "seeds": [0], "runs": ["a-s0"]}))
+    runner.collect(d)  # nothing ran yet: summary.csv is the single byte "\n"
+    assert (d / "summary.csv").read_bytes() == b"\n"
+    meta, summary, metrics = R.load(d)
+    assert list(summary.columns) == ["run", "variant", "seed", "status", "error", "wall_s"] and summary.empty
+    assert "0 runs finished, 0 failed, 1 not run." in R.make_report(d).read_text()
+
+
+def test_two_steps_per_run_make_a_headline_and_diagnostics(tmp_path):
+    d = write_results(tmp_path / "d", ["a", "b"], range(2), SortLike(), SORT_FINALS, steps=(0, 10), eval_steps=(0, 199))
+    figs = all_figures(d)
+    assert [ax.get_ylabel() for ax in figs["headline"].axes] == ["rollout reward", "held-out reward"]
+    assert "diagnostics" in figs
+
+
+def test_accuracy_gain_is_no_second_curve_beside_accuracy(tmp_path):
+    class LM(SortLike):
+        metrics = ["reward/mean", "eval/accuracy", "eval/accuracy_gain"]
+
+        def __call__(self, metric, i, seed, step):
+            return 0.1 * i + step / 1000 if metric.startswith("eval/") else super().__call__(metric, i, seed, step)
+
+    finals = {"final/reward": lambda i, s: 0.3, "final/eval/accuracy": lambda i, s: 0.1 * i + 0.01 * s,
+              "final/eval/accuracy_gain": lambda i, s: 0.1 * i - 0.2}
+    d = write_results(tmp_path / "lm", ["a", "b"], range(2), LM(), finals)
+    stems = [s for s, _, _ in R.build_figures(d)]
+    assert stems == ["headline", "final_values"]  # headline: held-out accuracy and rollout reward
+
+
+def test_final_values_keep_the_gain_without_accuracy(tmp_path):
+    finals = {"final/reward": lambda i, s: 0.3 + 0.01 * s, "final/eval/accuracy_gain": lambda i, s: 0.1 * i - 0.2}
+    d = write_results(tmp_path / "d", ["a", "b"], range(2), SortLike(), finals)
+    assert [ax.get_xlabel() for ax in all_figures(d)["final_values"].axes] == ["final reward", "eval accuracy gain"]
+
+
+def test_a_p_value_exactly_at_alpha_is_not_beyond_noise(monkeypatch):
+    class T:
+        pvalue = 0.05
+
+    monkeypatch.setattr(R.stats, "ttest_ind", lambda *a, **k: T())
+    two = pd.DataFrame({"variant": ["a", "a", "b", "b"], "status": "ok", "final/reward": [0.1, 0.2, 0.5, 0.6]})
+    (t,) = R.pairwise(two, "final/reward", ["a", "b"])
+    assert t["p_holm"] == 0.05 and not t["significant"]
+
+
+def test_answer_skips_runs_without_the_column():
+    # a finished run may lack an eval metric (NaN): the others still answer
+    s = pd.DataFrame({"variant": ["a", "a", "b"], "status": "ok", "final/reward": [0.1, np.nan, 0.3]})
+    assert R.answer(s, "final/reward", ["a", "b"]) == \
+        "`b` is best (final reward 0.300 ± 0.000, 1 seeds); too few seeds to test differences."
+
+
+def test_report_markdown_sections_when_nothing_differs_or_too_few_seeds():
+    summary = pd.DataFrame({"run": ["a-s0", "a-s1", "b-s0", "b-s1"], "variant": ["a", "a", "b", "b"],
+                            "seed": [0, 1, 0, 1], "status": "ok", "error": "", "wall_s": 1.0,
+                            "final/reward": [0.1, 0.3, 0.2, 0.4], "final/eval/accuracy": [0.5, np.nan, 0.6, np.nan]})
+    meta = {"name": "t", "source": "t.yaml", "seeds": [0, 1], "runs": list(summary.run)}
+    headline = [("final/reward", "final reward", "reward/mean"), ("final/eval/accuracy", "eval accuracy", "eval/accuracy")]
+    md = R._markdown(meta, summary, summary, headline, ["a", "b"], []).split("\n")
+    assert md[md.index("## Results"):] == [
+        "## Results", "",
+        "| variant | runs ok | final reward | eval accuracy | wall s / run |", "|---|---|---|---|---|",
+        "| `a` | 2/2 | 0.200 ± 0.141 | 0.500 ± 0.000 | 1.0 |", "| `b` | 2/2 | 0.300 ± 0.141 | 0.600 ± 0.000 | 1.0 |", "",
+        "## Differences in final reward beyond seed noise", "",
+        "Welch t-test per pair on per-seed values, Holm-corrected over 1 pairs, α = 0.05.", "",
+        "No pair of variants differs beyond seed noise.", "",
+        "## Differences in eval accuracy beyond seed noise", "",
+        "Not enough finished runs (two seeds per variant) to compare.", ""]
