@@ -948,3 +948,170 @@ def test_report_markdown_sections_when_nothing_differs_or_too_few_seeds():
         "No pair of variants differs beyond seed noise.", "",
         "## Differences in eval accuracy beyond seed noise", "",
         "Not enough finished runs (two seeds per variant) to compare.", ""]
+
+
+# ------------------------------------------------- full mutation run of report.py: the rest
+
+
+class LMFull(SortLike):
+    """An LM-task-shaped ablation (it logs eval/accuracy_gain) with every headline column."""
+
+    metrics = ["reward/mean", "eval/accuracy", "eval/accuracy_gain", "eval/reward", "eval/pass@k", "entropy", "kl/old"]
+
+    def __call__(self, metric, i, seed, step):
+        if metric in ("eval/accuracy_gain", "eval/pass@k"):
+            return step / 1000 + 0.1 * i
+        return super().__call__(metric, i, seed, step)
+
+
+LM_FINALS = {"final/reward": lambda i, s: 0.3 + 0.01 * s, "final/eval/accuracy": lambda i, s: 0.1 * i + 0.01 * s,
+             "final/eval/accuracy_gain": lambda i, s: 0.1 * i - 0.2, "final/eval/reward": lambda i, s: 0.2 + 0.01 * s,
+             "final/eval/pass@k": lambda i, s: 0.5 + 0.01 * s}
+
+
+def test_ranges_are_immutable_shared_values():
+    # one Range object serves every metric matching its pattern: a write to it would change them all
+    import dataclasses
+    r = R.metric_range("eval/accuracy")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.lo = -5.0
+    assert hash(r) == hash(R.Range(0, 1))
+
+
+def test_a_failed_run_does_not_hide_a_column(tmp_path):
+    # a failed run has no final values: the column still has values for every other run
+    d = write_results(tmp_path / "lm", ["a", "b"], range(2), LMFull(), LM_FINALS, failed=(("a", 0),))
+    s = pd.read_csv(d / "summary.csv")
+    assert s["final/reward"].isna().sum() == 1
+    assert [h[0] for h in R.headline_columns(s)] == ["final/reward", "final/eval/accuracy",
+                                                       "final/eval/accuracy_gain", "final/eval/reward",
+                                                       "final/eval/pass@k"]
+    assert R.main_column(s) == "final/eval/accuracy"  # the LM task's main metric, not the first headline column
+
+
+def test_final_values_put_the_main_metric_first_and_show_three(tmp_path):
+    d = write_results(tmp_path / "lm", ["a", "b"], range(2), LMFull(), LM_FINALS)
+    fig = all_figures(d)["final_values"]
+    # main metrics in the task's order (accuracy, then reward), the gain dropped, then the rest: three panels
+    assert [ax.get_xlabel() for ax in fig.axes] == ["eval accuracy", "final reward", "eval reward"]
+
+
+def test_saving_closes_every_figure(tmp_path):
+    import matplotlib.pyplot as plt
+    plt.close("all")
+    d = write_results(tmp_path / "d", ["a", "b"], range(2), SortLike(), SORT_FINALS)
+    R.make_report(d)
+    assert plt.get_fignums() == []
+
+
+def test_all_nan_steps_warn_nothing():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = R._percentiles(np.array([[np.nan, np.nan], [np.nan, 1.0], [1.0, 3.0]]), 50)
+    np.testing.assert_array_equal(out, [np.nan, 1.0, 2.0])
+
+
+def test_a_variant_that_never_logged_a_metric_has_no_table_or_seeds():
+    rows = [(f"a-s{s}", "a", st, "m", float(st + s)) for s in range(5) for st in range(4)]
+    rows += [("b-s0", "b", st, "other", 1.0) for st in range(4)]
+    curves = curves_from(rows)
+    assert list(R.run_matrices(curves, "m", ["a", "b"])) == ["a"]
+    import matplotlib.pyplot as plt
+    _, ax = plt.subplots()
+    styles = R.variant_styles(["a", "b"])
+    assert R.draw_curves(ax, curves, "m", ["a", "b"], styles) == "mean over 5 seeds, band: 95% bootstrap CI of the mean"
+    # no variant drawn at all: no seeds behind the (empty) panel
+    assert R.draw_curves(ax, curves, "never", ["a", "b"], styles) == "thin lines: each of 0 seeds; bold: their mean"
+    # a subset of the table: a metric with no rows left is not a metric of it
+    assert set(R.by_metric(pd.concat(curves.values())[lambda df: df.metric == "m"])) == {"m"}
+    assert R.points_per_run(curves, "never") == 0 and R.points_per_run(curves, "m") == 4
+
+
+def heavy_axis(values):
+    """draw_curves on kl/old (heavy-tailed) with values[run][step], one variant; its Axes."""
+    import matplotlib.pyplot as plt
+    rows = [(f"a-s{r}", "a", st, "kl/old", float(x)) for r, run in enumerate(values) for st, x in enumerate(run)]
+    _, ax = plt.subplots()
+    R.draw_curves(ax, curves_from(rows), "kl/old", ["a"], R.variant_styles(["a"]))
+    return ax
+
+
+def test_symlog_stretch_starts_at_the_first_percentile_decade():
+    # 5 runs x 21 steps (no smoothing below 40 steps); step 0 is exactly 0 everywhere, so symlog
+    vals = [[0.0] + [1 + (r * 20 + s) % 10 for s in range(1, 21)] for r in range(5)]
+    vals[0][1] = vals[0][2] = 1e-3  # the two smallest of 100 positives
+    pos = np.array([x for run in vals for x in run if x > 0])
+    assert math.floor(math.log10(np.percentile(pos, 1))) == -3 != math.floor(math.log10(np.percentile(pos, 2)))
+    ax = heavy_axis(vals)
+    assert ax.get_yscale() == "symlog"
+    assert ax.yaxis.get_transform().linthresh == pytest.approx(1e-3)
+
+
+def test_log_axis_within_a_decade_has_plain_major_and_no_minor_labels():
+    vals = [[1.2 + 7.0 * ((r * 7 + s) % 11) / 10 for s in range(10)] for r in range(5)]  # 1.2 .. 8.2
+    ax = heavy_axis(vals)
+    assert ax.get_yscale() == "log"
+    lo, hi = ax.get_ylim()
+    assert math.log10(hi / lo) < 1
+    ax.figure.canvas.draw()
+    majors = [t for t in ax.yaxis.get_majorticklocs() if lo <= t <= hi]
+    assert majors == pytest.approx([x for x in (1.0, 1.5, 2.0, 3.0, 5.0, 7.0) if lo <= x <= hi])
+    assert 7.0 in majors
+    assert [t.get_text() for t in ax.yaxis.get_minorticklabels()] and \
+        all(t.get_text() == "" for t in ax.yaxis.get_minorticklabels())
+
+
+def test_panels_share_their_step_or_variant_axis(sort_dir):
+    figs = all_figures(sort_dir)
+    a, b = [ax for ax in figs["headline"].axes if ax.get_ylabel()]
+    assert a.get_shared_x_axes().joined(a, b)
+    p, q, r = figs["final_values"].axes
+    assert p.get_shared_y_axes().joined(p, q) and p.get_shared_y_axes().joined(p, r)
+    d = figs["diagnostics"].axes
+    assert all(d[0].get_shared_x_axes().joined(d[0], x) for x in d[1:])
+    # exactly BAND_SEEDS seeds: the CI line is drawn, and the title says so
+    assert figs["final_values"].get_suptitle().endswith("dots: seeds; bar: mean; line: 95% bootstrap CI of the mean")
+
+
+def test_dot_panel_width_by_hand():
+    rows = ["a", "twenty_characters_xy"]
+    assert len(rows[1]) == 20
+    one = R.dot_panels(rows, [("final/reward", "x", "", {"a": [1.0], rows[1]: [2.0]})], R.variant_styles(rows), "t")
+    assert tuple(one.get_size_inches()) == pytest.approx((1.1 + 0.05 * 20 + 2.0, 0.9 + 0.22 * 2))
+    three = R.dot_panels(rows, [("final/reward", "x", "", {})] * 3, R.variant_styles(rows), "t")
+    assert three.get_size_inches()[0] == pytest.approx(7.0)  # 1.1 + 1 + 6 is past the page
+
+
+def test_diagnostics_with_two_and_four_panels(tmp_path):
+    class Two(SortLike):
+        metrics = ["reward/mean", "entropy", "kl/value"]
+
+    class Four(SortLike):
+        metrics = ["reward/mean", "entropy", "kl/value", "ratio/max", "grad/norm"]
+
+    d = write_results(tmp_path / "two", ["a", "b"], range(2), Two(), SORT_FINALS, name="two")
+    fig = all_figures(d)["diagnostics"]  # one row of two panels
+    assert [ax.get_title() for ax in fig.axes] == ["kl/value", "entropy"]
+    assert [ax.get_xlabel() for ax in fig.axes] == ["gradient step"] * 2
+    assert fig.get_suptitle() == "two: training diagnostics, 2 variants, 2 seeds"
+    d = write_results(tmp_path / "four", ["a", "b"], range(2), Four(), SORT_FINALS, name="four")
+    fig = all_figures(d)["diagnostics"]  # two rows of three: the last two panels are spare
+    assert [ax.get_title() for ax in fig.axes] == ["kl/value", "entropy", "ratio/max, log scale",
+                                                   "grad/norm, log scale", "", ""]
+    assert [ax.axison for ax in fig.axes] == [True] * 4 + [False] * 2
+
+
+def test_holm_adjusted_p_is_capped_at_one():
+    x = {"a": [0.1, 0.5, 0.9], "b": [0.2, 0.6, 0.8], "c": [0.15, 0.55, 0.85]}
+    s = pd.DataFrame([{"variant": v, "status": "ok", "final/reward": y} for v, ys in x.items() for y in ys])
+    tests = R.pairwise(s, "final/reward", ["a", "b", "c"])
+    assert min(t["p"] for t in tests) * 3 > 1  # every raw p is large
+    assert [t["p_holm"] for t in tests] == [1.0, 1.0, 1.0]
+
+
+def test_four_significant_pairs_are_counted_not_named():
+    x = {"a": [0.0, 0.1, 0.2], "b": [0.05, 0.15, 0.25], "c": [10.0, 10.1, 10.2], "d": [10.05, 10.15, 10.25]}
+    s = pd.DataFrame([{"variant": v, "status": "ok", "final/reward": y} for v, ys in x.items() for y in ys])
+    line = R.answer(s, "final/reward", list(x))
+    assert line.endswith("; 4 of 6 pairs differ beyond seed noise."), line
