@@ -30,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
                    "a run that raises is never retried")
     r.add_argument("--workers", type=int, help="local: parallel worker processes (default: one per CPU core; 1 = in-process)")
     r.add_argument("--threads", type=int, help="torch threads per run (default: the ablation's resources.cpus, 1)")
+    r.add_argument("--population", type=int, metavar="N",
+                   help="train up to N compatible runs (same task, shapes and parts; seeds and numbers may differ) "
+                        "together in one process, stacked on a leading axis; a run's numbers do not depend on it. "
+                        "Default: as many as fit in 2 GiB by the task's estimate of a run's memory, at most 64; "
+                        "1 = one run per process")
     r.add_argument("--setting", action="append", metavar="NAME",
                    help="with a file that has `settings` (the same variants on several tasks): run only these "
                         "(repeatable; default all, each into results/<name>_<setting>)")
@@ -91,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--seeds", "seeds", f"must be >= 1, got {args.seeds}")
         if args.workers is not None and args.workers < 1:
             raise ConfigError("--workers", "workers", f"must be >= 1, got {args.workers}")
+        if args.population is not None and args.population < 1:
+            raise ConfigError("--population", "population", f"must be >= 1, got {args.population}")
         if args.threads is not None and args.threads < 1:
             raise ConfigError("--threads", "threads", f"must be >= 1, got {args.threads}")
         if args.max_retries < 0:
@@ -118,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             out = Path("results") / abl.name
         try:
             summary = run_ablation(abl, out, executor=args.executor, workers=args.workers, threads=args.threads,
-                                   address=args.address, max_retries=args.max_retries, progress=not args.no_progress)
+                                   address=args.address, max_retries=args.max_retries, progress=not args.no_progress,
+                                   population=args.population)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

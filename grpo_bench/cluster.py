@@ -1,18 +1,19 @@
-"""Ray executor: one Ray task per run, results sent back to the driver, lost workers retried.
+"""Ray executor: one Ray task per population, results sent back to the driver, lost workers retried.
 
-The `run` command is the Ray driver. It submits one task per unfinished run,
-asking for the ablation's `resources` ({cpus, gpus}; a fraction of a GPU packs
-several runs onto one device). Each task calls runner.train_one, exactly what a
-local worker calls, and returns the (resolved config, metric rows, summary)
-triple; the driver writes the run directory itself, so nothing assumes a file
+The `run` command is the Ray driver. It submits one task per population of unfinished
+runs (runner.populations), asking for the ablation's `resources` ({cpus, gpus}) for the
+whole population, which trains in one process (a fraction of a GPU packs several
+populations onto one device). Each task calls runner.train_group, exactly what a local
+worker calls, and returns each run's (resolved config, metric rows, summary) triple;
+the driver writes the run directories itself, so nothing assumes a file
 system shared with the workers. The code travels with the job: the repository
 checkout (package and the top-level tasks/, without .git, .venv, results or
 tests) is the job's working_dir, unpacked once per node.
 
 Faults: a task whose worker process or node dies (any Ray error other than the
-task's own exception) is submitted again, at most `max_retries` times, then
-recorded as failed; a run whose code raises is recorded as failed at once, as
-locally. On exit (normal, Ctrl-C or an error) the tasks not yet finished are
+task's own exception) is submitted again, at most `max_retries` times, then its
+runs are recorded as failed; a population whose code raises is recorded as failed
+at once, as locally. On exit (normal, Ctrl-C or an error) the tasks not yet finished are
 cancelled and the driver disconnects.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .config import ConfigError
-from .runner import Result, RunSpec, failed_result, train_one
+from .runner import Result, RunSpec, failed_result, train_group
 
 PACKAGE = Path(__file__).resolve().parent
 # shipped with every job; the run's own --out is added when it lies inside the checkout
@@ -112,47 +113,51 @@ class Session:
                     for r in self._nodes)
         return sum(int(min(fit) + 1e-9) for fit in per_node)
 
-    def results(self, todo: list[RunSpec], threads: int, resources: dict, max_retries: int,
+    def results(self, todo: list[list[RunSpec]], threads: int, resources: dict, max_retries: int,
                 log: Callable[[str], None]) -> Iterator[tuple[RunSpec, Result]]:
-        """One task per run; yields (spec, result) in completion order."""
+        """One task per population; yields (spec, result) of each run as its population finishes."""
         import ray
 
         if not self.slots(resources):  # such a task would wait forever
             biggest = ", ".join(f"{r.get('CPU', 0):g} CPUs/{r.get('GPU', 0):g} GPUs" for r in self._nodes)
             raise ConfigError("resources", f"cpus={resources['cpus']}, gpus={resources['gpus']}",
                               f"no node of this Ray cluster has that much (nodes: {biggest})")
-        remote = ray.remote(train_one)
+        remote = ray.remote(train_group)
 
-        def submit(spec: RunSpec):
-            # named by run id: `ray list tasks` and the worker's process title (ray::<run id>) say which run it is;
+        def name(group: list[RunSpec]) -> str:
+            return group[0].run_id + (f"+{len(group) - 1}" if len(group) > 1 else "")
+
+        def submit(group: list[RunSpec]):
+            # named by its first run id: `ray list tasks` and the worker's process title say which runs it holds;
             # max_retries=0: a retry is decided here, where it can be counted, logged and bounded
-            return remote.options(name=spec.run_id, num_cpus=resources["cpus"], num_gpus=resources["gpus"],
-                                  max_retries=0, retry_exceptions=False).remote(spec, threads)
+            return remote.options(name=name(group), num_cpus=resources["cpus"], num_gpus=resources["gpus"],
+                                  max_retries=0, retry_exceptions=False).remote(group, threads)
 
         queue, pending, lost = deque(todo), {}, {}
         try:
             while queue or pending:
                 # a window of twice what the cluster holds, not the whole sweep: ray.wait costs
-                # O(refs in flight) per call, and runs not yet submitted cost nothing to cancel
+                # O(refs in flight) per call, and tasks not yet submitted cost nothing to cancel
                 while queue and len(pending) < 2 * self.slots(resources) + 8:
-                    spec = queue.popleft()
-                    pending[submit(spec)] = spec
+                    group = queue.popleft()
+                    pending[submit(group)] = group
                 [ref], _ = ray.wait(list(pending), num_returns=1)
-                spec = pending.pop(ref)
+                group = pending.pop(ref)
                 try:
-                    result = ray.get(ref)
-                except ray.exceptions.RayTaskError as e:  # the run's own code raised, outside training
+                    results = ray.get(ref)
+                except ray.exceptions.RayTaskError as e:  # the population's own code raised, outside training
                     cause = getattr(e, "cause", None) or e
-                    result = failed_result(spec, f"{type(cause).__name__}: {cause}", str(e))
+                    results = [failed_result(s, f"{type(cause).__name__}: {cause}", str(e)) for s in group]
                 except ray.exceptions.RayError as e:  # its worker process or node is gone
                     why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-                    lost[spec.run_id] = n = lost.get(spec.run_id, 0) + 1
+                    key = name(group)
+                    lost[key] = n = lost.get(key, 0) + 1
                     if n <= max_retries:
-                        log(f"run {spec.run_id}: worker lost ({why}); retry {n} of {max_retries}")
-                        queue.appendleft(spec)
+                        log(f"run {key}: worker lost ({why}); retry {n} of {max_retries}")
+                        queue.appendleft(group)
                         continue
-                    result = failed_result(spec, f"worker lost {n} time{'s' * (n > 1)}, last: {why}")
-                yield spec, result
+                    results = [failed_result(s, f"worker lost {n} time{'s' * (n > 1)}, last: {why}") for s in group]
+                yield from zip(group, results)
         finally:  # Ctrl-C, or the driver stopped early: nothing left running for nobody
             for ref in pending:
                 ray.cancel(ref, force=True)

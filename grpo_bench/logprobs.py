@@ -107,16 +107,32 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: T
     reports, see algos/losses.py; low and high always), kl/value (token mean of the
     estimator, with a KL term).
     """
-    loss_name, loss_params = _resolve("loss", loss, context)
-    agg_name, agg_params = _resolve("aggregate", aggregate, context)
     use_kl = kl is not None and kl_coef != 0
-    kl_name, kl_params = _resolve("kl", kl, context) if use_kl else (None, {})
+    return compose_loss(logp, old_logp, ref_logp, deltas, mask, loss=_resolve("loss", loss, context),
+                        aggregate=_resolve("aggregate", aggregate, context),
+                        kl=_resolve("kl", kl, context) if use_kl else None, kl_coef=kl_coef if use_kl else 0.0,
+                        gate=gate, backend=backend)
+
+
+def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: Tensor, mask: Tensor, *,
+                 loss: tuple[str, dict], aggregate: tuple[str, dict], kl: tuple[str, dict] | None = None,
+                 kl_coef: float | Tensor = 0.0, gate: Tensor | None = None,
+                 backend: str = "auto") -> tuple[Tensor, dict[str, Tensor]]:
+    """grpo_loss with its parts already resolved to (name, every parameter); kl None: no KL term.
+
+    What a Recipe calls at every step (nothing is looked up again), and what torch.func.vmap
+    maps over a population: kl_coef and the parameters may then be 0-d tensors.
+    """
+    loss_name, loss_params = loss
+    agg_name, agg_params = aggregate
+    use_kl = kl is not None
+    kl_name, kl_params = kl if use_kl else (None, {})
     if use_kl and ref_logp is None:
         raise ValueError("kl_coef != 0 needs ref_logp")
     b = resolve_backend(backend, logp)
     if b == "triton":
         spec = LossSpec(loss_name, tuple(sorted(loss_params.items())), agg_name, tuple(sorted(agg_params.items())),
-                        kl_name, kl_coef if use_kl else 0.0, gate is not None)
+                        kl_name, float(kl_coef) if use_kl else 0.0, gate is not None)
         if backend == "triton" or spec.fusable():  # auto falls back for parts the kernel lacks
             from .kernels.loss import fused_grpo_loss
             value, sums = fused_grpo_loss(logp, old_logp, ref_logp, deltas, mask, spec, gate)

@@ -9,9 +9,11 @@ Layout under the output directory (results/<ablation>/ by default):
     *.png, REPORT.md       drawn from the two CSVs by grpo_bench.report
     .lock                  held (flock) by the sweep writing here; the kernel drops it when that process dies
 
-Both executors run the same `train_one` in a worker and send its result, a
-(resolved config, metric rows, summary) triple, back to this process, which alone
-writes run directories. A run directory appears by an atomic rename of a finished
+Compatible runs (the same task, shapes and parts; seeds and numbers free) train together
+as a population in one process (trainer.train_population), up to `--population N`
+members. Both executors run the same `train_group` in a worker and send each run's
+result, a (resolved config, metric rows, summary) triple, back to this process, which
+alone writes run directories. A run directory appears by an atomic rename of a finished
 temporary directory, so a sweep killed at any moment leaves either a whole run or
 nothing that counts. The run id holds a hash of the resolved config: a changed
 config is a new run.
@@ -22,6 +24,7 @@ import concurrent.futures as cf
 import contextlib
 import fcntl
 import json
+import math
 import multiprocessing as mp
 import os
 import re
@@ -73,27 +76,73 @@ def finished(run_dir: Path) -> bool:
         return False
 
 
-def train_one(spec: RunSpec, threads: int = 1) -> Result:
-    """Train one run in this process; never raises for a run that fails. Every executor calls this."""
+def train_group(specs: list[RunSpec], threads: int = 1) -> list[Result]:
+    """Train runs as one population in this process; never raises for a run that fails. Every executor calls this.
+
+    The runs must share a population key (see populations()); each gets its own result,
+    failed or not: a non-finite loss ends only its own run, an error outside training all of them.
+    """
     import torch
 
-    from .trainer import train
+    from .trainer import train_population
 
     # the same thread count in every kind of worker: it changes reduction order, so the bits
     torch.set_num_threads(threads)
-    cfg = resolve_run(spec.config, spec.run_id)
-    cfg_dict = run_dict(cfg)
-    rows: list = []
-    summary = {"run": spec.run_id, "variant": spec.variant, **spec.values, "seed": spec.seed}
+    cfgs = [resolve_run(s.config, s.run_id) for s in specs]
+    cfg_dicts = [run_dict(c) for c in cfgs]
+    rows: list[list] = [[] for _ in specs]
     t0 = time.perf_counter()
     try:
-        final = train(cfg, rows=rows)
-        summary |= {"status": "ok", "error": ""} | final
-    except Exception as e:  # recorded, not raised: one bad run must not end the sweep
+        outcomes = train_population(cfgs, rows)
+    except Exception as e:  # recorded, not raised: one bad population must not end the sweep
+        outcomes = [e] * len(specs)
         tb = traceback.format_exc(limit=-3)
-        summary |= {"status": "failed", "error": f"{type(e).__name__}: {e}".splitlines()[0], "traceback": tb}
-    summary["wall_s"] = round(time.perf_counter() - t0, 3)
-    return cfg_dict, rows, summary
+    wall = round((time.perf_counter() - t0) / len(specs), 3)  # the population's time, shared by its runs
+    results = []
+    for spec, cfg_dict, run_rows, out in zip(specs, cfg_dicts, rows, outcomes):
+        summary = {"run": spec.run_id, "variant": spec.variant, **spec.values, "seed": spec.seed}
+        if isinstance(out, BaseException):
+            trace = tb if "tb" in locals() else "".join(traceback.format_exception(out, limit=-3))
+            summary |= {"status": "failed", "error": f"{type(out).__name__}: {out}".splitlines()[0], "traceback": trace}
+        else:
+            summary |= {"status": "ok", "error": ""} | out
+        summary["wall_s"] = wall
+        summary["population"] = len(specs)
+        results.append((cfg_dict, run_rows, summary))
+    return results
+
+
+def train_one(spec: RunSpec, threads: int = 1) -> Result:
+    """One run alone: a population of one."""
+    return train_group([spec], threads)[0]
+
+
+def population_key(spec: RunSpec) -> str:
+    """Runs with the same key can train as one population: same task, shapes and parts; seeds and numbers free."""
+    from .recipe import Recipe
+
+    return Recipe.from_config(resolve_run(spec.config, spec.run_id)).structure()
+
+
+def populations(todo: list[RunSpec], size: int, workers: int = 1) -> list[list[RunSpec]]:
+    """Compatible runs in populations of at most `size`, in plan order, split evenly (32 runs at size 24: 16 + 16),
+    into at least `workers` populations and a multiple of them where the runs allow, so no worker idles;
+    the largest first."""
+    groups: dict[str, list[RunSpec]] = {}
+    for spec in todo:
+        groups.setdefault(population_key(spec), []).append(spec)
+    counts = {k: math.ceil(len(g) / size) for k, g in groups.items()}
+    # at least one population per worker, and a multiple of the workers where the runs allow:
+    # three populations on two workers would leave one worker idle for a third of the sweep
+    while sum(counts.values()) < len(todo) and (sum(counts.values()) < workers or sum(counts.values()) % workers):
+        k = max(counts, key=lambda k: len(groups[k]) / counts[k])  # split the largest populations first
+        counts[k] += 1
+    out = []
+    for k, g in groups.items():
+        n = counts[k]
+        bounds = [round(i * len(g) / n) for i in range(n + 1)]
+        out += [g[a:b] for a, b in zip(bounds, bounds[1:])]
+    return sorted(out, key=len, reverse=True)  # the largest first: no long population starts last
 
 
 def failed_result(spec: RunSpec, error: str, tb: str = "") -> Result:
@@ -158,25 +207,26 @@ class WorkerLost(RuntimeError):
     pass
 
 
-def local_results(todo: list[RunSpec], workers: int, threads: int) -> Iterator[tuple[RunSpec, Result]]:
-    """Runs on a pool of `workers` processes here, in completion order."""
+def local_results(todo: list[list[RunSpec]], workers: int, threads: int) -> Iterator[tuple[RunSpec, Result]]:
+    """Populations on a pool of `workers` processes here; each run's result as its population finishes."""
     if workers == 1:
-        for s in todo:
-            yield s, train_one(s, threads)
+        for group in todo:
+            yield from zip(group, train_group(group, threads))
         return
     # spawn, not fork: the parent may hold threads (tqdm, torch) that fork would copy half-alive
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-        futures = {pool.submit(train_one, s, threads): s for s in todo}
+        futures = {pool.submit(train_group, g, threads): g for g in todo}
         try:
             for fut in cf.as_completed(futures):
-                spec = futures[fut]
+                group = futures[fut]
                 try:
-                    result = fut.result()
+                    results = fut.result()
                 except cf.process.BrokenProcessPool:
                     raise WorkerLost("a worker process died (killed, or out of memory?)") from None
-                except Exception as e:  # raised outside training (train_one records what training raises)
-                    result = failed_result(spec, f"{type(e).__name__}: {e}", traceback.format_exc(limit=-3))
-                yield spec, result
+                except Exception as e:  # raised outside training (train_group records what training raises)
+                    results = [failed_result(s, f"{type(e).__name__}: {e}", traceback.format_exc(limit=-3))
+                               for s in group]
+                yield from zip(group, results)
         finally:  # Ctrl-C or a lost worker: drop what has not started
             for f in futures:
                 f.cancel()
@@ -184,7 +234,7 @@ def local_results(todo: list[RunSpec], workers: int, threads: int) -> Iterator[t
 
 def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int | None = None,
                  threads: int | None = None, address: str | None = None, max_retries: int = 3,
-                 progress: bool = True) -> pd.DataFrame:
+                 progress: bool = True, population: int | None = None) -> pd.DataFrame:
     """Run what is not finished yet and collect everything; bad --out or a busy one is a ConfigError."""
     if executor == "ray":
         from . import cluster
@@ -211,11 +261,13 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
                                            unit="run", disable=not progress, dynamic_ncols=True))
             if skipped:
                 bar.write(f"{skipped} of {len(specs)} runs already finished in {out}; running the other {len(todo)}", file=sys.stderr)
+            size = population or default_population(todo)
+            groups = populations(todo, size, 1 if on_ray else workers)
             if on_ray:
-                results = session.results(todo, threads, abl.resources, max_retries,
+                results = session.results(groups, threads, abl.resources, max_retries,
                                           log=lambda msg: bar.write(msg, file=sys.stderr))
             else:
-                results = local_results(todo, workers, threads)
+                results = local_results(groups, workers, threads)
             started = time.perf_counter()
             with contextlib.closing(results):
                 for spec, result in results:
@@ -225,11 +277,30 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
             if todo:  # how long this sweep took, where: FINDINGS.md quotes it
                 _atomic_write(out / "sweep.json", json.dumps({
                     "wall_s": round(time.perf_counter() - started, 1), "runs": len(todo), "skipped": skipped,
-                    "where": where(), "threads": threads, "cpus": os.cpu_count(), "cpu": cpu_name(),
+                    "where": where(), "threads": threads, "populations": [len(g) for g in groups],
+                    "cpus": os.cpu_count(), "cpu": cpu_name(),
                     "load_avg_end": round(os.getloadavg()[0], 2), "command": " ".join(sys.argv[1:])}, indent=1))
         return collect(out)
     finally:
         lock.close()
+
+
+# What one population may hold in memory by default; --population N overrides the size it gives.
+MEMORY_BUDGET = 2 << 30
+MAX_POPULATION = 64
+
+
+def default_population(todo: list[RunSpec]) -> int:
+    """Members per population that fit MEMORY_BUDGET at the task's own estimate of a member's bytes, at most 64
+    and at most what the task says is worth stacking (task.population_cap)."""
+    if not todo:
+        return 1
+    from . import registry
+    from .config import task_name
+
+    cfg = resolve_run(todo[0].config, todo[0].run_id)
+    task = registry.get("task", task_name(cfg))
+    return max(1, min(MAX_POPULATION, MEMORY_BUDGET // max(task.member_bytes(cfg), 1), task.population_cap(cfg)))
 
 
 def cpu_name() -> str:

@@ -1,12 +1,23 @@
 """The GRPO loop, shared by every task: machinery, not a place to add parts.
 
-Per epoch:
-    reference update (ref_update)            when the KL term is on
+It trains a *population*: P runs of one task that share every part and shape (seeds and
+numbers may differ: learning rate, clip bounds, beta, ...), stacked on a leading axis in
+one process. A single run is a population of one, through the same code (`train`).
+
+Per epoch, for every member at once:
+    reference update (Recipe.ref_weight)     when the run has a reference
     rollout -> rollout-stage filters         groups a filter drops are drawn again (up to its cap)
     old and reference log-probs, no grad     K = 1 takes the old ones from the gradient pass itself
-    KL-in-reward penalty -> deltas
-    K inner steps: log-probs -> step-stage filters -> grpo_loss(loss, aggregate, KL) -> optimiser
-    KL controller (kl_ctrl)
+    KL-in-reward penalty -> deltas           (Recipe.advantages)
+    K inner steps: log-probs -> step-stage filters -> Recipe.loss -> per-member clip -> optimiser
+    KL controller (Recipe.next_kl_coef)
+
+The parts run on each member's own data: torch.func.vmap over the population axis, or
+member by member for parts registered per_member (they cannot be vmapped). Adam, AdamW
+and SGD are elementwise and the gradient norm is clipped per member (optim.py), so a
+member's numbers are those it would have alone: tests/test_population.py holds every
+metric row of a run inside a population of 8 equal, to the bit, to the same run alone.
+A member whose loss goes non-finite is recorded as failed; the others go on.
 
 With K = 1 the update is exactly on-policy: old log-probs are the detached log-probs of the
 same forward pass, so the ratio is 1 to the last bit (as TRL does) even with dropout, and
@@ -18,21 +29,25 @@ samples/*, entropy, grad/norm, time/step_s, eval/*; final/* summarise a finished
 reward/* describe the policy: they are taken on the epoch's first rollout, before any
 filter. kl/seq, logged whenever there is a reference (kl_coef > 0 or kl_track), is the
 same estimate for every variant: the mean over responses of the summed log-ratio
-log pi_old - log pi_ref, unbiased for the sequence KL. kl/old is KL(pi_old || pi) estimated as (ratio - 1) - log ratio on the tokens
-pi_old sampled (CleanRL's approx_kl): how far the inner steps moved the policy.
+log pi_old - log pi_ref, unbiased for the sequence KL. kl/old is KL(pi_old || pi) estimated
+as (ratio - 1) - log ratio on the tokens pi_old sampled (CleanRL's approx_kl): how far the
+inner steps moved the policy. time/step_s is the population's wall time per step divided
+by its members: what a step cost each run. A metric a member did not measure (no correct
+answer to take a length of) is NaN in the population's tensors and absent from its rows.
 """
 from __future__ import annotations
 
-import math
 import time
 
 import torch
 from torch import Tensor
+from torch.func import vmap
 
-from . import registry
-from .algos import Batch, masked_mean, masked_sum
+from . import registry, rng
+from .algos import Batch, masked_mean
 from .config import RunConfig, task_name
-from .logprobs import grpo_loss
+from .optim import StackedOptimizer, clip_grad_norm
+from .recipe import Recipe
 from .tasks import Rollout
 
 Row = tuple[int, str, float]  # (step, metric, value)
@@ -45,147 +60,242 @@ class NonFiniteLoss(FloatingPointError):
     pass
 
 
-def _optimizer(cfg: RunConfig, params):
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+def build_task(cfgs: list[RunConfig]):
+    return registry.get("task", task_name(cfgs[0]))(cfgs[0].task, cfgs)
 
 
-def build_task(cfg: RunConfig):
-    return registry.get("task", task_name(cfg))(cfg.task, cfg)
+class Population:
+    """The recipes of P runs that train together: one structure, numbers per member."""
+
+    def __init__(self, cfgs: list[RunConfig]):
+        self.recipes = [Recipe.from_config(c) for c in cfgs]
+        head = self.recipes[0]
+        for r in self.recipes[1:]:
+            if r.structure() != head.structure():
+                raise ValueError("runs of one population must share every part and shape; only seeds and "
+                                 f"numbers may differ ({r.cfg.seed} vs {head.cfg.seed})")
+        self.head = head
+        self.seeds = [c.seed for c in cfgs]
+        self.kl_coef = [c.kl_coef for c in cfgs]
+        keys = [k for k in head.numbers() if "." in k]   # the parts' float parameters
+        self.numbers = {k: torch.tensor([r.numbers()[k] for r in self.recipes]) for k in keys}  # (P,) fp32
+
+    def __len__(self) -> int:
+        return len(self.recipes)
+
+    def keep(self, idx: list[int]) -> None:
+        self.recipes = [self.recipes[i] for i in idx]
+        self.seeds = [self.seeds[i] for i in idx]
+        self.kl_coef = [self.kl_coef[i] for i in idx]
+        self.numbers = {k: v[idx] for k, v in self.numbers.items()}
+
+    def map(self, fn, *args, per_member: bool, key: tuple = ()):
+        """fn(*member_args, numbers=...) for every member, outputs stacked on a leading axis.
+
+        args are (P, ...) tensors or None. vmapped unless per_member; member by member, each call
+        sees torch's global generator seeded from its own seed and `key`, so a part that draws
+        from it (clip_cov) draws the same numbers alone as in a population.
+        """
+        numbers = self.numbers
+        if not per_member:
+            dims = tuple(None if a is None else 0 for a in args)
+            return vmap(lambda nums, *a: fn(*a, numbers=nums), in_dims=(0, *dims))(numbers, *args)
+        outs = []
+        for p in range(len(self)):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(rng.stream_seed(self.seeds[p], "part", *key))
+                outs.append(fn(*[None if a is None else a[p] for a in args],
+                               numbers={k: v[p] for k, v in numbers.items()}))
+        return torch.utils._pytree.tree_map(lambda *xs: torch.stack(xs), *outs)
 
 
-def _filters(cfg: RunConfig, stage: str) -> list[tuple[str, callable]]:
-    return [(f["name"], registry.bind("filter", f)) for f in cfg.filters
-            if registry.entry("filter", f["name"]).traits.get("stage") == stage]
+def _per_member_parts(parts) -> bool:
+    return any(b.per_member for b in parts)
 
 
-def filter_effect(before: Batch, after: Batch) -> dict[str, float]:
-    """What one filter did, as a share of the tokens (or groups) it was given, or a reward shift."""
-    out = {}
-    on = before.mask > 0
-    n = on.sum().clamp(min=1)
-    if after.mask is not before.mask:
-        out["removed"] = ((after.mask <= 0) & on).sum().item() / n.item()
-    if after.gate is not before.gate and after.gate is not None:
-        old_gate = torch.ones_like(after.gate) if before.gate is None else before.gate
-        out["gated"] = ((after.gate <= 0) & (old_gate > 0) & on).sum().item() / n.item()
-    if after.keep is not None and after.keep is not before.keep:
-        out["dropped_groups"] = 1.0 - after.keep.float().mean().item()
-    if after.rewards is not before.rewards:
-        out["reward_shift"] = (after.rewards - before.rewards).mean().item()
-    return out
+def _rollout_metrics(ro: Rollout) -> dict[str, Tensor]:
+    """What the policy's samples looked like, per member: on the first draw, before any filter."""
+    r = ro.rewards.flatten(1)                                            # (P, B G)
+    flat = (ro.rewards == ro.rewards[..., :1]).all(-1)                  # (P, B)
+    return {"reward/mean": r.mean(1), "reward/std": r.std(1), "reward/zero_std_frac": flat.float().mean(1),
+            "response/length": ro.lengths.float().flatten(1).mean(1), **ro.metrics}
 
 
-def sample(task, epoch: int, cfg: RunConfig, gen: torch.Generator, filters) -> tuple[Rollout, dict[str, float]]:
-    """The epoch's batch through the rollout-stage filters, and what the policy's samples looked like.
+def sample(task, pop: Population, epoch: int, group_size: int, budget: int) -> tuple[Rollout, dict[str, Tensor]]:
+    """Every member's batch for this epoch, through its rollout-stage filters, and its sampling metrics.
 
-    A filter that marks groups as not kept (batch.keep) has them replaced by groups of
-    further rollouts, up to batch.max_draws rollouts; if the cap is reached the batch is
-    filled with dropped groups in draw order and filter/capped is 1.
+    A filter that marks groups as not kept (batch.keep) has them replaced, member by member,
+    by groups of further draws, up to batch.max_draws draws; if the cap is reached the batch
+    is filled with dropped groups in draw order and filter/capped is 1. A member's draw d
+    is the same whether or not others needed it, so it draws exactly what it would alone.
     """
-    kept, spare, n_kept, draws, metrics = [], [], 0, 0, {}
-    while True:
-        ro = task.rollout(epoch, cfg.group_size, gen)
-        draws += 1
-        if draws == 1:
-            b = ro.rewards.shape[0]
-            flat = (ro.rewards == ro.rewards[:, :1]).all(-1)
-            metrics = {"reward/mean": ro.rewards.mean().item(), "reward/std": ro.rewards.std().item(),
-                       "reward/zero_std_frac": flat.float().mean().item(),
-                       "response/length": ro.lengths.float().mean().item(), **ro.metrics}
-        batch = Batch(ro.rewards, ro.mask, ro.lengths, ro.finished, cfg.task.generation_budget)
-        for name, f in filters:
-            before, batch = batch, f(batch)
-            if draws == 1:
-                metrics.update({f"filter/{name}/{k}": v for k, v in filter_effect(before, batch).items()})
-        ro = ro.replace(rewards=batch.rewards, mask=batch.mask)
-        if batch.keep is None:
-            break
-        kept.append(ro.select(batch.keep))
-        spare.append(ro.select(~batch.keep))
-        n_kept += int(batch.keep.sum())
-        if n_kept >= b or draws >= batch.max_draws:
-            ro = Rollout.cat(kept + spare).select(torch.arange(b))
-            metrics |= {"filter/draws": float(draws), "filter/capped": float(n_kept < b)}
-            break
-    metrics["samples/responses"] = float(draws * b * cfg.group_size)
+    filters = pop.head.stage("rollout")
+    per_member = _per_member_parts(filters)
+
+    drops = {"any": False, "max_draws": 1}
+
+    def run(ro: Rollout, draw: int):
+        def fn(rewards, mask, lengths, finished, numbers):
+            batch, m = pop.head.filter_rollout(Batch(rewards, mask, lengths, finished, budget), numbers, filters)
+            if batch.keep is not None:
+                drops.update(any=True, max_draws=batch.max_draws)
+            keep = batch.keep if batch.keep is not None else torch.ones(rewards.shape[0], dtype=torch.bool)
+            return batch.rewards, batch.mask, keep, m
+        if not filters:
+            return ro, None, {}
+        rewards, mask, keep, m = pop.map(fn, ro.rewards, ro.mask, ro.lengths, ro.finished,
+                                         per_member=per_member, key=("rollout", epoch, draw))
+        return ro.replace(rewards=rewards, mask=mask), keep if drops["any"] else None, m
+
+    first = task.rollout(epoch, 0, group_size)
+    metrics = _rollout_metrics(first)
+    ro, keep, fm = run(first, 0)
+    metrics |= fm
+    p, b = first.rewards.shape[:2]
+    draws = torch.ones(p)
+    max_draws = drops["max_draws"]
+    if keep is not None:
+        parts, keeps = [ro], [keep]
+        n_kept = keep.sum(1)
+        while (n_kept < b).any() and len(parts) < max_draws:
+            need = n_kept < b
+            more, more_keep, _ = run(task.rollout(epoch, len(parts), group_size), len(parts))
+            parts.append(more)
+            keeps.append(more_keep & need.unsqueeze(1))  # a member that is full takes nothing more
+            draws += need.float()
+            n_kept = n_kept + keeps[-1].sum(1)
+        allk = torch.cat(keeps, 1)                                       # (P, D B)
+        dropped = ~allk
+        for i in range(1, len(keeps)):  # draws a member never asked for are not its spares either
+            dropped[:, i * b:(i + 1) * b] &= (draws > i).unsqueeze(1)
+        order = torch.arange(allk.shape[1]).expand_as(allk)
+        # kept groups in draw order, then the dropped ones, then the rest: the first B of each member
+        rank = torch.where(allk, order, torch.where(dropped, order + allk.shape[1], order + 2 * allk.shape[1]))
+        idx = rank.argsort(1)[:, :b]
+        ro = Rollout.cat(parts).take(idx)
+        metrics["filter/draws"] = draws
+        metrics["filter/capped"] = (n_kept < b).float()
+    metrics["samples/responses"] = draws * b * group_size
     return ro, metrics
 
 
-def _step_metrics(loss: Tensor, stats: dict, logp: Tensor, old_logp: Tensor, mask: Tensor,
-                  entropy: Tensor | None, gnorm: Tensor, dt: float) -> dict[str, float]:
-    with torch.no_grad():
-        log_ratio = (logp - old_logp).detach()
-        ratio = log_ratio.exp()
-        on = mask > 0
-        m = {"loss/total": loss.item(), **{k: v.item() for k, v in stats.items()},
-             "ratio/max": ratio[on].max().item() if on.any() else 1.0,
-             "ratio/min": ratio[on].min().item() if on.any() else 1.0,
-             "kl/old": masked_mean(torch.expm1(log_ratio) - log_ratio, mask).item(),
-             "grad/norm": gnorm.item(), "time/step_s": dt}
-        if entropy is not None:
-            m["entropy"] = masked_mean(entropy.detach(), mask).item()
+def _step_metrics(logp: Tensor, old_logp: Tensor, mask: Tensor, entropy: Tensor | None) -> dict[str, Tensor]:
+    """One member's ratio range, drift from the sampler and entropy (vmapped over members)."""
+    log_ratio = (logp - old_logp).detach()
+    ratio = log_ratio.exp()
+    on = mask > 0
+    inf = torch.full_like(ratio, float("inf"))
+    one = torch.ones((), dtype=ratio.dtype)
+    m = {"ratio/max": torch.where(on.any(), torch.where(on, ratio, -inf).amax(), one),
+         "ratio/min": torch.where(on.any(), torch.where(on, ratio, inf).amin(), one),
+         "kl/old": masked_mean(torch.expm1(log_ratio) - log_ratio, mask)}
+    if entropy is not None:
+        m["entropy"] = masked_mean(entropy.detach(), mask)
     return m
 
 
+def _rows(metrics: dict[str, Tensor | list | float], p: int) -> list[dict[str, float]]:
+    """(P,) metric tensors (or lists) -> one {metric: float} per member, with one host sync."""
+    tensors = {k: v for k, v in metrics.items() if isinstance(v, Tensor)}
+    out = [{} for _ in range(p)]
+    if tensors:
+        table = torch.stack([v.detach().double().reshape(p).cpu() for v in tensors.values()], 1).tolist()
+        for d, row in zip(out, table):
+            # NaN: not measured for this member (e.g. no correct answer to take a length of), as alone
+            d.update((k, v) for k, v in zip(tensors, row) if v == v)
+    for k, v in metrics.items():
+        if not isinstance(v, Tensor):
+            for d, x in zip(out, v if isinstance(v, list) else [v] * p):
+                d[k] = float(x)
+    return out
+
+
 def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
-    """Train one run; append (step, metric, value) rows to `rows`; return the final/* summary.
+    """Train one run (a population of one); append (step, metric, value) rows to `rows`; return the final/* summary.
 
     `rows` is filled as training goes, so a caller still has the metrics of a run
     that raised half way.
     """
     rows = [] if rows is None else rows
-    if cfg.device == "auto":
-        cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
-    torch.manual_seed(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    task = build_task(cfg)
+    (result,) = train_population([cfg], [rows])
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None) -> list[dict | Exception]:
+    """Train P runs as one population; rows[p] receives run p's metrics; returns each run's
+    final/* summary, or the exception that ended it (a non-finite loss ends only its run)."""
+    rows = [[] for _ in cfgs] if rows is None else rows
+    for c in cfgs:
+        if c.device == "auto":
+            c.device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = cfgs[0]
+    pop = Population(cfgs)
+    recipe = pop.head
+    torch.manual_seed(rng.stream_seed(cfg.seed, "torch"))  # nothing per member may draw from it (see Population.map)
+    task = build_task(cfgs)
     params = [p for p in task.policy.parameters() if p.requires_grad]
-    opt = _optimizer(cfg, params)
-
-    delta_fn = registry.bind("delta", cfg.delta)
-    needs_greedy = "greedy" in registry.entry("delta", cfg.delta["name"]).traits.get("needs", ())
-    kl_fn = registry.bind("kl", cfg.kl)
-    kl_ctrl = registry.bind("kl_ctrl", cfg.kl_ctrl)
-    ref_update = registry.bind("ref_update", cfg.ref_update)
-    rollout_filters, step_filters = _filters(cfg, "rollout"), _filters(cfg, "step")
-    use_ref = cfg.kl_coef > 0 or cfg.kl_track
-    kl_in_loss = cfg.kl_coef > 0 and cfg.kl_placement == "loss"
-    kl_coef = cfg.kl_coef
-    on_policy = cfg.inner_steps == 1
+    opt = StackedOptimizer(params, cfg.optimizer, [c.lr for c in cfgs], [c.weight_decay for c in cfgs])
+    max_norm = [c.max_grad_norm for c in cfgs]
+    alive = list(range(len(cfgs)))            # which run each member is
+    results: list = [None] * len(cfgs)
+    budget = cfg.task.generation_budget
+    loss_per_member = (_per_member_parts([recipe.parts[a] for a in ("loss", "aggregate", "kl")])
+                       or _triton(cfg))
+    adv_per_member = _per_member_parts([recipe.parts[a] for a in ("delta", "kl")])
+    step_filters = recipe.stage("step")
+    step_per_member = _per_member_parts(step_filters)
     total_steps = cfg.epochs * cfg.inner_steps
-    epoch_rewards: list[float] = []
-    tails: dict[str, list[float]] = {m: [] for m in TAIL}
-    samples = 0.0
+    epoch_rewards: list[list[float]] = [[] for _ in cfgs]
+    tails: list[dict[str, list[float]]] = [{m: [] for m in TAIL} for _ in cfgs]
+    samples = [0.0] * len(cfgs)
 
-    def log(step: int, metrics: dict[str, float]) -> None:
-        rows.extend((step, k, float(v)) for k, v in metrics.items())
+    def log(step: int, per_member: list[dict[str, float]]) -> None:
+        for m, d in zip(alive, per_member):
+            rows[m].extend((step, k, v) for k, v in d.items())
 
     def evaluate(step: int) -> None:
         task.policy.eval()
-        log(step, task.evaluate(gen))
+        log(step, task.evaluate())
+
+    def fail(bad: list[int], errors: list[Exception]) -> None:
+        nonlocal params, max_norm
+        for i, e in zip(bad, errors):
+            results[alive[i]] = e
+        idx = [i for i in range(len(alive)) if i not in bad]
+        alive[:] = [alive[i] for i in idx]
+        if idx:
+            task.keep(idx)
+            pop.keep(idx)
+            opt.keep(idx)
+            params = [p for p in task.policy.parameters() if p.requires_grad]
+            opt.rebind(params)
+            max_norm = [max_norm[i] for i in idx]
 
     if cfg.eval_every:
         evaluate(0)  # the starting point of every eval curve
     for epoch in range(cfg.epochs):
-        if use_ref:
-            w = ref_update(epoch)
-            if w:
+        if not alive:
+            break
+        p = len(alive)
+        if recipe.use_ref:
+            w = [r.ref_weight(epoch) for r in pop.recipes]
+            if any(w):
                 task.mix_reference(w)
         t0 = time.perf_counter()
         task.policy.eval()  # sampling and old log-probs without dropout
-        ro, epoch_metrics = sample(task, epoch, cfg, gen, rollout_filters)
-        samples += epoch_metrics.pop("samples/responses")
-        epoch_metrics["samples/total"] = samples
+        ro, epoch_metrics = sample(task, pop, epoch, cfg.group_size, budget)
+        responses = epoch_metrics.pop("samples/responses").tolist()
+        for i, m in enumerate(alive):
+            samples[m] += responses[i]
+        epoch_metrics["samples/total"] = [samples[m] for m in alive]
         mask = ro.mask
         task.policy.train()
         first = None
         with torch.no_grad():
-            ref_logp = task.logprobs(ro, reference=True)[0] if use_ref else None
-        if on_policy:
+            ref_logp = task.logprobs(ro, reference=True)[0] if recipe.use_ref else None
+        if cfg.inner_steps == 1:
             first = task.logprobs(ro)
             old_logp = first[0].detach()
         else:
@@ -193,26 +303,25 @@ def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
                 task.policy.eval()
                 old_logp = task.logprobs(ro)[0]
                 task.policy.train()
-        rewards = ro.rewards
-        if use_ref:
-            kl_tok = torch.where(mask > 0, kl_fn(old_logp, ref_logp, old_logp), torch.zeros_like(old_logp))
-            observed_kl = masked_mean(kl_tok, mask, dim=-1)[mask.sum(-1) > 0].mean().item() if (mask > 0).any() else 0.0
-            # one estimator for every variant, whatever its own: the sampled sequence's log-ratio,
-            # an unbiased estimate of the sequence KL(pi_old || pi_ref)
-            epoch_metrics["kl/seq"] = masked_sum(old_logp - ref_logp, mask, dim=-1).mean().item()
-            epoch_metrics["kl/coef"] = kl_coef
-            if cfg.kl_placement == "reward" and cfg.kl_coef > 0:
-                # a per-response penalty: the sequence KL is the sum of its token terms
-                rewards = rewards - kl_coef * masked_sum(kl_tok, mask, dim=-1)
-                epoch_metrics["reward/penalised"] = rewards.mean().item()
-        greedy = task.greedy_rewards(ro) if needs_greedy else None
-        deltas = delta_fn(rewards, mask.sum(-1), greedy)
-        epoch_metrics["delta/abs_mean"] = deltas.abs().mean().item()
-        epoch_rewards.append(epoch_metrics["reward/mean"])
-        for m in TAIL:
-            if m in epoch_metrics:
-                tails[m].append(epoch_metrics[m])
+        greedy = task.greedy_rewards(ro) if recipe.needs_greedy else None
+        kl_coef = torch.tensor(pop.kl_coef, dtype=torch.float64)
+        batch_rewards, lengths, finished = ro.rewards, ro.lengths, ro.finished
+
+        def advantages(rewards, mask_, lengths_, finished_, old, ref, greedy_, beta, numbers):
+            return recipe.advantages(Batch(rewards, mask_, lengths_, finished_, budget), old, ref, greedy_,
+                                     kl_coef=beta, numbers=numbers)
+
+        deltas, adv_metrics = pop.map(advantages, batch_rewards, mask, lengths, finished, old_logp, ref_logp, greedy,
+                                      kl_coef, per_member=adv_per_member, key=("advantages", epoch))
+        observed = adv_metrics.pop("kl/observed", None)
+        epoch_metrics |= adv_metrics
         rollout_s = time.perf_counter() - t0
+        epoch_rows = _rows(epoch_metrics, p)
+        for m, d in zip(alive, epoch_rows):
+            epoch_rewards[m].append(d["reward/mean"])
+            for name in TAIL:
+                if name in d:
+                    tails[m][name].append(d[name])
 
         for k in range(cfg.inner_steps):
             step = epoch * cfg.inner_steps + k
@@ -221,44 +330,101 @@ def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
             first = None
             gate, filter_metrics = None, {}
             if step_filters:
-                batch = Batch(rewards, mask, ro.lengths, ro.finished, cfg.task.generation_budget,
-                              entropy=None if entropy is None else entropy.detach())
-                for name, f in step_filters:
-                    before, batch = batch, f(batch)
-                    filter_metrics |= {f"filter/{name}/{key}": v for key, v in filter_effect(before, batch).items()}
-                gate = batch.gate
-            loss, stats = grpo_loss(logp, old_logp, ref_logp if kl_in_loss else None, deltas, mask,
-                                    loss=cfg.loss, aggregate=cfg.aggregate, kl=cfg.kl if kl_in_loss else None,
-                                    kl_coef=kl_coef if kl_in_loss else 0.0, gate=gate, backend=cfg.backend)
-            if not torch.isfinite(loss):
-                raise NonFiniteLoss(f"non-finite loss {loss.item()} at epoch {epoch}, inner step {k}")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+                def step_filter(rewards, mask_, lengths_, finished_, ent, numbers):
+                    g, m = recipe.filter_step(Batch(rewards, mask_, lengths_, finished_, budget), ent, numbers)
+                    return (torch.ones_like(mask_) if g is None else g), m
+                gate, filter_metrics = pop.map(step_filter, batch_rewards, mask, lengths, finished, entropy,
+                                               per_member=step_per_member, key=("step", step))
+
+            def loss_fn(logp_, old, ref, d, mask_, gate_, beta, numbers):
+                return recipe.loss(logp_, old, ref, d, mask_, gate_, kl_coef=beta, numbers=numbers)
+
+            beta = kl_coef
+            value, stats = pop.map(loss_fn, logp, old_logp, ref_logp if recipe.kl_in_loss else None, deltas, mask,
+                                   gate, beta, per_member=loss_per_member, key=("loss", step))
+            finite = torch.isfinite(value)
+            bad = [] if bool(finite.all()) else (~finite).nonzero().flatten().tolist()
+            opt.zero_grad()
+            (value[finite].sum() if bad else value.sum()).backward()
+            gnorm = clip_grad_norm(params, max_norm)
             opt.step()
-            dt = time.perf_counter() - t1 + (rollout_s if k == 0 else 0.0)
+            dt = (time.perf_counter() - t1 + (rollout_s if k == 0 else 0.0)) / p
 
             # the end of each window: with log_every = K that is the most off-policy step
             if (step + 1) % cfg.log_every == 0 or step == total_steps - 1:
-                m = _step_metrics(loss, stats, logp, old_logp, mask, entropy, gnorm, dt)
-                if use_ref and "kl/value" not in m:  # KL in the reward, or tracked only: still worth watching
+                m = {"loss/total": value, **stats, "grad/norm": gnorm}
+                m |= vmap(_step_metrics, in_dims=(0, 0, 0, None if entropy is None else 0))(
+                    logp, old_logp, mask, entropy)
+                if recipe.use_ref and "kl/value" not in stats:  # KL in the reward, or tracked only: still worth watching
                     with torch.no_grad():
-                        m["kl/value"] = masked_mean(kl_fn(logp, ref_logp, old_logp), mask).item()
-                log(step, m | filter_metrics | epoch_metrics | {"epoch": epoch})
+                        m["kl/value"] = pop.map(lambda lp, ref, old, mk, numbers: recipe.kl_value(lp, ref, old, mk,
+                                                                                                  numbers),
+                                                logp, ref_logp, old_logp, mask, per_member=adv_per_member,
+                                                key=("kl", step))
+                m |= filter_metrics
+                step_rows = _rows(m | {"time/step_s": dt}, p)
+                # a member whose loss went non-finite logs nothing of this step, as a run alone raises first
+                log(step, [{**s, **e, "epoch": float(epoch)} if i not in bad else {}
+                           for i, (s, e) in enumerate(zip(step_rows, epoch_rows))])
+            if bad:
+                p_vals = value.tolist()
+                fail(bad, [_raised(NonFiniteLoss(f"non-finite loss {p_vals[i]} at epoch {epoch}, inner step {k}"))
+                           for i in bad])
+                if not alive:
+                    break
+                keep = [i for i in range(p) if i not in bad]
+                p = len(alive)
+                ro = _narrow(ro, keep)
+                old_logp, mask, deltas = old_logp[keep], mask[keep], deltas[keep]
+                ref_logp = None if ref_logp is None else ref_logp[keep]
+                batch_rewards, lengths, finished = batch_rewards[keep], lengths[keep], finished[keep]
+                kl_coef = kl_coef[keep]
+                epoch_rows = [epoch_rows[i] for i in keep]
+                if observed is not None:
+                    observed = observed[keep]
+        if not alive:
+            break
         if cfg.kl_coef > 0:
-            kl_coef = kl_ctrl(kl_coef, observed_kl, int(mask.shape[0] * mask.shape[1]))
+            obs = observed.tolist()
+            n = int(mask.shape[1] * mask.shape[2])
+            pop.kl_coef = [r.next_kl_coef(o, n, kl_coef=c) for r, o, c in zip(pop.recipes, obs, pop.kl_coef)]
         if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0 and epoch + 1 < cfg.epochs:
             evaluate(step)
 
-    task.policy.eval()
-    final_evals = task.evaluate(gen)
-    log(total_steps - 1, final_evals)
-    tail = max(1, len(epoch_rewards) // 10)
-    summary = {"final/reward": sum(epoch_rewards[-tail:]) / tail, "final/reward_first": epoch_rewards[0],
-               "final/samples": samples}
-    for m, values in tails.items():
-        if values:  # a metric a task logs only some epochs (no correct answer yet) averages what it has
-            last = values[-max(1, len(values) // 10):]
-            summary[f"final/{m}"] = sum(last) / len(last)
-    summary.update({f"final/{k}": v for k, v in final_evals.items()})
-    return summary
+    if alive:
+        task.policy.eval()
+        final_evals = task.evaluate()
+        log(total_steps - 1, final_evals)
+        for m, evals in zip(alive, final_evals):
+            rewards = epoch_rewards[m]
+            tail = max(1, len(rewards) // 10)
+            summary = {"final/reward": sum(rewards[-tail:]) / tail, "final/reward_first": rewards[0],
+                       "final/samples": samples[m]}
+            for name, values in tails[m].items():
+                if values:  # a metric a task logs only some epochs (no correct answer yet) averages what it has
+                    last = values[-max(1, len(values) // 10):]
+                    summary[f"final/{name}"] = sum(last) / len(last)
+            summary.update({f"final/{k}": v for k, v in evals.items()})
+            results[m] = summary
+    return results
+
+
+def _raised(e: Exception) -> Exception:
+    """e with the traceback of a raise here, as a run alone would have raised it."""
+    try:
+        raise e
+    except Exception as caught:
+        return caught
+
+
+def _narrow(ro: Rollout, keep: list[int]) -> Rollout:
+    """The rollout of the members at `keep` only."""
+    pick = lambda x: x[keep] if isinstance(x, Tensor) else [x[i] for i in keep]  # noqa: E731
+    return ro.replace(prompts=pick(ro.prompts), responses=pick(ro.responses), mask=pick(ro.mask),
+                      rewards=pick(ro.rewards), finished=pick(ro.finished), lengths=pick(ro.lengths),
+                      extra={k: pick(v) for k, v in ro.extra.items()}, metrics={})
+
+
+def _triton(cfg: RunConfig) -> bool:
+    """The fused Triton loss cannot be vmapped: on CUDA with it, the loss runs member by member."""
+    return cfg.backend == "triton" or (cfg.backend == "auto" and cfg.device == "cuda")

@@ -18,18 +18,19 @@ def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "cache"))
 
 
-def make(task=None, **run):
+def make(task=None, seeds=(0,), **run):
+    """The task for a population of runs with these seeds (one, by default)."""
     from grpo_bench.presets import merge
-    cfg = resolve_run({"task": merge(SMALL, task or {}), "group_size": 3, **run})
-    return get("task", "arithmetic")(cfg.task, cfg), cfg
+    cfgs = [resolve_run({"task": merge(SMALL, task or {}), "group_size": 3, **run, "seed": s}) for s in seeds]
+    return get("task", "arithmetic")(cfgs[0].task, cfgs), cfgs[0]
 
 
-def perturb_adapter(task, adapter="default", scale=0.2, seed=0):
+def perturb_adapter(task, scale=0.2, seed=0):
+    """Move every member's adapter off its zero update (B starts at 0, where nothing shows)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in task.policy.named_parameters():
-            if f"lora_B.{adapter}." in name:
-                p.add_(scale * torch.randn(p.shape, generator=g))
+        for layer in task.layers:
+            layer.B.add_(scale * torch.randn(layer.B.shape, generator=g))
 
 
 def test_completion_mask_ends_at_first_eos():
@@ -44,38 +45,65 @@ def test_completion_mask_ends_at_first_eos():
 
 
 def test_left_padding_and_positions():
+    # every prompt is padded to the widest the ops can render (<bos>99+99=: 7 tokens), whatever the batch
     task, _ = make()
     from grpo_bench.lm import models, problems
 
-    ids, attn = task._prompts([problems.Problem(1, "add", 2), problems.Problem(10, "add", 20)])
-    assert attn.tolist() == [[0, 0, 1, 1, 1, 1, 1], [1] * 7]
+    ids, attn = task._prompts([problems.Problem(1, "add", 2), problems.Problem(10, "add", 2)])
+    assert task.width == 7
+    assert attn.tolist() == [[0, 0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1, 1]]
     assert ids[0, :2].tolist() == [task.tokenizer.pad_token_id] * 2 and ids[0, 2] == task.tokenizer.bos_token_id
-    assert models.positions(attn).tolist() == [[0, 0, 0, 1, 2, 3, 4], list(range(7))]
+    assert models.positions(attn).tolist() == [[0, 0, 0, 1, 2, 3, 4], [0, 0, 1, 2, 3, 4, 5]]
 
 
 def test_rollout_shapes_mask_and_rewards():
     task, _ = make()
-    ro = task.rollout(0, 3, torch.Generator().manual_seed(0))
-    b, g, t = ro.responses.shape
-    assert (b, g) == (4, 3) and t <= 5 and ro.mask.shape == ro.rewards.shape + (t,)
+    ro = task.rollout(0, 0, 3)
+    p, b, g, t = ro.responses.shape
+    assert (p, b, g, t) == (1, 4, 3, 5) and ro.mask.shape == ro.rewards.shape + (t,)   # always the whole budget
     eos = task.eos
     for resp, m in zip(ro.responses.view(-1, t), ro.mask.view(-1, t)):
         ends = torch.isin(resp, eos).nonzero()
         n = int(ends[0]) + 1 if len(ends) else t
         assert m.tolist() == [1.0] * n + [0.0] * (t - n)
+        assert (resp[n:] == task.tokenizer.pad_token_id).all()   # pad after the first EOS
     assert {"reward/correct", "reward/format", "response/finished"} <= set(ro.metrics)
-    assert torch.equal(ro.lengths, ro.mask.sum(-1)) and ro.finished.shape == (b, g)
+    assert torch.equal(ro.lengths, ro.mask.sum(-1)) and ro.finished.shape == (p, b, g)
 
 
-def test_same_seed_same_rollout_and_caller_rng_untouched():
+def test_streams_by_seed_and_the_caller_rng_untouched():
+    """Same seed, same prompts and samples, whatever the variant or the global RNG; other seeds or
+    draws, other streams. A constant in place of the run's seed fails the last assertion."""
     task, _ = make()
     torch.manual_seed(123)
-    a = task.rollout(5, 3, torch.Generator().manual_seed(9))
+    a = task.rollout(5, 1, 3)
     after = torch.rand(1)
-    torch.manual_seed(123)
-    b = task.rollout(5, 3, torch.Generator().manual_seed(9))
+    torch.manual_seed(7)
+    other, _ = make(lr=0.5, loss="naive")
+    b = other.rollout(5, 1, 3)
     assert torch.equal(a.responses, b.responses) and a.prompts == b.prompts
-    assert torch.equal(after, torch.rand(1))  # sampling ran on a forked RNG
+    torch.manual_seed(123)
+    task.rollout(5, 1, 3)
+    assert torch.equal(after, torch.rand(1))  # sampling draws from its own streams only
+    assert task.rollout(5, 2, 3).prompts != a.prompts
+    seed1, _ = make(seeds=(1,))
+    c = seed1.rollout(5, 1, 3)
+    assert c.prompts != a.prompts and not torch.equal(c.responses, a.responses)
+
+
+def test_a_population_member_samples_what_it_samples_alone():
+    pop, _ = make(seeds=(3, 0, 5))
+    perturb_adapter(pop, seed=1)
+    alone, _ = make(seeds=(0,))
+    with torch.no_grad():
+        for mine, theirs in zip(alone.layers, pop.layers):
+            mine.B.copy_(theirs.B[1:2])
+    ro, ro1 = pop.rollout(2, 0, 3), alone.rollout(2, 0, 3)
+    assert torch.equal(ro.responses[1], ro1.responses[0]) and ro.prompts[1] == ro1.prompts[0]
+    assert not torch.equal(ro.responses[0], ro.responses[1])
+    with torch.no_grad():
+        assert torch.equal(pop.logprobs(ro)[0][1], alone.logprobs(ro1)[0][0])
+    assert pop.evaluate()[1] == alone.evaluate()[0]
 
 
 def test_logprobs_are_the_samplers():
@@ -86,19 +114,22 @@ def test_logprobs_are_the_samplers():
     batch = [problems.Problem(3, "add", 4), problems.Problem(55, "add", 47)]
     ids, attn = task._prompts(batch)
     torch.manual_seed(0)
-    out = task.policy.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=0.7, top_p=1.0,
-                               top_k=0, num_return_sequences=2, max_new_tokens=5,
-                               output_scores=True, return_dict_in_generate=True)
+    # transformers' own sampler, on the base model (the adapter is 0 here): its scores are the
+    # tempered log-probs the task must give back
+    with task._stacked.adapters(task.layers, task._stacked.OFF):
+        out = task.policy.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=0.7, top_p=1.0,
+                                   top_k=0, num_return_sequences=2, max_new_tokens=5,
+                                   output_scores=True, return_dict_in_generate=True)
     tokens = out.sequences[:, ids.shape[1]:]
     sampler = torch.log_softmax(torch.stack(out.scores, 1).float(), -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     mask, _ = completion_mask(tokens, task.eos)
     t = tokens.shape[1]
-    ro = Rollout(batch, tokens.view(2, 2, t), mask.view(2, 2, t), torch.zeros(2, 2),
-                 extra={"prompt_ids": ids, "prompt_mask": attn})
+    ro = Rollout([batch], tokens.view(1, 2, 2, t), mask.view(1, 2, 2, t), torch.zeros(1, 2, 2),
+                 extra={"prompt_ids": ids[None], "prompt_mask": attn[None]})
     with torch.no_grad():
         logp, ent = task.logprobs(ro)
-    on = mask.view(2, 2, t) > 0
-    torch.testing.assert_close(logp[on], sampler.view(2, 2, t)[on], atol=1e-5, rtol=1e-5)
+    on = mask.view(1, 2, 2, t) > 0
+    torch.testing.assert_close(logp[on], sampler.view(1, 2, 2, t)[on], atol=1e-5, rtol=1e-5)
     assert ent.shape == logp.shape and (ent[on] > 0).all()
 
 
@@ -108,16 +139,16 @@ def test_reference_with_adapter_off_is_the_base_model():
 
     # the same base weights, built independently of peft
     base = models.build_tiny(task.tokenizer, 1, 32, 2, seed=cfg.task.warmstart.seed)
-    ro = task.rollout(0, 3, torch.Generator().manual_seed(1))
+    ro = task.rollout(0, 0, 3)
     perturb_adapter(task)
     with torch.no_grad():
         ref, ref_ent = task.logprobs(ro, reference=True)
         pol, _ = task.logprobs(ro)
-        b, g, t = ro.responses.shape
-        ids = torch.cat([ro.extra["prompt_ids"].repeat_interleave(g, 0), ro.responses.view(-1, t)], 1)
-        attn = torch.cat([ro.extra["prompt_mask"].repeat_interleave(g, 0), ro.mask.view(-1, t).long()], 1)
+        p, b, g, t = ro.responses.shape
+        ids = torch.cat([ro.extra["prompt_ids"][0].repeat_interleave(g, 0), ro.responses.view(-1, t)], 1)
+        attn = torch.cat([ro.extra["prompt_mask"][0].repeat_interleave(g, 0), ro.mask.view(-1, t).long()], 1)
         logits = base(input_ids=ids, attention_mask=attn, position_ids=models.positions(attn)).logits
-        want = torch.log_softmax(logits[:, -t - 1:-1], -1).gather(-1, ro.responses.view(-1, t, 1)).view(b, g, t)
+        want = torch.log_softmax(logits[:, -t - 1:-1], -1).gather(-1, ro.responses.view(-1, t, 1)).view(p, b, g, t)
     on = ro.mask > 0
     torch.testing.assert_close(ref[on], want[on], atol=1e-5, rtol=1e-5)
     assert ref_ent is None and (pol[on] - ref[on]).abs().max() > 1e-3
@@ -126,7 +157,8 @@ def test_reference_with_adapter_off_is_the_base_model():
 def test_snapshot_reference_changes_only_at_refresh():
     task, _ = make()
     trainable = {n for n, p in task.policy.named_parameters() if p.requires_grad}
-    ro = task.rollout(0, 3, torch.Generator().manual_seed(2))
+    assert trainable and all(n.endswith((".A", ".B")) for n in trainable)   # the adapters alone train
+    ro = task.rollout(0, 0, 3)
     on = ro.mask > 0
 
     def lp(reference):
@@ -134,7 +166,7 @@ def test_snapshot_reference_changes_only_at_refresh():
             return task.logprobs(ro, reference=reference)[0][on]
 
     perturb_adapter(task, seed=1)
-    task.mix_reference(1.0)
+    task.mix_reference([1.0])
     snap = lp(True)
     assert torch.equal(snap, lp(False))  # a hard refresh copies the policy, to the last bit
     perturb_adapter(task, seed=2)
@@ -143,53 +175,56 @@ def test_snapshot_reference_changes_only_at_refresh():
     opt.step()
     assert torch.equal(lp(True), snap) and (lp(False) - snap).abs().max() > 1e-3  # policy moved, reference did not
     assert {n for n, p in task.policy.named_parameters() if p.requires_grad} == trainable
-    task.mix_reference(1.0)
+    task.mix_reference([0.0])
+    assert torch.equal(lp(True), snap)   # a weight of 0: no update
+    task.mix_reference([1.0])
     assert torch.equal(lp(True), lp(False))
 
 
-def test_refresh_covers_embedding_adapters():
-    # peft names an embedding's factors lora_embedding_A.default (no trailing dot): a refresh that
-    # matched ".default." skipped them and left the reference up to 0.39 nats from the policy
+def test_embedding_adapters_and_their_refresh():
+    # an adapter on the token embedding: peft's embedding LoRA (A = 0, B random), and a refresh that
+    # copies it too (one that skipped embeddings left the reference up to 0.39 nats from the policy)
     task, _ = make({"lora": {"targets": ["c_attn", "wte"]}})
-    assert any("lora_embedding_B" in n for n, _ in task.policy.named_parameters())
+    wte = [layer for layer in task.layers if layer.embedding]
+    assert len(wte) == 1 and (wte[0].A == 0).all() and wte[0].B.abs().sum() > 0
     with torch.no_grad():
-        for n, p in task.policy.named_parameters():
-            if "lora_embedding_B.default" in n or "lora_B.default" in n:
-                p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
-    ro = task.rollout(0, 3, torch.Generator().manual_seed(4))
-    task.mix_reference(1.0)
+        for layer in task.layers:
+            layer.A.add_(0.3 * torch.randn(layer.A.shape, generator=torch.Generator().manual_seed(3)))
+    ro = task.rollout(0, 0, 3)
+    with torch.no_grad():
+        assert (task.logprobs(ro, reference=True)[0] - task.logprobs(ro)[0]).abs().max() > 1e-3
+    task.mix_reference([1.0])
     with torch.no_grad():
         assert torch.equal(task.logprobs(ro, reference=True)[0], task.logprobs(ro)[0])
 
 
-def _deltas(task, adapter):
-    from grpo_bench.lm.models import lora_factors
-    return [(b @ a).detach().clone() for a, b in lora_factors(task.policy, adapter)]
+def _deltas(task, reference):
+    """Each layer's weight update B A of member 0: the policy's or the reference's."""
+    return [((layer.ref_B if reference else layer.B)[0] @ (layer.ref_A if reference else layer.A)[0]).detach().clone()
+            for layer in task.layers]
 
 
 def test_soft_reference_mixes_the_adapters_weight_updates():
-    from grpo_bench.lm.models import POLICY, SNAPSHOT
-
     task, _ = make()
     perturb_adapter(task, seed=5)
-    first = _deltas(task, POLICY)
-    task.mix_reference(0.6)              # from the adapter switched off: 0.6 * update, rank r, exact
-    for got, p in zip(_deltas(task, SNAPSHOT), first):
+    first = _deltas(task, False)
+    task.mix_reference([0.6])              # from the adapter switched off: 0.6 * update, rank r, exact
+    for got, p in zip(_deltas(task, True), first):
         torch.testing.assert_close(got, 0.6 * p, rtol=1e-4, atol=1e-6)
-    assert task.reference.residual < 1e-6
-    prev = _deltas(task, SNAPSHOT)
+    assert task.residual < 1e-6
+    prev = _deltas(task, True)
     perturb_adapter(task, seed=6)
-    policy = _deltas(task, POLICY)
-    task.mix_reference(0.25)             # now rank up to 2r: the best rank-r approximation of the mix
+    policy = _deltas(task, False)
+    task.mix_reference([0.25])             # now rank up to 2r: the best rank-r approximation of the mix
     worst = 0.0
-    for got, p, r in zip(_deltas(task, SNAPSHOT), policy, prev):
+    for got, p, r in zip(_deltas(task, True), policy, prev):
         mix = 0.25 * p + 0.75 * r
         u, sv, vh = torch.linalg.svd(mix.double())
         k = 8  # the adapter's rank (lora.rank default)
         best = (u[:, :k] * sv[:k]) @ vh[:k]
         torch.testing.assert_close(got.double(), best, rtol=1e-4, atol=1e-6)
         worst = max(worst, ((sv[k:] ** 2).sum() / (sv ** 2).sum()).sqrt().item())
-    assert task.reference.residual == pytest.approx(worst, rel=1e-3, abs=1e-6)
+    assert task.residual == pytest.approx(worst, rel=1e-3, abs=1e-6)
 
 
 def save_other_gpt2(path):
@@ -207,14 +242,14 @@ def save_other_gpt2(path):
 def test_model_and_tokenizer_load_from_a_local_directory(tmp_path):
     tok = save_other_gpt2(tmp_path / "other")
     task, _ = make({"model": {"source": str(tmp_path / "other")}})
-    assert task.policy.get_base_model().config.n_embd == 24
+    assert task.policy.config.n_embd == 24
     assert task.tokenizer.get_vocab() == tok.get_vocab()
-    ro = task.rollout(0, 3, torch.Generator().manual_seed(0))
+    ro = task.rollout(0, 0, 3)
     with torch.no_grad():
         logp, _ = task.logprobs(ro)
     assert torch.isfinite(logp).all()
-    assert set(task.evaluate(torch.Generator())) == {"eval/accuracy", "eval/reward", "eval/format", "eval/pass@k",
-                                                     "eval/accuracy_gain"}
+    assert set(task.evaluate()[0]) == {"eval/accuracy", "eval/reward", "eval/format", "eval/pass@k",
+                                       "eval/accuracy_gain"}
 
 
 def test_warmstart_is_cached_by_config(tmp_path, monkeypatch):
@@ -267,10 +302,10 @@ def test_chat_template_prompts_and_turn_end_token(tmp_path):
 
     task, _ = make({"model": {"source": str(tmp_path / "chat")}, "ops": {"mul": [0, 12]}, "eval_size": 20})
     assert task.template == "chat"
-    ro = task.rollout(0, 3, torch.Generator().manual_seed(0))
-    ids, attn = ro.extra["prompt_ids"][-1], ro.extra["prompt_mask"][-1]
+    ro = task.rollout(0, 0, 3)
+    ids, attn = ro.extra["prompt_ids"][0, -1], ro.extra["prompt_mask"][0, -1]
     prompt = task.tokenizer.decode(ids[attn > 0], skip_special_tokens=False)  # without the left padding
-    p = ro.prompts[-1]
+    p = ro.prompts[0][-1]
     turn = f"Compute {p.a} * {p.b}. Reply with the integer only."
     assert prompt == f"<|im_start|>user\n{turn}<|im_end|>\n<|im_start|>assistant\n"
     assert task.tokenizer.convert_tokens_to_ids("<|im_end|>") in task.eos.tolist()
@@ -291,8 +326,8 @@ def test_default_lora_targets_per_architecture():
                                         num_attention_heads=2, num_key_value_heads=1))
     assert targets(qwen) == set(models.LORA_TARGETS["qwen2"])
     task, _ = make()
-    lora = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in task.policy.named_parameters() if "lora_A" in n}
-    assert lora == {"c_attn", "c_proj", "c_fc"}
+    lora = {n.rsplit(".", 2)[-2] for n, p in task.policy.named_parameters() if p.requires_grad}
+    assert lora == {"c_attn", "c_proj", "c_fc"} and len(task.layers) == 4   # one layer: attn c_attn, c_proj; mlp c_fc, c_proj
 
 
 def test_special_tokens_inside_a_completion_are_not_skipped():
@@ -313,17 +348,17 @@ def test_on_policy_step_is_exact_with_lora_dropout(monkeypatch):
     # K = 1: the old log-probs are the gradient pass's own, so the ratio is 1 to the last bit
     # even though dropout makes every train-mode pass different (it was not, with old log-probs
     # from a separate eval-mode pass)
-    from grpo_bench.lm import models
+    from grpo_bench.lm import stacked
     from grpo_bench.trainer import train
 
-    attach = models.attach_lora
+    attach = stacked.attach
 
     def attach_nonzero(*args, **kwargs):  # LoRA's B starts at 0, where dropout changes nothing
-        model = attach(*args, **kwargs)
-        perturb_adapter(type("T", (), {"policy": model})(), scale=0.5, seed=7)
-        return model
+        layers = attach(*args, **kwargs)
+        perturb_adapter(type("T", (), {"layers": layers})(), scale=0.5, seed=7)
+        return layers
 
-    monkeypatch.setattr(models, "attach_lora", attach_nonzero)
+    monkeypatch.setattr(stacked, "attach", attach_nonzero)
     base = {"task": {"name": "arithmetic_tiny", "prompts_per_step": 4, "pass_k": 0, "lora": {"dropout": 0.3}},
             "group_size": 3, "epochs": 2, "loss": {"name": "clipped", "clip_low": 0.01, "clip_high": 0.01}}
     rows = []
@@ -339,16 +374,16 @@ def test_on_policy_step_is_exact_with_lora_dropout(monkeypatch):
 def test_tempered_logprobs_are_the_samplers_fp32_ones():
     # a bf16 model: the sampler divides fp32 logits by the temperature, and so must the log-probs
     task, _ = make({"sampling": {"temperature": 0.7}})
-    ro = task.rollout(0, 3, torch.Generator().manual_seed(5))
+    ro = task.rollout(0, 0, 3)
     task.policy.to(torch.bfloat16)
     with torch.no_grad():
         logp, _ = task.logprobs(ro)
-        b, g, t = ro.responses.shape
+        p, b, g, t = ro.responses.shape
         from grpo_bench.lm import models
-        ids = torch.cat([ro.extra["prompt_ids"].repeat_interleave(g, 0), ro.responses.view(-1, t)], 1)
-        attn = torch.cat([ro.extra["prompt_mask"].repeat_interleave(g, 0), ro.mask.view(-1, t).long()], 1)
+        ids = torch.cat([ro.extra["prompt_ids"][0].repeat_interleave(g, 0), ro.responses.view(-1, t)], 1)
+        attn = torch.cat([ro.extra["prompt_mask"][0].repeat_interleave(g, 0), ro.mask.view(-1, t).long()], 1)
         logits = task.policy(input_ids=ids, attention_mask=attn, position_ids=models.positions(attn)).logits
         want = torch.log_softmax(logits[:, -t - 1:-1].float() / 0.7, -1)
-        want = want.gather(-1, ro.responses.view(-1, t, 1)).view(b, g, t)
+        want = want.gather(-1, ro.responses.view(-1, t, 1)).view(p, b, g, t)
     on = ro.mask > 0
     torch.testing.assert_close(logp[on], want[on], rtol=0, atol=1e-6)

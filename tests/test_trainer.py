@@ -7,7 +7,7 @@ import torch
 
 from grpo_bench import registry
 from grpo_bench.config import resolve_run
-from grpo_bench.trainer import _filters, sample, train
+from grpo_bench.trainer import Population, sample, train
 
 # one position, two tokens, two responses per prompt: about half the groups are all-equal
 COIN = {"task": {"name": "sort", "prompts": None, "n": 1, "vocab": 2, "num_prompts": 6, "dim": 4},
@@ -24,12 +24,22 @@ def _rows(over=None, **kw):
     return summary, rows
 
 
+def _spy(entry, fn):
+    """entry with its function replaced by fn, run member by member: a spy must see real tensors, not vmap's."""
+    return dataclasses.replace(entry, obj=fn, traits={**entry.traits, "per_member": True})
+
+
+def _floats(metrics):
+    """A population of one's (1,) metric tensors as floats."""
+    return {k: float(v[0]) for k, v in metrics.items()}
+
+
 def _sample(over, seed=0):
-    cfg = resolve_run({**COIN, **over})
-    torch.manual_seed(cfg.seed)
-    task = registry.get("task", "sort")(cfg.task, cfg)
-    gen = torch.Generator().manual_seed(seed)
-    return sample(task, 0, cfg, gen, _filters(cfg, "rollout"))
+    """One run's first batch and its sampling metrics, without the population axis."""
+    cfg = resolve_run({**COIN, **over, "seed": seed})
+    task = registry.get("task", "sort")(cfg.task, [cfg])
+    ro, m = sample(task, Population([cfg]), 0, cfg.group_size, cfg.task.generation_budget)
+    return ro.replace(rewards=ro.rewards[0], responses=ro.responses[0], mask=ro.mask[0]), _floats(m)
 
 
 def _flat(rewards):
@@ -89,7 +99,7 @@ def test_kl_in_the_reward_is_subtracted(monkeypatch):
         seen.append(rewards.clone())
         return raw.obj(rewards, lengths, greedy)
 
-    monkeypatch.setitem(registry._REGISTRY["delta"], "centered", dataclasses.replace(raw, obj=spy))
+    monkeypatch.setitem(registry._REGISTRY["delta"], "centered", _spy(raw, spy))
     beta = 0.5
     _, rows = _rows({**RICH, "kl_coef": beta, "kl": "k2", "kl_placement": "reward", "lr": 0.1, "epochs": 3})
     by_epoch = {}
@@ -127,14 +137,13 @@ def test_adaptive_kl_moves_beta_towards_its_target():
 def test_remax_gets_the_greedy_baseline():
     # with ReMax the advantage of a response equal to the greedy one is exactly 0
     cfg = resolve_run({**COIN, "delta": "remax", "task": {**COIN["task"], "n": 2, "vocab": 3}})
-    torch.manual_seed(0)
-    task = registry.get("task", "sort")(cfg.task, cfg)
-    ro = task.rollout(0, 4, torch.Generator().manual_seed(0))
-    greedy = task.greedy_rewards(ro)
+    task = registry.get("task", "sort")(cfg.task, [cfg])
+    ro = task.rollout(0, 0, 4)
+    greedy = task.greedy_rewards(ro)[0]
     with torch.no_grad():
-        g = task.policy(ro.prompts).argmax(-1)
-    same = (ro.responses == g.unsqueeze(1)).all(-1)
-    d = registry.get("delta", "remax")(ro.rewards, None, greedy)
+        g = task.policy(ro.prompts)[0].argmax(-1)
+    same = (ro.responses[0] == g.unsqueeze(1)).all(-1)
+    d = registry.get("delta", "remax")(ro.rewards[0], None, greedy)
     assert same.any() and (d[same] == 0).all()
     _, rows = _rows({"delta": "remax"})
     assert rows
@@ -184,19 +193,20 @@ def test_step_metrics_by_hand():
     old = torch.tensor([[[-1.5, -1.75, -1.0]]])
     mask = torch.tensor([[[1.0, 1.0, 0.0]]])
     ent = torch.tensor([[[0.5, 1.5, 9.0]]])
-    m = _step_metrics(torch.tensor(0.25), {"clip/frac": torch.tensor(0.5)}, logp, old, mask, ent,
-                      torch.tensor(3.0), 0.1)
-    assert m["loss/total"] == 0.25 and m["clip/frac"] == 0.5 and m["grad/norm"] == 3.0 and m["time/step_s"] == 0.1
+    m = {k: v.item() for k, v in _step_metrics(logp, old, mask, ent).items()}
     assert m["ratio/max"] == pytest.approx(math.exp(0.5)) and m["ratio/min"] == pytest.approx(math.exp(-0.25))  # not the masked e^-2
     assert m["kl/old"] == pytest.approx((math.expm1(0.5) - 0.5 + math.expm1(-0.25) + 0.25) / 2)  # (r - 1) - log r
     assert m["entropy"] == pytest.approx(1.0)
-    none = _step_metrics(torch.tensor(0.0), {}, logp, old, torch.zeros_like(mask), None, torch.tensor(0.0), 0.0)
+    none = {k: v.item() for k, v in _step_metrics(logp, old, torch.zeros_like(mask), None).items()}
     assert none["ratio/max"] == none["ratio/min"] == 1.0 and "entropy" not in none and none["kl/old"] == 0.0
 
 
 def test_removed_reports_each_kind_of_change():
     from grpo_bench.algos import Batch
-    from grpo_bench.trainer import filter_effect as _removed
+    from grpo_bench.recipe import effect
+
+    def _removed(before, after):
+        return {k: v.item() for k, v in effect(before, after).items()}
     mask = torch.tensor([[[1.0, 1.0], [1.0, 0.0]], [[1.0, 1.0], [0.0, 0.0]]])   # 5 tokens
     b = Batch(torch.tensor([[1.0, 0.0], [2.0, 2.0]]), mask, torch.tensor([[2, 1], [2, 0]]),
               torch.ones(2, 2, dtype=torch.bool), 2)
@@ -220,20 +230,23 @@ def test_removed_reports_each_kind_of_change():
     assert _removed(one, one.replace(mask=torch.zeros_like(mask))) == {"removed": 1.0}
 
 
-def test_optimizer_follows_the_config():
-    from grpo_bench.trainer import _optimizer
-    p = [torch.nn.Parameter(torch.zeros(2))]
-    for name, cls in [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW), ("sgd", torch.optim.SGD)]:
-        opt = _optimizer(resolve_run({**COIN, "optimizer": name, "lr": 0.3, "weight_decay": 0.01}), p)
-        assert type(opt) is cls and opt.defaults["lr"] == 0.3 and opt.defaults["weight_decay"] == 0.01
+def test_optimizer_follows_the_config(monkeypatch):
+    from grpo_bench import trainer
+    made = []
+    real = trainer.StackedOptimizer
+    monkeypatch.setattr(trainer, "StackedOptimizer", lambda *a, **k: made.append(a) or real(*a, **k))
+    for name in ("adam", "adamw", "sgd"):
+        _rows({"optimizer": name, "lr": 0.3, "weight_decay": 0.01, "epochs": 1})
+        params, kind, lr, wd = made[-1]
+        assert kind == name and lr == [0.3] and wd == [0.01] and all(p.requires_grad for p in params)
 
 
 def _captured(monkeypatch):
     from grpo_bench import trainer
     built = []
 
-    def build(cfg):
-        task = registry.get("task", "sort")(cfg.task, cfg)
+    def build(cfgs):
+        task = registry.get("task", "sort")(cfgs[0].task, cfgs)
         built.append((task, {k: v.clone() for k, v in task.policy.state_dict().items()}))
         return task
 
@@ -285,7 +298,7 @@ def test_deltas_see_the_rewards_and_lengths(monkeypatch):
         seen.append((rewards.clone(), lengths.clone(), greedy))
         return raw.obj(rewards, lengths, greedy)
 
-    monkeypatch.setitem(registry._REGISTRY["delta"], "centered", dataclasses.replace(raw, obj=spy))
+    monkeypatch.setitem(registry._REGISTRY["delta"], "centered", _spy(raw, spy))
     _, rows = _rows({**RICH, "epochs": 2})
     m = dict((m, v) for s, m, v in rows if s == 0)
     r, lengths, greedy = seen[0]
@@ -301,23 +314,23 @@ def _wrapped(monkeypatch, mask_fn=None):
     from grpo_bench import trainer
     calls, modes = [], []
 
-    def build(cfg):
-        task = registry.get("task", "sort")(cfg.task, cfg)
+    def build(cfgs):
+        task = registry.get("task", "sort")(cfgs[0].task, cfgs)
         rollout, logprobs, evaluate = task.rollout, task.logprobs, task.evaluate
 
         def rollout_(*a, **k):
             modes.append(("rollout", task.policy.training))
             ro = rollout(*a, **k)
-            return ro if mask_fn is None else ro.replace(mask=mask_fn(ro.mask.clone()))
+            return ro if mask_fn is None else ro.replace(mask=mask_fn(ro.mask[0].clone()).unsqueeze(0))
 
         def logprobs_(ro, reference=False):
             out = logprobs(ro, reference=reference)
-            calls.append((reference, task.policy.training, torch.is_grad_enabled(), out[0].detach().clone()))
+            calls.append((reference, task.policy.training, torch.is_grad_enabled(), out[0][0].detach().clone()))
             return out
 
-        def evaluate_(gen):
+        def evaluate_():
             modes.append(("evaluate", task.policy.training))
-            return evaluate(gen)
+            return evaluate()
 
         task.rollout, task.logprobs, task.evaluate = rollout_, logprobs_, evaluate_
         return task
@@ -407,7 +420,7 @@ def test_kl_in_the_loss_leaves_the_rewards_alone(monkeypatch):
     seen = []
     raw = registry.entry("delta", "centered")
     spy = lambda r, n=None, g=None: seen.append(r.clone()) or raw.obj(r, n, g)  # noqa: E731
-    monkeypatch.setitem(registry._REGISTRY["delta"], "centered", dataclasses.replace(raw, obj=spy))
+    monkeypatch.setitem(registry._REGISTRY["delta"], "centered", _spy(raw, spy))
     _, rows = _rows({**RICH, "epochs": 3, "kl_coef": 0.5, "kl": "k2", "lr": 0.1, "kl_placement": "loss"})
     means = [v for _, m, v in rows if m == "reward/mean"]
     assert [r.mean().item() for r in seen] == pytest.approx(means, rel=1e-6)
@@ -446,7 +459,8 @@ def test_step_time_counts_the_rollout_once(monkeypatch):
 
 def test_gradients_do_not_accumulate_across_inner_steps(monkeypatch):
     from grpo_bench import trainer
-    monkeypatch.setattr(trainer, "_optimizer", lambda cfg, params: torch.optim.SGD(params, lr=0.0))
+    real = trainer.StackedOptimizer
+    monkeypatch.setattr(trainer, "StackedOptimizer", lambda params, *a: real(params, "sgd", [0.0], [0.0]))
     _, rows = _rows({**RICH, "epochs": 1, "inner_steps": 3, "loss": "unclipped"})
     norms = [v for _, m, v in rows if m == "grad/norm"]
     assert norms[0] > 0 and norms == [norms[0]] * 3   # the same loss each step (lr 0): the same gradient
@@ -467,28 +481,50 @@ def test_device_auto_and_short_runs():
 
 
 class _Scripted:
-    """A task whose rollouts are given: B = 2 prompts, G = 2, one token each."""
+    """A task whose rollouts are given: P members, B = 2 prompts, G = 2, one token each.
+
+    rewards[p][d] is member p's draw d; a draw asked for that was not scripted is all zeros."""
 
     def __init__(self, rewards):
-        self.rewards = [torch.tensor(r) for r in rewards]
+        self.rewards, self.asked = rewards, []
 
-    def rollout(self, epoch, group_size, gen):
+    def rollout(self, epoch, draw, group_size):
         from grpo_bench.tasks import Rollout
-        r = self.rewards.pop(0)
-        return Rollout(prompts=torch.arange(2), responses=torch.zeros(2, 2, 1, dtype=torch.long),
-                       mask=torch.ones(2, 2, 1), rewards=r)
+        self.asked.append(draw)
+        r = torch.tensor([m[draw] if draw < len(m) else [[0.0, 0.0]] * 2 for m in self.rewards])
+        p = len(self.rewards)
+        return Rollout(prompts=torch.arange(2).expand(p, 2), responses=torch.zeros(p, 2, 2, 1, dtype=torch.long),
+                       mask=torch.ones(p, 2, 2, 1), rewards=r)
+
+
+def _scripted_sample(rewards, max_draws):
+    cfg = resolve_run({**COIN, "filters": [{"name": "dynamic_sampling", "max_draws": max_draws}]})
+    cfgs = [resolve_run({**COIN, "filters": cfg.filters, "seed": s}) for s in range(len(rewards))]
+    task = _Scripted(rewards)
+    ro, m = sample(task, Population(cfgs), 0, cfg.group_size, cfg.task.generation_budget)
+    return ro, {k: v.tolist() for k, v in m.items()}, task
 
 
 def test_dynamic_sampling_stops_as_soon_as_the_batch_is_full():
-    cfg = resolve_run({**COIN, "filters": [{"name": "dynamic_sampling", "max_draws": 5}]})
-    task = _Scripted([[[1.0, 0.0], [1.0, 1.0]], [[0.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]]])
-    ro, m = sample(task, 0, cfg, torch.Generator(), _filters(cfg, "rollout"))
-    assert m["filter/draws"] == 2.0 and m["filter/capped"] == 0.0 and m["samples/responses"] == 8
-    assert ro.rewards.tolist() == [[1.0, 0.0], [0.0, 1.0]]      # the first group with signal of each draw
-    assert m["filter/dynamic_sampling/dropped_groups"] == 0.5 and m["reward/zero_std_frac"] == 0.5
+    ro, m, _ = _scripted_sample([[[[1.0, 0.0], [1.0, 1.0]], [[0.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.0, 1.0]]]], 5)
+    assert m["filter/draws"] == [2.0] and m["filter/capped"] == [0.0] and m["samples/responses"] == [8]
+    assert ro.rewards[0].tolist() == [[1.0, 0.0], [0.0, 1.0]]      # the first group with signal of each draw
+    assert m["filter/dynamic_sampling/dropped_groups"] == [0.5] and m["reward/zero_std_frac"] == [0.5]
     # capped: filled with the dropped groups, in draw order
-    task = _Scripted([[[1.0, 1.0], [1.0, 0.0]], [[0.0, 0.0], [1.0, 1.0]]])
-    cfg = resolve_run({**COIN, "filters": [{"name": "dynamic_sampling", "max_draws": 2}]})
-    ro, m = sample(task, 0, cfg, torch.Generator(), _filters(cfg, "rollout"))
-    assert m["filter/draws"] == 2.0 and m["filter/capped"] == 1.0
-    assert ro.rewards.tolist() == [[1.0, 0.0], [1.0, 1.0]]
+    ro, m, _ = _scripted_sample([[[[1.0, 1.0], [1.0, 0.0]], [[0.0, 0.0], [1.0, 1.0]]]], 2)
+    assert m["filter/draws"] == [2.0] and m["filter/capped"] == [1.0]
+    assert ro.rewards[0].tolist() == [[1.0, 0.0], [1.0, 1.0]]
+
+
+def test_dynamic_sampling_per_member_in_a_population():
+    # member 0 is full after its first draw, member 1 needs two more: each takes only its own draws,
+    # and member 0's count, spares and batch are what they are alone
+    a = [[[1.0, 0.0], [0.0, 1.0]], [[7.0, 7.0], [5.0, 6.0]]]
+    b = [[[1.0, 1.0], [0.0, 0.0]], [[0.0, 1.0], [2.0, 2.0]], [[3.0, 3.0], [4.0, 5.0]]]
+    ro, m, task = _scripted_sample([a, b], 4)
+    assert task.asked == [0, 1, 2]
+    assert m["filter/draws"] == [1.0, 3.0] and m["filter/capped"] == [0.0, 0.0]
+    assert m["samples/responses"] == [4.0, 12.0]
+    assert ro.rewards.tolist() == [[[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [4.0, 5.0]]]
+    alone, m_alone, _ = _scripted_sample([b], 4)
+    assert alone.rewards[0].tolist() == ro.rewards[1].tolist() and m_alone["filter/draws"] == [3.0]

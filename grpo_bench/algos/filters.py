@@ -43,7 +43,7 @@ class Batch:
         return dataclasses.replace(self, **changes)
 
 
-@register("filter", "dynamic_sampling", stage="rollout", needs_group=True)
+@register("filter", "dynamic_sampling", stage="rollout", needs_group=True, per_member=True)
 def dynamic_sampling(batch: Batch, *, max_draws: PositiveInt = 4) -> Batch:
     """Drop groups whose rewards are all equal (no signal) and draw again until the batch is full, up to max_draws rollouts.
 
@@ -80,7 +80,7 @@ def overlong_punish(batch: Batch, *, cache: PositiveInt = 4, max_len: OptionalLe
     return batch.replace(rewards=batch.rewards + penalty)
 
 
-@register("filter", "top_entropy", stage="step")
+@register("filter", "top_entropy", stage="step", per_member=True)
 def top_entropy(batch: Batch, *, rho: Probability = 0.2) -> Batch:
     """Only the top-rho share of tokens by the policy's entropy carry policy gradient; the rest still count in the normaliser.
 

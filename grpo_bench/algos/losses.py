@@ -134,7 +134,7 @@ def cispo(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     ratio = torch.exp(logp - old_logp)
     lo = 0.0 if clip_low is None else 1.0 - clip_low
     hi = 1.0 + clip_high
-    weight = ratio.clamp(lo, hi).detach()
+    weight = ratio.clamp(min=lo).clamp(max=hi).detach()  # two clamps: lo may be a number, hi a member's tensor
     return -weight * bcast(deltas, logp) * logp, {"low": ratio < lo, "high": ratio > hi}
 
 
@@ -149,7 +149,8 @@ def sapo(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     """
     adv = bcast(deltas, logp)
     ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))  # as verl and TRL: exp overflow would give 0 * inf
-    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+    one = torch.ones_like(adv)  # 1 * tau: exact, and a tensor tau (a population's member) works too
+    tau = torch.where(adv > 0, one * tau_pos, one * tau_neg)
     return -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv, {}
 
 
@@ -165,8 +166,9 @@ def vespo(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     seq = masked_sum((logp - old_logp).clamp(-20.0, 20.0), mask, dim=-1, keepdim=True)
     log_w = seq.clamp(floor, 20.0).detach()                              # (B, G, 1)
     pos = deltas.unsqueeze(-1) >= 0
-    k = torch.where(pos, torch.full_like(log_w, k_pos), torch.full_like(log_w, k_neg))
-    lam = torch.where(pos, torch.full_like(log_w, lambda_pos), torch.full_like(log_w, lambda_neg)).clamp(min=1e-4)
+    one = torch.ones_like(log_w)
+    k = torch.where(pos, one * k_pos, one * k_neg)
+    lam = torch.where(pos, one * lambda_pos, one * lambda_neg).clamp(min=1e-4)
     phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
     return -phi * bcast(deltas, logp) * logp, {}
 
@@ -214,7 +216,7 @@ def _token_cov(logp: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
     return (adv - masked_mean(adv, mask)) * (logp.detach() - masked_mean(logp.detach(), mask))
 
 
-@register("loss", "clip_cov")
+@register("loss", "clip_cov", per_member=True)
 def clip_cov(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
              clip_low: Fraction = 0.2, clip_high: Positive = 0.2, clip_cov_ratio: Fraction = 2e-4,
              clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0) -> tuple[Tensor, Regions]:
@@ -238,7 +240,7 @@ def clip_cov(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     return torch.where(cut, torch.zeros_like(loss), loss), regions | {"cov": cut}
 
 
-@register("loss", "kl_cov")
+@register("loss", "kl_cov", per_member=True)
 def kl_cov(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
            kl_cov_ratio: Fraction = 2e-4, ppo_kl_coef: NonNegative = 1.0) -> tuple[Tensor, Regions]:
     """KL-Cov: -ratio * A, plus ppo_kl_coef * |log ratio| on the top kl_cov_ratio share of tokens by covariance.

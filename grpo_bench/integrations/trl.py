@@ -45,10 +45,9 @@ from packaging.version import Version
 from torch import Tensor
 
 from .. import registry
-from ..algos import Batch, masked_mean, masked_sum
+from ..algos import Batch, masked_mean
 from ..config import PART_KEYS, ConfigError, RunConfig, build_dataclass, load_ablation, resolve_part, validate
-from ..logprobs import grpo_loss
-from ..trainer import filter_effect
+from ..recipe import Recipe
 
 SUPPORTED_TRL = ">=1.16.0,<1.17"
 _TRL_RANGE = (Version("1.16.0"), Version("1.17"))
@@ -222,22 +221,16 @@ class GRPOBenchTrainer(GRPOTrainer):
         # TRL builds the reference (a copy, or the adapter switched off) and its log-probs only when beta != 0
         args.beta = float(v.kl_coef)
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
-        self._delta = registry.bind("delta", v.delta)
-        self._kl = registry.bind("kl", v.kl)
-        self._kl_ctrl = registry.bind("kl_ctrl", v.kl_ctrl)
-        self._ref_update = registry.bind("ref_update", v.ref_update)
-        self._aggregate = registry.bind("aggregate", v.aggregate)
-        stage = lambda f: registry.entry("filter", f["name"]).traits.get("stage")  # noqa: E731
-        self._filters = {s: [(f["name"], registry.bind("filter", f)) for f in v.filters if stage(f) == s]
-                         for s in ("rollout", "step")}
-        self._use_ref = v.kl_coef > 0
-        self._kl_coef = float(v.kl_coef)
+        # the same bound composition the ablation trainer calls: filters, KL in the reward, deltas, loss
+        self.recipe = Recipe.from_config(v)
+        self._use_ref = self.recipe.use_ref
         self._next_kl_coef: float | None = None
         self._rollouts = 0                    # training generations so far: the ablation trainer's epoch
         self._rewards_per_func: Tensor | None = None
         # ref_update is a pure function of the rollout index; the snapshot adapter must exist
         # before accelerate wraps the model, so it is made now if any update will come
-        if self._use_ref and is_peft_model(self.model) and any(self._ref_update(e) for e in range(1, 10_001)):
+        if self._use_ref and is_peft_model(self.model) and any(self.recipe.parts["ref_update"](e)
+                                                               for e in range(1, 10_001)):
             self._add_ref_adapter()
 
     # ---------------------------------------------------------- generation side
@@ -251,11 +244,10 @@ class GRPOBenchTrainer(GRPOTrainer):
         training = self.model.training
         if training:
             if self._next_kl_coef is not None:
-                self._kl_coef = self._next_kl_coef
-            if self._use_ref:
-                w = self._ref_update(self._rollouts)
-                if w:
-                    self._mix_reference(w)
+                self.recipe.kl_coef = self._next_kl_coef
+            w = self.recipe.ref_weight(self._rollouts)
+            if w:
+                self._mix_reference(w)
         out = super()._generate_and_score_completions(inputs)
         self._apply_variant(out, training)
         if training:
@@ -276,47 +268,37 @@ class GRPOBenchTrainer(GRPOTrainer):
         finished = self._gather_rows(self._finished(out))
         mask = self._gather_rows(mask_local)                                  # (N, T_max)
         n = rewards.numel()
-        batch = Batch(rewards.view(n // g, g), mask.view(n // g, g, -1), lengths.view(n // g, g),
-                      finished.view(n // g, g), self.max_completion_length)
-        metrics = {}
-        for name, f in self._filters["rollout"]:
-            before, batch = batch, f(batch)
-            if batch.keep is not None:  # refused at construction; a part changed since
-                raise RuntimeError(f"filter {name!r} drops groups, which GRPOBenchTrainer cannot replace")
-            metrics |= {f"filter/{name}/{k}": v for k, v in filter_effect(before, batch).items()}
+        shape = (n // g, g)
+        batch = Batch(rewards.view(shape), mask.view(*shape, -1), lengths.view(shape), finished.view(shape),
+                      self.max_completion_length)
+        batch, metrics = self.recipe.filter_rollout(batch)
+        if batch.keep is not None:  # refused at construction; a part changed since
+            raise RuntimeError("a rollout filter drops groups, which GRPOBenchTrainer cannot replace")
         mask = batch.mask.reshape(n, -1)                                      # (N, T_max)
-        mask_local = mask[rows, :t]
-        rewards = batch.rewards                                               # (B, G)
+        old = ref = None
         if self._use_ref:
             old = out.get("old_per_token_logps")
             if old is None:  # on-policy: TRL takes them from the loss's own forward pass, too late for the reward
                 with torch.no_grad():
                     old = self._logps(self.model, out, entropy=False, batch_size=b)[0]
-            ref = out["ref_per_token_logps"]
-            kl_tok = torch.where(mask_local > 0, self._kl(old.double(), ref.double(), old.double()),
-                                 torch.zeros_like(mask_local))
-            kl_sum = self._gather_rows(masked_sum(kl_tok, mask_local, dim=-1))            # (N,)
-            kl_mean = self._gather_rows(masked_mean(kl_tok, mask_local, dim=-1))
-            nonempty = mask.sum(-1) > 0
-            observed = kl_mean[nonempty].mean().item() if nonempty.any() else 0.0
-            metrics["kl/coef"] = self._kl_coef
-            if self.variant.kl_placement == "reward":
-                rewards = rewards - self._kl_coef * kl_sum.view_as(rewards)
-                metrics["reward/penalised"] = rewards.mean().item()
-            if training:  # the coefficient of the next rollout, as the ablation trainer updates it after this one
-                self._next_kl_coef = self._kl_ctrl(self._kl_coef, observed, n)
-        deltas = self._delta(rewards, mask.sum(-1).view_as(rewards), None).reshape(n)   # (N,)
-        metrics["delta/abs_mean"] = deltas.abs().mean().item()
+            # every process's log-probs: the KL in the reward and the controller see the whole batch
+            old, ref = (self._gather_rows(x.double()).view(*shape, -1) for x in (old, out["ref_per_token_logps"]))
+        deltas, adv = self.recipe.advantages(batch, old, ref)
+        metrics |= adv
+        observed = metrics.pop("kl/observed", None)
+        if self._use_ref and training:  # the coefficient of the next rollout, as the ablation trainer updates it after this one
+            self._next_kl_coef = self.recipe.next_kl_coef(float(observed), n)
+        deltas = deltas.reshape(n)                                            # (N,)
         out["advantages"] = deltas[rows].to(out["advantages"].dtype)
-        out["bench_mask"] = mask_local.to(completion_mask.device)
-        out["bench_rewards"] = rewards.reshape(n)[rows]
+        out["bench_mask"] = mask[rows, :t].to(completion_mask.device)
+        out["bench_rewards"] = batch.rewards.reshape(n)[rows]
         out["bench_weight"] = self._token_weights(mask)[rows, :t]
         logged = self._logs["advantages"]  # TRL logged its own advantages of the whole batch
         for _ in range(min(n, len(logged))):
             logged.pop()
         logged.extend(deltas.tolist())
         for k, val in metrics.items():
-            self._metrics[mode][k].append(val)
+            self._metrics[mode][k].append(float(val))
 
     # ---------------------------------------------------------------- loss side
 
@@ -330,11 +312,7 @@ class GRPOBenchTrainer(GRPOTrainer):
         ref = inputs.get("ref_per_token_logps")
         deltas = inputs["advantages"]                                          # (b,)
         gate = self._gate(inputs, logp, old, entropy, mask, deltas, mode)
-        v = self.variant
-        kl_in_loss = self._use_ref and v.kl_placement == "loss"
-        value, stats = grpo_loss(logp, old, ref if kl_in_loss else None, deltas, mask, loss=v.loss,
-                                 aggregate=v.aggregate, kl=v.kl if kl_in_loss else None,
-                                 kl_coef=self._kl_coef if kl_in_loss else 0.0, gate=gate, backend=v.backend)
+        value, stats = self.recipe.loss(logp, old, ref, deltas, mask, gate)
         loss = value
         if mode == "train":
             # DDP averages over processes and accumulation sums micro-batches: scaled so,
@@ -347,8 +325,8 @@ class GRPOBenchTrainer(GRPOTrainer):
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather(aux.detach()).mean().item())
         with torch.no_grad():
             stats["entropy"] = masked_mean(entropy, mask)
-            if ref is not None and not kl_in_loss:  # KL in the reward (or no KL term): still worth watching
-                stats["kl/value"] = masked_mean(self._kl(logp, ref, old), mask)
+            if ref is not None and not self.recipe.kl_in_loss:  # KL in the reward (or no KL term): still worth watching
+                stats["kl/value"] = self.recipe.kl_value(logp, ref, old, mask)
         names = sorted(stats)
         values = self.accelerator.gather(torch.stack([stats[k].float() for k in names])[None]).mean(0)
         for k, val in zip(names, values.tolist()):
@@ -358,7 +336,7 @@ class GRPOBenchTrainer(GRPOTrainer):
     def _gate(self, inputs, logp, old, entropy, mask, deltas, mode) -> Tensor | None:
         """What multiplies the policy term per token: step filters, and TRL's own off-policy corrections."""
         gate = None
-        if self._filters["step"]:
+        if self.recipe.stage("step"):
             gate = self._step_gate(inputs, entropy, mask, mode)
         if self.use_vllm and self.vllm_importance_sampling_correction:  # sampler != trainer: TRL's IS weight
             w = inputs["importance_sampling_ratio"]
@@ -378,12 +356,11 @@ class GRPOBenchTrainer(GRPOTrainer):
             rewards = torch.full((b,), float("nan"), device=mask.device)
         col = lambda x: self._gather_rows(x)[:, None]  # noqa: E731  (N, 1, ...): groups of one
         batch = Batch(col(rewards.double()), col(mask), col(inputs["completion_mask"].sum(1)),
-                      col(self._finished(inputs)), self.max_completion_length, entropy=col(entropy.detach()))
-        for name, f in self._filters["step"]:
-            before, batch = batch, f(batch)
-            for k, val in filter_effect(before, batch).items():
-                self._metrics[mode][f"filter/{name}/{k}"].append(val)
-        return None if batch.gate is None else batch.gate[:, 0][self._rows(b), :t]
+                      col(self._finished(inputs)), self.max_completion_length)
+        gate, metrics = self.recipe.filter_step(batch, col(entropy.detach()))
+        for k, val in metrics.items():
+            self._metrics[mode][k].append(float(val))
+        return None if gate is None else gate[:, 0][self._rows(b), :t]
 
     def _batch_share(self, inputs, mask: Tensor) -> float:
         """c with c * aggregate(micro-batch) = this micro-batch's part of aggregate(generation batch).
@@ -410,7 +387,7 @@ class GRPOBenchTrainer(GRPOTrainer):
         """(N, T) float64: d aggregate / d per-token loss, the weight of each token in the aggregate."""
         x = torch.zeros(mask.shape, dtype=torch.float64, device=mask.device, requires_grad=True)
         with torch.enable_grad():
-            (w,) = torch.autograd.grad(self._aggregate(x, mask.double()), x, allow_unused=True)
+            (w,) = torch.autograd.grad(self.recipe.parts["aggregate"](x, mask.double()), x, allow_unused=True)
         return torch.zeros_like(x) if w is None else w
 
     # ---------------------------------------------------------------- reference

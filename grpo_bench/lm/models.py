@@ -191,7 +191,9 @@ def plain_head(model: nn.Module) -> bool:
 
 def _base_head(hf: nn.Module) -> nn.Module:
     head = hf.get_output_embeddings()
-    return head.get_base_layer() if hasattr(head, "get_base_layer") else head
+    if hasattr(head, "get_base_layer"):  # peft
+        return head.get_base_layer()
+    return getattr(head, "base", head)   # a population's stacked adapters (lm/stacked.py)
 
 
 def last_hidden(model: nn.Module, **inputs) -> torch.Tensor:

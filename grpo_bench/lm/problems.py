@@ -75,6 +75,11 @@ def sample(ops: dict, rng: random.Random) -> Problem:
     return Problem(a, name, b)
 
 
+def extremes(ops: dict) -> list[Problem]:
+    """Problems whose operands are each range's ends: the widest any problem renders (a sign counts)."""
+    return [Problem(a, name, b) for name, (lo, hi) in ops.items() for a in (lo, hi) for b in (lo, hi)]
+
+
 def heldout(ops: dict, size: int, seed: int) -> list[Problem]:
     """`size` distinct problems drawn with their own seed (check() keeps size well under the space)."""
     rng = random.Random(seed)

@@ -1,11 +1,17 @@
-"""What a task gives the trainer.
+"""What a task gives the trainer: a population of P runs of one task, stacked on a leading axis.
 
 A task is registered on the "task" axis with a dataclass that its YAML section
 (`task: {name: ..., ...}`) is checked against, and is built as
-`cls(task_config, run_config)`. The trainer (grpo_bench/trainer.py) only ever
-calls the methods of `Task` below; everything model- or data-specific, the
-reference policy included, lives in the task. A task config has a
-`generation_budget` property: the most tokens a response may have.
+`cls(task_config, run_configs)`: one task config, and the run configs of the P members
+that train together (the same task and shapes; their seeds and numbers may differ).
+Every tensor it hands the trainer has the population axis first. A member's numbers
+never depend on the other members: its random draws come from streams named by its own
+seed (grpo_bench/rng.py), and every per-member computation has the shapes it would have
+alone. P = 1 is a single run, through the same code.
+
+The trainer (grpo_bench/trainer.py) only ever calls the methods of `Task` below;
+everything model- or data-specific, the reference policy included, lives in the task.
+A task config has a `generation_budget` property: the most tokens a response may have.
 """
 from __future__ import annotations
 
@@ -14,23 +20,21 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 
 @dataclass
 class Rollout:
-    """One epoch's data: G sampled responses for each of B prompts, scored."""
+    """One draw of an epoch for P runs: G sampled responses for each of B prompts per run, scored."""
 
-    prompts: Any                 # task-specific: a (B, ...) tensor or a list of B items
-    responses: Tensor            # (B, G, T) sampled token ids
-    mask: Tensor                 # (B, G, T) 1.0 on response tokens that count, 0.0 on padding / after EOS
-    rewards: Tensor              # (B, G) total reward
-    finished: Tensor | None = None   # (B, G) bool: ended with EOS within the budget; None = all did
-    lengths: Tensor | None = None    # (B, G) tokens generated, EOS included; None = from the mask
-    extra: dict[str, Any] = field(default_factory=dict)    # (B, ...) tensors logprobs() needs again (input ids, ...)
-    left_pad: dict[str, Any] = field(default_factory=dict)  # extra tensors padded on the left, and with what
-    metrics: dict[str, float] = field(default_factory=dict)  # e.g. reward components: {"reward/correct": 0.4}
+    prompts: Any                 # task-specific: a (P, B, ...) tensor or a list of P lists of B items
+    responses: Tensor            # (P, B, G, T) sampled token ids; T is fixed by the task (its budget)
+    mask: Tensor                 # (P, B, G, T) 1.0 on response tokens that count, 0.0 on padding / after EOS
+    rewards: Tensor              # (P, B, G) total reward
+    finished: Tensor | None = None   # (P, B, G) bool: ended with EOS within the budget; None = all did
+    lengths: Tensor | None = None    # (P, B, G) tokens generated, EOS included; None = from the mask
+    extra: dict[str, Any] = field(default_factory=dict)      # (P, B, ...) tensors logprobs() needs again
+    metrics: dict[str, Tensor] = field(default_factory=dict)  # (P,) per member, e.g. {"reward/correct": ...}
 
     def __post_init__(self):
         if self.finished is None:
@@ -41,55 +45,52 @@ class Rollout:
     def replace(self, **changes) -> "Rollout":
         return dataclasses.replace(self, **changes)
 
-    def select(self, idx: Tensor) -> "Rollout":
-        """The groups at idx (a (B,) bool mask or indices), in that order."""
-        idx = idx.nonzero().squeeze(-1) if idx.dtype == torch.bool else idx
-        pick = lambda x: x[idx.to(x.device)] if isinstance(x, Tensor) else [x[i] for i in idx.tolist()]  # noqa: E731
+    def take(self, idx: Tensor) -> "Rollout":
+        """For each member p, the groups idx[p] (a (P, B') index tensor), in that order."""
+        def pick(x):
+            if isinstance(x, Tensor):
+                i = idx.to(x.device).view(*idx.shape, *[1] * (x.dim() - 2)).expand(*idx.shape, *x.shape[2:])
+                return x.gather(1, i)
+            return [[member[i] for i in row] for member, row in zip(x, idx.tolist())]
         return self.replace(prompts=pick(self.prompts), responses=pick(self.responses), mask=pick(self.mask),
                             rewards=pick(self.rewards), finished=pick(self.finished), lengths=pick(self.lengths),
                             extra={k: pick(v) for k, v in self.extra.items()})
 
     @staticmethod
     def cat(parts: list["Rollout"]) -> "Rollout":
-        """Groups of several rollouts of one task as one rollout; responses padded to the longest."""
-        t = max(p.responses.shape[-1] for p in parts)
-
-        def right(x: Tensor) -> Tensor:
-            return F.pad(x, (0, t - x.shape[-1]))
-
-        def join(key: str, xs: list) -> Any:
-            if not isinstance(xs[0], Tensor):
-                return [item for x in xs for item in x]
-            if key in parts[0].left_pad:
-                width = max(x.shape[1] for x in xs)
-                xs = [F.pad(x, (width - x.shape[1], 0), value=parts[0].left_pad[key]) for x in xs]
-            return torch.cat(xs)
-
+        """Several draws of one population as one rollout: their groups side by side on the group axis (dim 1)."""
+        def join(xs):
+            if isinstance(xs[0], Tensor):
+                return torch.cat(xs, 1)
+            return [[item for x in member for item in x] for member in zip(*xs)]
         first = parts[0]
         return first.replace(
-            prompts=join("prompts", [p.prompts for p in parts]),
-            responses=torch.cat([right(p.responses) for p in parts]), mask=torch.cat([right(p.mask) for p in parts]),
-            rewards=torch.cat([p.rewards for p in parts]), finished=torch.cat([p.finished for p in parts]),
-            lengths=torch.cat([p.lengths for p in parts]),
-            extra={k: join(k, [p.extra[k] for p in parts]) for k in first.extra})
+            prompts=join([p.prompts for p in parts]), responses=join([p.responses for p in parts]),
+            mask=join([p.mask for p in parts]), rewards=join([p.rewards for p in parts]),
+            finished=join([p.finished for p in parts]), lengths=join([p.lengths for p in parts]),
+            extra={k: join([p.extra[k] for p in parts]) for k in first.extra}, metrics={})
 
 
 class Task(Protocol):
-    policy: nn.Module  # its parameters with requires_grad are what the optimiser trains
+    policy: nn.Module  # its parameters with requires_grad are what the optimiser trains, each (P, ...)
 
-    def rollout(self, epoch: int, group_size: int, gen: torch.Generator) -> Rollout:
-        """Draw prompts, sample group_size responses each (no grad), score them. Called again
-        within an epoch when a filter drops groups; each call draws new prompts from `gen`."""
+    def rollout(self, epoch: int, draw: int, group_size: int) -> Rollout:
+        """Draw each member's prompts and sample group_size responses each (no grad), scored. `draw`
+        counts the rollouts of this epoch (a filter that drops groups asks for more); member p's
+        prompts and sampling noise come from the streams rng.stream(seed_p, ..., epoch, draw)."""
 
     def logprobs(self, rollout: Rollout, reference: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Per-token log pi(response token) (B, G, T) under the policy (with grad unless
-        under no_grad) or the reference policy, plus per-token entropy (B, G, T) or None."""
+        """Per-token log pi(response token) (P, B, G, T) under the policy (with grad unless under
+        no_grad) or the reference policy, plus per-token entropy (P, B, G, T) or None."""
 
-    def mix_reference(self, weight: float) -> None:
-        """reference <- weight * policy + (1 - weight) * reference (1: a copy of the policy)."""
+    def mix_reference(self, weights: list[float]) -> None:
+        """reference_p <- w_p * policy_p + (1 - w_p) * reference_p (1: a copy; 0: unchanged)."""
 
     def greedy_rewards(self, rollout: Rollout) -> Tensor:
-        """(B,) reward of the policy's greedy response to each prompt of the rollout (ReMax's baseline)."""
+        """(P, B) reward of the policy's greedy response to each prompt of the rollout (ReMax's baseline)."""
 
-    def evaluate(self, gen: torch.Generator) -> dict[str, float]:
-        """Held-out metrics (e.g. {"eval/accuracy": 0.3}); {} if the task has none."""
+    def evaluate(self) -> list[dict[str, float]]:
+        """Held-out metrics per member (e.g. {"eval/accuracy": 0.3}); {} if the task has none."""
+
+    def keep(self, idx: list[int]) -> None:
+        """Only the members at idx go on (the others failed): narrow every per-member tensor."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from .. import rng
 from ..registry import register
 from . import Rollout
 
@@ -164,6 +165,9 @@ class ArithmeticConfig:
             shipped.check_compatible(self)
 
 
+EVAL_CHUNK = 64  # held-out problems per generation call, per member
+
+
 def completion_mask(tokens: Tensor, eos: Tensor) -> tuple[Tensor, Tensor]:
     """(mask, finished) of generated tokens (N, T): 1.0 up to and including the first EOS."""
     is_end = torch.isin(tokens, eos)
@@ -175,34 +179,36 @@ def completion_mask(tokens: Tensor, eos: Tensor) -> tuple[Tensor, Tensor]:
 class Arithmetic:
     """Arithmetic (+ - * //) on a causal LM with LoRA; tiny offline GPT-2 by default."""
 
-    def __init__(self, task_config: ArithmeticConfig, run_config):
+    def __init__(self, task_config: ArithmeticConfig, run_configs):
         from transformers import GenerationConfig
 
         from ..algos import rewards
-        from ..lm import models, problems, warmstart
+        from ..lm import models, problems, stacked, warmstart
 
-        self.cfg, self.run_cfg = task_config, run_config
-        self.device = models.resolve_device(run_config.device)
+        run_configs = run_configs if isinstance(run_configs, list) else [run_configs]
+        self.cfg, self.run_cfg = task_config, run_configs[0]
+        self.seeds = [c.seed for c in run_configs]
+        self.device = models.resolve_device(self.run_cfg.device)
         cfg = task_config
         if cfg.warmstart.steps > 0:
             base, self.tokenizer = models.load(str(warmstart.checkpoint(cfg, self.device)), self.device)
         else:
             base, self.tokenizer = models.starting_model(cfg, self.device)
         self.eos = torch.tensor(models.eos_ids(base, self.tokenizer), device=self.device)
-        # A clean generation config: checkpoints ship sampling defaults (Qwen: top_k 20,
-        # repetition penalty) that would make the sampler differ from the trained policy.
         base.generation_config = GenerationConfig(
             eos_token_id=self.eos.tolist(), pad_token_id=self.tokenizer.pad_token_id,
             bos_token_id=self.tokenizer.bos_token_id, max_new_tokens=cfg.sampling.max_new_tokens)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(run_config.seed)  # LoRA's A matrices are random
-            self.policy = models.attach_lora(base, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.targets)
-        self.policy.eval()
-        self.reference = models.Reference(self.policy)
+        models.disable_dropout(base)
+        targets = cfg.lora.targets or models.LORA_TARGETS.get(base.config.model_type)
+        if not targets:
+            raise ValueError(f"lora.targets: no default for model type {base.config.model_type!r}; name the modules")
+        # one frozen base model, one adapter per member (lm/stacked.py)
+        self.layers = stacked.attach(base, targets, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, self.seeds)
+        self.policy = base.eval()
         # backend torch keeps the materialised logits as the reference path; the others take
         # log-probs from the final hidden states and the head's weight (logprobs.linear_logprobs)
-        self._fused = run_config.backend != "torch" and models.plain_head(self.policy)
-        if run_config.backend != "torch" and not self._fused:
+        self._fused = self.run_cfg.backend != "torch" and models.plain_head(self.policy)
+        if self.run_cfg.backend != "torch" and not self._fused:
             warnings.warn(f"model type {base.config.model_type!r} is not one whose logits are known to be "
                           f"lm_head(final hidden state) ({', '.join(models.PLAIN_HEADS)}): its log-probs "
                           "go through the materialised (N, T, V) logits", stacklevel=2)
@@ -210,29 +216,55 @@ class Arithmetic:
         self.heldout = problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed)
         self._exclude = problems.exclusion(self.heldout)
         self.rewards = rewards.check(cfg.rewards, "arithmetic")
-        self._problems, self._models, self._rewards_mod = problems, models, rewards
-        self._evals, self._base_acc = 0, None
+        self._problems, self._models, self._rewards_mod, self._stacked = problems, models, rewards, stacked
+        self._evals, self._base_acc, self._passes = 0, None, 0
+        self.residual = 0.0  # relative error of the last soft reference mix's rank cut
+        # every prompt is left-padded to one width, the longest the problem space can render:
+        # a member's shapes never depend on the other members' prompts
+        self.width = max(len(self.tokenizer(self._render(q), add_special_tokens=self.template != "chat")["input_ids"])
+                         for q in problems.extremes(cfg.ops) + self.heldout)
+
+    @staticmethod
+    def member_bytes(run_cfg) -> int:
+        """A generous estimate of one member's memory in a gradient pass: the activations a
+        transformer keeps for its backward, about 24 values per hidden unit per layer per token."""
+        c = run_cfg.task
+        width = 4096 if c.model.source not in ("tiny", "tiny-scratch") else c.model.width
+        layers = 32 if c.model.source not in ("tiny", "tiny-scratch") else c.model.layers
+        tokens = c.prompts_per_step * run_cfg.group_size * (24 + c.sampling.max_new_tokens)
+        return 4 * 24 * tokens * width * layers + (64 << 20)
+
+    @staticmethod
+    def population_cap(run_cfg) -> int:
+        """Members worth stacking. On a CPU a member's rows already make the GEMMs compute-bound
+        (measured on the embedded model: the same time per member at P = 1 and 2, 1.6x more at
+        P = 8, where the activations leave the cache), so CPU runs train one at a time; a GPU
+        is left to the memory budget."""
+        return 1 if run_cfg.device == "cpu" else 1 << 30
+
+    @property
+    def size(self) -> int:
+        return len(self.seeds)
 
     # ------------------------------------------------------------------ sampling
 
-    def _prompts(self, batch: list) -> tuple[Tensor, Tensor]:
-        texts = [self._problems.render(p, self.template, self.tokenizer) for p in batch]
-        return self._models.encode(self.tokenizer, texts, self.template == "chat", self.device)
+    def _render(self, problem) -> str:
+        return self._problems.render(problem, self.template, self.tokenizer)
 
-    @torch.no_grad()
-    def _generate(self, ids: Tensor, mask: Tensor, n: int, sample: bool, seed: int) -> Tensor:
-        """(len(ids) * n, T) generated tokens, the n samples of a prompt adjacent."""
+    def _prompts(self, batch: list) -> tuple[Tensor, Tensor]:
+        """Left-padded (ids, mask) (len(batch), width) of problems."""
+        enc = self.tokenizer([self._render(q) for q in batch], padding="max_length", max_length=self.width,
+                             add_special_tokens=self.template != "chat", return_tensors="pt")
+        if enc["input_ids"].shape[1] != self.width:
+            raise ValueError(f"a prompt is longer than the {self.width} tokens the task planned for")
+        return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+
+    def _generate(self, ids: Tensor, mask: Tensor, gens: list[torch.Generator] | None) -> Tensor:
+        """(N, max_new_tokens) completions of member-major prompt rows; gens None: greedy."""
         cfg = self.cfg.sampling
-        knobs = (dict(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0) if sample
-                 else dict(do_sample=False))
         self.policy.eval()
-        # HF samples from the global RNG; fork it so rollouts are a function of the
-        # seed alone and the caller's RNG stream is left untouched.
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            out = self.policy.generate(input_ids=ids, attention_mask=mask, num_return_sequences=n,
-                                       max_new_tokens=cfg.max_new_tokens, use_cache=True, **knobs)
-        return out[:, ids.shape[1]:]
+        return self._stacked.generate(self.policy, ids, mask, cfg.max_new_tokens, self.eos,
+                                      self.tokenizer.pad_token_id, gens, cfg.temperature, cfg.top_p)
 
     def _decode(self, tokens: Tensor) -> tuple[list[str], Tensor, Tensor]:
         """Text of generated tokens (N, T) up to EOS, their mask and whether they finished."""
@@ -244,42 +276,50 @@ class Arithmetic:
 
     def _score(self, batch: list, texts: list[str], mask: Tensor, finished: Tensor, n: int):
         """Weighted total reward and the raw components of the n completions of each problem."""
-        prompts = [self._problems.render(p, self.template, self.tokenizer) for p in batch for _ in range(n)]
+        prompts = [self._render(p) for p in batch for _ in range(n)]
         return self._rewards_mod.combine(
             self.rewards, prompts, texts, answer=[p.answer for p in batch for _ in range(n)],
             finished=finished.tolist(), completion_lengths=mask.sum(-1).long().tolist(),
             max_new_tokens=self.cfg.sampling.max_new_tokens)
 
-    def _seed(self, gen: torch.Generator | None, salt: int) -> int:
-        if gen is None:
-            return self.run_cfg.seed * 1_000_003 + salt
-        return int(torch.randint(0, 2**62, (1,), generator=gen).item())
-
-    def rollout(self, epoch: int, group_size: int, gen: torch.Generator) -> Rollout:
-        seed = self._seed(gen, epoch)
-        batch = self._problems.train_batch(self.cfg.ops, self.cfg.prompts_per_step, random.Random(seed), self._exclude)
-        ids, attn = self._prompts(batch)
-        tokens = self._generate(ids, attn, group_size, sample=True, seed=seed)  # (B*G, T)
+    def rollout(self, epoch: int, draw: int, group_size: int) -> Rollout:
+        p, g, b = self.size, group_size, self.cfg.prompts_per_step
+        batches = [self._problems.train_batch(self.cfg.ops, b, random.Random(rng.stream_seed(s, "prompts", epoch, draw)),
+                                              self._exclude) for s in self.seeds]
+        ids, attn = self._prompts([q for batch in batches for q in batch])          # (P B, L)
+        gens = [rng.stream(s, "sample", epoch, draw) for s in self.seeds]
+        tokens = self._generate(ids.repeat_interleave(g, 0), attn.repeat_interleave(g, 0), gens)  # (P B G, T)
         texts, mask, finished = self._decode(tokens)
-        total, parts = self._score(batch, texts, mask, finished, group_size)
-        b, t = len(batch), tokens.shape[1]
-        metrics = {f"reward/{name}": sum(v) / len(v) for name, v in parts.items()}
-        metrics["response/finished"] = finished.float().mean().item()
+        n = b * g
+        rewards, metrics = [], {}
+        right = torch.zeros(p * n, dtype=torch.bool)
+        for i, batch in enumerate(batches):
+            rows = slice(i * n, (i + 1) * n)
+            total, parts = self._score(batch, texts[rows], mask[rows], finished[rows], g)
+            rewards.append(total)
+            for name, v in parts.items():
+                metrics.setdefault(f"reward/{name}", []).append(sum(v) / len(v))
+            right[rows] = torch.tensor(self._rewards_mod.correct([], texts[rows], answer=[q.answer for q in batch
+                                                                                          for _ in range(g)]),
+                                       dtype=torch.bool)
+        metrics = {k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}
+        metrics["response/finished"] = finished.float().view(p, n).mean(1)
         # Dr. GRPO's length bias shows as wrong answers growing longer: lengths split by exact correctness
-        right = torch.tensor(self._rewards_mod.correct([], texts, answer=[p.answer for p in batch for _ in range(group_size)]),
-                             dtype=torch.bool)
-        lengths = mask.sum(-1).cpu()
+        lengths = mask.sum(-1).cpu().view(p, n)
+        right = right.view(p, n)
         for name, sel in (("response/length_correct", right), ("response/length_incorrect", ~right)):
-            if sel.any():
-                metrics[name] = lengths[sel].float().mean().item()
+            if sel.any():  # a member with none of them logs nothing, as alone
+                counts = sel.sum(1)
+                means = torch.where(sel, lengths, torch.zeros_like(lengths)).sum(1) / counts.clamp(min=1)
+                metrics[name] = torch.where(counts > 0, means, torch.full_like(means, float("nan")))
+        t = tokens.shape[1]
         return Rollout(
-            prompts=batch,
-            responses=tokens.view(b, group_size, t),
-            mask=mask.view(b, group_size, t),
-            rewards=torch.tensor(total, dtype=torch.float32, device=self.device).view(b, group_size),
-            finished=finished.view(b, group_size),
-            extra={"prompt_ids": ids, "prompt_mask": attn},
-            left_pad={"prompt_ids": self.tokenizer.pad_token_id, "prompt_mask": 0},
+            prompts=batches,
+            responses=tokens.view(p, b, g, t),
+            mask=mask.view(p, b, g, t),
+            rewards=torch.tensor(rewards, dtype=torch.float32, device=self.device).view(p, b, g),
+            finished=finished.view(p, b, g),
+            extra={"prompt_ids": ids.view(p, b, -1), "prompt_mask": attn.view(p, b, -1)},
             metrics=metrics,
         )
 
@@ -300,9 +340,20 @@ class Arithmetic:
             # Position P-1 predicts the first response token. The head's GEMM, the softmax and
             # their backward run in row chunks: no (N, T, V) logits, nor their gradient.
             hidden = self._models.last_hidden(self.policy, **inputs)[:, -t - 1:-1]  # (N, T, H)
-            hidden, weight, bias = self._models.head_inputs(self.policy, hidden)
-            return linear_logprobs(hidden, weight, responses, backend=self.run_cfg.backend,
-                                   with_entropy=with_entropy, bias=bias, temperature=tau)
+            head = self.policy.get_output_embeddings()
+            ab = head.factors() if isinstance(head, self._stacked.StackedLoRA) else None
+            base = self._models._base_head(self.policy)
+            if ab is None:  # one head for every member: one call over all rows
+                return linear_logprobs(hidden, base.weight, responses, backend=self.run_cfg.backend,
+                                       with_entropy=with_entropy, bias=base.bias, temperature=tau)
+            # an adapter on the head: W x + s B A x is the GEMM of [x, s A x] and [W, B], member by member
+            a, b = ab
+            p = a.shape[0]
+            outs = [linear_logprobs(torch.cat([h, head.scale * (h @ a[i].T)], -1), torch.cat([base.weight, b[i]], 1),
+                                    r, backend=self.run_cfg.backend, with_entropy=with_entropy, bias=base.bias,
+                                    temperature=tau)
+                    for i, (h, r) in enumerate(zip(hidden.chunk(p), responses.chunk(p)))]
+            return torch.cat([o[0] for o in outs]), None if outs[0][1] is None else torch.cat([o[1] for o in outs])
         # the materialised reference: the model's own logits, the T that predict response tokens
         logits = self.policy(**inputs, logits_to_keep=t + 1).logits[:, :t]   # (N, T, V)
         if tau != 1.0:
@@ -311,71 +362,100 @@ class Arithmetic:
         return token_logprobs(logits, responses, backend=self.run_cfg.backend, with_entropy=with_entropy)
 
     def logprobs(self, rollout: Rollout, reference: bool = False) -> tuple[Tensor, Tensor | None]:
-        b, g, t = rollout.responses.shape
-        ids = rollout.extra["prompt_ids"].repeat_interleave(g, 0)
-        attn = rollout.extra["prompt_mask"].repeat_interleave(g, 0)
-        responses, mask = rollout.responses.reshape(b * g, t), rollout.mask.reshape(b * g, t)
+        p, b, g, t = rollout.responses.shape
+        ids = rollout.extra["prompt_ids"].repeat_interleave(g, 1).view(p * b * g, -1)
+        attn = rollout.extra["prompt_mask"].repeat_interleave(g, 1).view(p * b * g, -1)
+        responses, mask = rollout.responses.reshape(-1, t), rollout.mask.reshape(-1, t)
         if reference:
-            logp, ent = self.reference.forward(lambda: self._forward(ids, attn, responses, mask, False))
+            with self._stacked.adapters(self.layers, self._stacked.REFERENCE):
+                logp, ent = self._forward(ids, attn, responses, mask, False)
         else:
             # train mode only matters for LoRA dropout (base dropout is off); no_grad passes
             # (old log-probs) run in eval mode so they match the sampler
-            self.policy.train(torch.is_grad_enabled())
+            grad = torch.is_grad_enabled()
+            self.policy.train(grad)
+            if grad:  # each member's dropout masks from its own stream, pass by pass
+                self._passes += 1
+                for i, layer in enumerate(self.layers):
+                    layer.dropout_gens = [rng.stream(s, "dropout", self._passes, i) for s in self.seeds]
             logp, ent = self._forward(ids, attn, responses, mask, True)
             self.policy.eval()
-        return logp.view(b, g, t), None if ent is None else ent.view(b, g, t)
+        return logp.view(p, b, g, t), None if ent is None else ent.view(p, b, g, t)
 
-    def mix_reference(self, weight: float) -> None:
-        self.reference.mix(weight)
+    def mix_reference(self, weights: list[float]) -> None:
+        self.residual = max(layer.mix(weights) for layer in self.layers)
 
     @torch.no_grad()
     def greedy_rewards(self, rollout: Rollout) -> Tensor:
-        ids, attn = rollout.extra["prompt_ids"], rollout.extra["prompt_mask"]
-        texts, mask, finished = self._decode(self._generate(ids, attn, 1, sample=False, seed=0))
-        total, _ = self._score(rollout.prompts, texts, mask, finished, 1)
-        return torch.tensor(total, dtype=torch.float32, device=self.device)
+        p, b = rollout.rewards.shape[:2]
+        ids, attn = rollout.extra["prompt_ids"].view(p * b, -1), rollout.extra["prompt_mask"].view(p * b, -1)
+        texts, mask, finished = self._decode(self._generate(ids, attn, None))
+        out = [self._score(batch, texts[i * b:(i + 1) * b], mask[i * b:(i + 1) * b], finished[i * b:(i + 1) * b], 1)[0]
+               for i, batch in enumerate(rollout.prompts)]
+        return torch.tensor(out, dtype=torch.float32, device=self.device)
+
+    def keep(self, idx: list[int]) -> None:
+        self.seeds = [self.seeds[i] for i in idx]
+        for layer in self.layers:
+            layer.keep(idx)
 
     # ---------------------------------------------------------------- evaluation
 
     @torch.no_grad()
-    def _greedy(self, batch: list) -> tuple[list[str], Tensor, Tensor]:
-        ids, attn = self._prompts(batch)
-        return self._decode(self._generate(ids, attn, 1, sample=False, seed=0))
-
-    @torch.no_grad()
-    def evaluate(self, gen: torch.Generator) -> dict[str, float]:
+    def evaluate(self) -> list[dict[str, float]]:
         """Held-out greedy accuracy, reward and format rate, pass@k of sampled completions, and
-        the gain in accuracy over the base model (the warm-start: the adapter switched off)."""
-        # Sampling seeds come from the run seed and a counter, not from `gen`, so that
-        # how often a run is evaluated never changes its training stream.
+        the gain in accuracy over the base model (the warm-start: the adapter switched off), per member."""
+        # Sampling seeds come from the run seed and a counter, not from the training streams,
+        # so that how often a run is evaluated never changes its training.
         self._evals += 1
-        seed = self.run_cfg.seed * 1_000_003 + 7919 * self._evals
+        p, k = self.size, self.cfg.pass_k
         correct, fmt = self._rewards_mod.correct, self._rewards_mod.format_reward
-        k, chunk = self.cfg.pass_k, 256
-        totals = dict.fromkeys(["accuracy", "reward", "format", "pass@k"], 0.0)
+        names = ["accuracy", "reward", "format"] + (["pass@k"] if k else [])
+        # Chunks of EVAL_CHUNK problems whatever P (each member's k samples of a chunk come from
+        # its stream for that chunk), summed in problem order at the end: a member's numbers
+        # are the ones it has alone.
+        scores = [[[] for _ in names] for _ in range(p)]
+        chunk = EVAL_CHUNK
         for start in range(0, len(self.heldout), chunk):
             batch = self.heldout[start:start + chunk]
-            answers = [p.answer for p in batch]
-            texts, mask, finished = self._greedy(batch)
-            # exact correctness whatever the training rewards, so reward mixes stay comparable
-            totals["accuracy"] += sum(correct([], texts, answer=answers))
-            totals["format"] += sum(fmt([], texts, finished=finished.tolist()))
-            totals["reward"] += sum(self._score(batch, texts, mask, finished, 1)[0])
+            n = len(batch)
+            answers = [q.answer for q in batch]
+            ids, attn = self._prompts(batch)
+            texts, mask, finished = self._decode(self._generate(ids.repeat(p, 1), attn.repeat(p, 1), None))
+            for i in range(p):
+                rows = slice(i * n, (i + 1) * n)
+                # exact correctness whatever the training rewards, so reward mixes stay comparable
+                scores[i][0] += correct([], texts[rows], answer=answers)
+                scores[i][1] += self._score(batch, texts[rows], mask[rows], finished[rows], 1)[0]
+                scores[i][2] += fmt([], texts[rows], finished=finished[rows].tolist())
             if k:
-                ids, attn = self._prompts(batch)
-                texts, _, _ = self._decode(self._generate(ids, attn, k, sample=True, seed=seed + start))
-                hits = torch.tensor(correct([], texts, answer=[a for a in answers for _ in range(k)]))
-                totals["pass@k"] += hits.view(len(batch), k).amax(-1).sum().item()
-        if not k:
-            del totals["pass@k"]
-        out = {f"eval/{name}": v / len(self.heldout) for name, v in totals.items()}
-        out["eval/accuracy_gain"] = out["eval/accuracy"] - self._base_accuracy()
+                # each problem's k samples from the member's stream of this evaluation and problem:
+                # the same whatever the chunks
+                gens = [rng.stream(s, "eval", self._evals, start) for s in self.seeds]
+                texts, _, _ = self._decode(self._generate(ids.repeat_interleave(k, 0).repeat(p, 1),
+                                                          attn.repeat_interleave(k, 0).repeat(p, 1), gens))
+                for i in range(p):
+                    hits = torch.tensor(correct([], texts[i * n * k:(i + 1) * n * k],
+                                                answer=[a for a in answers for _ in range(k)]))
+                    scores[i][3] += hits.view(n, k).amax(-1).tolist()
+        totals = torch.tensor([[sum(v) for v in member] for member in scores], dtype=torch.float64)
+        base = self._base_accuracy()
+        out = []
+        for row in (totals / len(self.heldout)).tolist():
+            d = {f"eval/{name}": v for name, v in zip(names, row)}
+            d["eval/accuracy_gain"] = d["eval/accuracy"] - base
+            out.append(d)
         return out
 
     def _base_accuracy(self) -> float:
+        """Held-out greedy accuracy of the base model (every adapter off), the same for every member."""
         if self._base_acc is None:
-            with self.policy.disable_adapter():
-                texts, _, _ = self._greedy(self.heldout)
-            answers = [p.answer for p in self.heldout]
-            self._base_acc = sum(self._rewards_mod.correct([], texts, answer=answers)) / len(self.heldout)
+            hits = 0.0
+            with self._stacked.adapters(self.layers, self._stacked.OFF):
+                for start in range(0, len(self.heldout), 256):
+                    batch = self.heldout[start:start + 256]
+                    ids, attn = self._prompts(batch)
+                    texts, _, _ = self._decode(self._generate(ids, attn, None))
+                    hits += sum(self._rewards_mod.correct([], texts, answer=[q.answer for q in batch]))
+            self._base_acc = hits / len(self.heldout)
         return self._base_acc

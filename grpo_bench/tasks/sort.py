@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from .. import rng
 from ..algos import rewards as algos_rewards
-from ..logprobs import token_logprobs
+from ..kernels.chunked import _LOG_FLOOR
 from ..registry import register
 from . import Rollout
 
@@ -67,90 +68,188 @@ class SortConfig:
 
 
 class SortPolicy(nn.Module):
-    def __init__(self, vocab: int, n: int, dim: int):
-        super().__init__()
-        self.embedding = nn.Embedding(vocab, dim)
-        self.encode = nn.Parameter(torch.randn(n, dim, dim) / math.sqrt(dim))
-        self.decode = nn.Parameter(torch.randn(n, dim, dim) / math.sqrt(dim))
+    """P independent toy policies stacked on a leading axis; every product is one bmm over members.
 
-    def forward(self, prompts: Tensor) -> Tensor:  # (B, n) -> logits (B, n, V)
-        n, d = self.encode.shape[:2]
-        x = self.embedding(prompts)                                  # (B, n, D)
-        h = torch.einsum("bpd,pde->be", x, self.encode) / math.sqrt(n)  # (B, D): every position summed
-        y = torch.einsum("be,qed->bqd", h, self.decode)              # (B, n, D)
+    Member p is an embedding E_p (V, D), one encode matrix per prompt position (stored as one
+    (n D, D) matrix) and one decode matrix per output position (one (D, n D) matrix). Each
+    member's products have the shapes they would have alone, so its numbers do not depend on P.
+    """
+
+    def __init__(self, vocab: int, n: int, dim: int, seeds: list[int]):
+        super().__init__()
+        emb, enc, dec = [], [], []
+        for seed in seeds:
+            g = rng.stream(seed, "init")
+            emb.append(torch.randn(vocab, dim, generator=g))
+            enc.append(torch.randn(n, dim, dim, generator=g).reshape(n * dim, dim) / math.sqrt(dim))
+            dec.append(torch.randn(n, dim, dim, generator=g).permute(1, 0, 2).reshape(dim, n * dim) / math.sqrt(dim))
+        self.embedding = nn.Parameter(torch.stack(emb))   # (P, V, D)
+        self.encode = nn.Parameter(torch.stack(enc))      # (P, n D, D): position p's matrix in rows p D .. (p+1) D
+        self.decode = nn.Parameter(torch.stack(dec))      # (P, D, n D): output q's matrix in columns q D .. (q+1) D
+        self.n, self.dim = n, dim
+
+    def forward(self, prompts: Tensor) -> Tensor:  # (P, B, n) -> logits (P, B, n, V)
+        p, b, n = prompts.shape
+        v, d = self.embedding.shape[1:]
+        onehot = torch.nn.functional.one_hot(prompts, v).to(self.embedding.dtype).view(p, b * n, v)
+        x = torch.bmm(onehot, self.embedding).view(p, b, n * d)                # (P, B, n D)
+        h = torch.bmm(x, self.encode) / math.sqrt(n)                           # (P, B, D): every position summed
+        y = torch.bmm(h, self.decode).view(p, b * n, d)                        # (P, B n, D)
         # Unscaled, as in the lecture, the logits start with std ~ sqrt(n * D): a nearly
         # deterministic policy (0.2 nats of entropy of a possible 1.6 at the defaults)
         # that has nothing left to explore. Scaled, it starts close to uniform.
-        return y @ self.embedding.weight.T / math.sqrt(d)            # (B, n, V)
+        logits = torch.bmm(y, self.embedding.transpose(1, 2)) / math.sqrt(d)  # (P, B n, V)
+        return logits.view(p, b, n, v)
+
+    def keep(self, idx: list[int]) -> None:
+        for name, param in list(self.named_parameters()):
+            setattr(self, name, nn.Parameter(param.detach()[idx].clone(), requires_grad=param.requires_grad))
 
 
-def score(fns: dict, prompts: Tensor, responses: Tensor) -> tuple[Tensor, dict[str, float]]:
-    """prompts (B, n), responses (B, G, n) -> total rewards (B, G) and each reward's mean."""
-    b, g, _ = responses.shape
-    total, parts = algos_rewards.combine(fns, [p for p in prompts.tolist() for _ in range(g)],
-                                         responses.reshape(b * g, -1).tolist())
-    rewards = torch.tensor(total, dtype=torch.float32, device=responses.device).view(b, g)
-    return rewards, {f"reward/{k}": sum(v) / len(v) for k, v in parts.items()}
+def _match(prompts: Tensor, responses: Tensor) -> Tensor:
+    """Tensor form of rewards.match, in float64: prompts (..., n), responses (..., G, n) -> (..., G)."""
+    target = prompts.sort(-1).values.unsqueeze(-2)
+    return (responses == target).sum(-1).double() / prompts.shape[-1]
+
+
+def _inclusion_order(prompts: Tensor, responses: Tensor) -> Tensor:
+    """Tensor form of rewards.inclusion_order, in float64."""
+    n = prompts.shape[-1]
+    present = (prompts.unsqueeze(-2).unsqueeze(-1) == responses.unsqueeze(-2)).any(-1).sum(-1)  # (..., G)
+    ordered = (responses[..., :-1] <= responses[..., 1:]).sum(-1)
+    return (present + ordered).double() / (2 * n - 1)
+
+
+# the built-in sort rewards on tensors: a population's B x G x P responses without a Python loop
+TENSOR_REWARDS = {algos_rewards.match: _match, algos_rewards.inclusion_order: _inclusion_order}
+
+
+def score(fns: dict, prompts: Tensor, responses: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    """prompts (..., B, n), responses (..., B, G, n) -> total rewards (..., B, G) and each reward's mean (...).
+
+    The weighted sum is taken in float64, in the order of the reward mapping, as
+    rewards.combine sums it, then rounded to fp32 once.
+    """
+    *lead, g, n = responses.shape
+    total = torch.zeros(responses.shape[:-1], dtype=torch.float64, device=responses.device)
+    means = {}
+    for spec, (fn, weight) in fns.items():
+        fast = TENSOR_REWARDS.get(fn)
+        if fast is not None:
+            scores = fast(prompts, responses)
+        else:
+            flat_p = [row for row in prompts.reshape(-1, n).tolist() for _ in range(g)]
+            raw = fn(flat_p, responses.reshape(-1, n).tolist())
+            if len(raw) != len(flat_p):
+                raise ValueError(f"reward {spec!r} returned {len(raw)} scores for {len(flat_p)} completions")
+            scores = torch.tensor([0.0 if s is None else float(s) for s in raw], dtype=torch.float64,
+                                  device=responses.device).view(responses.shape[:-1])
+        total = total + weight * scores
+        means[f"reward/{algos_rewards.metric_name(spec)}"] = scores.flatten(len(lead) - 1).mean(-1)
+    return total.float(), means
 
 
 @register("task", "sort", config=SortConfig)
 class SortTask:
     """Sort n integers with a non-autoregressive toy policy (CS336 lecture 17)."""
 
-    def __init__(self, cfg: SortConfig, run_cfg):
-        self.cfg, self.backend = cfg, run_cfg.backend
+    def __init__(self, cfg: SortConfig, run_cfgs):
+        run_cfgs = run_cfgs if isinstance(run_cfgs, list) else [run_cfgs]
+        self.cfg = cfg
+        self.seeds = [c.seed for c in run_cfgs]
         self.rewards = algos_rewards.check(cfg.rewards, "sort")
-        self.device = torch.device(run_cfg.device)
-        self.policy = SortPolicy(cfg.vocab, cfg.n, cfg.dim).to(self.device)
+        self.device = torch.device(run_cfgs[0].device)
+        self.policy = SortPolicy(cfg.vocab, cfg.n, cfg.dim, self.seeds).to(self.device)
         self.reference = copy.deepcopy(self.policy).requires_grad_(False)
         self.fixed = None if cfg.prompts is None else torch.tensor(cfg.prompts, device=self.device)
         # The held-out set is the same for every seed, so eval numbers compare across runs.
         g = torch.Generator().manual_seed(12345)
         self.eval_set = torch.randint(0, cfg.vocab, (cfg.eval_prompts, cfg.n), generator=g).to(self.device)
 
-    def rollout(self, epoch: int, group_size: int, gen: torch.Generator) -> Rollout:
+    @staticmethod
+    def member_bytes(run_cfg) -> int:
+        """A generous estimate of one member's memory: parameters with their gradient, Adam moments and
+        reference (x8), and the activations of one step (x8 for the backward's copies)."""
+        c = run_cfg.task
+        params = c.vocab * c.dim + 2 * c.n * c.dim * c.dim
+        b = len(c.prompts) if c.prompts is not None else c.num_prompts
+        acts = b * (run_cfg.group_size * c.n * 4 + c.n * (3 * c.dim + 2 * c.vocab))
+        return 4 * 8 * (params + acts)
+
+    @staticmethod
+    def population_cap(run_cfg) -> int:
+        return 1 << 30  # tiny products: the more members per bmm, the less overhead each pays
+
+    @property
+    def size(self) -> int:
+        return len(self.seeds)
+
+    def _prompts(self, epoch: int, draw: int) -> Tensor:
         cfg = self.cfg
         if self.fixed is not None:
-            prompts = self.fixed
-        else:
-            prompts = torch.randint(0, cfg.vocab, (cfg.num_prompts, cfg.n), generator=gen).to(self.device)
+            return self.fixed.expand(self.size, -1, -1)
+        return torch.stack([torch.randint(0, cfg.vocab, (cfg.num_prompts, cfg.n),
+                                          generator=rng.stream(s, "prompts", epoch, draw)) for s in self.seeds]
+                           ).to(self.device)
+
+    def rollout(self, epoch: int, draw: int, group_size: int) -> Rollout:
+        prompts = self._prompts(epoch, draw)                                    # (P, B, n)
         with torch.no_grad():
-            probs = torch.softmax(self.policy(prompts).float(), dim=-1).cpu()   # (B, n, V)
-        b, n, v = probs.shape
-        # sampled on the CPU with the run's generator: identical streams on any device
-        draws = torch.multinomial(probs.reshape(b * n, v), group_size, replacement=True, generator=gen)
-        responses = draws.reshape(b, n, group_size).permute(0, 2, 1).to(self.device)  # (B, G, n)
+            probs = torch.softmax(self.policy(prompts).float(), dim=-1).cpu()   # (P, B, n, V)
+        p, b, n, v = probs.shape
+        # Inverse-CDF sampling with each member's own uniforms, drawn on the CPU: identical
+        # streams on any device, and two variants with the same seed and similar policies
+        # draw similar responses (common random numbers).
+        u = torch.stack([torch.rand(b, n, group_size, generator=rng.stream(s, "sample", epoch, draw))
+                         for s in self.seeds])                                  # (P, B, n, G)
+        draws = torch.searchsorted(probs.cumsum(-1), u).clamp(max=v - 1)       # (P, B, n, G)
+        responses = draws.permute(0, 1, 3, 2).to(self.device)                  # (P, B, G, n)
         rewards, metrics = score(self.rewards, prompts, responses)
-        solved = (responses == prompts.sort(-1).values.unsqueeze(1)).all(-1).float()
+        solved = (responses == prompts.sort(-1).values.unsqueeze(2)).all(-1).float()
+        metrics["reward/solved"] = solved.flatten(1).mean(-1)
         return Rollout(prompts=prompts, responses=responses, mask=torch.ones(responses.shape, device=self.device),
-                       rewards=rewards, metrics=metrics | {"reward/solved": solved.mean().item()})
+                       rewards=rewards, metrics=metrics)
 
     def logprobs(self, rollout: Rollout, reference: bool = False) -> tuple[Tensor, Tensor | None]:
         model = self.reference if reference else self.policy
-        logits = model(rollout.prompts)                                 # (B, n, V)
-        g = rollout.responses.shape[1]
-        logits = logits.unsqueeze(1).expand(-1, g, -1, -1)              # (B, G, n, V)
-        return token_logprobs(logits, rollout.responses, backend=self.backend, with_entropy=not reference)
+        # The G responses to a prompt share its per-position distributions: one log-softmax per
+        # position, gathered at each sample (G times less softmax work than one row per token).
+        lp = torch.log_softmax(model(rollout.prompts).float(), -1)           # (P, B, n, V)
+        logp = lp.gather(-1, rollout.responses.transpose(2, 3)).transpose(2, 3)  # (P, B, G, n)
+        if reference:
+            return logp, None
+        # the floor keeps p log p at 0, not 0 * -inf, where p underflows
+        ent = -(lp.exp() * lp.clamp(min=_LOG_FLOOR)).sum(-1)                # (P, B, n)
+        return logp, ent.unsqueeze(2).expand_as(logp)
 
     @torch.no_grad()
-    def mix_reference(self, weight: float) -> None:
+    def mix_reference(self, weights: list[float]) -> None:
         for ref, pol in zip(self.reference.parameters(), self.policy.parameters()):
-            ref.lerp_(pol, weight)  # ref + w (pol - ref); w = 1 copies exactly
+            w = torch.tensor(weights, dtype=ref.dtype, device=ref.device).view(-1, *[1] * (ref.dim() - 1))
+            ref.lerp_(pol, w)  # ref + w (pol - ref); w = 1 copies exactly, w = 0 leaves it as it was
 
     @torch.no_grad()
     def greedy_rewards(self, rollout: Rollout) -> Tensor:
-        greedy = self.policy(rollout.prompts).argmax(-1).unsqueeze(1)   # (B, 1, n)
-        return score(self.rewards, rollout.prompts, greedy)[0].squeeze(1)
+        greedy = self.policy(rollout.prompts).argmax(-1).unsqueeze(2)  # (P, B, 1, n)
+        return score(self.rewards, rollout.prompts, greedy)[0].squeeze(2)
 
     @torch.no_grad()
-    def evaluate(self, gen: torch.Generator) -> dict[str, float]:
-        out = {}
+    def evaluate(self) -> list[dict[str, float]]:
+        out: dict[str, Tensor] = {}
         sets = {"eval": self.eval_set}
         if self.fixed is not None:
             sets["eval_train"] = self.fixed
         for prefix, prompts in sets.items():
-            greedy = self.policy(prompts).argmax(-1).unsqueeze(1)       # (B, 1, n)
-            target = prompts.sort(-1).values.unsqueeze(1)
-            out[f"{prefix}/accuracy"] = (greedy == target).all(-1).float().mean().item()
-            out[f"{prefix}/reward"] = score(self.rewards, prompts, greedy)[0].mean().item()
-        return out
+            prompts = prompts.expand(self.size, -1, -1)
+            greedy = self.policy(prompts).argmax(-1).unsqueeze(2)      # (P, B, 1, n)
+            target = prompts.sort(-1).values.unsqueeze(2)
+            out[f"{prefix}/accuracy"] = (greedy == target).all(-1).float().flatten(1).mean(-1)
+            out[f"{prefix}/reward"] = score(self.rewards, prompts, greedy)[0].flatten(1).mean(-1)
+        names, values = list(out), torch.stack(list(out.values()), 1).tolist()
+        return [dict(zip(names, row)) for row in values]
+
+    def keep(self, idx: list[int]) -> None:
+        self.seeds = [self.seeds[i] for i in idx]
+        self.policy.keep(idx)
+        self.reference.keep(idx)
+        self.reference.requires_grad_(False)

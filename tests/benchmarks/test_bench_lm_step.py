@@ -116,13 +116,13 @@ def setup(case: Case, device: str, tmp_root):
         batch = [problems.Problem(int(a), "add", int(b)) for a, b in torch.randint(0, 100, (case.prompts, 2), generator=gen)]
         ids, attn = task._prompts(batch)
         digits = torch.tensor(task.tokenizer.convert_tokens_to_ids(list("0123456789")))
-        shape = (case.prompts, case.samples, case.new_tokens)
+        shape = (1, case.prompts, case.samples, case.new_tokens)   # a population of one
         responses = digits[torch.randint(0, 10, shape, generator=gen)].to(ids.device)
-        ro = Rollout(batch, responses, torch.ones(shape, device=ids.device), torch.zeros(shape[:2], device=ids.device),
-                     extra={"prompt_ids": ids, "prompt_mask": attn})
+        ro = Rollout([batch], responses, torch.ones(shape, device=ids.device), torch.zeros(shape[:3], device=ids.device),
+                     extra={"prompt_ids": ids[None], "prompt_mask": attn[None]})
         with torch.no_grad():
             old = task.logprobs(ro)[0]
-        deltas = torch.randn(shape[:2], generator=gen).to(ids.device)
+        deltas = torch.randn(shape[:3], generator=gen).to(ids.device)
         _TASKS[key] = (task, ro, old, deltas)
     return _TASKS[key]
 
@@ -170,10 +170,10 @@ def check(task, ro: Rollout, case: Case, k: int = 2) -> None:
 
     t = ro.responses.shape[-1]
     g = case.samples
-    ids = torch.cat([ro.extra["prompt_ids"][:k].repeat_interleave(g, 0), ro.responses[:k].reshape(k * g, t)], 1)
-    attn = torch.cat([ro.extra["prompt_mask"][:k].repeat_interleave(g, 0), ro.mask[:k].reshape(k * g, t).long()], 1)
-    part = Rollout(ro.prompts[:k], ro.responses[:k], ro.mask[:k], ro.rewards[:k],
-                   extra={key: v[:k] for key, v in ro.extra.items()})
+    ids = torch.cat([ro.extra["prompt_ids"][0, :k].repeat_interleave(g, 0), ro.responses[0, :k].reshape(k * g, t)], 1)
+    attn = torch.cat([ro.extra["prompt_mask"][0, :k].repeat_interleave(g, 0), ro.mask[0, :k].reshape(k * g, t).long()], 1)
+    part = Rollout([ro.prompts[0][:k]], ro.responses[:, :k], ro.mask[:, :k], ro.rewards[:, :k],
+                   extra={key: v[:, :k] for key, v in ro.extra.items()})
     with torch.no_grad():
         mine = task.logprobs(part)[0].reshape(k * g, t)
         logits = task.policy(input_ids=ids, attention_mask=attn, position_ids=positions(attn)).logits[:, -t - 1:-1]

@@ -1,0 +1,213 @@
+"""Populations: P runs stacked on a leading axis give every run the numbers it has alone.
+
+Runs of a population share every part and shape and may differ in seeds and numbers. The
+central contract, tested on both tasks: every metric row of a run trained inside a
+population equals, to the bit, the row of the same run trained alone (a population of one,
+the same code). Seed-matched runs of different variants share their random streams (common
+random numbers); different seeds do not (tests/test_sort.py, tests/test_arithmetic.py).
+"""
+import copy
+import math
+
+import pytest
+import torch
+
+from grpo_bench.config import resolve_run
+from grpo_bench.optim import StackedOptimizer, clip_grad_norm
+from grpo_bench.runner import RunSpec, populations, population_key
+from grpo_bench.trainer import NonFiniteLoss, train, train_population
+
+SORT = {"task": {"name": "sort", "prompts": None, "n": 4, "vocab": 6, "num_prompts": 5, "dim": 8},
+        "group_size": 4, "epochs": 4, "inner_steps": 3, "eval_every": 2}
+LM = {"task": {"name": "arithmetic", "ops": {"add": [0, 99]}, "prompts_per_step": 3, "eval_size": 12, "pass_k": 2,
+               "model": {"source": "tiny-scratch", "layers": 1, "width": 32, "heads": 2},
+               "sampling": {"max_new_tokens": 4}},
+      "group_size": 3, "epochs": 3, "inner_steps": 2, "eval_every": 2}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # the contract holds at one thread per population, the runner's default: with more, a
+    # reduction splits across threads by its size, which a population changes
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _untimed(rows):
+    return [r for r in rows if not r[1].startswith("time/")]
+
+
+def _both_ways(raws):
+    """(rows and results inside one population, rows and results of each run alone)."""
+    cfgs = [resolve_run(copy.deepcopy(r)) for r in raws]
+    rows = [[] for _ in cfgs]
+    together = train_population(cfgs, rows)
+    alone = []
+    for raw in raws:
+        r = []
+        try:
+            out = train(resolve_run(copy.deepcopy(raw)), r)
+        except NonFiniteLoss as e:
+            out = e
+        alone.append((out, r))
+    return list(zip(together, rows)), alone
+
+
+SORT_CASES = {
+    "seeds": [{}] * 8,
+    # members differ in numbers: learning rate, clip bounds, beta, decay, the clipping norm
+    "numbers": [{"lr": 1e-3 * (i + 1), "loss": {"name": "clipped", "clip_high": 0.2 + 0.04 * i},
+                 "kl_coef": 0.01 * (i + 1), "weight_decay": 0.01 * i, "max_grad_norm": 0.5 + i,
+                 "optimizer": "adamw"} for i in range(4)],
+    "kl_reward_adaptive_refresh": [{"kl_coef": 0.05, "kl_placement": "reward", "kl_ctrl": "adaptive",
+                                    "ref_update": {"name": "soft", "every": 2, "alpha": 0.5 + 0.1 * i}}
+                                   for i in range(3)],
+    # per-member parts: dynamic sampling's redraws, the entropy quantile, clip_cov's random draws
+    "per_member_parts": [{"filters": [{"name": "dynamic_sampling", "max_draws": 3},
+                                      {"name": "top_entropy", "rho": 0.5}], "loss": "clip_cov"}] * 3,
+    "remax_and_sgd": [{"delta": "remax", "optimizer": "sgd", "lr": 0.05, "inner_steps": 1}] * 3,
+}
+
+
+@pytest.mark.parametrize("case", list(SORT_CASES))
+def test_sort_population_equals_runs_alone(case):
+    raws = [{**SORT, **over, "seed": s} for s, over in zip([3, 0, 7, 1, 4, 2, 6, 5], SORT_CASES[case])]
+    together, alone = _both_ways(raws)
+    for (res_p, rows_p), (res_a, rows_a) in zip(together, alone):
+        assert _untimed(rows_p) == _untimed(rows_a)    # every metric row, to the bit
+        assert res_p == res_a
+        assert len(rows_p) > 50
+
+
+def test_lm_population_equals_runs_alone():
+    raws = [{**LM, "seed": s, "kl_coef": 0.05, "ref_update": {"name": "hard", "every": 2},
+             "loss": {"name": "clipped", "clip_high": 0.2 + 0.1 * i}} for i, s in enumerate([2, 0, 1])]
+    together, alone = _both_ways(raws)
+    for (res_p, rows_p), (res_a, rows_a) in zip(together, alone):
+        assert _untimed(rows_p) == _untimed(rows_a)
+        assert res_p == res_a and "final/eval/pass@k" in res_p
+
+
+def test_a_non_finite_member_fails_alone_and_the_others_go_on():
+    # member 1's learning rate blows its loss up; members 0 and 2 finish with the numbers they have alone
+    raws = [{**SORT, "optimizer": "sgd", "lr": lr, "epochs": 6, "seed": s}
+            for s, lr in [(0, 0.05), (1, 1e30), (2, 0.05), (3, 0.05)]]
+    together, alone = _both_ways(raws)
+    (r0, rows0), (r1, rows1), (r2, rows2), (r3, rows3) = together
+    assert isinstance(r1, NonFiniteLoss) and isinstance(alone[1][0], NonFiniteLoss)
+    assert "epoch 0" in str(r1)   # early: the others train on for epochs without it
+    assert str(r1) == str(alone[1][0]) and _untimed(rows1) == _untimed(alone[1][1])   # up to its failure
+    for (res, rows), (res_a, rows_a) in [((r0, rows0), alone[0]), ((r2, rows2), alone[2]), ((r3, rows3), alone[3])]:
+        assert res == res_a and _untimed(rows) == _untimed(rows_a) and "final/reward" in res
+
+
+def test_members_must_share_their_structure():
+    cfgs = [resolve_run({**SORT, "seed": 0}), resolve_run({**SORT, "seed": 1, "loss": "naive"})]
+    with pytest.raises(ValueError, match="share every part and shape"):
+        train_population(cfgs)
+
+
+# --------------------------------------------------------------------- the optimiser
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw", "sgd"])
+def test_stacked_optimizer_equals_torch_on_each_member(kind):
+    """One optimiser over (P, ...) parameters equals torch.optim's on each member alone, to the bit,
+    each member with its own learning rate and weight decay."""
+    gen = torch.Generator().manual_seed(0)
+    lr, wd = [1e-2, 3e-3, 1e-2], [0.0, 0.1, 0.05]
+    stacked = [torch.randn(3, 5, 4, generator=gen).requires_grad_(), torch.randn(3, 7, generator=gen).requires_grad_()]
+    alone = [[p[i].detach().clone().requires_grad_() for p in stacked] for i in range(3)]
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[kind]
+    torch_opts = [cls(ps, lr=lr[i], weight_decay=wd[i], fused=True) for i, ps in enumerate(alone)]
+    opt = StackedOptimizer(stacked, kind, lr, wd)
+    for _ in range(4):
+        grads = [torch.randn(p.shape, generator=gen) for p in stacked]
+        for p, g in zip(stacked, grads):
+            p.grad = g.clone()
+        for i, ps in enumerate(alone):
+            for p, g in zip(ps, grads):
+                p.grad = g[i].clone()
+        opt.step()
+        for o in torch_opts:
+            o.step()
+    for i in range(3):
+        for p, q in zip(stacked, alone[i]):
+            assert torch.equal(p[i], q)
+    # and to torch's default (not fused) implementation within rounding
+    ref = [p[0].detach().clone().requires_grad_() for p in stacked]
+    assert all(torch.isfinite(p).all() for p in ref)
+
+
+def test_clipping_is_each_members_own_global_norm():
+    gen = torch.Generator().manual_seed(1)
+    params = [torch.zeros(3, 4, 2, requires_grad=True), torch.zeros(3, 6, requires_grad=True)]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen) * torch.tensor([0.01, 1.0, 10.0]).view(-1, *[1] * (p.dim() - 1))
+    want = [math.sqrt(sum(float((p.grad[i] ** 2).sum()) for p in params)) for i in range(3)]
+    before = [p.grad.clone() for p in params]
+    norms = clip_grad_norm(params, [1.0, 0.0, 2.0])
+    assert norms.tolist() == pytest.approx(want, rel=1e-6)
+    for i, limit in enumerate([1.0, math.inf, 2.0]):
+        scale = min(1.0, limit / (want[i] + 1e-6))
+        for p, b in zip(params, before):
+            torch.testing.assert_close(p.grad[i], b[i] * scale)
+    # a member under its limit, and one with none (0), keep their gradient exactly
+    assert torch.equal(params[0].grad[0], before[0][0]) and torch.equal(params[0].grad[1], before[0][1])
+
+
+# -------------------------------------------------------------------- stacked LoRA
+
+
+def test_stacked_lora_is_pefts_lora():
+    """A population's adapter computes what peft's LoRA computes with the same A and B: outputs and gradients."""
+    from grpo_bench.lm import models, stacked
+    from grpo_bench.lm.tokenizer import build_char_tokenizer
+
+    tok = models.prepare_tokenizer(build_char_tokenizer())
+    peft_model = models.attach_lora(models.build_tiny(tok, 2, 32, 2, seed=0), rank=4, alpha=8, dropout=0.0,
+                                    targets=["c_attn", "c_proj", "c_fc"])
+    mine = models.build_tiny(tok, 2, 32, 2, seed=0)
+    layers = stacked.attach(mine, ["c_attn", "c_proj", "c_fc"], 4, 8, 0.0, seeds=[0])
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for (a, b), layer in zip(models.lora_factors(peft_model, "default"), layers):
+            b.copy_(0.1 * torch.randn(b.shape, generator=gen))
+            layer.A.copy_(a[None])
+            layer.B.copy_(b[None])
+    ids = torch.randint(3, len(tok), (5, 9), generator=gen)
+    want = peft_model(input_ids=ids).logits
+    got = mine(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    want.square().mean().backward()
+    got.square().mean().backward()
+    for (a, b), layer in zip(models.lora_factors(peft_model, "default"), layers):
+        torch.testing.assert_close(layer.A.grad[0], a.grad, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(layer.B.grad[0], b.grad, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------- the runner
+
+
+def _spec(i, **over):
+    cfg = {**SORT, "seed": i % 4, **over}
+    return RunSpec(f"r{i}", "v", {}, cfg["seed"], cfg)
+
+
+def test_runner_groups_compatible_runs_and_balances_workers():
+    a = [_spec(i) for i in range(10)]
+    b = [_spec(i, lr=0.5, loss={"name": "clipped", "clip_high": 0.3}) for i in range(10, 14)]   # numbers only
+    c = [_spec(i, loss="naive") for i in range(14, 20)]                                           # another part
+    assert population_key(a[0]) == population_key(b[0]) != population_key(c[0])
+    pops = populations(a + b + c, size=8, workers=2)
+    # 14 compatible runs in 2 of 7 and 6 in 1: three populations for two workers, so the largest splits again
+    assert sorted(len(p) for p in pops) == [4, 5, 5, 6]
+    assert len(pops) % 2 == 0 and [len(p) for p in pops] == sorted((len(p) for p in pops), reverse=True)
+    for pop in pops:
+        assert len({population_key(s) for s in pop}) == 1
+    assert sorted(s.run_id for p in pops for s in p) == sorted(s.run_id for s in a + b + c)
+    # one worker: the fewest populations of at most `size`
+    assert sorted(len(p) for p in populations(a + b + c, size=8, workers=1)) == [6, 7, 7]
+    assert [len(p) for p in populations(a[:3], size=1, workers=2)] == [1, 1, 1]
