@@ -31,6 +31,7 @@ from torch import Tensor
 
 from . import registry
 from .algos import Batch, masked_mean, masked_sum
+from .algos.deltas import clip_deltas
 from .config import RunConfig, task_name
 from .logprobs import grpo_loss
 from .tasks import Rollout
@@ -76,6 +77,8 @@ def filter_effect(before: Batch, after: Batch) -> dict[str, float]:
         out["dropped_groups"] = 1.0 - after.keep.float().mean().item()
     if after.rewards is not before.rewards:
         out["reward_shift"] = (after.rewards - before.rewards).mean().item()
+    if after.retire is not None and after.retire is not before.retire:
+        out["retired"] = after.retire.float().mean().item()
     return out
 
 
@@ -102,6 +105,8 @@ def sample(task, epoch: int, cfg: RunConfig, gen: torch.Generator, filters) -> t
             if draws == 1:
                 metrics.update({f"filter/{name}/{k}": v for k, v in filter_effect(before, batch).items()})
         ro = ro.replace(rewards=batch.rewards, mask=batch.mask)
+        if batch.retire is not None and batch.retire.any():  # a curriculum: the task's stream drops these prompts
+            task.retire(ro.select(batch.retire).prompts)
         if batch.keep is None:
             break
         kept.append(ro.select(batch.keep))
@@ -152,6 +157,9 @@ def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
     kl_ctrl = registry.bind("kl_ctrl", cfg.kl_ctrl)
     ref_update = registry.bind("ref_update", cfg.ref_update)
     rollout_filters, step_filters = _filters(cfg, "rollout"), _filters(cfg, "step")
+    entropy_ctrl = registry.bind("entropy_ctrl", cfg.entropy_ctrl)
+    use_entropy = cfg.entropy_coef > 0 or cfg.entropy_ctrl["name"] != "fixed"
+    entropy_state, entropy_coef = entropy_ctrl(cfg.entropy_coef, None)
     use_ref = cfg.kl_coef > 0 or cfg.kl_track
     kl_in_loss = cfg.kl_coef > 0 and cfg.kl_placement == "loss"
     kl_coef = cfg.kl_coef
@@ -206,7 +214,7 @@ def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
                 rewards = rewards - kl_coef * masked_sum(kl_tok, mask, dim=-1)
                 epoch_metrics["reward/penalised"] = rewards.mean().item()
         greedy = task.greedy_rewards(ro) if needs_greedy else None
-        deltas = delta_fn(rewards, mask.sum(-1), greedy)
+        deltas = clip_deltas(delta_fn(rewards, mask.sum(-1), greedy, ro.components), cfg.adv_clip)
         epoch_metrics["delta/abs_mean"] = deltas.abs().mean().item()
         epoch_rewards.append(epoch_metrics["reward/mean"])
         for m in TAIL:
@@ -229,7 +237,9 @@ def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
                 gate = batch.gate
             loss, stats = grpo_loss(logp, old_logp, ref_logp if kl_in_loss else None, deltas, mask,
                                     loss=cfg.loss, aggregate=cfg.aggregate, kl=cfg.kl if kl_in_loss else None,
-                                    kl_coef=kl_coef if kl_in_loss else 0.0, gate=gate, backend=cfg.backend)
+                                    kl_coef=kl_coef if kl_in_loss else 0.0, gate=gate, backend=cfg.backend,
+                                    corrections=cfg.corrections, entropy=entropy if use_entropy else None,
+                                    entropy_coef=entropy_coef, nll_coef=cfg.nll_coef, positive=ro.rewards > 0)
             if not torch.isfinite(loss):
                 raise NonFiniteLoss(f"non-finite loss {loss.item()} at epoch {epoch}, inner step {k}")
             opt.zero_grad(set_to_none=True)
@@ -237,6 +247,9 @@ def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
             gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
             opt.step()
             dt = time.perf_counter() - t1 + (rollout_s if k == 0 else 0.0)
+            if use_entropy:
+                filter_metrics["entropy/coef"] = entropy_coef
+                entropy_state, entropy_coef = entropy_ctrl(entropy_state, stats["loss/entropy"].item())
 
             # the end of each window: with log_every = K that is the most off-policy step
             if (step + 1) % cfg.log_every == 0 or step == total_steps - 1:

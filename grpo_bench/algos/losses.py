@@ -36,8 +36,13 @@ OptionalFraction = Annotated[float | None, Range(0, 1, lo_open=True, hi_open=Tru
 def _ppo(ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float) -> tuple[Tensor, Regions]:
     """-min(ratio * A, clip(ratio, 1 - low, 1 + high) * A) and the tokens where the clip wins."""
     lo, hi = 1.0 - clip_low, 1.0 + clip_high
-    loss = -torch.minimum(ratio * adv, ratio.clamp(lo, hi) * adv)
+    loss = -torch.minimum(ratio * adv, _clamp(ratio, lo, hi) * adv)
     return loss, {"low": (adv < 0) & (ratio < lo), "high": (adv > 0) & (ratio > hi)}
+
+
+def _clamp(x: Tensor, lo, hi) -> Tensor:
+    """x.clamp(lo, hi) where either bound may be a number or a 0-d tensor (a population member's own)."""
+    return x.clamp(min=lo).clamp(max=hi)  # the same values and gradient as clamp(lo, hi)
 
 
 def _full(like: Tensor, value) -> Tensor:
@@ -120,7 +125,7 @@ def gmpo(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     lr = logp - old_logp
     sgn = torch.sign(adv)
     # the clipped log-ratio wins the min only where it lowers the objective: PPO's rule in log space
-    lr_min = sgn * torch.minimum(sgn * lr, sgn * lr.clamp(-clip_low, clip_high))
+    lr_min = sgn * torch.minimum(sgn * lr, sgn * _clamp(lr, -clip_low, clip_high))
     ratio = torch.exp(masked_mean(lr_min, mask, dim=-1, keepdim=True))  # (B, G, 1)
     loss = (-deltas.unsqueeze(-1) * ratio).expand_as(logp)
     return loss, {"low": (adv < 0) & (lr < -clip_low), "high": (adv > 0) & (lr > clip_high)}
@@ -139,7 +144,7 @@ def cispo(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     ratio = torch.exp(logp - old_logp)
     lo = 0.0 if clip_low is None else 1.0 - clip_low
     hi = 1.0 + clip_high
-    weight = ratio.clamp(min=lo).clamp(max=hi).detach()  # one bound per clamp: either may be a 0-d tensor
+    weight = _clamp(ratio, lo, hi).detach()
     return -weight * bcast(deltas, logp) * logp, {"low": ratio < lo, "high": ratio > hi}
 
 

@@ -204,8 +204,13 @@ def last_hidden(model: nn.Module, **inputs) -> torch.Tensor:
     return _hf_model(model).base_model(**inputs).last_hidden_state
 
 
-def head_inputs(model: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def head_inputs(model: nn.Module, hidden: torch.Tensor,
+                fp32: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(hidden', weight (V, H'), bias (V) | None) with hidden' @ weight^T + bias = lm_head(hidden).
+
+    fp32: the three in fp32, so that the head's GEMM runs in fp32 on a bf16 model (TRL's
+    cast_lm_head_to_fp32: the upcast is exact, only the product's rounding changes); on an
+    fp32 model it changes nothing.
 
     A plain head gives (hidden, W, b), W the tied input embedding for GPT-2. A head with an
     active LoRA adapter computes W x + s * B A drop(x); that is the GEMM of the concatenations
@@ -214,6 +219,9 @@ def head_inputs(model: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, t
     """
     head = _hf_model(model).get_output_embeddings()
     base = _base_head(_hf_model(model))
+    if fp32:
+        hidden, weight, bias = head_inputs(model, hidden)
+        return hidden.float(), weight.float(), None if bias is None else bias.float()
     if head is base or head.disable_adapters or head.merged:
         return hidden, base.weight, base.bias
     xs, ws = [hidden], [base.weight]

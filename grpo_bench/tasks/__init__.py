@@ -25,12 +25,13 @@ class Rollout:
     prompts: Any                 # task-specific: a (B, ...) tensor or a list of B items
     responses: Tensor            # (B, G, T) sampled token ids
     mask: Tensor                 # (B, G, T) 1.0 on response tokens that count, 0.0 on padding / after EOS
-    rewards: Tensor              # (B, G) total reward
+    rewards: Tensor              # (B, G) total reward: the weighted sum of components
     finished: Tensor | None = None   # (B, G) bool: ended with EOS within the budget; None = all did
     lengths: Tensor | None = None    # (B, G) tokens generated, EOS included; None = from the mask
     extra: dict[str, Any] = field(default_factory=dict)    # (B, ...) tensors logprobs() needs again (input ids, ...)
     left_pad: dict[str, Any] = field(default_factory=dict)  # extra tensors padded on the left, and with what
     metrics: dict[str, float] = field(default_factory=dict)  # e.g. reward components: {"reward/correct": 0.4}
+    components: Tensor | None = None  # (B, G, C) raw score of each of the task's C reward functions, in their order
 
     def __post_init__(self):
         if self.finished is None:
@@ -47,7 +48,8 @@ class Rollout:
         pick = lambda x: x[idx.to(x.device)] if isinstance(x, Tensor) else [x[i] for i in idx.tolist()]  # noqa: E731
         return self.replace(prompts=pick(self.prompts), responses=pick(self.responses), mask=pick(self.mask),
                             rewards=pick(self.rewards), finished=pick(self.finished), lengths=pick(self.lengths),
-                            extra={k: pick(v) for k, v in self.extra.items()})
+                            extra={k: pick(v) for k, v in self.extra.items()},
+                            components=None if self.components is None else pick(self.components))
 
     @staticmethod
     def cat(parts: list["Rollout"]) -> "Rollout":
@@ -71,7 +73,8 @@ class Rollout:
             responses=torch.cat([right(p.responses) for p in parts]), mask=torch.cat([right(p.mask) for p in parts]),
             rewards=torch.cat([p.rewards for p in parts]), finished=torch.cat([p.finished for p in parts]),
             lengths=torch.cat([p.lengths for p in parts]),
-            extra={k: join(k, [p.extra[k] for p in parts]) for k in first.extra})
+            extra={k: join(k, [p.extra[k] for p in parts]) for k in first.extra},
+            components=None if first.components is None else torch.cat([p.components for p in parts]))
 
 
 class Task(Protocol):
@@ -87,6 +90,10 @@ class Task(Protocol):
 
     def mix_reference(self, weight: float) -> None:
         """reference <- weight * policy + (1 - weight) * reference (1: a copy of the policy)."""
+
+    def retire(self, prompts: Any) -> None:
+        """Never draw these prompts (a rollout's `prompts`, selected) again: a curriculum filter's
+        decision. Raises RuntimeError when nothing would be left to draw."""
 
     def greedy_rewards(self, rollout: Rollout) -> Tensor:
         """(B,) reward of the policy's greedy response to each prompt of the rollout (ReMax's baseline)."""

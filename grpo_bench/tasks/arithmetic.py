@@ -55,6 +55,9 @@ class ModelSection:
     """tiny-scratch: hidden size (n_embd)."""
     heads: int = 4
     """tiny-scratch: attention heads."""
+    cast_lm_head_to_fp32: bool = False
+    """The LM head's GEMM in fp32 for the trained log-probs (TRL's option, ScaleRL's fp32 head); changes
+    nothing on an fp32 model (CPU), only with bf16 weights (CUDA). Needs a backend other than torch."""
 
 
 @dataclass
@@ -147,6 +150,9 @@ class ArithmeticConfig:
         for key, value in positive.items():
             if value < 1:
                 raise ValueError(f"{key}: must be >= 1, got {value}")
+        if self.model.cast_lm_head_to_fp32 and run_cfg.backend == "torch":
+            raise ValueError("model.cast_lm_head_to_fp32: needs backend chunked, triton or auto (backend torch "
+                             "takes the model's own logits)")
         if self.model.width % self.model.heads:
             raise ValueError(f"model.width: must be a multiple of model.heads ({self.model.heads}), got {self.model.width}")
         if self.sampling.temperature <= 0:
@@ -281,6 +287,7 @@ class Arithmetic:
             extra={"prompt_ids": ids, "prompt_mask": attn},
             left_pad={"prompt_ids": self.tokenizer.pad_token_id, "prompt_mask": 0},
             metrics=metrics,
+            components=self._rewards_mod.components(parts, b, group_size, self.device),
         )
 
     # ------------------------------------------------------------------ log-probs
@@ -300,7 +307,7 @@ class Arithmetic:
             # Position P-1 predicts the first response token. The head's GEMM, the softmax and
             # their backward run in row chunks: no (N, T, V) logits, nor their gradient.
             hidden = self._models.last_hidden(self.policy, **inputs)[:, -t - 1:-1]  # (N, T, H)
-            hidden, weight, bias = self._models.head_inputs(self.policy, hidden)
+            hidden, weight, bias = self._models.head_inputs(self.policy, hidden, self.cfg.model.cast_lm_head_to_fp32)
             return linear_logprobs(hidden, weight, responses, backend=self.run_cfg.backend,
                                    with_entropy=with_entropy, bias=bias, temperature=tau)
         # the materialised reference: the model's own logits, the T that predict response tokens
@@ -327,6 +334,12 @@ class Arithmetic:
 
     def mix_reference(self, weight: float) -> None:
         self.reference.mix(weight)
+
+    def retire(self, prompts: list) -> None:
+        """Never draw these problems again: a curriculum filter's decision (no_positive_resample)."""
+        self._exclude.update(prompts)
+        if len(self._exclude) >= self._problems.space_size(self.cfg.ops):
+            raise RuntimeError("every training problem is retired: nothing left to draw")
 
     @torch.no_grad()
     def greedy_rewards(self, rollout: Rollout) -> Tensor:

@@ -84,13 +84,15 @@ class SortPolicy(nn.Module):
         return y @ self.embedding.weight.T / math.sqrt(d)            # (B, n, V)
 
 
-def score(fns: dict, prompts: Tensor, responses: Tensor) -> tuple[Tensor, dict[str, float]]:
-    """prompts (B, n), responses (B, G, n) -> total rewards (B, G) and each reward's mean."""
+def score(fns: dict, prompts: Tensor, responses: Tensor) -> tuple[Tensor, dict[str, float], Tensor]:
+    """prompts (B, n), responses (B, G, n) -> total rewards (B, G), each reward's mean, and the
+    raw scores (B, G, C) of the C reward functions (their weighted sum is the total)."""
     b, g, _ = responses.shape
     total, parts = algos_rewards.combine(fns, [p for p in prompts.tolist() for _ in range(g)],
                                          responses.reshape(b * g, -1).tolist())
     rewards = torch.tensor(total, dtype=torch.float32, device=responses.device).view(b, g)
-    return rewards, {f"reward/{k}": sum(v) / len(v) for k, v in parts.items()}
+    return (rewards, {f"reward/{k}": sum(v) / len(v) for k, v in parts.items()},
+            algos_rewards.components(parts, b, g, responses.device))
 
 
 @register("task", "sort", config=SortConfig)
@@ -104,6 +106,7 @@ class SortTask:
         self.policy = SortPolicy(cfg.vocab, cfg.n, cfg.dim).to(self.device)
         self.reference = copy.deepcopy(self.policy).requires_grad_(False)
         self.fixed = None if cfg.prompts is None else torch.tensor(cfg.prompts, device=self.device)
+        self.retired: set[tuple[int, ...]] = set()  # prompts a curriculum filter took out of the stream
         # The held-out set is the same for every seed, so eval numbers compare across runs.
         g = torch.Generator().manual_seed(12345)
         self.eval_set = torch.randint(0, cfg.vocab, (cfg.eval_prompts, cfg.n), generator=g).to(self.device)
@@ -114,16 +117,22 @@ class SortTask:
             prompts = self.fixed
         else:
             prompts = torch.randint(0, cfg.vocab, (cfg.num_prompts, cfg.n), generator=gen).to(self.device)
+            while self.retired:  # redrawn from the same generator: without retirements the stream is unchanged
+                again = torch.tensor([tuple(p) in self.retired for p in prompts.tolist()], device=self.device)
+                if not again.any():
+                    break
+                prompts[again] = torch.randint(0, cfg.vocab, (int(again.sum()), cfg.n), generator=gen).to(self.device)
         with torch.no_grad():
             probs = torch.softmax(self.policy(prompts).float(), dim=-1).cpu()   # (B, n, V)
         b, n, v = probs.shape
         # sampled on the CPU with the run's generator: identical streams on any device
         draws = torch.multinomial(probs.reshape(b * n, v), group_size, replacement=True, generator=gen)
         responses = draws.reshape(b, n, group_size).permute(0, 2, 1).to(self.device)  # (B, G, n)
-        rewards, metrics = score(self.rewards, prompts, responses)
+        rewards, metrics, components = score(self.rewards, prompts, responses)
         solved = (responses == prompts.sort(-1).values.unsqueeze(1)).all(-1).float()
         return Rollout(prompts=prompts, responses=responses, mask=torch.ones(responses.shape, device=self.device),
-                       rewards=rewards, metrics=metrics | {"reward/solved": solved.mean().item()})
+                       rewards=rewards, metrics=metrics | {"reward/solved": solved.mean().item()},
+                       components=components)
 
     def logprobs(self, rollout: Rollout, reference: bool = False) -> tuple[Tensor, Tensor | None]:
         model = self.reference if reference else self.policy
@@ -131,6 +140,17 @@ class SortTask:
         g = rollout.responses.shape[1]
         logits = logits.unsqueeze(1).expand(-1, g, -1, -1)              # (B, G, n, V)
         return token_logprobs(logits, rollout.responses, backend=self.backend, with_entropy=not reference)
+
+    def retire(self, prompts: Tensor) -> None:
+        """Never draw these prompts (N, n) again: a curriculum filter's decision (no_positive_resample)."""
+        self.retired.update(map(tuple, prompts.tolist()))
+        if self.fixed is not None:
+            left = [p for p in self.fixed.tolist() if tuple(p) not in self.retired]
+            if not left:
+                raise RuntimeError("every fixed prompt is retired: nothing left to train on")
+            self.fixed = torch.tensor(left, device=self.device)
+        elif len(self.retired) >= self.cfg.vocab ** self.cfg.n:
+            raise RuntimeError("every prompt is retired: nothing left to draw")
 
     @torch.no_grad()
     def mix_reference(self, weight: float) -> None:
