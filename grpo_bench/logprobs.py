@@ -22,6 +22,7 @@ from torch import Tensor
 
 from . import registry
 from .algos.common import masked_mean
+from .algos.corrections import compose
 from .config import BACKENDS
 from .kernels import check_triton
 from .kernels.chunked import _LOG_FLOOR, chunked_logprobs
@@ -154,23 +155,8 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: T
     # part runs keeps inf out of every backward (0 * inf = nan), whatever the part computes.
     safe = lambda x: torch.where(on, x, torch.zeros_like(x))  # noqa: E731
     lp, old = safe(logp), safe(old_logp)
-    stats = {}
-    weight = None
-    if fixes:
-        from .algos.corrections import mismatch
-
-        sampler = old if sampler_logp is None else safe(sampler_logp)
-        keep = torch.ones_like(on)
-        for name, params in fixes:
-            w, k, fixed = registry.get("correction", name)(lp, old, sampler, deltas, mask, **params)
-            weight = w if weight is None else weight * w
-            keep = keep & k
-            with torch.no_grad():
-                stats |= {f"correction/{name}/{r}_frac": masked_mean(t.to(lp.dtype), mask) for r, t in fixed.items()}
-        stats |= mismatch(old, sampler, mask)
-        weight = weight.detach()
-        mask = torch.where(keep, mask, torch.zeros_like(mask))
-        on = mask > 0
+    weight, mask, stats = compose(fixes, lp, old, None if sampler_logp is None else safe(sampler_logp), deltas, mask)
+    on = mask > 0
     pol, regions = loss_fn(lp, old, deltas, mask, **loss_params)
     if weight is not None:
         pol = pol * weight

@@ -673,6 +673,72 @@ def test_adaptive_entropy_matches_trl_step_by_step(trl_env, tmp_path):
     assert applieds[0] == 0 and applieds[3] == 0.035 and applieds[-1] == 0
 
 
+def _trl_vllm_is(old, sampler, mask, mode, clip_min, clip_max):
+    """TRL 1.16's vLLM importance weights (GRPOTrainer._generate_and_score_completions), transcribed:
+    it runs only with a vLLM server, so its body is copied here rather than called."""
+    diff = torch.nan_to_num((old - sampler) * mask, nan=0.0)
+    if mode in ("sequence_mask", "sequence_truncate"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode in ("sequence_truncate", "token_truncate"):
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    lo = clip_min if clip_min is not None else -math.inf
+    hi = clip_max if clip_max is not None else math.inf
+    return ratio.masked_fill((ratio < lo) | (ratio > hi), value=0.0)
+
+
+TRL_MODES = {"token_truncate": "token_tis", "token_mask": "token_mis", "sequence_truncate": "seq_tis",
+             "sequence_mask": "seq_mis"}
+
+
+@pytest.mark.parametrize("mode", TRL_MODES)
+def test_trl_vllm_importance_sampling_modes_in_trls_own_loss(mode, trl_env, tmp_path):
+    """The four modes' weights, fed to TRL's own _compute_loss as its vLLM path does, against grpo_loss."""
+    tok = trl_env[0]
+    stub = EntropyStub(len(tok))
+    batch = trl_batch(stub, len(tok))
+    g = torch.Generator().manual_seed(5)
+    old, mask = batch["old_per_token_logps"], batch["completion_mask"].double()
+    sampler = old + 0.1 * torch.randn(old.shape, generator=g, dtype=torch.float64)
+    theirs = trl_trainer(trl_env, tmp_path, loss_type="dapo")
+    theirs.use_vllm = theirs.vllm_importance_sampling_correction = True   # its loss multiplies by the weights
+    theirs._get_per_token_logps_and_entropies = stub
+    theirs.current_gradient_accumulation_steps = 1
+    theirs.model.train()
+    for clip_min, clip_max in ((None, 1.1), (0.95, 1.05), (0.9, None)):
+        ratio = _trl_vllm_is(old, sampler, mask, mode, clip_min, clip_max)
+        ours = {"name": TRL_MODES[mode], "low": clip_min, "high": clip_max}
+        w, _, _ = registry.bind("correction", ours)(old, old, sampler, batch["advantages"].view(-1), mask)
+        close(w * mask, ratio.expand_as(w) * mask)
+        log_raw = (old - sampler) * mask
+        raw = torch.exp(log_raw.sum(-1, keepdim=True) if mode.startswith("seq") else log_raw)
+        cut = (ratio == 0) if mode.endswith("mask") else (ratio != raw)
+        assert (cut.expand_as(mask) & (mask > 0)).any()              # the bounds act on this batch
+        want = theirs._compute_loss(theirs.model, batch | {"importance_sampling_ratio": ratio})
+        got, _ = _ours_on(stub, batch, loss="clipped", aggregate="token_mean", sampler_logp=sampler,
+                          corrections=[ours])
+        assert got.item() == pytest.approx(want.item(), rel=1e-12), (clip_min, clip_max)
+
+
+def test_off_policy_sequence_mask_in_trls_own_loss(trl_env, tmp_path):
+    """TRL reads sampling_per_token_logps when a batch carries them (vLLM), its old log-probs otherwise."""
+    tok = trl_env[0]
+    stub = EntropyStub(len(tok))
+    batch = trl_batch(stub, len(tok))
+    sampler = batch["old_per_token_logps"] + 0.5 * torch.randn(B, TT, generator=torch.Generator().manual_seed(6),
+                                                               dtype=torch.float64)
+    theirs = trl_trainer(trl_env, tmp_path, loss_type="grpo", off_policy_mask_threshold=0.05)
+    theirs._get_per_token_logps_and_entropies = stub
+    theirs.current_gradient_accumulation_steps = 1
+    theirs.model.train()
+    for extra, samp in (({"sampling_per_token_logps": sampler}, sampler), ({}, None)):
+        want = theirs._compute_loss(theirs.model, batch | extra)
+        got, stats = _ours_on(stub, batch, loss="clipped", aggregate="seq_mean_token_mean", sampler_logp=samp,
+                              corrections=[{"name": "opsm", "threshold": 0.05}])
+        assert got.item() == pytest.approx(want.item(), rel=1e-12)
+        assert 0 < stats["correction/opsm/masked_frac"] < 1
+
+
 def test_gdpo_matches_trl_normalize_then_sum(trl_env, tmp_path):
     gen = torch.Generator().manual_seed(11)
     comps = torch.randint(0, 2, (4, G, 2), generator=gen).float()

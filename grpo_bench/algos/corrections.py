@@ -29,6 +29,7 @@ from typing import Annotated
 import torch
 from torch import Tensor
 
+from .. import registry
 from ..registry import Choice, Positive, Range, register
 from .common import masked_mean, masked_sum
 
@@ -247,3 +248,24 @@ def mismatch(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> dict[str, 
         return {"mismatch/kl": masked_mean(-lr, mask), "mismatch/k3": masked_mean(rho - 1.0 - lr, mask),
                 "mismatch/ratio_max": torch.where(on.any(), top, one),
                 "mismatch/ratio_min": torch.where(on.any(), bottom, one)}
+
+
+def compose(fixes: list[tuple[str, dict]], logp: Tensor, old_logp: Tensor, sampler_logp: Tensor | None,
+            deltas: Tensor, mask: Tensor) -> tuple[Tensor | None, Tensor, dict[str, Tensor]]:
+    """Several corrections, each (name, every parameter): (their weight, detached, or None without
+    any; the mask with every token some correction did not keep removed; statistics).
+
+    sampler_logp None: the trainer sampled itself, rho is 1. Statistics: mismatch() and
+    correction/<name>/<region>_frac, shares of the tokens of the mask as given.
+    """
+    if not fixes:
+        return None, mask, {}
+    sampler = old_logp if sampler_logp is None else sampler_logp
+    weight, keep, stats = None, torch.ones_like(mask, dtype=torch.bool), {}
+    for name, params in fixes:
+        w, k, regions = registry.get("correction", name)(logp, old_logp, sampler, deltas, mask, **params)
+        weight = w if weight is None else weight * w
+        keep = keep & k
+        with torch.no_grad():
+            stats |= {f"correction/{name}/{r}_frac": masked_mean(t.to(logp.dtype), mask) for r, t in regions.items()}
+    return weight.detach(), torch.where(keep, mask, torch.zeros_like(mask)), stats | mismatch(old_logp, sampler, mask)
