@@ -194,7 +194,7 @@ def resolve_run(data: dict, source: str = "<config>") -> RunConfig:
         setattr(cfg, axis, resolve_part(axis, getattr(cfg, axis), source, axis, context))
     cfg.filters = [resolve_part("filter", f, source, f"filters.{i}", context) for i, f in enumerate(cfg.filters)]
     cfg.corrections = [resolve_part("correction", c, source, f"corrections.{i}", context)
-                       for i, c in enumerate(_list(cfg.corrections, source, "corrections"))]
+                       for i, c in enumerate(cfg.corrections)]
     validate(cfg, source)
     return cfg
 
@@ -207,10 +207,6 @@ def run_context(cfg: RunConfig) -> dict:
         context["reward_weights"] = [float(w) for w in rewards.values()]
     return context
 
-
-def _list(value: Any, source: str, key: str) -> list:
-    _require(isinstance(value, list), source, key, f"expected a list of {key[:-1]} names or mappings, got {value!r}")
-    return value
 
 
 def resolve_part(axis: str, value: Any, source: str, key: str, context: dict | None = None) -> dict:

@@ -876,3 +876,35 @@ def test_entropy_aggregation_differs_from_verls_by_convention():
     token = core.agg_loss(h, mask, "token-mean")
     close(token, (h * mask).sum() / mask.sum())
     assert abs(core.agg_loss(h, mask, "seq-mean-token-mean") - token) > 1e-3
+
+
+# ================================================================== config
+
+@pytest.mark.parametrize("cfg,message", [
+    ({"corrections": "token_tis"}, "<config>: corrections: expected list, got 'token_tis'"),
+    ({"corrections": ["nope"]}, "<config>: corrections.0: unknown correction 'nope'; valid: decoupled, geo_mask, "),
+    ({"corrections": [{"name": "token_tis", "high": -1}]}, "<config>: corrections.0.high: must be > 0, got -1.0"),
+    ({"corrections": [{"name": "rollout_rs", "level": "seq"}]}, "<config>: corrections.0.level: unknown 'seq'; valid: "),
+    ({"entropy_ctrl": {"name": "adaptive", "target": -1}}, "<config>: entropy_ctrl.target: must be >= 0"),
+    ({"entropy_coef": -0.1}, "<config>: entropy_coef: must be >= 0, got -0.1"),
+    ({"nll_coef": -1}, "<config>: nll_coef: must be >= 0, got -1"),
+    ({"delta": {"name": "gdpo", "batch_norm": "group"}}, "<config>: delta.batch_norm: unknown 'group'; valid: tokens, "),
+])
+def test_bad_new_keys_are_one_line(cfg, message):
+    with pytest.raises(ConfigError) as e:
+        resolve_run({"task": "sort", **cfg})
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_the_trl_integration_refuses_what_it_does_not_carry_yet():
+    from grpo_bench.integrations.trl import resolve_variant
+
+    for variant, message in (({"corrections": ["token_tis"]}, "corrections: not carried"),
+                             ({"entropy_coef": 0.1}, "entropy_coef: not carried"),
+                             ({"entropy_ctrl": "adaptive"}, "entropy_ctrl: not carried"),
+                             ({"adv_clip": 2.0}, "adv_clip: not carried"),
+                             ({"delta": "gdpo"}, "delta: 'gdpo' needs each reward function's scores")):
+        with pytest.raises(ConfigError, match=message):
+            resolve_variant(variant, max_len=4, group_size=4)
+    assert resolve_variant({"corrections": [], "entropy_ctrl": "fixed", "nll_coef": 0.0}, max_len=4,
+                           group_size=4).corrections == []

@@ -160,6 +160,9 @@ def resolve_variant(data: dict, source: str = "<variant>", *, max_len: int, grou
         setattr(cfg, axis, resolve_part(axis, getattr(cfg, axis), source, axis, context))
     cfg.filters = [resolve_part("filter", f, source, f"filters.{i}", context) for i, f in enumerate(cfg.filters)]
     validate(cfg, source)
+    if cfg.delta["name"] == "gdpo":
+        raise ConfigError(source, "delta", "'gdpo' needs each reward function's scores, which this integration "
+                                           "does not pass yet (TRL: multi_objective_aggregation=normalize_then_sum)")
     if "greedy" in registry.entry("delta", cfg.delta["name"]).traits.get("needs", ()):
         raise ConfigError(source, "delta", f"{cfg.delta['name']!r} needs each prompt's greedy response, "
                                            "which TRL's GRPOTrainer does not generate")
