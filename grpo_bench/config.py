@@ -35,7 +35,7 @@ class ConfigError(ValueError):
 Part = Union[str, dict]  # a registered name, or {name: <name>, <param>: <value>, ...}
 
 # the axes a run config selects one part of, each under the key of the same name
-PART_KEYS = ("delta", "loss", "aggregate", "kl", "kl_ctrl", "ref_update")
+PART_KEYS = ("delta", "loss", "aggregate", "kl", "kl_ctrl", "ref_update", "entropy_ctrl")
 
 
 @dataclass
@@ -70,6 +70,16 @@ class RunConfig:
     """When and how the reference policy follows the policy (axis `ref_update`): frozen, hard copies, soft (TR-DPO) mixes."""
     filters: list = field(default_factory=list)
     """Sample filters (axis `filter`), applied in this order, e.g. [dynamic_sampling, {name: overlong_punish, cache: 2}]."""
+    corrections: list = field(default_factory=list)
+    """Off-policy corrections (axis `correction`) from the sampler's log-probs, composed, e.g. [token_tis, {name: opsm, threshold: 0.5}]."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (- coef * token-mean entropy, TRL's); 0 and entropy_ctrl fixed: no bonus. The adaptive controller's starting value."""
+    entropy_ctrl: Part = "fixed"
+    """How the entropy bonus's coefficient changes (axis `entropy_ctrl`): fixed, or adaptive to a target entropy (Skywork-OR1, TRL)."""
+    nll_coef: float = 0.0
+    """Weight of the positive-example NLL term (VAPO, NeMo-RL): token-mean -log pi over responses with a positive reward; 0 = off."""
+    adv_clip: Any = None
+    """Clamp every delta after the delta part: a number c gives [-c, c], a pair [low, high] (null: open); null = off (NeMo-RL, ROLL)."""
     group_size: int = 10
     """G: responses sampled per prompt."""
     epochs: int = 100
@@ -179,12 +189,24 @@ def resolve_run(data: dict, source: str = "<config>") -> RunConfig:
     _require(task["name"] in tasks, source, "task.name", f"unknown task {task['name']!r}; valid: {valid}")
     entry = registry.entry("task", task["name"])
     cfg.task = build_dataclass(entry.config, {k: v for k, v in task.items() if k != "name"}, source, "task.")
-    context = {"max_len": cfg.task.generation_budget}
+    context = run_context(cfg)
     for axis in PART_KEYS:
         setattr(cfg, axis, resolve_part(axis, getattr(cfg, axis), source, axis, context))
     cfg.filters = [resolve_part("filter", f, source, f"filters.{i}", context) for i, f in enumerate(cfg.filters)]
+    cfg.corrections = [resolve_part("correction", c, source, f"corrections.{i}", context)
+                       for i, c in enumerate(cfg.corrections)]
     validate(cfg, source)
     return cfg
+
+
+def run_context(cfg: RunConfig) -> dict:
+    """What parts' null parameters are filled from: the generation budget, the task's reward weights."""
+    context = {"max_len": cfg.task.generation_budget}
+    rewards = getattr(cfg.task, "rewards", None)
+    if isinstance(rewards, dict):  # gdpo weighs its normalised components as the task weighs its rewards
+        context["reward_weights"] = [float(w) for w in rewards.values()]
+    return context
+
 
 
 def resolve_part(axis: str, value: Any, source: str, key: str, context: dict | None = None) -> dict:
@@ -225,6 +247,9 @@ def validate(cfg: RunConfig, source: str) -> None:
     _require(cfg.optimizer in OPTIMIZERS, source, "optimizer", f"unknown {cfg.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
     _require(cfg.device in ("cpu", "cuda", "auto"), source, "device", f"unknown {cfg.device!r}; valid: cpu, cuda, auto")
     _require(cfg.kl_coef >= 0, source, "kl_coef", f"must be >= 0, got {cfg.kl_coef}")
+    _require(cfg.entropy_coef >= 0, source, "entropy_coef", f"must be >= 0, got {cfg.entropy_coef}")
+    _require(cfg.nll_coef >= 0, source, "nll_coef", f"must be >= 0, got {cfg.nll_coef}")
+    _check_adv_clip(cfg.adv_clip, source)
     for key, axis, part in [(a, a, getattr(cfg, a)) for a in PART_KEYS] + \
             [(f"filters.{i}", "filter", f) for i, f in enumerate(cfg.filters)]:
         if registry.entry(axis, part["name"]).traits.get("needs_group"):
@@ -245,6 +270,16 @@ def validate(cfg: RunConfig, source: str) -> None:
         except ValueError as e:
             key, _, msg = str(e).partition(": ")
             raise ConfigError(source, "task." + key, msg) from None
+
+
+def _check_adv_clip(value: Any, source: str) -> None:
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v == v  # noqa: E731
+    if value is None or (number(value) and value > 0):
+        return
+    ok = (isinstance(value, list) and len(value) == 2 and all(v is None or number(v) for v in value)
+          and (None in value or value[0] < value[1]))
+    _require(ok, source, "adv_clip", f"expected null, a number > 0 or a pair [low, high] with low < high "
+                                     f"(null: open), got {value!r}")
 
 
 def run_dict(cfg: RunConfig) -> dict:

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from . import registry
 from .algos.common import masked_mean
+from .algos.corrections import compose
 from .config import BACKENDS
 from .kernels import check_triton
 from .kernels.chunked import _LOG_FLOOR, chunked_logprobs
@@ -95,33 +96,53 @@ def linear_logprobs(hidden: Tensor, weight: Tensor, labels: Tensor, backend: str
 def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: Tensor, mask: Tensor, *,
               loss: str | dict = "clipped", aggregate: str | dict = "seq_mean_token_mean",
               kl: str | dict | None = None, kl_coef: float = 0.0, gate: Tensor | None = None,
+              sampler_logp: Tensor | None = None, corrections: list | tuple = (),
+              entropy: Tensor | None = None, entropy_coef: float = 0.0,
+              nll_coef: float = 0.0, positive: Tensor | None = None,
               backend: str = "auto", context: dict | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-    """aggregate(gate * loss(logp, old, deltas, mask) + kl_coef * kl(logp, ref, old), mask) and its statistics.
+    """aggregate(gate * w * loss(logp, old, deltas, mask') + kl_coef * kl(logp, ref, old), mask')
+    - entropy_coef * H + nll_coef * NLL, and its statistics.
 
-    logp, old_logp, ref_logp, gate, mask (..., T); deltas (...). Parts are given as a name or
-    {name: ..., param: value}; `context` fills parameters left at None (e.g. max_len). kl None
-    or kl_coef 0 means no KL term (ref_logp may then be None). The gradient flows to logp only.
+    logp, old_logp, ref_logp, sampler_logp, gate, entropy, mask (..., T); deltas, positive (...).
+    Parts are given as a name or {name: ..., param: value}; `context` fills parameters left at
+    None (e.g. max_len). kl None or kl_coef 0 means no KL term (ref_logp may then be None).
 
-    Statistics, detached scalars: loss/policy (the gated policy term alone, same aggregation),
-    clip/frac and clip/<region>_frac (share of unmasked tokens in each clip region the loss
-    reports, see algos/losses.py; low and high always), kl/value (token mean of the
-    estimator, with a KL term).
+    corrections (axis `correction`, algos/corrections.py) read the sampler's log-probs
+    (sampler_logp None: the old ones, as when the trainer samples itself): their weights w
+    multiply the policy term, tokens they do not keep leave mask' = mask * keep, which every
+    term and its normaliser then uses. H is the token mean of `entropy` over mask' * gate
+    (TRL's bonus: a token mean whatever the aggregation); NLL the token mean of -logp over
+    the tokens of positive responses (`positive`, default deltas > 0; VAPO, NeMo-RL's
+    positive_example_nll_weight). The gradient flows to logp (and entropy) only.
+
+    Statistics, detached scalars: loss/policy (the gated, corrected policy term alone, same
+    aggregation), clip/frac and clip/<region>_frac (share of unmasked tokens in each clip
+    region the loss reports, see algos/losses.py; low and high always), kl/value (token mean
+    of the estimator, with a KL term); with corrections mismatch/* (corrections.mismatch)
+    and correction/<name>/<region>_frac (share of the tokens of `mask`); loss/entropy with
+    entropy, loss/nll with an NLL term.
     """
     use_kl = kl is not None and kl_coef != 0
     return compose_loss(logp, old_logp, ref_logp, deltas, mask, loss=_resolve("loss", loss, context),
                         aggregate=_resolve("aggregate", aggregate, context),
                         kl=_resolve("kl", kl, context) if use_kl else None, kl_coef=kl_coef if use_kl else 0.0,
-                        gate=gate, backend=backend)
+                        gate=gate, sampler_logp=sampler_logp,
+                        corrections=[_resolve("correction", c, context) for c in corrections],
+                        entropy=entropy, entropy_coef=entropy_coef, nll_coef=nll_coef, positive=positive,
+                        backend=backend)
 
 
 def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: Tensor, mask: Tensor, *,
                  loss: tuple[str, dict], aggregate: tuple[str, dict], kl: tuple[str, dict] | None = None,
-                 kl_coef: float | Tensor = 0.0, gate: Tensor | None = None,
+                 kl_coef: float | Tensor = 0.0, gate: Tensor | None = None, sampler_logp: Tensor | None = None,
+                 corrections: list[tuple[str, dict]] = (), entropy: Tensor | None = None,
+                 entropy_coef: float | Tensor = 0.0, nll_coef: float | Tensor = 0.0, positive: Tensor | None = None,
                  backend: str = "auto") -> tuple[Tensor, dict[str, Tensor]]:
     """grpo_loss with its parts already resolved to (name, every parameter); kl None: no KL term.
 
     What a Recipe calls at every step (nothing is looked up again), and what torch.func.vmap
-    maps over a population: kl_coef and the parameters may then be 0-d tensors.
+    maps over a population: kl_coef, entropy_coef, nll_coef and the parameters may then be
+    0-d tensors (the terms present are decided by what is passed, never by a coefficient's value).
     """
     loss_name, loss_params = loss
     agg_name, agg_params = aggregate
@@ -129,11 +150,15 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
     kl_name, kl_params = kl if use_kl else (None, {})
     if use_kl and ref_logp is None:
         raise ValueError("kl_coef != 0 needs ref_logp")
+    fixes = list(corrections)
+    use_entropy = entropy is not None and not (isinstance(entropy_coef, (int, float)) and entropy_coef == 0)
+    use_nll = not (isinstance(nll_coef, (int, float)) and nll_coef == 0)
+    extra = tuple(t for t, on in (("correction", bool(fixes)), ("entropy", use_entropy), ("nll", use_nll)) if on)
     b = resolve_backend(backend, logp)
     if b == "triton":
         spec = LossSpec(loss_name, tuple(sorted(loss_params.items())), agg_name, tuple(sorted(agg_params.items())),
-                        kl_name, float(kl_coef) if use_kl else 0.0, gate is not None)
-        if backend == "triton" or spec.fusable():  # auto falls back for parts the kernel lacks
+                        kl_name, float(kl_coef) if use_kl else 0.0, gate is not None, extra)
+        if backend == "triton" or spec.fusable():  # auto falls back for parts and terms the kernel lacks
             from .kernels.loss import fused_grpo_loss
             value, sums = fused_grpo_loss(logp, old_logp, ref_logp, deltas, mask, spec, gate)
             n = sums["tokens"].clamp(min=1)
@@ -153,7 +178,11 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
     # part runs keeps inf out of every backward (0 * inf = nan), whatever the part computes.
     safe = lambda x: torch.where(on, x, torch.zeros_like(x))  # noqa: E731
     lp, old = safe(logp), safe(old_logp)
+    weight, mask, stats = compose(fixes, lp, old, None if sampler_logp is None else safe(sampler_logp), deltas, mask)
+    on = mask > 0
     pol, regions = loss_fn(lp, old, deltas, mask, **loss_params)
+    if weight is not None:
+        pol = pol * weight
     if gate is not None:
         pol = pol * gate
     per_token = pol
@@ -161,13 +190,24 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
         kl_tok = registry.get("kl", kl_name)(lp, safe(ref_logp), old, **kl_params)
         per_token = pol + kl_coef * kl_tok
     value = agg_fn(per_token, mask, **agg_params)
+    if entropy is not None:
+        # TRL's entropy_mask is our gate: the bonus acts on the tokens the policy term does
+        h = masked_mean(entropy, mask if gate is None else mask * gate)
+        stats["loss/entropy"] = h
+        if use_entropy:
+            value = value - entropy_coef * h
+    if use_nll:
+        pos = deltas > 0 if positive is None else positive.to(torch.bool)
+        nll = masked_mean(-lp, torch.where(pos.unsqueeze(-1), mask, torch.zeros_like(mask)))
+        stats["loss/nll"] = nll
+        value = value + nll_coef * nll
     with torch.no_grad():
         regions = {"low": torch.zeros_like(on), "high": torch.zeros_like(on)} | regions
         union = torch.zeros_like(on)
         for r in regions.values():
             union = union | r
-        stats = {"loss/policy": agg_fn(pol, mask, **agg_params), "clip/frac": masked_mean(union.to(lp.dtype), mask),
-                 **{f"clip/{k}_frac": masked_mean(r.to(lp.dtype), mask) for k, r in regions.items()}}
+        stats |= {"loss/policy": agg_fn(pol, mask, **agg_params), "clip/frac": masked_mean(union.to(lp.dtype), mask),
+                  **{f"clip/{k}_frac": masked_mean(r.to(lp.dtype), mask) for k, r in regions.items()}}
         if use_kl:
             stats["kl/value"] = masked_mean(kl_tok, mask)
     return value, {k: v.detach() for k, v in stats.items()}

@@ -5,8 +5,9 @@
     batch, m = recipe.filter_rollout(batch)              # rollout-stage filters (algos.Batch)
     deltas, m = recipe.advantages(batch, old, ref)       # KL in the reward, then the delta part
     gate, m = recipe.filter_step(batch, entropy)         # step-stage filters: a per-token gate or None
-    loss, stats = recipe.loss(logp, old, ref, deltas, batch.mask, gate)
+    loss, stats = recipe.loss(logp, old, ref, deltas, batch.mask, gate, entropy=entropy)
     recipe.kl_coef = recipe.next_kl_coef(m["kl/observed"], n_samples)
+    recipe.entropy_state, recipe.entropy_coef = recipe.next_entropy_coef(stats["loss/entropy"])   # with a bonus
 
 The trainer (trainer.py) and TRL's GRPOTrainer (integrations/trl.py) call exactly these;
 README has a 15-line loop of one's own. Every tensor method works on one run's data
@@ -26,12 +27,13 @@ from torch import Tensor
 
 from . import registry
 from .algos import Batch, masked_mean, masked_sum
+from .algos.deltas import clip_deltas
 from .config import PART_KEYS, RunConfig, run_dict
 from .logprobs import compose_loss
 
 Numbers = dict[str, "float | Tensor"]
 # per-member trainer-level numbers: what a population may vary besides the parts' float parameters
-RUN_NUMBERS = ("lr", "weight_decay", "max_grad_norm", "kl_coef")
+RUN_NUMBERS = ("lr", "weight_decay", "max_grad_norm", "kl_coef", "entropy_coef", "nll_coef")
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ def effect(before: Batch, after: Batch) -> dict[str, Tensor]:
         out["dropped_groups"] = 1.0 - after.keep.float().mean()
     if after.rewards is not before.rewards:
         out["reward_shift"] = (after.rewards - before.rewards).mean()
+    if after.retire is not None and after.retire is not before.retire:
+        out["retired"] = after.retire.float().mean()
     return out
 
 
@@ -88,11 +92,17 @@ class Recipe:
         self.cfg = cfg
         self.parts = {axis: Bound(axis, axis, *registry.split_spec(getattr(cfg, axis))) for axis in PART_KEYS}
         self.filters = [Bound("filter", f"filters.{i}", *registry.split_spec(f)) for i, f in enumerate(cfg.filters)]
+        self.corrections = [Bound("correction", f"corrections.{i}", *registry.split_spec(c))
+                            for i, c in enumerate(cfg.corrections)]
         self.use_ref = cfg.kl_coef > 0 or cfg.kl_track
+        self.use_entropy = cfg.entropy_coef > 0 or self.parts["entropy_ctrl"].name != "fixed"
+        self.use_nll = cfg.nll_coef > 0
         self.kl_in_loss = cfg.kl_coef > 0 and cfg.kl_placement == "loss"
         self.kl_in_reward = cfg.kl_coef > 0 and cfg.kl_placement == "reward"
         self.needs_greedy = "greedy" in self.parts["delta"].entry.traits.get("needs", ())
         self.kl_coef = float(cfg.kl_coef)
+        # the entropy bonus's controller state and the coefficient it applies now
+        self.entropy_state, self.entropy_coef = self.parts["entropy_ctrl"](float(cfg.entropy_coef), None)
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> "Recipe":
@@ -105,7 +115,7 @@ class Recipe:
 
     def numbers(self) -> dict[str, float]:
         """The run's float values a population may vary per member: part parameters, lr, beta, ..."""
-        out = {f"{b.key}.{k}": b.params[k] for b in [*self.parts.values(), *self.filters] for k in b.float_keys()}
+        out = {f"{b.key}.{k}": b.params[k] for b in self._bound() for k in b.float_keys()}
         return out | {k: float(getattr(self.cfg, k)) for k in RUN_NUMBERS}
 
     def structure(self) -> str:
@@ -114,19 +124,23 @@ class Recipe:
         d.pop("seed")
         for k in RUN_NUMBERS:
             d.pop(k)
-        for key in [*PART_KEYS, "filters"]:
-            parts = d[key] if key == "filters" else [d[key]]
+        for key in [*PART_KEYS, "filters", "corrections"]:
+            parts = d[key] if key in ("filters", "corrections") else [d[key]]
             for part in parts:
                 for k, v in list(part.items()):
                     if isinstance(v, float):
                         part[k] = "<number>"
         d["kl_on"] = self.cfg.kl_coef > 0
         d["clip_on"] = self.cfg.max_grad_norm > 0
+        d["entropy_on"], d["nll_on"] = self.use_entropy, self.use_nll
         return repr(sorted(d.items()))
+
+    def _bound(self) -> list[Bound]:
+        return [*self.parts.values(), *self.filters, *self.corrections]
 
     @property
     def vmappable(self) -> bool:
-        return not any(b.per_member for b in [*self.parts.values(), *self.filters])
+        return not any(b.per_member for b in self._bound())
 
     # -------------------------------------------------------------------- schedules
 
@@ -138,6 +152,10 @@ class Recipe:
         """beta for the next rollout, from this rollout's observed KL (the kl_ctrl part)."""
         coef = self.kl_coef if kl_coef is None else kl_coef
         return self.parts["kl_ctrl"](coef, observed_kl, n_samples) if self.cfg.kl_coef > 0 else coef
+
+    def next_entropy_coef(self, entropy: float, state: float | None = None) -> tuple[float, float]:
+        """The entropy controller's (state, coefficient applied at the next step) after a step of this mean entropy."""
+        return self.parts["entropy_ctrl"](self.entropy_state if state is None else state, float(entropy))
 
     # ------------------------------------------------------------------ tensor calls
 
@@ -175,7 +193,8 @@ class Recipe:
                 rewards = rewards - beta * masked_sum(kl_tok, mask, dim=-1)
                 metrics["reward/penalised"] = rewards.mean()
         lengths = mask.sum(-1)
-        deltas = self.parts["delta"](rewards, lengths, greedy, numbers=numbers)
+        deltas = self.parts["delta"](rewards, lengths, greedy, batch.components, numbers=numbers)
+        deltas = clip_deltas(deltas, self.cfg.adv_clip)
         metrics["delta/abs_mean"] = deltas.abs().mean()
         return deltas, metrics
 
@@ -193,16 +212,27 @@ class Recipe:
         return batch.gate, metrics
 
     def loss(self, logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: Tensor, mask: Tensor,
-             gate: Tensor | None = None, kl_coef: float | Tensor | None = None,
-             numbers: Numbers | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-        """The scalar loss to minimise and its statistics (loss/policy, clip/*, kl/value): logprobs.grpo_loss's composition."""
+             gate: Tensor | None = None, kl_coef: float | Tensor | None = None, numbers: Numbers | None = None, *,
+             entropy: Tensor | None = None, entropy_coef: float | Tensor | None = None,
+             positive: Tensor | None = None, sampler_logp: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """The scalar loss to minimise and its statistics (loss/policy, clip/*, kl/value, mismatch/*, ...):
+        logprobs.grpo_loss's composition. entropy (with grad) feeds the bonus when the run has one;
+        positive (B, G) marks the responses of the NLL term (default deltas > 0); sampler_logp the
+        corrections (None: the trainer sampled itself)."""
         p = self.parts
         beta = self.kl_coef if kl_coef is None else kl_coef
+        nums = numbers or {}
         return compose_loss(logp, old_logp, ref_logp if self.kl_in_loss else None, deltas, mask,
                             loss=(p["loss"].name, p["loss"].with_numbers(numbers)),
                             aggregate=(p["aggregate"].name, p["aggregate"].with_numbers(numbers)),
                             kl=(p["kl"].name, p["kl"].with_numbers(numbers)) if self.kl_in_loss else None,
-                            kl_coef=beta if self.kl_in_loss else 0.0, gate=gate, backend=self.cfg.backend)
+                            kl_coef=beta if self.kl_in_loss else 0.0, gate=gate, sampler_logp=sampler_logp,
+                            corrections=[(c.name, c.with_numbers(numbers)) for c in self.corrections],
+                            entropy=entropy if self.use_entropy else None,
+                            entropy_coef=(self.entropy_coef if entropy_coef is None else entropy_coef)
+                            if self.use_entropy else 0.0,
+                            nll_coef=nums.get("nll_coef", self.cfg.nll_coef) if self.use_nll else 0.0,
+                            positive=positive, backend=self.cfg.backend)
 
     def kl_value(self, logp: Tensor, ref_logp: Tensor, old_logp: Tensor, mask: Tensor,
                  numbers: Numbers | None = None) -> Tensor:

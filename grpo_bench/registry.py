@@ -5,12 +5,16 @@ part of an axis takes the same positional data arguments, so the trainer calls
 them all the same way; its keyword-only arguments (each with a default and a type)
 are the part's parameters, set from YAML as `loss: {name: clipped, clip_high: 0.28}`.
 
-    delta       fn(rewards (B, G), lengths (B, G) | None, greedy (B,) | None) -> deltas (B, G)
+    delta       fn(rewards (B, G), lengths (B, G) | None, greedy (B,) | None, components (B, G, C) | None)
+                  -> deltas (B, G)
     loss        fn(logp, old_logp (B, G, T), deltas (B, G), mask (B, G, T))
                   -> (per-token loss to minimise (B, G, T), {clip region: bool (B, G, T)})
     aggregate   fn(per_token (B, G, T), mask (B, G, T)) -> scalar
     kl          fn(logp, ref_logp, old_logp | None (B, G, T)) -> per-token estimate of KL(pi || pi_ref)
+    correction  fn(logp, old_logp, sampler_logp (B, G, T), deltas (B, G), mask (B, G, T))
+                  -> (weight (B, G, T), keep: bool (B, G, T), {region: bool (B, G, T)})
     kl_ctrl     fn(coef, observed_kl, n_samples) -> the KL coefficient for the next rollout
+    entropy_ctrl fn(coef, entropy | None) -> (its next state, the coefficient the next step applies)
     ref_update  fn(epoch) -> weight w of the policy in ref <- w * policy + (1 - w) * ref, or 0 for no update
     filter      fn(batch: algos.Batch) -> Batch   (runs at its `stage`: "rollout" or "step")
     reward      fn(prompts, completions, **kwargs) -> list[float]   (TRL's signature; `task` trait)
@@ -18,7 +22,9 @@ are the part's parameters, set from YAML as `loss: {name: clipped, clip_high: 0.
 
 What a part knows about itself travels with its registration (`register(axis, name,
 **traits)`): `needs_group` (a baseline over G >= 2 responses), `needs` (extra inputs the
-trainer must compute, e.g. "greedy"), `stage` (filters). A parameter left at None is
+trainer must compute, e.g. "greedy"), `stage` (filters), `per_member` (a reason: the part
+cannot run under torch.func.vmap over a population axis, so a population loops over its
+members for it). A parameter left at None is
 filled from the run's context when the context has a value of that name (the task's
 generation budget `max_len`, for instance). Constraints on parameters are written in
 their annotations (`Annotated[float, Range(0, 1)]`), so checking a config and printing
@@ -36,16 +42,24 @@ from typing import Annotated, Any, Callable
 
 # axis -> names of the positional data arguments every part of it takes (None: classes)
 AXES: dict[str, tuple[str, ...] | None] = {
-    "delta": ("rewards", "lengths", "greedy"),
+    "delta": ("rewards", "lengths", "greedy", "components"),
     "loss": ("logp", "old_logp", "deltas", "mask"),
     "aggregate": ("per_token", "mask"),
     "kl": ("logp", "ref_logp", "old_logp"),
+    "correction": ("logp", "old_logp", "sampler_logp", "deltas", "mask"),
     "kl_ctrl": ("coef", "observed_kl", "n_samples"),
+    "entropy_ctrl": ("coef", "entropy"),
     "ref_update": ("epoch",),
     "filter": ("batch",),
     "reward": ("prompts", "completions", "**kwargs"),  # TRL's signature: data arrives as keywords
     "task": None,
 }
+
+# Axes whose parts are pure tensor functions. Each such part gives the same result under
+# torch.func.vmap over a leading population axis of its tensor arguments and of its float
+# parameters (as 0-d tensors) as a loop over the members does, or is registered with
+# per_member="why not" (tests/test_vmap.py holds every part to this).
+TENSOR_AXES = ("delta", "loss", "aggregate", "kl", "correction", "filter")
 
 # Modules whose import fills the registries; imported on first lookup so that
 # `from grpo_bench import registry` stays cheap and import cycles cannot bite.
@@ -263,6 +277,7 @@ def describe() -> str:
             e = entry(axis, name)
             params = ", ".join(f"{k}={v!r}" for k, v in parameters(e).items())
             flags = [f"{k}={e.traits[k]}" for k in ("stage", "task") if k in e.traits]
+            flags += ["per_member"] if e.traits.get("per_member") else []
             flags += ["fused"] if name in fused else []
             head = f"  {name:<24} {e.doc}"
             lines.append(head + (f"  [{'; '.join(flags)}]" if flags else ""))

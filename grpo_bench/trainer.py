@@ -77,8 +77,9 @@ class Population:
         self.head = head
         self.seeds = [c.seed for c in cfgs]
         self.kl_coef = [c.kl_coef for c in cfgs]
-        keys = [k for k in head.numbers() if "." in k]   # the parts' float parameters
+        keys = [k for k in head.numbers() if "." in k] + ["nll_coef"]   # the parts' float parameters, NLL's weight
         self.numbers = {k: torch.tensor([r.numbers()[k] for r in self.recipes]) for k in keys}  # (P,) fp32
+        self.entropy = [(r.entropy_state, r.entropy_coef) for r in self.recipes]  # each controller's (state, coef)
 
     def __len__(self) -> int:
         return len(self.recipes)
@@ -87,6 +88,7 @@ class Population:
         self.recipes = [self.recipes[i] for i in idx]
         self.seeds = [self.seeds[i] for i in idx]
         self.kl_coef = [self.kl_coef[i] for i in idx]
+        self.entropy = [self.entropy[i] for i in idx]
         self.numbers = {k: v[idx] for k, v in self.numbers.items()}
 
     def map(self, fn, *args, per_member: bool, key: tuple = ()):
@@ -135,16 +137,21 @@ def sample(task, pop: Population, epoch: int, group_size: int, budget: int) -> t
     drops = {"any": False, "max_draws": 1}
 
     def run(ro: Rollout, draw: int):
-        def fn(rewards, mask, lengths, finished, numbers):
-            batch, m = pop.head.filter_rollout(Batch(rewards, mask, lengths, finished, budget), numbers, filters)
+        def fn(rewards, mask, lengths, finished, components, numbers):
+            batch, m = pop.head.filter_rollout(Batch(rewards, mask, lengths, finished, budget, components=components),
+                                               numbers, filters)
             if batch.keep is not None:
                 drops.update(any=True, max_draws=batch.max_draws)
-            keep = batch.keep if batch.keep is not None else torch.ones(rewards.shape[0], dtype=torch.bool)
-            return batch.rewards, batch.mask, keep, m
+            no = torch.zeros(rewards.shape[0], dtype=torch.bool)
+            keep = batch.keep if batch.keep is not None else ~no
+            return batch.rewards, batch.mask, keep, no if batch.retire is None else batch.retire, m
         if not filters:
             return ro, None, {}
-        rewards, mask, keep, m = pop.map(fn, ro.rewards, ro.mask, ro.lengths, ro.finished,
-                                         per_member=per_member, key=("rollout", epoch, draw))
+        rewards, mask, keep, retire, m = pop.map(fn, ro.rewards, ro.mask, ro.lengths, ro.finished, ro.components,
+                                                 per_member=per_member, key=("rollout", epoch, draw))
+        for i in retire.any(1).nonzero().flatten().tolist():  # a curriculum: the member's stream drops these prompts
+            sel = retire[i].nonzero().flatten()
+            task.retire(i, ro.prompts[i][sel] if isinstance(ro.prompts, Tensor) else [ro.prompts[i][j] for j in sel])
         return ro.replace(rewards=rewards, mask=mask), keep if drops["any"] else None, m
 
     first = task.rollout(epoch, 0, group_size)
@@ -307,12 +314,12 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
         kl_coef = torch.tensor(pop.kl_coef, dtype=torch.float64)
         batch_rewards, lengths, finished = ro.rewards, ro.lengths, ro.finished
 
-        def advantages(rewards, mask_, lengths_, finished_, old, ref, greedy_, beta, numbers):
-            return recipe.advantages(Batch(rewards, mask_, lengths_, finished_, budget), old, ref, greedy_,
-                                     kl_coef=beta, numbers=numbers)
+        def advantages(rewards, mask_, lengths_, finished_, components, old, ref, greedy_, beta, numbers):
+            return recipe.advantages(Batch(rewards, mask_, lengths_, finished_, budget, components=components),
+                                     old, ref, greedy_, kl_coef=beta, numbers=numbers)
 
-        deltas, adv_metrics = pop.map(advantages, batch_rewards, mask, lengths, finished, old_logp, ref_logp, greedy,
-                                      kl_coef, per_member=adv_per_member, key=("advantages", epoch))
+        deltas, adv_metrics = pop.map(advantages, batch_rewards, mask, lengths, finished, ro.components, old_logp,
+                                      ref_logp, greedy, kl_coef, per_member=adv_per_member, key=("advantages", epoch))
         observed = adv_metrics.pop("kl/observed", None)
         epoch_metrics |= adv_metrics
         rollout_s = time.perf_counter() - t0
@@ -336,18 +343,24 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
                 gate, filter_metrics = pop.map(step_filter, batch_rewards, mask, lengths, finished, entropy,
                                                per_member=step_per_member, key=("step", step))
 
-            def loss_fn(logp_, old, ref, d, mask_, gate_, beta, numbers):
-                return recipe.loss(logp_, old, ref, d, mask_, gate_, kl_coef=beta, numbers=numbers)
+            def loss_fn(logp_, old, ref, d, mask_, gate_, beta, ent, ent_coef, positive, numbers):
+                return recipe.loss(logp_, old, ref, d, mask_, gate_, kl_coef=beta, numbers=numbers, entropy=ent,
+                                   entropy_coef=ent_coef, positive=positive)
 
-            beta = kl_coef
+            ent_coef = torch.tensor([c for _, c in pop.entropy], dtype=torch.float32)
             value, stats = pop.map(loss_fn, logp, old_logp, ref_logp if recipe.kl_in_loss else None, deltas, mask,
-                                   gate, beta, per_member=loss_per_member, key=("loss", step))
+                                   gate, kl_coef, entropy if recipe.use_entropy else None, ent_coef,
+                                   batch_rewards > 0, per_member=loss_per_member, key=("loss", step))
             finite = torch.isfinite(value)
             bad = [] if bool(finite.all()) else (~finite).nonzero().flatten().tolist()
             opt.zero_grad()
             (value[finite].sum() if bad else value.sum()).backward()
             gnorm = clip_grad_norm(params, max_norm)
             opt.step()
+            if recipe.use_entropy:  # each member's controller, from the mean entropy of its step
+                stats["entropy/coef"] = ent_coef
+                pop.entropy = [r.next_entropy_coef(h, state) for r, (state, _), h in
+                               zip(pop.recipes, pop.entropy, stats["loss/entropy"].tolist())]
             dt = (time.perf_counter() - t1 + (rollout_s if k == 0 else 0.0)) / p
 
             # the end of each window: with log_every = K that is the most off-policy step

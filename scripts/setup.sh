@@ -12,5 +12,7 @@ stamp=.venv/.grpo_bench_installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,ray,trl]'
+  # the verl parity tests' peer, without its requirements (see the dev extra in pyproject.toml)
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps verl==0.9.1
   touch "$stamp"
 fi

@@ -590,7 +590,7 @@ def test_every_part_has_a_description_a_source_and_list_shows_parameters():
 
 
 def test_unknown_part_lists_valid_names():
-    with pytest.raises(KeyError, match="valid: batch_std, centered, gpg"):
+    with pytest.raises(KeyError, match="valid: batch_std, centered, gdpo, gpg"):
         registry.get("delta", "nope")
 
 
@@ -678,6 +678,15 @@ DEFAULTS = {
     ("ref_update", "hard"): {"every": 10}, ("ref_update", "soft"): {"every": 1, "alpha": 0.6},
     ("filter", "dynamic_sampling"): {"max_draws": 4}, ("filter", "overlong_punish"): {"cache": 4, "max_len": None},
     ("filter", "top_entropy"): {"rho": 0.2},
+    ("delta", "gdpo"): {"eps": 1e-6, "reward_weights": None, "batch_norm": "tokens"}, ("delta", "maxrl"): {"eps": 1e-6},
+    ("loss", "dro"): {"tau": 0.1}, ("loss", "topr"): {"positive_weight": 1.0, "negative_weight": 1.0},
+    ("correction", "token_tis"): {"low": None, "high": 2.0}, ("correction", "seq_tis"): {"low": None, "high": 2.0},
+    ("correction", "token_mis"): {"low": 0.5, "high": 5.0}, ("correction", "seq_mis"): {"low": None, "high": 3.0},
+    ("correction", "decoupled"): {"cap": 5.0}, ("correction", "geo_mask"): {"low": 0.999, "high": 1.001},
+    ("correction", "rollout_rs"): {"divergence": "k3", "level": "seq_mean", "low": None, "high": 0.01},
+    ("correction", "opsm"): {"threshold": 0.5}, ("correction", "m2po"): {"threshold": 0.04, "against": "old"},
+    ("entropy_ctrl", "adaptive"): {"target": 0.2, "coef_min": 0.0, "coef_max": 1.0, "delta": 0.005},
+    ("filter", "no_positive_resample"): {"threshold": 0.9, "pass_reward": 1.0},
 }
 
 
@@ -712,7 +721,8 @@ def test_parameter_bounds(axis, name, param, ok, bad):
 
 
 GROUP_PARTS = {("delta", n) for n in ["centered", "zscore", "batch_std", "rloo", "max", "passk", "opo",
-                                      "reinforce_pp_baseline", "gpg"]} | {("filter", "dynamic_sampling")}
+                                      "reinforce_pp_baseline", "gpg", "gdpo", "maxrl"]} | \
+    {("filter", n) for n in ["dynamic_sampling", "zero_variance", "no_positive_resample"]}
 
 
 def test_parts_that_compare_a_group_refuse_one_response():

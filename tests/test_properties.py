@@ -109,9 +109,13 @@ def _delta_formula(name, r, lengths, greedy):
             out.append([v - greedy[i] for v in row])
         elif name == "gpg":
             out.append([0.0 if flat[i] else v - m for v in row])
-    if name in ("reinforce_pp", "reinforce_pp_baseline"):
-        x = [[v - _mean(row) if not flat[i] else 0.0 for v in row] if name.endswith("baseline") else list(row)
-             for i, row in enumerate(r)]
+        elif name == "maxrl":
+            out.append([0.0 if flat[i] or m <= 0 else (v - m) / (m + 1e-6) for v in row])
+    if name in ("reinforce_pp", "reinforce_pp_baseline", "gdpo"):
+        # gdpo without components: the total reward is its only component, z-scored, then whitened
+        x = [[v - _mean(row) if not flat[i] else 0.0 for v in row] if name.endswith("baseline") else
+             [0.0 if flat[i] else (v - _mean(row)) / (_std(row) + 1e-6) for v in row] if name == "gdpo" else
+             list(row) for i, row in enumerate(r)]
         w = [a for row in lengths for a in row]
         xs = [v for row in x for v in row]
         n = sum(w)
@@ -134,14 +138,14 @@ DELTAS = registry.names("delta")
 def test_every_delta_against_its_formula(name, data):
     r, lengths = data
     greedy = np.round(np.random.default_rng(0).random(r.shape[0]), 1)
-    if name.startswith("reinforce_pp") and lengths.sum() < 2:
+    if (name.startswith("reinforce_pp") or name == "gdpo") and lengths.sum() < 2:
         lengths = lengths + 1  # whitening needs two tokens
     got = registry.get("delta", name)(t(r), t(lengths), t(greedy))
     want = _delta_formula(name, r.tolist(), lengths.tolist(), greedy.tolist())
     assert got.shape == r.shape and got.dtype == F64
     torch.testing.assert_close(got, t(want), rtol=1e-9, atol=1e-9)
     # (max keeps equal rewards; REINFORCE++-baseline whitens over the batch, which shifts a flat group)
-    if registry.entry("delta", name).traits.get("needs_group") and name not in ("max", "reinforce_pp_baseline"):
+    if registry.entry("delta", name).traits.get("needs_group") and name not in ("max", "reinforce_pp_baseline", "gdpo"):
         flat = (r == r[:, :1]).all(-1)
         assert (got[torch.as_tensor(flat)] == 0).all()  # exactly 0, not 1e-17: no signal, no update
 
@@ -201,6 +205,10 @@ def _loss_formula(name, lp, old, d, mask, p):
         return -a * torch.clamp(r, max=p["clip_c"]).detach() * lp * valid
     if name == "kl_cov":
         return -a * r
+    if name == "dro":
+        return -a * lp + p.get("tau", 0.1) / 2 * (lp - old) ** 2
+    if name == "topr":
+        return torch.where(a > 0, -a * lp, -torch.clamp(r, 0, 1).detach() * a * lp)
     raise KeyError(name)
 
 
@@ -310,7 +318,12 @@ def _aggregate_formula(name, x, mask, max_len):
     if not seqs:
         return 0.0
     n_tok = sum(len(s) for s in seqs)
-    return {"token_mean": sum(map(sum, seqs)) / n_tok, "token_sum": sum(map(sum, seqs)),
+    prompts = {}
+    for idx in np.ndindex(*mask.shape[:-1]):  # a prompt: every axis but the responses' and the tokens'
+        prompts.setdefault(idx[:-1], []).extend(x[idx][k] for k in range(mask.shape[-1]) if mask[idx][k] > 0)
+    groups = [p for p in prompts.values() if p]
+    return {"prompt_mean": sum(sum(p) / len(p) for p in groups) / len(groups),
+            "token_mean": sum(map(sum, seqs)) / n_tok, "token_sum": sum(map(sum, seqs)),
             "seq_mean_token_mean": sum(sum(s) / len(s) for s in seqs) / len(seqs),
             "seq_mean_token_sum": sum(map(sum, seqs)) / len(seqs),
             "seq_mean_token_sum_norm": sum(sum(s) / max_len for s in seqs) / len(seqs)}[name]
@@ -358,6 +371,9 @@ def _composition(lp, old, ref, d, mask, loss, p, kl, beta, agg, max_len):
         return (sums / n_tok.clamp(min=1)).sum() / n_seq
     if agg == "seq_mean_token_sum":
         return sums.sum() / n_seq
+    if agg == "prompt_mean":
+        per_prompt, n_prompt = sums.sum(-1), n_tok.sum(-1)
+        return (per_prompt / n_prompt.clamp(min=1)).sum() / (n_prompt > 0).sum().clamp(min=1)
     return sums.sum() / (n_seq * max_len)
 
 

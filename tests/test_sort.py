@@ -11,9 +11,10 @@ def test_rewards_are_weighted_per_response():
     prompts = torch.tensor([[2, 0, 1]])
     responses = torch.tensor([[[0, 1, 2], [2, 1, 0], [0, 0, 0], [1, 0, 2]]])
     fns = rewards.check({"match": 1.0, "inclusion_order": 0.5}, "sort")
-    total, means = score(fns, prompts, responses)
+    total, means, parts = score(fns, prompts, responses)
     # match 1, 1/3, 1/3, 1/3; inclusion_order 5/5, 3/5, 3/5, 4/5 (see test_lm_rewards)
     torch.testing.assert_close(total, torch.tensor([[1.5, 1 / 3 + 0.3, 1 / 3 + 0.3, 1 / 3 + 0.4]]))
+    torch.testing.assert_close(parts, torch.tensor([[[1.0, 1.0], [1 / 3, 0.6], [1 / 3, 0.6], [1 / 3, 0.8]]]))
     assert abs(means["reward/match"] - 0.5) < 1e-9 and abs(means["reward/inclusion_order"] - 0.75) < 1e-9
 
 
@@ -75,7 +76,7 @@ def test_tensor_rewards_equal_the_registered_functions():
     prompts = torch.randint(0, 5, (2, 7, 4), generator=gen)
     responses = torch.randint(0, 5, (2, 7, 3, 4), generator=gen)
     fns = rewards.check({"match": 1.0, "inclusion_order": 0.3}, "sort")
-    fast, _ = score(fns, prompts, responses)
+    fast, _, _ = score(fns, prompts, responses)
     flat_p = [p for p in prompts.reshape(-1, 4).tolist() for _ in range(3)]
     total, _ = rewards.combine(fns, flat_p, responses.reshape(-1, 4).tolist())
     assert fast.flatten().tolist() == torch.tensor(total, dtype=torch.float32).tolist()

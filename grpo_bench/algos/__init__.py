@@ -4,14 +4,15 @@
     losses.py     policy losses: REINFORCE, PPO clip and its variants, sequence-level ratios
     aggregate.py  how per-token losses become one scalar
     kl.py         KL estimators, straight-through and importance-corrected ones
-    control.py    the KL coefficient's controller and the reference policy's update schedule
+    corrections.py off-policy corrections from the sampler's log-probs: TIS, MIS, rejection, OPSM, M2PO
+    control.py    the KL and entropy coefficients' controllers, the reference policy's update schedule
     filters.py    sample filters: dynamic sampling, overlong shaping, truncation and entropy masks
     rewards.py    rule rewards with TRL's signature, per task, and how a task's reward mix is resolved
 
 Adding a part is one decorated function in the module of its axis, plus its tests:
 
     @register("delta", "my_baseline", needs_group=True)
-    def my_baseline(rewards, lengths=None, greedy=None, *, eps: Positive = 1e-6):
+    def my_baseline(rewards, lengths=None, greedy=None, components=None, *, eps: Positive = 1e-6):
         \"\"\"One line on what it does.
 
         Source: the paper, or the verl/TRL option it corresponds to.
@@ -26,7 +27,7 @@ Conventions (see ../shared/seeds/README.md): the ratio is pi/pi_old = exp(logp -
 never a quotient of log-probs; with r = pi_ref/pi, k1 = -log r, k2 = (log r)^2 / 2,
 k3 = r - 1 - log r, each an estimate of KL(pi || pi_ref) under samples from pi.
 """
-from . import aggregate, control, deltas, filters, kl, losses, rewards  # noqa: F401  (registration)
+from . import aggregate, control, corrections, deltas, filters, kl, losses, rewards  # noqa: F401  (registration)
 from .common import masked_mean, masked_sum
 from .filters import Batch
 

@@ -74,3 +74,19 @@ def seq_mean_token_sum_norm(per_token: Tensor, mask: Tensor, *, max_len: Optiona
     sums, _, n = _per_response(per_token, mask)
     norm = per_token.shape[-1] if max_len is None else max_len
     return sums.sum() / (n * norm)
+
+
+@register("aggregate", "prompt_mean")
+def prompt_mean(per_token: Tensor, mask: Tensor) -> Tensor:
+    """Mean over each prompt's tokens (its whole group's), then over prompts: every prompt weighs the same.
+
+    A prompt none of whose responses has a token is not part of the batch. With equal-length
+    responses it equals token_mean and seq_mean_token_mean; with varying lengths it equals
+    neither (TRL's grpo is seq_mean_token_mean, whatever huggingface/trl#5375 concluded).
+
+    Source: ScaleRL (Khatri et al., 2025, arXiv 2510.13786) prompt-level loss averaging; SkyRL loss_reduction=prompt_mean (which also counts prompts without tokens).
+    """
+    sums = masked_sum(per_token, mask, dim=(-2, -1))                       # (B,)
+    counts = (mask > 0).to(per_token.dtype).sum((-2, -1))
+    n = (counts > 0).to(per_token.dtype).sum().clamp(min=1)
+    return (sums / counts.clamp(min=1)).sum() / n

@@ -3,8 +3,12 @@
 Every mode is outcome-level: one scalar per response, spread over its tokens by the
 loss. `lengths` (B, G) are the responses' token counts before any filter; `greedy`
 (B,) is the reward of each prompt's greedy response, computed by the trainer only for
-parts registered with needs=("greedy",). A group whose rewards are all equal gets
-exactly 0 from every group-centred mode.
+parts registered with needs=("greedy",); `components` (B, G, C) are the raw scores of
+the task's C reward functions (their weighted sum is `rewards`), read only by gdpo.
+A group whose rewards are all equal gets exactly 0 from every group-centred mode.
+
+Advantage clipping is not a mode: it applies to any of them after the fact (the run
+config's `adv_clip`, `clip_deltas` below), as NeMo-RL and ROLL do.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from ..registry import Choice, Positive, register
 from .common import centre, zero_flat
 
 Count = Annotated[str, Choice(("advantage", "reward"))]
+BatchNorm = Annotated[str, Choice(("tokens", "responses", "none"))]
 
 
 def _weights(rewards: Tensor, lengths: Tensor | None) -> Tensor:
@@ -36,7 +41,8 @@ def _whiten(x: Tensor, w: Tensor, eps: float) -> Tensor:
 
 
 @register("delta", "raw")
-def raw(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None) -> Tensor:
+def raw(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+        components: Tensor | None = None) -> Tensor:
     """r: plain REINFORCE, no baseline.
 
     Source: Williams (1992).
@@ -45,7 +51,8 @@ def raw(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = 
 
 
 @register("delta", "centered", needs_group=True)
-def centered(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None) -> Tensor:
+def centered(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+             components: Tensor | None = None) -> Tensor:
     """r - group mean: unbiased baseline, scale kept.
 
     Source: Dr. GRPO (Liu et al., 2025); TRL scale_rewards="none"; verl grpo with norm_adv_by_std_in_grpo=False; nanochat.
@@ -54,8 +61,8 @@ def centered(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | No
 
 
 @register("delta", "zscore", needs_group=True)
-def zscore(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None, *,
-           eps: Positive = 1e-6) -> Tensor:
+def zscore(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+           components: Tensor | None = None, *, eps: Positive = 1e-6) -> Tensor:
     """(r - group mean) / (group std + eps), unbiased std.
 
     Source: DeepSeekMath GRPO (Shao et al., 2024); verl adv_estimator=grpo (eps 1e-6); TRL scale_rewards="group" (eps 1e-4).
@@ -64,8 +71,8 @@ def zscore(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None
 
 
 @register("delta", "batch_std", needs_group=True)
-def batch_std(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None, *,
-              eps: Positive = 1e-6) -> Tensor:
+def batch_std(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+              components: Tensor | None = None, *, eps: Positive = 1e-6) -> Tensor:
     """(r - group mean) / (std of the whole batch + eps): group baseline, batch scale.
 
     Source: Tricks or Traps? Lite PPO (Liu et al., 2025); TRL scale_rewards="batch" (eps 1e-4).
@@ -74,7 +81,8 @@ def batch_std(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | N
 
 
 @register("delta", "rloo", needs_group=True)
-def rloo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None) -> Tensor:
+def rloo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+         components: Tensor | None = None) -> Tensor:
     """r_i - mean of the other G-1 rewards (leave-one-out baseline).
 
     Source: RLOO (Ahmadian et al., 2024; Kool et al., 2019); verl adv_estimator=rloo.
@@ -84,7 +92,8 @@ def rloo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None =
 
 
 @register("delta", "max", needs_group=True)
-def best_only(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None) -> Tensor:
+def best_only(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+              components: Tensor | None = None) -> Tensor:
     """Only the best response(s) of a group keep their reward, the rest get 0.
 
     Source: a best-of-G ablation of this suite (rejection-sampling fine-tuning as a policy gradient).
@@ -94,8 +103,8 @@ def best_only(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | N
 
 
 @register("delta", "passk", needs_group=True)
-def passk(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None, *,
-          normalize: bool = True, eps: Positive = 1e-6) -> Tensor:
+def passk(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+          components: Tensor | None = None, *, normalize: bool = True, eps: Positive = 1e-6) -> Tensor:
     """Pass@k training: only the group's best response learns, from r_max - r_second (/ group std).
 
     Source: Pass@k training (Chen et al., 2025, arXiv 2503.19595); verl adv_estimator=grpo_passk.
@@ -110,7 +119,8 @@ def passk(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None 
 
 
 @register("delta", "opo", needs_group=True)
-def opo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None) -> Tensor:
+def opo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+        components: Tensor | None = None) -> Tensor:
     """r - length-weighted group mean sum(|o| r) / sum(|o|): the optimal baseline under token-sum losses.
 
     Source: On-Policy RL with Optimal reward baseline, OPO (Hao et al., 2025, arXiv 2505.23585); verl adv_estimator=opo.
@@ -123,8 +133,8 @@ def opo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = 
 
 
 @register("delta", "reinforce_pp")
-def reinforce_pp(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None, *,
-                 eps: Positive = 1e-8) -> Tensor:
+def reinforce_pp(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+                 components: Tensor | None = None, *, eps: Positive = 1e-8) -> Tensor:
     """Global batch whitening of the rewards, no group baseline (gamma = 1).
 
     Source: REINFORCE++ (Hu, 2025, arXiv 2501.03262); verl adv_estimator=reinforce_plus_plus with outcome rewards.
@@ -133,8 +143,8 @@ def reinforce_pp(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor 
 
 
 @register("delta", "reinforce_pp_baseline", needs_group=True)
-def reinforce_pp_baseline(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None, *,
-                          eps: Positive = 1e-8) -> Tensor:
+def reinforce_pp_baseline(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+                          components: Tensor | None = None, *, eps: Positive = 1e-8) -> Tensor:
     """r - group mean, then whitened over the batch's tokens.
 
     Source: REINFORCE++-baseline (Hu, 2025); verl adv_estimator=reinforce_plus_plus_baseline.
@@ -143,8 +153,8 @@ def reinforce_pp_baseline(rewards: Tensor, lengths: Tensor | None = None, greedy
 
 
 @register("delta", "gpg", needs_group=True)
-def gpg(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None, *,
-        f_norm: Positive = 1.0, count: Count = "advantage") -> Tensor:
+def gpg(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+        components: Tensor | None = None, *, f_norm: Positive = 1.0, count: Count = "advantage") -> Tensor:
     """alpha * (r - group mean) / f_norm, alpha = N / #responses that count, undoing the dilution by flat groups.
 
     count="advantage" counts responses with a non-zero advantage (the paper's B / (B - M));
@@ -159,7 +169,8 @@ def gpg(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = 
 
 
 @register("delta", "remax", needs=("greedy",))
-def remax(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None) -> Tensor:
+def remax(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+          components: Tensor | None = None) -> Tensor:
     """r - reward of the prompt's greedy response.
 
     Source: ReMax (Li et al., 2024, arXiv 2310.10505); verl adv_estimator=remax.
@@ -168,3 +179,63 @@ def remax(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None 
         raise ValueError("remax needs the greedy responses' rewards (greedy=...)")
     return rewards - greedy.to(rewards.dtype).unsqueeze(-1)
 
+
+
+@register("delta", "gdpo", needs_group=True)
+def gdpo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+         components: Tensor | None = None, *, eps: Positive = 1e-6, reward_weights: list | None = None,
+         batch_norm: BatchNorm = "tokens") -> Tensor:
+    """Each reward component z-scored within its group, then their weighted sum normalised over the batch.
+
+    components (B, G, C) are the task's raw reward scores; reward_weights null takes the task's
+    weights (filled in from the run config), or 1 each when the part is called directly;
+    without components the total reward is the only component. batch_norm: "tokens" whitens
+    the sum over the batch's tokens (verl's masked_whiten: each response counted |o| times,
+    Bessel's correction, eps 1e-8 under the root), "responses" is (x - mean) / (std + eps)
+    over responses (TRL), "none" keeps the sum.
+
+    Source: GDPO (arXiv 2601.05242); verl adv_estimator=gdpo (eps 1e-6, batch_norm tokens); TRL multi_objective_aggregation=normalize_then_sum (eps 1e-4, batch_norm responses).
+    """
+    comps = rewards.unsqueeze(-1) if components is None else components.to(rewards.dtype)
+    per = comps.movedim(-1, 0)                                               # (C, B, G)
+    z = zero_flat(per, centre(per) / (per.std(dim=-1, keepdim=True) + eps))
+    if reward_weights is None:
+        total = z.sum(0)
+    else:
+        if len(reward_weights) != per.shape[0]:
+            raise ValueError(f"gdpo: {len(reward_weights)} reward_weights for {per.shape[0]} reward components")
+        w = torch.tensor(reward_weights, dtype=z.dtype, device=z.device)
+        total = (w.view(-1, 1, 1) * z).sum(0)                                # (B, G)
+    if batch_norm == "tokens":
+        return _whiten(total, _weights(rewards, lengths), 1e-8)
+    if batch_norm == "responses":
+        return (total - total.mean()) / (total.std() + eps)
+    return total
+
+
+@register("delta", "maxrl", needs_group=True)
+def maxrl(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+          components: Tensor | None = None, *, eps: Positive = 1e-6) -> Tensor:
+    """(r - group mean) / (group mean + eps): the pass rate as the scale, so hard prompts weigh 1/p; 0 where the mean is <= 0.
+
+    Meant for rewards in [0, 1] (a pass rate): with binary rewards a correct response gets
+    (G - K) / K of a group with K correct, a wrong one -1. A group with no positive mean
+    (nothing solved) learns nothing, as in the reference implementation.
+
+    Source: Maximum Likelihood RL, MaxRL (Tajwar et al., 2026, arXiv 2602.02710, eps 1e-6); SkyRL adv_estimator=maxrl (no guard: a negative mean flips the sign); prime-rl.
+    """
+    mu = rewards.mean(dim=-1, keepdim=True)
+    return torch.where(mu > 0, centre(rewards) / (mu + eps), torch.zeros_like(rewards))
+
+
+def clip_deltas(deltas: Tensor, clip: float | list | None) -> Tensor:
+    """Deltas clamped to [-clip, clip], or to [low, high] for a pair (a None end is open); None: unchanged.
+
+    Source: NeMo-RL advantage_clip_low / advantage_clip_high; ROLL advantage_clip (symmetric, 2.0 in its GRPO recipe).
+    """
+    if clip is None:
+        return deltas
+    low, high = (-clip, clip) if not isinstance(clip, (list, tuple)) else clip
+    if low is not None:
+        deltas = deltas.clamp(min=low)
+    return deltas if high is None else deltas.clamp(max=high)

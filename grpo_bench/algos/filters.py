@@ -5,7 +5,9 @@
 A filter returns a changed copy of the batch. What it may change says what it does:
 `rewards` (shaping), `mask` (tokens leave the loss and its normaliser), `gate` (tokens
 keep their place in the normaliser but their policy term loses its gradient), `keep`
-(groups to drop and draw again, up to `max_draws` rollouts per epoch). Its `stage`
+(groups to drop and draw again, up to `max_draws` rollouts per epoch), `retire` (prompts
+the task must never draw again: a curriculum's state lives in the task's prompt stream,
+the filter only decides). Its `stage`
 says when it runs: "rollout" once per rollout before the deltas, "step" at every
 gradient step, when the current policy's entropy is known. Filters run in the order
 the run config lists them; the trainer logs the share of tokens (or groups) each removed.
@@ -38,12 +40,15 @@ class Batch:
     gate: Tensor | None = None      # (B, G, T) 1.0 where the policy term keeps its gradient
     keep: Tensor | None = None      # (B,) bool: groups to keep; the others are drawn again
     max_draws: int = 1              # rollouts the trainer may draw per epoch to replace dropped groups
+    retire: Tensor | None = None    # (B,) bool: prompts the task's stream must not draw again
+    components: Tensor | None = None  # (B, G, C) raw score of each reward function (GDPO's input)
 
     def replace(self, **changes) -> "Batch":
         return dataclasses.replace(self, **changes)
 
 
-@register("filter", "dynamic_sampling", stage="rollout", needs_group=True, per_member=True)
+@register("filter", "dynamic_sampling", stage="rollout", needs_group=True,
+          per_member="the trainer draws replacement groups until the batch is full: members would need different rollouts")
 def dynamic_sampling(batch: Batch, *, max_draws: PositiveInt = 4) -> Batch:
     """Drop groups whose rewards are all equal (no signal) and draw again until the batch is full, up to max_draws rollouts.
 
@@ -80,7 +85,8 @@ def overlong_punish(batch: Batch, *, cache: PositiveInt = 4, max_len: OptionalLe
     return batch.replace(rewards=batch.rewards + penalty)
 
 
-@register("filter", "top_entropy", stage="step", per_member=True)
+@register("filter", "top_entropy", stage="step",
+          per_member="a quantile over the member's unmasked tokens (boolean indexing, a Python if on tensor values)")
 def top_entropy(batch: Batch, *, rho: Probability = 0.2) -> Batch:
     """Only the top-rho share of tokens by the policy's entropy carry policy gradient; the rest still count in the normaliser.
 
@@ -94,3 +100,30 @@ def top_entropy(batch: Batch, *, rho: Probability = 0.2) -> Batch:
     threshold = torch.quantile(ent[on], 1.0 - rho)
     gate = ((ent >= threshold) & on).to(batch.mask.dtype)
     return batch.replace(gate=gate if batch.gate is None else batch.gate * gate)
+
+
+@register("filter", "zero_variance", stage="rollout", needs_group=True)
+def zero_variance(batch: Batch) -> Batch:
+    """Groups whose rewards are all equal leave the loss and its normaliser; nothing is drawn again.
+
+    Every group-centred delta gives such a group 0 already: what changes is the normaliser
+    (token_mean divides by fewer tokens) and the batch's effective size.
+
+    Source: ScaleRL (Khatri et al., 2025, arXiv 2510.13786) zero-variance filtering; DAPO's dynamic sampling without its refill.
+    """
+    flat = flat_groups(batch.rewards).unsqueeze(-1)                          # (B, 1, 1)
+    return batch.replace(mask=torch.where(flat, torch.zeros_like(batch.mask), batch.mask))
+
+
+@register("filter", "no_positive_resample", stage="rollout", needs_group=True)
+def no_positive_resample(batch: Batch, *, threshold: Probability = 0.9, pass_reward: float = 1.0) -> Batch:
+    """Prompts whose pass rate reaches threshold are never drawn again (the task retires them); this batch still learns from them.
+
+    A response passes when its reward is at least pass_reward (1.0: a fully correct answer
+    on both tasks). List it first: shaping filters change the rewards it reads.
+
+    Source: ScaleRL (Khatri et al., 2025, arXiv 2510.13786) no-positive-resampling (pass rate >= 0.9).
+    """
+    passed = (batch.rewards >= pass_reward).to(batch.rewards.dtype).mean(-1)   # (B,)
+    retire = passed >= threshold
+    return batch.replace(retire=retire if batch.retire is None else batch.retire | retire)

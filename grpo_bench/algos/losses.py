@@ -36,8 +36,18 @@ OptionalFraction = Annotated[float | None, Range(0, 1, lo_open=True, hi_open=Tru
 def _ppo(ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float) -> tuple[Tensor, Regions]:
     """-min(ratio * A, clip(ratio, 1 - low, 1 + high) * A) and the tokens where the clip wins."""
     lo, hi = 1.0 - clip_low, 1.0 + clip_high
-    loss = -torch.minimum(ratio * adv, ratio.clamp(lo, hi) * adv)
+    loss = -torch.minimum(ratio * adv, _clamp(ratio, lo, hi) * adv)
     return loss, {"low": (adv < 0) & (ratio < lo), "high": (adv > 0) & (ratio > hi)}
+
+
+def _clamp(x: Tensor, lo, hi) -> Tensor:
+    """x.clamp(lo, hi) where either bound may be a number or a 0-d tensor (a population member's own)."""
+    return x.clamp(min=lo).clamp(max=hi)  # the same values and gradient as clamp(lo, hi)
+
+
+def _full(like: Tensor, value) -> Tensor:
+    """full_like(like, value) for a number or a 0-d tensor (a population member's own parameter)."""
+    return torch.zeros_like(like) + value  # 0 + v is v exactly, in like's dtype
 
 
 def seq_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
@@ -115,7 +125,7 @@ def gmpo(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     lr = logp - old_logp
     sgn = torch.sign(adv)
     # the clipped log-ratio wins the min only where it lowers the objective: PPO's rule in log space
-    lr_min = sgn * torch.minimum(sgn * lr, sgn * lr.clamp(-clip_low, clip_high))
+    lr_min = sgn * torch.minimum(sgn * lr, sgn * _clamp(lr, -clip_low, clip_high))
     ratio = torch.exp(masked_mean(lr_min, mask, dim=-1, keepdim=True))  # (B, G, 1)
     loss = (-deltas.unsqueeze(-1) * ratio).expand_as(logp)
     return loss, {"low": (adv < 0) & (lr < -clip_low), "high": (adv > 0) & (lr > clip_high)}
@@ -134,8 +144,38 @@ def cispo(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     ratio = torch.exp(logp - old_logp)
     lo = 0.0 if clip_low is None else 1.0 - clip_low
     hi = 1.0 + clip_high
-    weight = ratio.clamp(min=lo).clamp(max=hi).detach()  # two clamps: lo may be a number, hi a member's tensor
+    weight = _clamp(ratio, lo, hi).detach()
     return -weight * bcast(deltas, logp) * logp, {"low": ratio < lo, "high": ratio > hi}
+
+
+@register("loss", "dro")
+def dro(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
+        tau: Positive = 0.1) -> tuple[Tensor, Regions]:
+    """-log pi * A + tau/2 * (log pi - log pi_old)^2: REINFORCE with a quadratic pull towards the old policy.
+
+    verl requires dro_beta (it has no default); 0.1 is this suite's.
+
+    Source: Kimi k1.5 (2025, arXiv 2501.12599), its mirror-descent loss as verl implements it; verl policy_loss=dro (dro_beta = tau).
+    """
+    return -(logp * bcast(deltas, logp) - 0.5 * tau * (logp - old_logp).square()), {}
+
+
+@register("loss", "topr")
+def topr(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
+         positive_weight: NonNegative = 1.0, negative_weight: NonNegative = 1.0) -> tuple[Tensor, Regions]:
+    """TOPR: -A log pi on positive responses (no importance weight), -sg(min(ratio, 1)) A log pi on the rest.
+
+    Positive means delta > 0 (ROLL splits by score > 0): with 0/1 rewards and a group-centred
+    delta the two agree wherever the loss has a gradient. Region "cap": the negative tokens
+    whose ratio the taper cut to 1.
+
+    Source: Tapered Off-Policy REINFORCE (Le Roux et al., 2025, arXiv 2503.14286, eq. 8); ROLL pg_variant=topr (topr_positive_weight, topr_negative_weight).
+    """
+    adv = bcast(deltas, logp)
+    ratio = torch.exp(logp - old_logp)
+    pos = adv > 0
+    weight = torch.where(pos, _full(adv, positive_weight), negative_weight * ratio.clamp(max=1.0).detach())
+    return -weight * adv * logp, {"cap": ~pos & (ratio > 1.0)}
 
 
 @register("loss", "sapo")
@@ -149,8 +189,7 @@ def sapo(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     """
     adv = bcast(deltas, logp)
     ratio = torch.exp((logp - old_logp).clamp(-20.0, 20.0))  # as verl and TRL: exp overflow would give 0 * inf
-    one = torch.ones_like(adv)  # 1 * tau: exact, and a tensor tau (a population's member) works too
-    tau = torch.where(adv > 0, one * tau_pos, one * tau_neg)
+    tau = torch.where(adv > 0, _full(adv, tau_pos), _full(adv, tau_neg))
     return -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv, {}
 
 
@@ -166,9 +205,8 @@ def vespo(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     seq = masked_sum((logp - old_logp).clamp(-20.0, 20.0), mask, dim=-1, keepdim=True)
     log_w = seq.clamp(floor, 20.0).detach()                              # (B, G, 1)
     pos = deltas.unsqueeze(-1) >= 0
-    one = torch.ones_like(log_w)
-    k = torch.where(pos, one * k_pos, one * k_neg)
-    lam = torch.where(pos, one * lambda_pos, one * lambda_neg).clamp(min=1e-4)
+    k = torch.where(pos, _full(log_w, k_pos), _full(log_w, k_neg))
+    lam = torch.where(pos, _full(log_w, lambda_pos), _full(log_w, lambda_neg)).clamp(min=1e-4)
     phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
     return -phi * bcast(deltas, logp) * logp, {}
 
@@ -216,7 +254,7 @@ def _token_cov(logp: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
     return (adv - masked_mean(adv, mask)) * (logp.detach() - masked_mean(logp.detach(), mask))
 
 
-@register("loss", "clip_cov", per_member=True)
+@register("loss", "clip_cov", per_member="draws a data-dependent number of random tokens (nonzero, randperm, .item())")
 def clip_cov(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
              clip_low: Fraction = 0.2, clip_high: Positive = 0.2, clip_cov_ratio: Fraction = 2e-4,
              clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0) -> tuple[Tensor, Regions]:
@@ -240,7 +278,7 @@ def clip_cov(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     return torch.where(cut, torch.zeros_like(loss), loss), regions | {"cov": cut}
 
 
-@register("loss", "kl_cov", per_member=True)
+@register("loss", "kl_cov", per_member="takes the top share of the member's unmasked tokens: a data-dependent count (.item())")
 def kl_cov(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
            kl_cov_ratio: Fraction = 2e-4, ppo_kl_coef: NonNegative = 1.0) -> tuple[Tensor, Regions]:
     """KL-Cov: -ratio * A, plus ppo_kl_coef * |log ratio| on the top kl_cov_ratio share of tokens by covariance.

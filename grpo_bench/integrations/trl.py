@@ -72,7 +72,9 @@ from trl.trainer.callbacks import SyncRefModelCallback  # noqa: E402
 
 # The run-config keys a variant carries to TRL; the others belong to TRL's own config.
 VARIANT_KEYS = ("delta", "loss", "aggregate", "kl", "kl_coef", "kl_placement", "kl_ctrl", "ref_update",
-                "filters", "backend")
+                "filters", "backend", "corrections", "entropy_coef", "entropy_ctrl", "nll_coef", "adv_clip")
+# registry v3 keys this integration does not carry yet, and their "off" values: refused when set
+NOT_WIRED = {"corrections": [], "entropy_coef": 0.0, "entropy_ctrl": "fixed", "nll_coef": 0.0, "adv_clip": None}
 TRL_OWNED = {
     "task": "the train_dataset and reward_funcs you pass", "group_size": "GRPOConfig.num_generations",
     "inner_steps": "GRPOConfig.num_iterations", "epochs": "GRPOConfig.max_steps",
@@ -147,6 +149,9 @@ def resolve_variant(data: dict, source: str = "<variant>", *, max_len: int, grou
             raise ConfigError(source, key, f"TRL owns this setting: set {TRL_OWNED[key]}")
         if key not in VARIANT_KEYS:
             raise ConfigError(source, str(key), f"unknown key; valid: {', '.join(VARIANT_KEYS)}")
+    for key, off in NOT_WIRED.items():
+        if key in data and data[key] not in (off, {"name": off}):
+            raise ConfigError(source, key, "not carried into TRL's GRPOTrainer by this integration yet")
     cfg = build_dataclass(RunConfig, copy.deepcopy(data), source)
     cfg.group_size = group_size
     context = {"max_len": max_len}
@@ -154,6 +159,9 @@ def resolve_variant(data: dict, source: str = "<variant>", *, max_len: int, grou
         setattr(cfg, axis, resolve_part(axis, getattr(cfg, axis), source, axis, context))
     cfg.filters = [resolve_part("filter", f, source, f"filters.{i}", context) for i, f in enumerate(cfg.filters)]
     validate(cfg, source)
+    if cfg.delta["name"] == "gdpo":
+        raise ConfigError(source, "delta", "'gdpo' needs each reward function's scores, which this integration "
+                                           "does not pass yet (TRL: multi_objective_aggregation=normalize_then_sum)")
     if "greedy" in registry.entry("delta", cfg.delta["name"]).traits.get("needs", ()):
         raise ConfigError(source, "delta", f"{cfg.delta['name']!r} needs each prompt's greedy response, "
                                            "which TRL's GRPOTrainer does not generate")

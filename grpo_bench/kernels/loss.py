@@ -9,6 +9,8 @@ least one token; an empty response is not part of the batch, see algos/aggregate
     seq_mean_token_mean      w_s = [len_s > 0] / (max(len_s, 1) * n)
     seq_mean_token_sum       w_s = [len_s > 0] / n
     seq_mean_token_sum_norm  w_s = [len_s > 0] / (n * max_len)
+    prompt_mean              w_s = [len_p > 0] / (max(len_p, 1) * n_p), len_p the tokens of s's group,
+                             n_p the groups with any token (the group is the second-to-last axis)
 
 So the forward kernel (one program per sequence, looping over T) only emits, per
 sequence, the sums of the policy loss and of the KL, the token counts of the clip
@@ -26,6 +28,8 @@ constants it takes from their parameters are in kernels/spec.py; every constant 
 compile-time one, so a run compiles once per configuration.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
@@ -219,8 +223,12 @@ def _loss_bwd(logp_ptr, old_ptr, ref_ptr, gate_ptr, adv_ptr, mask_ptr, w_ptr, ra
             tl.store(dlogp_ptr + row + idx, grad.to(dlogp_ptr.dtype.element_ty), mask=inb)
 
 
-def seq_weights(aggregate: str, lengths: Tensor, t: int, max_len: int | None) -> Tensor:
+def seq_weights(aggregate: str, lengths: Tensor, t: int, max_len: int | None, group: int = 1) -> Tensor:
     """(S,) weights with aggregate(per_token, mask) == sum_s w_s * (masked sum of sequence s)."""
+    if aggregate == "prompt_mean":  # S = prompts * group, a prompt's responses adjacent
+        per_prompt = lengths.view(-1, group).sum(-1, keepdim=True)
+        n_p = (per_prompt > 0).to(lengths.dtype).sum().clamp(min=1)
+        return ((per_prompt > 0).to(lengths.dtype) / (per_prompt.clamp(min=1) * n_p)).expand(-1, group).reshape(-1)
     has = (lengths > 0).to(lengths.dtype)
     n = has.sum().clamp(min=1)
     if aggregate == "token_mean":
@@ -255,7 +263,7 @@ class FusedGRPOLoss(torch.autograd.Function):
         grid = (max(1, min(s, MAX_PROGRAMS)),)
         if s:
             _loss_fwd[grid](logp, old, ref_, gate_, deltas, mask, stats, ratio, s, t, **consts)
-        w = seq_weights(spec.aggregate, stats[:, 5], t, spec.max_len)
+        w = seq_weights(spec.aggregate, stats[:, 5], t, spec.max_len, spec.group)
         coef = spec.constants()["COEF"]
         total = stats[:, 0] + coef * stats[:, 1]
         ctx.save_for_backward(logp, old, ref_, gate_, deltas, mask, w, ratio)
@@ -280,6 +288,8 @@ def fused_grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, del
     """logp (..., T), deltas (...) -> scalar loss, per-sequence sums (see grpo_bench.logprobs.grpo_loss)."""
     spec.check()
     t = logp.shape[-1]
+    if spec.aggregate == "prompt_mean":  # the kernel's rows are responses; prompt_mean needs their groups
+        spec = dataclasses.replace(spec, group=logp.shape[-2] if logp.dim() >= 2 else 1)
 
     def rows(x: Tensor) -> Tensor:
         return x.detach().reshape(-1, t).to(torch.float32).contiguous()
@@ -288,6 +298,6 @@ def fused_grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, del
                                          rows(ref_logp) if spec.kl else None, rows(gate) if spec.gated else None,
                                          deltas.detach().reshape(-1).contiguous(), rows(mask), spec)
     pol, kl, low, high, extra, lengths = per_seq.unbind(1)
-    return value, {"policy": (seq_weights(spec.aggregate, lengths, t, spec.max_len) * pol).sum(),
+    return value, {"policy": (seq_weights(spec.aggregate, lengths, t, spec.max_len, spec.group) * pol).sum(),
                    "kl_sum": kl.sum(), "low": low.sum(), "high": high.sum(), "extra": extra.sum(),
                    "tokens": lengths.sum()}

@@ -28,7 +28,8 @@ EXTRA_REGION = {"dual_clip": "dual"}
 # kl name -> code (0: no KL term)
 KLS = {"k1": 1, "k2": 2, "k3": 3, "abs": 4, "k1+": 5, "k3+": 6, "k3_is": 7}
 # aggregate name -> how the per-sequence weight w_s is built (see kernels/loss.py)
-AGGREGATES = ("token_mean", "token_sum", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+AGGREGATES = ("token_mean", "token_sum", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm",
+              "prompt_mean")
 
 
 def fused_names(axis: str) -> set[str]:
@@ -46,11 +47,16 @@ class LossSpec:
     kl: str | None = None
     kl_coef: float = 0.0
     gated: bool = False
+    extra_terms: tuple[str, ...] = ()  # corrections, entropy bonus, NLL term: the kernel has none of them
+    group: int = 1                     # responses per prompt (prompt_mean's weights); set by fused_grpo_loss
 
     def fusable(self) -> bool:
-        return self.loss in LOSSES and self.aggregate in AGGREGATES and (self.kl is None or self.kl in KLS)
+        return (self.loss in LOSSES and self.aggregate in AGGREGATES and (self.kl is None or self.kl in KLS)
+                and not self.extra_terms)
 
     def check(self) -> None:
+        if self.extra_terms:
+            raise ValueError(f"the fused loss kernel has no {', '.join(self.extra_terms)} term; use backend='torch'")
         for what, name, known in (("loss", self.loss, LOSSES), ("aggregate", self.aggregate, AGGREGATES),
                                   ("kl", self.kl, KLS)):
             if name is not None and name not in known:

@@ -1,15 +1,13 @@
-"""Causal LMs for the LM tasks: the embedded tiny GPT-2, hub or local models, LoRA, and the reference policy.
+"""Causal LMs for the LM tasks: the embedded tiny GPT-2, hub or local models, peft's LoRA.
 
 Any `AutoModelForCausalLM` loads by hub id or local path; "tiny" is the warm-started
 2-layer GPT-2 shipped in tasks/arithmetic_tiny/ (see shipped.py) and "tiny-scratch" builds
 that architecture from `GPT2Config` over the character tokenizer; neither needs a network.
-The reference policy never costs a second copy of the base weights: with refresh
-period 0 it is the base model with the adapter switched off (LoRA's B starts at
-zero, so that is also the initial policy); with a period it is a snapshot of the
-adapter held as a second peft adapter that the reference pass switches to.
+The arithmetic task trains one adapter per population member (lm/stacked.py); peft's
+LoRA (attach_lora, lora_factors, mix_low_rank) is what the TRL integration trains and
+what the stacked adapters are tested against.
 
-For the fused log-prob path, `last_hidden` runs the transformer body without its head and
-`head_inputs` gives the head's weight (with its LoRA, if any) for those hidden states, so
+For the fused log-prob path, `last_hidden` runs the transformer body without its head, so
 the task never asks the model for its (N, T, V) logits.
 """
 from __future__ import annotations
@@ -21,8 +19,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-POLICY, SNAPSHOT = "default", "reference"
 
 # LoRA on every projection (attention and MLP) per architecture; peft's own table
 # only names the attention query/value projections, too little capacity for a
@@ -158,7 +154,7 @@ def attach_lora(model: nn.Module, rank: int, alpha: int, dropout: float, targets
     disable_dropout(model)
     with warnings.catch_warnings():  # peft calls a transformers API that v5 deprecates
         warnings.simplefilter("ignore", FutureWarning)
-        return get_peft_model(model, config, adapter_name=POLICY)
+        return get_peft_model(model, config, adapter_name="default")
 
 
 def encode(tokenizer, texts: list[str], chat: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,33 +202,6 @@ def last_hidden(model: nn.Module, **inputs) -> torch.Tensor:
     return _hf_model(model).base_model(**inputs).last_hidden_state
 
 
-def head_inputs(model: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(hidden', weight (V, H'), bias (V) | None) with hidden' @ weight^T + bias = lm_head(hidden).
-
-    A plain head gives (hidden, W, b), W the tied input embedding for GPT-2. A head with an
-    active LoRA adapter computes W x + s * B A drop(x); that is the GEMM of the concatenations
-    [x, s * A drop(x)] and [W, B], exact with dropout too, and the gradients reach A through
-    hidden' and B through the weight. It costs one copy of W, and a dW for the whole of it.
-    """
-    head = _hf_model(model).get_output_embeddings()
-    base = _base_head(_hf_model(model))
-    if head is base or head.disable_adapters or head.merged:
-        return hidden, base.weight, base.bias
-    xs, ws = [hidden], [base.weight]
-    for name in head.active_adapters:
-        if name not in head.lora_A:
-            continue
-        if name in getattr(head, "lora_variant", {}) or head.lora_B[name].bias is not None:
-            raise ValueError("lora: DoRA or LoRA biases on the LM head are not supported by the fused "
-                             "log-prob path; use backend: torch")
-        a = head.lora_A[name].weight                       # (r, H)
-        xs.append(F.linear(head.lora_dropout[name](hidden.to(a.dtype)), a) * head.scaling[name])  # (..., r)
-        ws.append(head.lora_B[name].weight)               # (V, r)
-    if len(ws) == 1:
-        return hidden, base.weight, base.bias
-    return torch.cat(xs, -1), torch.cat(ws, 1), base.bias
-
-
 def lora_factors(model: nn.Module, adapter: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(A, B) of every LoRA'd module for one adapter, the update being proportional to B @ A.
 
@@ -268,60 +237,3 @@ def mix_low_rank(a_p, b_p, a_r, b_r, weight: float) -> tuple[torch.Tensor, torch
     total = sv.square().sum()
     residual = (sv[r:].square().sum() / total).sqrt().item() if total > 0 else 0.0
     return a_new.to(dtype), b_new.to(dtype), residual
-
-
-class Reference:
-    """Switches a peft model between the policy adapter and its reference (adapter off, or a snapshot)."""
-
-    def __init__(self, peft_model):
-        self.model = peft_model
-        self.has_snapshot = False
-        self.residual = 0.0  # relative Frobenius error of the last soft mix's rank cut
-
-    def _snapshot(self) -> None:
-        model = self.model
-        model.add_adapter(SNAPSHOT, model.peft_config[POLICY])
-        model.set_adapter(POLICY)  # add_adapter can leave the new adapter trainable
-        # the reference so far is the adapter switched off: a zero update
-        with torch.no_grad():
-            for _, b in lora_factors(model, SNAPSHOT):
-                b.zero_()
-        self.has_snapshot = True
-
-    @torch.no_grad()
-    def mix(self, weight: float) -> None:
-        """reference <- weight * policy + (1 - weight) * reference, on the adapters' weight updates."""
-        if not self.has_snapshot:
-            self._snapshot()
-        pairs = zip(lora_factors(self.model, POLICY), lora_factors(self.model, SNAPSHOT))
-        worst = 0.0
-        for (a_p, b_p), (a_r, b_r) in pairs:
-            if weight == 1.0:  # a copy: exact, whatever the ranks
-                a_r.copy_(a_p)
-                b_r.copy_(b_p)
-                continue
-            a, b, residual = mix_low_rank(a_p, b_p, a_r, b_r, weight)
-            a_r.copy_(a)
-            b_r.copy_(b)
-            worst = max(worst, residual)
-        self.residual = worst
-        for a, b in lora_factors(self.model, SNAPSHOT):
-            a.requires_grad_(False)
-            b.requires_grad_(False)
-
-    def refresh(self) -> None:
-        self.mix(1.0)
-
-    def forward(self, fn):
-        """fn() evaluated under the reference policy."""
-        if not self.has_snapshot:
-            with self.model.disable_adapter():
-                return fn()
-        self.model.set_adapter(SNAPSHOT)
-        try:
-            return fn()
-        finally:
-            self.model.set_adapter(POLICY)
-            for a, b in lora_factors(self.model, SNAPSHOT):
-                a.requires_grad_(False)
-                b.requires_grad_(False)

@@ -30,11 +30,12 @@ class Rollout:
     prompts: Any                 # task-specific: a (P, B, ...) tensor or a list of P lists of B items
     responses: Tensor            # (P, B, G, T) sampled token ids; T is fixed by the task (its budget)
     mask: Tensor                 # (P, B, G, T) 1.0 on response tokens that count, 0.0 on padding / after EOS
-    rewards: Tensor              # (P, B, G) total reward
+    rewards: Tensor              # (P, B, G) total reward: the weighted sum of components
     finished: Tensor | None = None   # (P, B, G) bool: ended with EOS within the budget; None = all did
     lengths: Tensor | None = None    # (P, B, G) tokens generated, EOS included; None = from the mask
     extra: dict[str, Any] = field(default_factory=dict)      # (P, B, ...) tensors logprobs() needs again
     metrics: dict[str, Tensor] = field(default_factory=dict)  # (P,) per member, e.g. {"reward/correct": ...}
+    components: Tensor | None = None  # (P, B, G, C) raw score of each of the task's C reward functions, in their order
 
     def __post_init__(self):
         if self.finished is None:
@@ -54,7 +55,8 @@ class Rollout:
             return [[member[i] for i in row] for member, row in zip(x, idx.tolist())]
         return self.replace(prompts=pick(self.prompts), responses=pick(self.responses), mask=pick(self.mask),
                             rewards=pick(self.rewards), finished=pick(self.finished), lengths=pick(self.lengths),
-                            extra={k: pick(v) for k, v in self.extra.items()})
+                            extra={k: pick(v) for k, v in self.extra.items()},
+                            components=None if self.components is None else pick(self.components))
 
     @staticmethod
     def cat(parts: list["Rollout"]) -> "Rollout":
@@ -68,7 +70,8 @@ class Rollout:
             prompts=join([p.prompts for p in parts]), responses=join([p.responses for p in parts]),
             mask=join([p.mask for p in parts]), rewards=join([p.rewards for p in parts]),
             finished=join([p.finished for p in parts]), lengths=join([p.lengths for p in parts]),
-            extra={k: join([p.extra[k] for p in parts]) for k in first.extra}, metrics={})
+            extra={k: join([p.extra[k] for p in parts]) for k in first.extra}, metrics={},
+            components=None if first.components is None else join([p.components for p in parts]))
 
 
 class Task(Protocol):
@@ -85,6 +88,10 @@ class Task(Protocol):
 
     def mix_reference(self, weights: list[float]) -> None:
         """reference_p <- w_p * policy_p + (1 - w_p) * reference_p (1: a copy; 0: unchanged)."""
+
+    def retire(self, member: int, prompts: Any) -> None:
+        """Member `member` never draws these prompts (some of its rollout's `prompts`) again: a curriculum
+        filter's decision. Raises RuntimeError when nothing would be left to draw."""
 
     def greedy_rewards(self, rollout: Rollout) -> Tensor:
         """(P, B) reward of the policy's greedy response to each prompt of the rollout (ReMax's baseline)."""

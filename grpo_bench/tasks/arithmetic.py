@@ -56,6 +56,9 @@ class ModelSection:
     """tiny-scratch: hidden size (n_embd)."""
     heads: int = 4
     """tiny-scratch: attention heads."""
+    cast_lm_head_to_fp32: bool = False
+    """The LM head's GEMM in fp32 for the trained log-probs (TRL's option, ScaleRL's fp32 head); changes
+    nothing on an fp32 model (CPU), only with bf16 weights (CUDA). Needs a backend other than torch."""
 
 
 @dataclass
@@ -148,6 +151,9 @@ class ArithmeticConfig:
         for key, value in positive.items():
             if value < 1:
                 raise ValueError(f"{key}: must be >= 1, got {value}")
+        if self.model.cast_lm_head_to_fp32 and run_cfg.backend == "torch":
+            raise ValueError("model.cast_lm_head_to_fp32: needs backend chunked, triton or auto (backend torch "
+                             "takes the model's own logits)")
         if self.model.width % self.model.heads:
             raise ValueError(f"model.width: must be a multiple of model.heads ({self.model.heads}), got {self.model.width}")
         if self.sampling.temperature <= 0:
@@ -214,7 +220,8 @@ class Arithmetic:
                           "go through the materialised (N, T, V) logits", stacklevel=2)
         self.template = problems.resolve_template(cfg.template, self.tokenizer)
         self.heldout = problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed)
-        self._exclude = problems.exclusion(self.heldout)
+        # what each member's training stream never shows: the held-out set, and what its curriculum retired
+        self._exclude = [problems.exclusion(self.heldout) for _ in self.seeds]
         self.rewards = rewards.check(cfg.rewards, "arithmetic")
         self._problems, self._models, self._rewards_mod, self._stacked = problems, models, rewards, stacked
         self._evals, self._base_acc, self._passes = 0, None, 0
@@ -285,18 +292,19 @@ class Arithmetic:
     def rollout(self, epoch: int, draw: int, group_size: int) -> Rollout:
         p, g, b = self.size, group_size, self.cfg.prompts_per_step
         batches = [self._problems.train_batch(self.cfg.ops, b, random.Random(rng.stream_seed(s, "prompts", epoch, draw)),
-                                              self._exclude) for s in self.seeds]
+                                              exclude) for s, exclude in zip(self.seeds, self._exclude)]
         ids, attn = self._prompts([q for batch in batches for q in batch])          # (P B, L)
         gens = [rng.stream(s, "sample", epoch, draw) for s in self.seeds]
         tokens = self._generate(ids.repeat_interleave(g, 0), attn.repeat_interleave(g, 0), gens)  # (P B G, T)
         texts, mask, finished = self._decode(tokens)
         n = b * g
-        rewards, metrics = [], {}
+        rewards, metrics, components = [], {}, []
         right = torch.zeros(p * n, dtype=torch.bool)
         for i, batch in enumerate(batches):
             rows = slice(i * n, (i + 1) * n)
             total, parts = self._score(batch, texts[rows], mask[rows], finished[rows], g)
             rewards.append(total)
+            components.append(self._rewards_mod.components(parts, b, g, self.device))
             for name, v in parts.items():
                 metrics.setdefault(f"reward/{name}", []).append(sum(v) / len(v))
             right[rows] = torch.tensor(self._rewards_mod.correct([], texts[rows], answer=[q.answer for q in batch
@@ -321,6 +329,7 @@ class Arithmetic:
             finished=finished.view(p, b, g),
             extra={"prompt_ids": ids.view(p, b, -1), "prompt_mask": attn.view(p, b, -1)},
             metrics=metrics,
+            components=torch.stack(components),
         )
 
     # ------------------------------------------------------------------ log-probs
@@ -343,15 +352,17 @@ class Arithmetic:
             head = self.policy.get_output_embeddings()
             ab = head.factors() if isinstance(head, self._stacked.StackedLoRA) else None
             base = self._models._base_head(self.policy)
+            # TRL's cast_lm_head_to_fp32: the head's GEMM in fp32 (an exact upcast; only its rounding changes)
+            up = (lambda x: None if x is None else x.float()) if self.cfg.model.cast_lm_head_to_fp32 else (lambda x: x)
             if ab is None:  # one head for every member: one call over all rows
-                return linear_logprobs(hidden, base.weight, responses, backend=self.run_cfg.backend,
-                                       with_entropy=with_entropy, bias=base.bias, temperature=tau)
+                return linear_logprobs(up(hidden), up(base.weight), responses, backend=self.run_cfg.backend,
+                                       with_entropy=with_entropy, bias=up(base.bias), temperature=tau)
             # an adapter on the head: W x + s B A x is the GEMM of [x, s A x] and [W, B], member by member
             a, b = ab
             p = a.shape[0]
-            outs = [linear_logprobs(torch.cat([h, head.scale * (h @ a[i].T)], -1), torch.cat([base.weight, b[i]], 1),
-                                    r, backend=self.run_cfg.backend, with_entropy=with_entropy, bias=base.bias,
-                                    temperature=tau)
+            outs = [linear_logprobs(up(torch.cat([h, head.scale * (h @ a[i].T)], -1)),
+                                    up(torch.cat([base.weight, b[i]], 1)), r, backend=self.run_cfg.backend,
+                                    with_entropy=with_entropy, bias=up(base.bias), temperature=tau)
                     for i, (h, r) in enumerate(zip(hidden.chunk(p), responses.chunk(p)))]
             return torch.cat([o[0] for o in outs]), None if outs[0][1] is None else torch.cat([o[1] for o in outs])
         # the materialised reference: the model's own logits, the T that predict response tokens
@@ -385,6 +396,12 @@ class Arithmetic:
     def mix_reference(self, weights: list[float]) -> None:
         self.residual = max(layer.mix(weights) for layer in self.layers)
 
+    def retire(self, member: int, prompts: list) -> None:
+        """Member `member` never draws these problems again: a curriculum filter's decision (no_positive_resample)."""
+        self._exclude[member].update(prompts)
+        if len(self._exclude[member]) >= self._problems.space_size(self.cfg.ops):
+            raise RuntimeError("every training problem is retired: nothing left to draw")
+
     @torch.no_grad()
     def greedy_rewards(self, rollout: Rollout) -> Tensor:
         p, b = rollout.rewards.shape[:2]
@@ -396,6 +413,7 @@ class Arithmetic:
 
     def keep(self, idx: list[int]) -> None:
         self.seeds = [self.seeds[i] for i in idx]
+        self._exclude = [self._exclude[i] for i in idx]
         for layer in self.layers:
             layer.keep(idx)
 

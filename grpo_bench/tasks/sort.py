@@ -124,15 +124,16 @@ def _inclusion_order(prompts: Tensor, responses: Tensor) -> Tensor:
 TENSOR_REWARDS = {algos_rewards.match: _match, algos_rewards.inclusion_order: _inclusion_order}
 
 
-def score(fns: dict, prompts: Tensor, responses: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-    """prompts (..., B, n), responses (..., B, G, n) -> total rewards (..., B, G) and each reward's mean (...).
+def score(fns: dict, prompts: Tensor, responses: Tensor) -> tuple[Tensor, dict[str, Tensor], Tensor]:
+    """prompts (..., B, n), responses (..., B, G, n) -> total rewards (..., B, G), each reward's mean (...),
+    and the raw scores (..., B, G, C) of the C reward functions (their weighted sum is the total).
 
     The weighted sum is taken in float64, in the order of the reward mapping, as
     rewards.combine sums it, then rounded to fp32 once.
     """
     *lead, g, n = responses.shape
     total = torch.zeros(responses.shape[:-1], dtype=torch.float64, device=responses.device)
-    means = {}
+    means, columns = {}, []
     for spec, (fn, weight) in fns.items():
         fast = TENSOR_REWARDS.get(fn)
         if fast is not None:
@@ -145,8 +146,9 @@ def score(fns: dict, prompts: Tensor, responses: Tensor) -> tuple[Tensor, dict[s
             scores = torch.tensor([0.0 if s is None else float(s) for s in raw], dtype=torch.float64,
                                   device=responses.device).view(responses.shape[:-1])
         total = total + weight * scores
+        columns.append(scores)
         means[f"reward/{algos_rewards.metric_name(spec)}"] = scores.flatten(len(lead) - 1).mean(-1)
-    return total.float(), means
+    return total.float(), means, torch.stack(columns, -1).float()
 
 
 @register("task", "sort", config=SortConfig)
@@ -162,6 +164,7 @@ class SortTask:
         self.policy = SortPolicy(cfg.vocab, cfg.n, cfg.dim, self.seeds).to(self.device)
         self.reference = copy.deepcopy(self.policy).requires_grad_(False)
         self.fixed = None if cfg.prompts is None else torch.tensor(cfg.prompts, device=self.device)
+        self.retired: list[set[tuple[int, ...]]] = [set() for _ in self.seeds]  # each member's curriculum
         # The held-out set is the same for every seed, so eval numbers compare across runs.
         g = torch.Generator().manual_seed(12345)
         self.eval_set = torch.randint(0, cfg.vocab, (cfg.eval_prompts, cfg.n), generator=g).to(self.device)
@@ -188,9 +191,17 @@ class SortTask:
         cfg = self.cfg
         if self.fixed is not None:
             return self.fixed.expand(self.size, -1, -1)
-        return torch.stack([torch.randint(0, cfg.vocab, (cfg.num_prompts, cfg.n),
-                                          generator=rng.stream(s, "prompts", epoch, draw)) for s in self.seeds]
-                           ).to(self.device)
+        out = []
+        for seed, retired in zip(self.seeds, self.retired):
+            gen = rng.stream(seed, "prompts", epoch, draw)
+            prompts = torch.randint(0, cfg.vocab, (cfg.num_prompts, cfg.n), generator=gen)
+            while retired:  # redrawn from the same stream: without retirements the prompts are unchanged
+                again = torch.tensor([tuple(p) in retired for p in prompts.tolist()])
+                if not again.any():
+                    break
+                prompts[again] = torch.randint(0, cfg.vocab, (int(again.sum()), cfg.n), generator=gen)
+            out.append(prompts)
+        return torch.stack(out).to(self.device)
 
     def rollout(self, epoch: int, draw: int, group_size: int) -> Rollout:
         prompts = self._prompts(epoch, draw)                                    # (P, B, n)
@@ -204,11 +215,20 @@ class SortTask:
                          for s in self.seeds])                                  # (P, B, n, G)
         draws = torch.searchsorted(probs.cumsum(-1), u).clamp(max=v - 1)       # (P, B, n, G)
         responses = draws.permute(0, 1, 3, 2).to(self.device)                  # (P, B, G, n)
-        rewards, metrics = score(self.rewards, prompts, responses)
+        rewards, metrics, components = score(self.rewards, prompts, responses)
         solved = (responses == prompts.sort(-1).values.unsqueeze(2)).all(-1).float()
         metrics["reward/solved"] = solved.flatten(1).mean(-1)
         return Rollout(prompts=prompts, responses=responses, mask=torch.ones(responses.shape, device=self.device),
-                       rewards=rewards, metrics=metrics)
+                       rewards=rewards, metrics=metrics, components=components)
+
+    def retire(self, member: int, prompts: Tensor) -> None:
+        """Member `member` never draws these prompts (N, n) again: a curriculum filter's decision."""
+        if self.fixed is not None:
+            raise RuntimeError("a prompt curriculum (no_positive_resample) needs a stream of random prompts "
+                               "(task.prompts: null), not a fixed set")
+        self.retired[member].update(map(tuple, prompts.tolist()))
+        if len(self.retired[member]) >= self.cfg.vocab ** self.cfg.n:
+            raise RuntimeError("every prompt is retired: nothing left to draw")
 
     def logprobs(self, rollout: Rollout, reference: bool = False) -> tuple[Tensor, Tensor | None]:
         model = self.reference if reference else self.policy
@@ -250,6 +270,7 @@ class SortTask:
 
     def keep(self, idx: list[int]) -> None:
         self.seeds = [self.seeds[i] for i in idx]
+        self.retired = [self.retired[i] for i in idx]
         self.policy.keep(idx)
         self.reference.keep(idx)
         self.reference.requires_grad_(False)
