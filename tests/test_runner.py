@@ -1,4 +1,5 @@
 """The runner end to end: shipped ablations, failures, resume after a kill (figures: test_report.py)."""
+import hashlib
 import json
 import os
 import re
@@ -73,7 +74,8 @@ def test_failed_run_is_recorded_and_sweep_goes_on(tmp_path):
     base = {"task": {"name": "sort"}, "epochs": 5, "inner_steps": 2, "optimizer": "sgd"}
     path = _write(tmp_path, base, {"lr": [1e30, 0.01]}, 2)
     res = cli("run", path, "--out", tmp_path / "o", "--workers", "1")
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1, res.stderr      # a failed run is a failure of the command, said once
+    assert res.stderr.strip().splitlines()[-1].startswith("error: 2 of 4 runs failed")
     s = pd.read_csv(tmp_path / "o" / "summary.csv")
     assert sorted(s.status) == ["failed", "failed", "ok", "ok"]
     assert s[s.status == "failed"].error.str.contains("non-finite loss").all()
@@ -136,7 +138,10 @@ def test_slug_and_plan(tmp_path):
     assert [(s.variant, s.seed) for s in specs] == [(v, s) for v, _, _ in abl.variants for s in (0, 1)]
     for s in specs:
         h = config_hash(resolve_run(dict(s.config)))
-        assert s.run_id == f"{RN._slug(s.variant)}-s{s.seed}-{h}" and s.config["seed"] == s.seed
+        assert s.run_id == RN.run_id(s.variant, s.seed, h) and s.config["seed"] == s.seed
+    # a label that is its own slug keeps the plain id; a lossy one gets the label's hash after a `+`
+    assert specs[0].run_id == f"loss=naive-s0-{config_hash(resolve_run(dict(specs[0].config)))}"
+    assert re.fullmatch(r"loss=_clip_high_0.3_name_clipped\+[0-9a-f]{8}-s0-[0-9a-f]{10}", specs[2].run_id)
     assert specs[2].values == {"loss": '{"clip_high": 0.3, "name": "clipped"}'} and specs[0].values == {"loss": "naive"}
     assert len({s.run_id for s in specs}) == 4
 
@@ -384,7 +389,8 @@ def test_write_run_files_and_a_stale_temporary(tmp_path):
     assert sorted(p.name for p in d.iterdir()) == ["config.yaml", "metrics.csv", "summary.json"]
     assert list(yaml.safe_load((d / "config.yaml").read_text())) == list(cfg)       # the config's own order
     assert (d / "metrics.csv").read_text().splitlines() == ["step,metric,value", "0,m,1.5"]
-    assert (d / "summary.json").read_text() == json.dumps(summary, indent=1)
+    record = {"name": "metrics.csv", "rows": 1, "sha256": hashlib.sha256(b"step,metric,value\n0,m,1.5\n").hexdigest()}
+    assert (d / "summary.json").read_text() == json.dumps(summary | {"metrics_file": record}, indent=1)
 
 
 def test_the_lock_file_holds_only_this_pid_and_is_closed(tmp_path):
@@ -422,8 +428,8 @@ def test_the_pool_path_records_errors_and_drops_what_has_not_started(monkeypatch
         boom()
 
     class Pool:   # a stand-in for the process pool: futures this test settles by hand
-        def __init__(self, workers, mp_context=None):
-            assert workers == 2
+        def __init__(self, workers, mp_context=None, initializer=None, initargs=()):
+            assert workers == 2 and initializer is RN._die_with_parent and initargs == (os.getpid(),)
 
         def __enter__(self):
             return self
