@@ -100,12 +100,14 @@ def _command(args) -> int:
             print(f"  {name:<24} [{presets.section(name)['name']}] {first}.")
         return 0
     if args.cmd == "plot":
-        from .report import FORMATS, finished_in_report, load, make_report
+        from .report import FORMATS, finished_in_report, load, make_report, metrics_path
         d = Path(args.dir)
-        for f in ["ablation.json", "summary.csv", "metrics.csv"]:
+        for f in ["ablation.json", "summary.csv"]:
             if not (d / f).is_file():
                 raise ConfigError(str(d), "<dir>", f"not a results directory: no {f} "
-                                  "(needs ablation.json, summary.csv, metrics.csv)")
+                                  "(needs ablation.json, summary.csv, metrics.parquet or metrics.csv)")
+        if metrics_path(d) is None:
+            raise ConfigError(str(d), "<dir>", "not a results directory: no metrics.parquet or metrics.csv")
         if args.format not in FORMATS:
             raise ConfigError("plot", "--format", f"unknown {args.format!r}; valid: {', '.join(FORMATS)}")
         summary = load(d)[1]

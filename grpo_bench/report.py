@@ -34,6 +34,7 @@ import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from .config import ConfigError  # noqa: E402
+from .runner import read_metrics_file  # noqa: E402
 
 ALPHA = 0.05
 BAND_SEEDS = 5  # fewer seeds than this: draw the seeds themselves, not a band
@@ -430,16 +431,34 @@ def read_table(path: Path, columns: list[str], dtype: dict | None = None) -> pd.
     return df
 
 
+def metrics_path(out: Path) -> Path | None:
+    """The long metrics table of a results directory: metrics.parquet, or metrics.csv from before it."""
+    return next((p for p in (out / "metrics.parquet", out / "metrics.csv") if p.is_file()), None)
+
+
 def load(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
-    """(ablation.json, summary.csv, metrics.csv) of a results directory; ConfigError naming a bad file."""
+    """(ablation.json, summary.csv, the metrics table) of a results directory; ConfigError naming a bad file."""
     meta = read_meta(out)
     summary = read_table(out / "summary.csv", ["run", "variant", "status"])
     if summary.empty:
         summary = pd.DataFrame(columns=["run", "variant", "seed", "status", "error", "wall_s"])
-    metrics = read_table(out / "metrics.csv", ["run", "variant", "step", "metric", "value"],
-                         {"run": "category", "variant": "category", "metric": "category"})
+    path = metrics_path(out)
+    if path is None:
+        raise ConfigError(str(out), "<dir>", "not a results directory: no metrics.parquet or metrics.csv")
+    columns, names = ["run", "variant", "step", "metric", "value"], {"run": "category", "variant": "category",
+                                                                    "metric": "category"}
+    if path.suffix == ".csv":
+        metrics = read_table(path, columns, names)
+    else:
+        try:
+            metrics = read_metrics_file(path).astype(names)
+        except ValueError as e:
+            raise ConfigError(str(path), "<file>", f"{e}: damaged; rerun the sweep to rewrite it") from None
+        missing = [c for c in columns if c not in metrics.columns]
+        if missing:
+            raise ConfigError(str(path), "<columns>", f"no column {', '.join(missing)}")
     if len(metrics) and not (pd.api.types.is_numeric_dtype(metrics.value) and pd.api.types.is_numeric_dtype(metrics.step)):
-        raise ConfigError(str(out / "metrics.csv"), "value", "holds a step or value that is not a number: damaged")
+        raise ConfigError(str(path), "value", "holds a step or value that is not a number: damaged")
     return meta, summary, metrics
 
 

@@ -3,11 +3,15 @@
 Layout under the output directory (results/<ablation>/ by default):
 
     ablation.json          what was run: name, axes, variant order, seeds, source file
-    runs/<run_id>/         one finished run: config.yaml, metrics.csv, summary.json (with the
+    runs/<run_id>/         one finished run: config.yaml, metrics.parquet, summary.json (with the
                            metrics file's row count and SHA-256: a damaged run is redone, never kept)
-    metrics.csv            long table: run, variant, <axes>, seed, step, metric, value
+    metrics.parquet        long table: run, variant, <axes>, seed, step, metric, value
     summary.csv            one row per run: status, error, wall_s, final/* metrics
-    *.png, REPORT.md       drawn from the two CSVs by grpo_bench.report
+    *.png, REPORT.md       drawn from the two tables by grpo_bench.report
+
+Metrics are Parquet (zstd; float64 values, dictionary-encoded names): a twentieth of the CSV
+they replace. Directories written before that hold metrics.csv, which every reader still
+takes.
     .lock                  held (flock) by the sweep writing here; the kernel drops it when that process dies
 
 Both executors run the same `train_one` in a worker and send its result, a
@@ -39,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import yaml
 from tqdm import tqdm
 
@@ -84,6 +89,27 @@ def plan(abl: Ablation) -> list[RunSpec]:
 # ------------------------------------------------------------------ run directories
 
 METRICS_COLUMNS = ["step", "metric", "value"]
+METRICS_FILE = "metrics.parquet"  # runs/<id>/ and the ablation's long table; metrics.csv before it
+
+
+def metrics_table(df: pd.DataFrame) -> pd.DataFrame:
+    """df with the dtypes metrics are stored in: names as categories, step and seed int64, value float64
+    (float32 would hold only the values logged from fp32 tensors exactly, not times or means)."""
+    df = df.copy()
+    for c in df.columns:
+        if c in ("step", "seed"):
+            df[c] = df[c].astype("int64")
+        elif c == "value":
+            df[c] = df[c].astype("float64")
+        elif not pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]):
+            # names and text-valued axes; a column mixing numbers and text is text
+            df[c] = df[c].map(lambda v: v if v is None or isinstance(v, str) else str(v), na_action="ignore")
+            df[c] = df[c].astype("category")
+    return df
+
+
+def write_parquet(df: pd.DataFrame, path: Path) -> None:
+    metrics_table(df).to_parquet(path, engine="pyarrow", compression="zstd", index=False)
 
 
 def _sha256(path: Path) -> str:
@@ -94,14 +120,26 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _read_metrics(path: Path) -> pd.DataFrame:
-    """A run's metrics file; ValueError when it is not a whole table of (int step, metric, number)."""
+def read_metrics_file(path: Path) -> pd.DataFrame:
+    """A metrics table, Parquet or (written before it) CSV; ValueError when it cannot be read whole."""
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path.name} is empty (0 bytes)")
+    if path.suffix == ".parquet":
+        try:
+            return pd.read_parquet(path, engine="pyarrow")
+        except (OSError, ValueError, pa.ArrowException) as e:
+            raise ValueError(f"{path.name} unreadable: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     if path.read_bytes()[-1:] != b"\n":  # pandas ends every file it writes with one; a cut file does not
         raise ValueError(f"{path.name} is cut short (no final newline)")
     try:
-        m = pd.read_csv(path)
+        return pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise ValueError(f"{path.name} unreadable: {str(e).splitlines()[0]}") from None
+
+
+def _read_metrics(path: Path) -> pd.DataFrame:
+    """A run's metrics file; ValueError when it is not a whole table of (int step, metric, number)."""
+    m = read_metrics_file(path)
     if list(m.columns) != METRICS_COLUMNS:
         raise ValueError(f"{path.name} has columns {list(m.columns)}, expected {METRICS_COLUMNS}")
     if len(m) and not (pd.api.types.is_integer_dtype(m.step) and pd.api.types.is_numeric_dtype(m.value)):
@@ -183,9 +221,9 @@ def write_run(out: Path, spec: RunSpec, result: Result) -> None:
     try:
         tmp.mkdir(parents=True)
         (tmp / "config.yaml").write_text(yaml.safe_dump(cfg_dict, sort_keys=False))
-        pd.DataFrame(rows, columns=METRICS_COLUMNS).to_csv(tmp / "metrics.csv", index=False)
+        write_parquet(pd.DataFrame(rows, columns=METRICS_COLUMNS), tmp / METRICS_FILE)
         # what resume and collect check the metrics file against
-        record = {"name": "metrics.csv", "rows": len(rows), "sha256": _sha256(tmp / "metrics.csv")}
+        record = {"name": METRICS_FILE, "rows": len(rows), "sha256": _sha256(tmp / METRICS_FILE)}
         (tmp / "summary.json").write_text(json.dumps(summary | {"metrics_file": record}, indent=1))
         final = runs / spec.run_id
         if final.exists():  # an earlier failed or damaged attempt; a finished one is never re-run
@@ -384,6 +422,10 @@ def _atomic_csv(df: pd.DataFrame, path: Path) -> None:
     _atomic(path, lambda tmp: df.to_csv(tmp, index=False))
 
 
+def _atomic_parquet(df: pd.DataFrame, path: Path) -> None:
+    _atomic(path, lambda tmp: write_parquet(df, tmp))
+
+
 def _atomic(path: Path, write) -> None:
     """path replaced whole by what write(tmp) writes, or left as it was (no temporary left on a full disk)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -421,7 +463,7 @@ def _load_run(run_dir: Path) -> tuple[dict | None, pd.DataFrame | None, str]:
 
 
 def collect(out: Path) -> pd.DataFrame:
-    """Gather the runs of this ablation's current plan into metrics.csv and summary.csv.
+    """Gather the runs of this ablation's current plan into metrics.parquet and summary.csv.
 
     A damaged run is said on stderr and counted as failed (its metrics left out), never as finished."""
     meta = json.loads((out / "ablation.json").read_text())
@@ -444,6 +486,7 @@ def collect(out: Path) -> pd.DataFrame:
     summary = pd.DataFrame(summaries)
     metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["run", "variant", *meta["axes"], "seed", "step", "metric", "value"])
-    _atomic_csv(metrics, out / "metrics.csv")
+    _atomic_parquet(metrics, out / METRICS_FILE)
+    (out / "metrics.csv").unlink(missing_ok=True)  # a CSV-era long table, now stale
     _atomic_csv(summary, out / "summary.csv")
     return summary
