@@ -1,15 +1,31 @@
-"""Command line: `python -m grpo_bench {run,plot,compare,gallery,list}`.
+"""Command line: `python -m grpo_bench {run,plot,compare,gallery,findings,list}`.
 
-Bad input (unknown part, key, type or value) ends with exit code 2 and one line
-naming the file, the key and the valid choices, never a traceback.
+Bad input (unknown part, key, type or value; a damaged results file) ends with exit
+code 2 and one line naming the file, the key and the valid choices, never a traceback.
+Exit 1: a run failed, a worker was lost, or a file could not be written (full disk,
+read-only); 130 on Ctrl-C and 143 on SIGTERM, finished runs kept either way.
 """
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from .config import ConfigError, ablation_settings, load_ablation
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so that a sweep ends as it does on Ctrl-C."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
+def _os_error(e: OSError) -> str:
+    return f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     pl = sub.add_parser("plot", help="redraw figures and REPORT.md of a results directory from its files")
     pl.add_argument("dir")
     pl.add_argument("--format", default="png", help="figure file format: png, pdf or svg (default png)")
+    pl.add_argument("--force", action="store_true",
+                    help="rewrite REPORT.md even when these files hold fewer finished runs than it reports")
     c = sub.add_parser("compare", help="several results directories side by side: one figure, one table, "
                        "Kendall tau between their variant orderings")
     c.add_argument("dirs", nargs="+", metavar="DIR")
@@ -58,40 +76,69 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("root", nargs="?", default="results")
     sub.add_parser("list", help="print every registered part with its parameters, and the task presets")
     args = p.parse_args(argv)
-
+    if args.cmd != "run":
+        try:
+            return _command(args)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        except OSError as e:
+            print(f"error: {_os_error(e)}", file=sys.stderr)
+            return 1
+    if threading.current_thread() is not threading.main_thread():
+        return _run(args)
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        if args.cmd == "list":
-            from . import presets, registry
-            print(registry.describe())
-            print(f"presets ({presets.tasks_dir()}):")
-            for name in presets.names():
-                first = presets.description(name).split(". ")[0].rstrip(".")
-                print(f"  {name:<24} [{presets.section(name)['name']}] {first}.")
-            return 0
-        if args.cmd == "plot":
-            from .report import FORMATS, make_report
-            d = Path(args.dir)
-            for f in ["ablation.json", "summary.csv", "metrics.csv"]:
-                if not (d / f).is_file():
-                    raise ConfigError(str(d), "<dir>", f"not a results directory: no {f} "
-                                      "(needs ablation.json, summary.csv, metrics.csv)")
-            if args.format not in FORMATS:
-                raise ConfigError("plot", "--format", f"unknown {args.format!r}; valid: {', '.join(FORMATS)}")
-            print(make_report(d, fmt=args.format))
-            return 0
-        if args.cmd == "compare":
-            from .compare import compare
-            path, text = compare(args.dirs, args.metric or None, args.out, args.format)
-            print(text + f"\nwritten: {path}")
-            return 0
-        if args.cmd == "findings":
-            from .findings import write_findings
-            print(write_findings(Path(args.root), Path(args.out) if args.out else None))
-            return 0
-        if args.cmd == "gallery":
-            from .compare import gallery
-            print(gallery(args.root))
-            return 0
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _command(args) -> int:
+    """Every command but `run`; raises ConfigError or OSError for main to print."""
+    if args.cmd == "list":
+        from . import presets, registry
+        print(registry.describe())
+        print(f"presets ({presets.tasks_dir()}):")
+        for name in presets.names():
+            first = presets.description(name).split(". ")[0].rstrip(".")
+            print(f"  {name:<24} [{presets.section(name)['name']}] {first}.")
+        return 0
+    if args.cmd == "plot":
+        from .report import FORMATS, finished_in_report, load, make_report, metrics_path
+        d = Path(args.dir)
+        for f in ["ablation.json", "summary.csv"]:
+            if not (d / f).is_file():
+                raise ConfigError(str(d), "<dir>", f"not a results directory: no {f} "
+                                  "(needs ablation.json, summary.csv, metrics.parquet or metrics.csv)")
+        if metrics_path(d) is None:
+            raise ConfigError(str(d), "<dir>", "not a results directory: no metrics.parquet or metrics.csv")
+        if args.format not in FORMATS:
+            raise ConfigError("plot", "--format", f"unknown {args.format!r}; valid: {', '.join(FORMATS)}")
+        summary = load(d)[1]
+        had, now = finished_in_report(d / "REPORT.md"), int((summary.status == "ok").sum())
+        if had is not None and now < had and not args.force:
+            raise ConfigError(str(d / "REPORT.md"), "runs", f"it reports {had} finished runs, summary.csv only "
+                              f"{now}; not overwritten (check summary.csv, or plot --force to redraw with fewer)")
+        print(make_report(d, fmt=args.format))
+        return 0
+    if args.cmd == "compare":
+        from .compare import compare
+        path, text = compare(args.dirs, args.metric or None, args.out, args.format)
+        print(text + f"\nwritten: {path}")
+        return 0
+    if args.cmd == "findings":
+        from .findings import write_findings
+        print(write_findings(Path(args.root), Path(args.out) if args.out else None))
+        return 0
+    if args.cmd == "gallery":
+        from .compare import gallery
+        print(gallery(args.root))
+        return 0
+
+
+def _run(args) -> int:
+    try:
         if args.seeds is not None and args.seeds < 1:
             raise ConfigError("--seeds", "seeds", f"must be >= 1, got {args.seeds}")
         if args.workers is not None and args.workers < 1:
@@ -115,31 +162,47 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    from .report import make_report
+    from .report import finished_in_report, make_report
     from .runner import WorkerLost, run_ablation
 
+    any_failed = False
     for abl in ablations:
         if args.out:
             out = Path(args.out) / abl.name if len(ablations) > 1 else Path(args.out)
         else:
             out = Path("results") / abl.name
+        kept = f"finished runs are kept in {out / 'runs'}; run the same command again to resume"
         try:
             summary = run_ablation(abl, out, executor=args.executor, workers=args.workers, threads=args.threads,
                                    address=args.address, max_retries=args.max_retries, progress=not args.no_progress,
                                    population=args.population)
+            had = finished_in_report(out / "REPORT.md")
+            report = make_report(out)
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         except WorkerLost as e:
-            print(f"error: {e}; finished runs are kept in {out}/runs; run the same command again to resume", file=sys.stderr)
+            print(f"error: {e}; {kept}", file=sys.stderr)
             return 1
-        except KeyboardInterrupt:
-            print(f"interrupted: finished runs are kept in {out}/runs; run the same command again to resume", file=sys.stderr)
+        except OSError as e:  # a full disk or a read-only directory: what was written whole stays
+            print(f"error: cannot write {_os_error(e)}; {kept}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt as e:
+            if isinstance(e, Terminated):
+                print(f"terminated: {kept}", file=sys.stderr)
+                return 143
+            print(f"interrupted: {kept}", file=sys.stderr)
             return 130
-        report = make_report(out)
         failed = int((summary.status != "ok").sum()) if len(summary) else 0
-        print(f"{abl.name}: {len(summary) - failed} runs ok, {failed} failed; report: {report}")
-    return 0
+        ok = len(summary) - failed
+        if had is not None and ok < had:  # a smaller plan than the report it replaces: say so
+            print(f"note: {report} now has {ok} finished runs (it had {had}): this plan has fewer runs than "
+                  "the one reported before", file=sys.stderr)
+        print(f"{abl.name}: {ok} runs ok, {failed} failed; report: {report}")
+        if failed:
+            print(f"error: {failed} of {len(summary)} runs failed; their errors are in {report}", file=sys.stderr)
+            any_failed = True
+    return 1 if any_failed else 0
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ question, its headline figure and a one-line answer computed from its summary.cs
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -45,14 +44,7 @@ class Side:
 def _read(d: Path) -> tuple[dict, pd.DataFrame]:
     if not (d / "ablation.json").is_file() or not (d / "summary.csv").is_file():
         raise ConfigError(str(d), "<dir>", "not a results directory (needs ablation.json and summary.csv)")
-    try:
-        meta = json.loads((d / "ablation.json").read_text())
-        summary = pd.read_csv(d / "summary.csv")
-    except (ValueError, pd.errors.EmptyDataError) as e:
-        raise ConfigError(str(d), "<dir>", f"unreadable results: {type(e).__name__}: {e}".splitlines()[0]) from None
-    if "status" not in summary or "variant" not in summary:
-        raise ConfigError(str(d / "summary.csv"), "<columns>", "needs status and variant columns")
-    return meta, summary
+    return report.read_meta(d), report.read_table(d / "summary.csv", ["run", "variant", "status"])
 
 
 def resolve_column(summary: pd.DataFrame, metric: str | None, source: str) -> str:
@@ -189,7 +181,7 @@ def gallery(root: str | Path) -> Path:
 def gallery_text(root: str | Path) -> str:
     root = Path(root)
     if not root.is_dir():
-        raise ConfigError(str(root), "<dir>", "not a directory")
+        raise ConfigError(str(root), "<dir>", "not a directory" if root.exists() else "no such directory")
     dirs = sorted(d for d in root.iterdir() if (d / "ablation.json").is_file() and (d / "summary.csv").is_file())
     if not dirs:
         raise ConfigError(str(root), "<dir>", "holds no results directory (a folder with ablation.json and summary.csv)")

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -19,11 +20,15 @@ from typing import Any, Union
 
 import yaml
 
-from . import presets, registry
+from . import presets, registry, strict_yaml
+from .lm import shipped
 
 BACKENDS = ("auto", "torch", "chunked", "triton")
 KL_PLACEMENTS = ("loss", "reward")
 OPTIMIZERS = ("adam", "adamw", "sgd")
+# seeds are int64 in every table (pandas, Parquet); torch takes [0, 2**64) and folds negative ones onto them
+SEED_LIMIT = 2**63
+MAX_SEEDS = 100_000  # a bound on `seeds: N`: 10**9 would allocate the plan before a single run
 
 
 class ConfigError(ValueError):
@@ -156,7 +161,12 @@ def build_dataclass(cls: type, data: dict, source: str, prefix: str = "") -> Any
             continue
         ok, value = _type_ok(value, hints[key])
         if not ok:
-            raise ConfigError(source, prefix + key, f"expected {_type_name(hints[key])}, got {value!r}")
+            want = _type_name(hints[key])
+            if hints[key] == Part and key in PART_KEYS:
+                want = f"a {key} name or a mapping with `name` (valid: {', '.join(registry.names(key))})"
+            raise ConfigError(source, prefix + key, f"expected {want}, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):  # inf and nan only fail once training runs
+            raise ConfigError(source, prefix + key, f"must be a finite number, got {value}")
         kwargs[key] = value
     return cls(**kwargs)
 
@@ -263,6 +273,7 @@ def validate(cfg: RunConfig, source: str) -> None:
     _require(cfg.max_grad_norm >= 0, source, "max_grad_norm", f"must be >= 0 (0 = off), got {cfg.max_grad_norm}")
     _require(cfg.log_every >= 1, source, "log_every", f"must be >= 1, got {cfg.log_every}")
     _require(cfg.eval_every >= 0, source, "eval_every", f"must be >= 0, got {cfg.eval_every}")
+    _require(0 <= cfg.seed < SEED_LIMIT, source, "seed", f"must be 0 <= seed < 2**63, got {cfg.seed}")
     check = getattr(cfg.task, "check", None)
     if check is not None:  # task-specific cross-field checks; raise ValueError("key: message")
         try:
@@ -290,7 +301,11 @@ def run_dict(cfg: RunConfig) -> dict:
 
 
 def config_hash(cfg: RunConfig) -> str:
-    blob = json.dumps(run_dict(cfg), sort_keys=True, default=str)
+    d = run_dict(cfg)
+    weights = shipped.weights_id(cfg.task)  # the weights a run loads are part of what it is
+    if weights:
+        d["weights"] = weights
+    blob = json.dumps(d, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
@@ -318,7 +333,13 @@ def parse_set(items: list[str]) -> list[tuple[str, Any]]:
         key, eq, raw = item.partition("=")
         if not eq or not key:
             raise ConfigError("--set", item, "expected key=value, e.g. --set loss=clipped")
-        out.append((key.strip(), yaml.safe_load(raw)))
+        key = key.strip()
+        try:
+            out.append((key, strict_yaml.load(raw)))
+        except strict_yaml.DuplicateKey as e:
+            raise ConfigError("--set", f"{key}.{e.key}", f"duplicate key in {raw!r}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError("--set", key, f"invalid YAML value {raw!r}: {getattr(e, 'problem', None) or e}") from None
     return out
 
 
@@ -366,13 +387,23 @@ def _resources(value: Any, overrides: list[tuple[str, Any]], src: str) -> dict:
     return res
 
 
-def _load_yaml(path: Path) -> Any:
+def read_yaml(path: Path) -> Any:
+    """A user's YAML file, or ConfigError naming it: unreadable, not UTF-8, invalid, or a key given twice."""
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as e:
         raise ConfigError(str(path), "<file>", e.strerror or str(e)) from None
     try:
-        return yaml.safe_load(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ConfigError(str(path), f"line {line}", f"not UTF-8 text: byte 0x{data[e.start]:02x} at offset "
+                          f"{e.start}; save the file as UTF-8") from None
+    try:
+        return strict_yaml.load(text)
+    except strict_yaml.DuplicateKey as e:
+        raise ConfigError(str(path), e.key, f"duplicate key (lines {e.first} and {e.second}); "
+                          "YAML would keep only the last") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "<file>"
@@ -381,7 +412,7 @@ def _load_yaml(path: Path) -> Any:
 
 def ablation_settings(path: str | Path) -> list[str]:
     """The names of a file's `settings` (the same variants on other tasks), [] if it has none."""
-    doc = _load_yaml(Path(path))
+    doc = read_yaml(Path(path))
     settings = doc.get("settings") if isinstance(doc, dict) else None
     if settings is None:
         return []
@@ -410,7 +441,7 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
                   setting: str | None = None) -> Ablation:
     path = Path(path)
     src = str(path)
-    doc = _load_yaml(path)
+    doc = read_yaml(path)
     if not isinstance(doc, dict):
         raise ConfigError(src, "<root>", "expected a mapping with keys " + ", ".join(ABLATION_KEYS))
     for key in doc:
@@ -446,6 +477,15 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(src, f"grid.{key}", "expected a non-empty list of values")
+        seen = set()
+        for v in values:  # a repeated value is the same runs counted as a second variant
+            canon = json.dumps(_numbers_as_floats(v), sort_keys=True, default=str)
+            if canon in seen:
+                raise ConfigError(src, f"grid.{key}", f"value {_fmt(v)!r} is listed twice; each value is one variant")
+            seen.add(canon)
+        if key == "seed" and len(values) > 1:
+            raise ConfigError(src, "grid.seed", "seeds come from `seeds` (or --seeds); a grid over seed would run "
+                              "the same runs under each label")
     for vname, ov in named.items():
         if not isinstance(ov, dict):
             raise ConfigError(src, f"variants.{vname}", "expected a mapping of run config keys")
@@ -469,17 +509,16 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
                 set_dotted(run, key, value, "--set")
             label_parts = ([vname] if vname is not None else []) + [f"{k}={_fmt(v)}" for k, v in cell.items()]
             values = ({"variant_name": vname} if vname is not None else {}) | cell
-            # fail now, naming the file, rather than inside a worker
-            resolve_run(run, src)
+            # fail now, naming the file (or --set, where the bad value came from), rather than inside a worker
+            try:
+                resolve_run(run, src)
+            except ConfigError as e:
+                if any(_overlaps(e.key, k) for k, _ in overrides):
+                    raise ConfigError("--set", e.key, e.message) from None
+                raise
             variants.append((",".join(label_parts), values, run))
 
-    seeds_val = file_seeds if seeds is None else seeds
-    if isinstance(seeds_val, int) and not isinstance(seeds_val, bool) and seeds_val >= 1:
-        seed_list = list(range(seeds_val))
-    elif isinstance(seeds_val, list) and seeds_val and all(isinstance(s, int) for s in seeds_val):
-        seed_list = list(seeds_val)
-    else:
-        raise ConfigError(src if seeds is None else "--seeds", "seeds", f"expected a positive int or a list of ints, got {seeds_val!r}")
+    seed_list = _seeds(file_seeds if seeds is None else seeds, src if seeds is None else "--seeds")
     name = doc.get("name") or path.stem
     if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum():
         raise ConfigError(src, "name", f"expected a plain name (letters, digits, _ -), got {name!r}")
@@ -495,3 +534,38 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
 
 def _fmt(v: Any) -> str:
     return json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+
+
+def _seeds(value: Any, source: str) -> list[int]:
+    """`seeds: N` (0..N-1) or a list of distinct seeds in [0, 2**63); ConfigError otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        if value > MAX_SEEDS:
+            raise ConfigError(source, "seeds", f"expected at most {MAX_SEEDS} seeds, got {value}")
+        return list(range(value))
+    if not isinstance(value, list) or not value or not all(isinstance(s, int) and not isinstance(s, bool) for s in value):
+        raise ConfigError(source, "seeds", f"expected a positive int or a list of ints, got {value!r}")
+    if len(value) > MAX_SEEDS:
+        raise ConfigError(source, "seeds", f"expected at most {MAX_SEEDS} seeds, got {len(value)}")
+    seen = set()
+    for s in value:
+        if not 0 <= s < SEED_LIMIT:
+            raise ConfigError(source, "seeds", f"each seed must be 0 <= seed < 2**63, got {s}")
+        if s in seen:
+            raise ConfigError(source, "seeds", f"seed {s} is listed twice; a repeated seed is the same run, "
+                              "not a second sample")
+        seen.add(s)
+    return list(value)
+
+
+def _numbers_as_floats(v: Any) -> Any:
+    """1 and 1.0 are one grid value: both resolve to the same float parameter."""
+    if isinstance(v, dict):
+        return {k: _numbers_as_floats(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_numbers_as_floats(x) for x in v]
+    return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """Whether dotted keys a and b name the same setting or one holds the other."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")

@@ -27,7 +27,8 @@ import numpy as np
 from scipy import stats
 
 from .compare import kendall, load_side
-from .report import ALPHA, label_column
+from .config import ConfigError
+from .report import ALPHA, label_column, read_meta
 
 NAMES = {"sort": "sorting toy", "lm": "arithmetic LM"}
 ORDER = ("sort", "lm")
@@ -81,8 +82,11 @@ def judge_setting(directory: Path, expect: list[str], metric: str | None = None)
     for r, ph in zip(tested, holm([r["p"] for r in tested])):
         r["p_holm"], r["verdict"] = ph, verdict(r["diff"], ph, r["equal"])
     sweep = directory / "sweep.json"
-    return {"dir": directory, "side": side, "rows": rows, "column": side.column,
-            "sweep": json.loads(sweep.read_text()) if sweep.is_file() else None}
+    try:
+        timing = json.loads(sweep.read_text()) if sweep.is_file() else None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(str(sweep), "<file>", f"not valid JSON: {str(e).splitlines()[0]}") from None
+    return {"dir": directory, "side": side, "rows": rows, "column": side.column, "sweep": timing}
 
 
 def summarise(result: dict | None, reason: str | None) -> str:
@@ -106,9 +110,11 @@ def summarise(result: dict | None, reason: str | None) -> str:
 
 def collect(root: Path) -> dict[str, dict]:
     """family -> {"claim": ..., "source": ..., "settings": {setting: results dir}}, from ablation.json files."""
+    if not root.is_dir():
+        raise ConfigError(str(root), "<dir>", "not a directory" if root.exists() else "no such directory")
     families: dict[str, dict] = {}
     for meta_file in sorted(root.glob("*/ablation.json")):
-        meta = json.loads(meta_file.read_text())
+        meta = read_meta(meta_file.parent)
         claim, setting = meta.get("claim"), meta.get("setting")
         if not claim:
             continue

@@ -18,8 +18,6 @@ import importlib.util
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
 PACKAGE = "grpo_bench_tasks"
 
 
@@ -40,8 +38,10 @@ def names() -> list[str]:
 
 @lru_cache(maxsize=None)
 def _read(name: str) -> dict:
+    from .config import read_yaml  # config imports this module; read_yaml names the file and key of a bad one
+
     path = tasks_dir() / f"{name}.yaml"
-    doc = yaml.safe_load(path.read_text())
+    doc = read_yaml(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("task"), dict) or "name" not in doc["task"]:
         raise ValueError(f"{path}: a preset needs `description` and `task: {{name: <task>, ...}}`")
     return doc

@@ -18,6 +18,7 @@ import fnmatch
 import itertools
 import json
 import math
+import os
 import re
 import warnings
 from dataclasses import dataclass
@@ -31,6 +32,9 @@ from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from scipy import stats  # noqa: E402
+
+from .config import ConfigError  # noqa: E402
+from .runner import read_metrics_file  # noqa: E402
 
 ALPHA = 0.05
 BAND_SEEDS = 5  # fewer seeds than this: draw the seeds themselves, not a band
@@ -386,13 +390,85 @@ def diagnostics_in(metric_names) -> list[str]:
 # ----------------------------------------------------------------------------- report
 
 
+META_KEYS = {"name": str, "source": str, "variants": list, "seeds": list, "runs": list}
+
+
+def read_meta(d: Path) -> dict:
+    """d/ablation.json, checked; ConfigError naming the file when it is missing, not JSON or lacks a key."""
+    path = d / "ablation.json"
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(str(d), "<dir>", "not a results directory: no ablation.json") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(str(path), "<file>", f"not valid JSON: {str(e).splitlines()[0]}") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(str(path), "<root>", f"expected a mapping with {', '.join(META_KEYS)}")
+    bad = [key for key, kind in META_KEYS.items() if not isinstance(meta.get(key), kind)]
+    if bad:
+        raise ConfigError(str(path), ", ".join(bad), "missing or of the wrong type; the runner writes "
+                          + ", ".join(f"{k} ({t.__name__})" for k, t in META_KEYS.items()))
+    return meta
+
+
+def read_table(path: Path, columns: list[str], dtype: dict | None = None) -> pd.DataFrame:
+    """A CSV the runner wrote, with at least `columns`; ConfigError when it is empty, cut short or unreadable.
+    A lone newline is the table of no runs, which a sweep interrupted before its first run leaves."""
+    data = path.read_bytes()
+    if data == b"\n":
+        return pd.DataFrame(columns=columns)
+    if not data:
+        raise ConfigError(str(path), "<file>", "empty (0 bytes): damaged; rerun the sweep to rewrite it")
+    if not data.endswith(b"\n"):
+        raise ConfigError(str(path), "<file>", "cut short (no final newline): damaged; rerun the sweep to rewrite it")
+    try:
+        df = pd.read_csv(path, dtype=dtype)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(str(path), "<file>", f"unreadable: {str(e).splitlines()[0]}") from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ConfigError(str(path), "<columns>", f"no column {', '.join(missing)}; has {', '.join(map(str, df.columns))}")
+    return df
+
+
+def metrics_path(out: Path) -> Path | None:
+    """The long metrics table of a results directory: metrics.parquet, or metrics.csv from before it."""
+    return next((p for p in (out / "metrics.parquet", out / "metrics.csv") if p.is_file()), None)
+
+
 def load(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
-    meta = json.loads((out / "ablation.json").read_text())
-    summary = pd.read_csv(out / "summary.csv") if (out / "summary.csv").stat().st_size > 1 else pd.DataFrame()
+    """(ablation.json, summary.csv, the metrics table) of a results directory; ConfigError naming a bad file."""
+    meta = read_meta(out)
+    summary = read_table(out / "summary.csv", ["run", "variant", "status"])
     if summary.empty:
         summary = pd.DataFrame(columns=["run", "variant", "seed", "status", "error", "wall_s"])
-    metrics = pd.read_csv(out / "metrics.csv", dtype={"run": "category", "variant": "category", "metric": "category"})
+    path = metrics_path(out)
+    if path is None:
+        raise ConfigError(str(out), "<dir>", "not a results directory: no metrics.parquet or metrics.csv")
+    columns, names = ["run", "variant", "step", "metric", "value"], {"run": "category", "variant": "category",
+                                                                    "metric": "category"}
+    if path.suffix == ".csv":
+        metrics = read_table(path, columns, names)
+    else:
+        try:
+            metrics = read_metrics_file(path).astype(names)
+        except ValueError as e:
+            raise ConfigError(str(path), "<file>", f"{e}: damaged; rerun the sweep to rewrite it") from None
+        missing = [c for c in columns if c not in metrics.columns]
+        if missing:
+            raise ConfigError(str(path), "<columns>", f"no column {', '.join(missing)}")
+    if len(metrics) and not (pd.api.types.is_numeric_dtype(metrics.value) and pd.api.types.is_numeric_dtype(metrics.step)):
+        raise ConfigError(str(path), "value", "holds a step or value that is not a number: damaged")
     return meta, summary, metrics
+
+
+def finished_in_report(path: Path) -> int | None:
+    """How many finished runs a REPORT.md written by `_markdown` reports; None without one."""
+    try:
+        found = re.search(r"; (\d+) runs finished, \d+ failed", path.read_text())
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(found.group(1)) if found else None
 
 
 def headline_columns(summary: pd.DataFrame) -> list[tuple[str, str, str]]:
@@ -446,7 +522,13 @@ def make_report(out: str | Path, fmt: str = "png") -> Path:
     ok = summary[summary.status == "ok"]
     with style():
         figures = [(save(fig, out, stem, fmt), caption) for stem, fig, caption in build_figures(out)]
-    (out / "REPORT.md").write_text(_markdown(meta, summary, ok, headline_columns(summary), meta["variants"], figures))
+    text = _markdown(meta, summary, ok, headline_columns(summary), meta["variants"], figures)
+    tmp = out / f".REPORT.md.tmp-{os.getpid()}"  # whole or not at all: a full disk keeps the last report
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, out / "REPORT.md")
+    finally:
+        tmp.unlink(missing_ok=True)
     return out / "REPORT.md"
 
 

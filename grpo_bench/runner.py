@@ -3,10 +3,15 @@
 Layout under the output directory (results/<ablation>/ by default):
 
     ablation.json          what was run: name, axes, variant order, seeds, source file
-    runs/<run_id>/         one finished run: config.yaml, metrics.csv, summary.json
-    metrics.csv            long table: run, variant, <axes>, seed, step, metric, value
+    runs/<run_id>/         one finished run: config.yaml, metrics.parquet, summary.json (with the
+                           metrics file's row count and SHA-256: a damaged run is redone, never kept)
+    metrics.parquet        long table: run, variant, <axes>, seed, step, metric, value
     summary.csv            one row per run: status, error, wall_s, final/* metrics
-    *.png, REPORT.md       drawn from the two CSVs by grpo_bench.report
+    *.png, REPORT.md       drawn from the two tables by grpo_bench.report
+
+Metrics are Parquet (zstd; float64 values, dictionary-encoded names): a twentieth of the CSV
+they replace. Directories written before that hold metrics.csv, which every reader still
+takes.
     .lock                  held (flock) by the sweep writing here; the kernel drops it when that process dies
 
 Compatible runs (the same task, shapes and parts; seeds and numbers free) train together
@@ -15,20 +20,24 @@ members. Both executors run the same `train_group` in a worker and send each run
 result, a (resolved config, metric rows, summary) triple, back to this process, which
 alone writes run directories. A run directory appears by an atomic rename of a finished
 temporary directory, so a sweep killed at any moment leaves either a whole run or
-nothing that counts. The run id holds a hash of the resolved config: a changed
-config is a new run.
+nothing that counts; temporaries of dead processes are removed by the next sweep. The
+run id holds a hash of the resolved config: a changed config is a new run. Local workers
+die with this process (SIGTERM, or PR_SET_PDEATHSIG where this process is SIGKILLed).
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import ctypes
 import fcntl
+import hashlib
 import json
 import math
 import multiprocessing as mp
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -37,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import yaml
 from tqdm import tqdm
 
@@ -58,6 +68,16 @@ def _slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", label).strip("_")[:80] or "base"
 
 
+def run_id(label: str, seed: int, config_hash: str) -> str:
+    """Unique per (label, seed, config) whatever the label's characters: a slug that lost any of them
+    ("α" and "β" both slug to `base`) gets a hash of the label after a `+`, which no slug holds. A label
+    that is its own slug keeps the id it always had, so committed results still resume."""
+    slug = _slug(label)
+    if slug != label:
+        slug += "+" + hashlib.sha256(label.encode()).hexdigest()[:8]
+    return f"{slug}-s{seed}-{config_hash}"
+
+
 def plan(abl: Ablation) -> list[RunSpec]:
     specs = []
     for label, values, raw in abl.variants:
@@ -65,15 +85,103 @@ def plan(abl: Ablation) -> list[RunSpec]:
             cfg = dict(raw, seed=seed)
             h = config_hash(resolve_run(cfg, abl.source))
             flat = {k: v if isinstance(v, (str, int, float, bool, type(None))) else json.dumps(v) for k, v in values.items()}
-            specs.append(RunSpec(f"{_slug(label)}-s{seed}-{h}", label, flat, seed, cfg))
+            specs.append(RunSpec(run_id(label, seed, h), label, flat, seed, cfg))
     return specs
 
 
-def finished(run_dir: Path) -> bool:
+# ------------------------------------------------------------------ run directories
+
+METRICS_COLUMNS = ["step", "metric", "value"]
+METRICS_FILE = "metrics.parquet"  # runs/<id>/ and the ablation's long table; metrics.csv before it
+
+
+def metrics_table(df: pd.DataFrame) -> pd.DataFrame:
+    """df with the dtypes metrics are stored in: names as categories, step and seed int64, value float64
+    (float32 would hold only the values logged from fp32 tensors exactly, not times or means)."""
+    df = df.copy()
+    for c in df.columns:
+        if c in ("step", "seed"):
+            df[c] = df[c].astype("int64")
+        elif c == "value":
+            df[c] = df[c].astype("float64")
+        elif not pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]):
+            # names and text-valued axes; a column mixing numbers and text is text
+            df[c] = df[c].map(lambda v: v if v is None or isinstance(v, str) else str(v), na_action="ignore")
+            df[c] = df[c].astype("category")
+    return df
+
+
+def write_parquet(df: pd.DataFrame, path: Path) -> None:
+    metrics_table(df).to_parquet(path, engine="pyarrow", compression="zstd", index=False)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_metrics_file(path: Path) -> pd.DataFrame:
+    """A metrics table, Parquet or (written before it) CSV; ValueError when it cannot be read whole."""
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path.name} is empty (0 bytes)")
+    if path.suffix == ".parquet":
+        try:
+            return pd.read_parquet(path, engine="pyarrow")
+        except (OSError, ValueError, pa.ArrowException) as e:
+            raise ValueError(f"{path.name} unreadable: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if path.read_bytes()[-1:] != b"\n":  # pandas ends every file it writes with one; a cut file does not
+        raise ValueError(f"{path.name} is cut short (no final newline)")
     try:
-        return json.loads((run_dir / "summary.json").read_text())["status"] == "ok"
-    except (OSError, ValueError, KeyError):
-        return False
+        return pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path.name} unreadable: {str(e).splitlines()[0]}") from None
+
+
+def _read_metrics(path: Path) -> pd.DataFrame:
+    """A run's metrics file; ValueError when it is not a whole table of (int step, metric, number)."""
+    m = read_metrics_file(path)
+    if list(m.columns) != METRICS_COLUMNS:
+        raise ValueError(f"{path.name} has columns {list(m.columns)}, expected {METRICS_COLUMNS}")
+    if len(m) and not (pd.api.types.is_integer_dtype(m.step) and pd.api.types.is_numeric_dtype(m.value)):
+        raise ValueError(f"{path.name} has a step or value that is not a number")
+    return m
+
+
+def check_run(run_dir: Path) -> tuple[str, str]:
+    """(state, why) of a run directory: "missing" (never ran), "failed", "ok" (finished and verified), or
+    "damaged" (its summary.json says ok but its files are not what it recorded, or cannot be read)."""
+    if not run_dir.exists():
+        return "missing", ""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        status = summary["status"]
+    except FileNotFoundError:
+        return "damaged", "no summary.json"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return "damaged", f"summary.json unreadable ({type(e).__name__})"
+    if status != "ok":
+        return "failed", summary.get("error", "")
+    record = summary.get("metrics_file")
+    try:
+        if record is None:  # written before summaries held a checksum: whole and numeric is all we can check
+            _read_metrics(run_dir / "metrics.csv")
+            return "ok", ""
+        path = run_dir / record["name"]
+        if _sha256(path) != record["sha256"]:
+            return "damaged", f"{record['name']} is not the file this run wrote (SHA-256 differs)"
+    except FileNotFoundError as e:
+        return "damaged", f"{Path(e.filename).name} is missing"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return "damaged", str(e) or type(e).__name__
+    return "ok", ""
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether a run directory holds a finished run whose files are the ones it wrote."""
+    return check_run(run_dir)[0] == "ok"
 
 
 def train_group(specs: list[RunSpec], threads: int = 1) -> list[Result]:
@@ -154,18 +262,27 @@ def failed_result(spec: RunSpec, error: str, tb: str = "") -> Result:
 
 
 def write_run(out: Path, spec: RunSpec, result: Result) -> None:
+    """runs/<run_id>/ whole, or nothing (OSError: a full or read-only disk leaves no temporary behind)."""
     cfg_dict, rows, summary = result
     runs = out / "runs"
     tmp = runs / f".{spec.run_id}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    (tmp / "config.yaml").write_text(yaml.safe_dump(cfg_dict, sort_keys=False))
-    pd.DataFrame(rows, columns=["step", "metric", "value"]).to_csv(tmp / "metrics.csv", index=False)
-    (tmp / "summary.json").write_text(json.dumps(summary, indent=1))
-    final = runs / spec.run_id
-    if final.exists():  # an earlier failed attempt; a finished one is never re-run
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    try:
+        tmp.mkdir(parents=True)
+        (tmp / "config.yaml").write_text(yaml.safe_dump(cfg_dict, sort_keys=False))
+        write_parquet(pd.DataFrame(rows, columns=METRICS_COLUMNS), tmp / METRICS_FILE)
+        # what resume and collect check the metrics file against
+        record = {"name": METRICS_FILE, "rows": len(rows), "sha256": _sha256(tmp / METRICS_FILE)}
+        (tmp / "summary.json").write_text(json.dumps(summary | {"metrics_file": record}, indent=1))
+        final = runs / spec.run_id
+        if final.exists():  # an earlier failed or damaged attempt; a finished one is never re-run
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and not e.filename:  # pandas' writers name no file
+            raise OSError(e.errno, e.strerror, str(runs / spec.run_id)) from None
+        raise
 
 
 # ------------------------------------------------------------------ output directory
@@ -197,7 +314,31 @@ def lock_out(out: Path):
     except OSError as e:
         lock.close()
         raise ConfigError("--out", str(out), f"output directory is not writable: {e.strerror or e}") from None
+    _remove_stale(out)
     return lock
+
+
+def _remove_stale(out: Path) -> None:
+    """Temporaries (`.<name>.tmp-<pid>`) whose process is gone: a sweep killed mid-write, or one that hit a
+    full disk. A live pid's is left alone (`plot` writes REPORT.md this way without the lock)."""
+    for p in [*out.glob(".*.tmp-*"), *(out / "runs").glob(".*.tmp-*")]:
+        pid = p.name.rpartition(".tmp-")[2]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 # ------------------------------------------------------------------------- executors
@@ -207,6 +348,18 @@ class WorkerLost(RuntimeError):
     pass
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(parent: int) -> None:
+    """Worker initializer: the kernel SIGKILLs this worker when its parent dies, even by SIGKILL, which no
+    handler in the parent can see (its workers, ~450 MB each, and the resource tracker would live on)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before prctl took hold
+            os._exit(1)
+
+
 def local_results(todo: list[list[RunSpec]], workers: int, threads: int) -> Iterator[tuple[RunSpec, Result]]:
     """Populations on a pool of `workers` processes here; each run's result as its population finishes."""
     if workers == 1:
@@ -214,7 +367,8 @@ def local_results(todo: list[list[RunSpec]], workers: int, threads: int) -> Iter
             yield from zip(group, train_group(group, threads))
         return
     # spawn, not fork: the parent may hold threads (tqdm, torch) that fork would copy half-alive
-    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_die_with_parent,
+                                initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(train_group, g, threads): g for g in todo}
         try:
             for fut in cf.as_completed(futures):
@@ -227,9 +381,13 @@ def local_results(todo: list[list[RunSpec]], workers: int, threads: int) -> Iter
                     results = [failed_result(s, f"{type(e).__name__}: {e}", traceback.format_exc(limit=-3))
                                for s in group]
                 yield from zip(group, results)
-        finally:  # Ctrl-C or a lost worker: drop what has not started
+        finally:  # Ctrl-C, SIGTERM or a lost worker: drop what has not started, end what has
             for f in futures:
                 f.cancel()
+            if not all(f.done() for f in futures):
+                # nobody will collect these runs, and leaving the pool waits for them to finish
+                for p in list((pool._processes or {}).values()):
+                    p.kill()
 
 
 def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int | None = None,
@@ -245,8 +403,16 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
         meta = {"name": abl.name, "source": abl.source, "description": abl.description, "axes": abl.axes,
                 "variants": [label for label, _, _ in abl.variants], "seeds": abl.seeds,
                 "runs": [s.run_id for s in specs], "claim": abl.claim, "setting": abl.setting}
+        ids = [s.run_id for s in specs]
+        if len(set(ids)) < len(ids):  # two runs writing one directory would lose one of them
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise ConfigError(abl.source, "variants", f"two planned runs share the run id {dup!r}")
         _atomic_write(out / "ablation.json", json.dumps(meta, indent=1))
-        todo = [s for s in specs if not finished(out / "runs" / s.run_id)]
+        states = {s.run_id: check_run(out / "runs" / s.run_id) for s in specs}
+        for rid, (state, why) in states.items():
+            if state == "damaged":
+                print(f"run {rid} is damaged ({why}); running it again", file=sys.stderr)
+        todo = [s for s in specs if states[s.run_id][0] != "ok"]
         skipped = len(specs) - len(todo)
         threads = threads or max(1, int(abl.resources["cpus"]))
         on_ray = executor == "ray" and bool(todo)  # nothing left to run: no cluster to join
@@ -320,36 +486,78 @@ def _report(bar, summary: dict) -> None:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    _atomic(path, lambda tmp: tmp.write_text(text))
 
 
 def _atomic_csv(df: pd.DataFrame, path: Path) -> None:
+    _atomic(path, lambda tmp: df.to_csv(tmp, index=False))
+
+
+def _atomic_parquet(df: pd.DataFrame, path: Path) -> None:
+    _atomic(path, lambda tmp: write_parquet(df, tmp))
+
+
+def _atomic(path: Path, write) -> None:
+    """path replaced whole by what write(tmp) writes, or left as it was (no temporary left on a full disk)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and not e.filename:  # pandas' writers name no file
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
+
+
+def _load_run(run_dir: Path) -> tuple[dict | None, pd.DataFrame | None, str]:
+    """(summary without its bookkeeping, metrics, problem) of a run directory that exists; a damaged one
+    gives what could be read and why the rest cannot be trusted."""
+    state, why = check_run(run_dir)
+    try:
+        s = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None, None, why
+    if not isinstance(s, dict):
+        return None, None, why
+    s.pop("traceback", None)
+    record = s.pop("metrics_file", None)
+    if state == "damaged":
+        return s, None, why
+    try:
+        m = _read_metrics(run_dir / (record["name"] if record else "metrics.csv"))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return s, None, str(e) or type(e).__name__
+    if record and len(m) != record["rows"]:
+        return s, None, f"{record['name']} has {len(m)} rows, summary.json says {record['rows']}"
+    return s, m, ""
 
 
 def collect(out: Path) -> pd.DataFrame:
-    """Gather the runs of this ablation's current plan into metrics.csv and summary.csv."""
+    """Gather the runs of this ablation's current plan into metrics.parquet and summary.csv.
+
+    A damaged run is said on stderr and counted as failed (its metrics left out), never as finished."""
     meta = json.loads((out / "ablation.json").read_text())
     summaries, frames = [], []
     for run_id in meta["runs"]:
         d = out / "runs" / run_id
-        try:
-            s = json.loads((d / "summary.json").read_text())
-        except (OSError, ValueError):
+        if not d.exists():
             continue  # never ran (sweep interrupted)
-        s.pop("traceback", None)
+        s, m, problem = _load_run(d)
+        if problem and s is not None and s.get("status") != "ok":
+            print(f"run {run_id} failed and its metrics are damaged ({problem}); they are left out", file=sys.stderr)
+        elif problem:
+            print(f"run {run_id} is damaged ({problem}); counted as failed; run the sweep again to redo it",
+                  file=sys.stderr)
+            s = {"run": run_id, **(s or {}), "status": "failed", "error": f"damaged run directory: {problem}"}
         summaries.append(s)
-        m = pd.read_csv(d / "metrics.csv")
-        if len(m):
+        if m is not None and len(m):
             ids = {k: s.get(k) for k in ["run", "variant", *meta["axes"], "seed"]}
             frames.append(m.assign(**ids)[[*ids, "step", "metric", "value"]])
     summary = pd.DataFrame(summaries)
     metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["run", "variant", *meta["axes"], "seed", "step", "metric", "value"])
-    _atomic_csv(metrics, out / "metrics.csv")
+    _atomic_parquet(metrics, out / METRICS_FILE)
+    (out / "metrics.csv").unlink(missing_ok=True)  # a CSV-era long table, now stale
     _atomic_csv(summary, out / "summary.csv")
     return summary

@@ -71,7 +71,7 @@ def test_dotted_set_reaches_the_run(tmp_path):
     for run in summary.run:
         saved = yaml.safe_load((tmp_path / "o" / "runs" / run / "config.yaml").read_text())
         assert saved["task"]["n"] == 5 and saved["task"]["vocab"] == 9
-    m = pd.read_csv(tmp_path / "o" / "metrics.csv")
+    m = pd.read_parquet(tmp_path / "o" / "metrics.parquet")
     assert set(m[m.metric == "response/length"].value) == {5.0}   # every toy response is n tokens long
 
 

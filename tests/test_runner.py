@@ -1,4 +1,5 @@
 """The runner end to end: shipped ablations, failures, resume after a kill (figures: test_report.py)."""
+import hashlib
 import json
 import os
 import re
@@ -37,7 +38,7 @@ def test_shipped_ablation_smoke(tmp_path, name):
     # each run trained on its own variant's resolved config (grid and --set applied), with its seed
     planned = load_ablation(ROOT / "ablations" / name, seeds=2, sets=tiny[1::2])
     want = {label: raw for label, _, raw in planned.variants}
-    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    metrics = pd.read_parquet(tmp_path / "metrics.parquet")
     assert {"run", "variant", "seed", "step", "metric", "value"} <= set(metrics.columns)
     steps = 2 * 2 if not name.startswith("arithmetic") else 1
     for _, run in summary.iterrows():
@@ -73,7 +74,8 @@ def test_failed_run_is_recorded_and_sweep_goes_on(tmp_path):
     base = {"task": {"name": "sort"}, "epochs": 5, "inner_steps": 2, "optimizer": "sgd"}
     path = _write(tmp_path, base, {"lr": [1e30, 0.01]}, 2)
     res = cli("run", path, "--out", tmp_path / "o", "--workers", "1")
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == 1, res.stderr      # a failed run is a failure of the command, said once
+    assert res.stderr.strip().splitlines()[-1].startswith("error: 2 of 4 runs failed")
     s = pd.read_csv(tmp_path / "o" / "summary.csv")
     assert sorted(s.status) == ["failed", "failed", "ok", "ok"]
     assert s[s.status == "failed"].error.str.contains("non-finite loss").all()
@@ -100,7 +102,7 @@ def test_kill_and_resume(tmp_path):
     # every run directory that exists is complete; partial work only lives in dot-directories
     for name in done:
         assert json.loads((runs / name / "summary.json").read_text())["status"] == "ok"
-        assert (runs / name / "metrics.csv").stat().st_size > 0
+        assert (runs / name / "metrics.parquet").stat().st_size > 0
 
     res = cli("run", path, "--out", out, "--workers", "1")
     assert res.returncode == 0, res.stderr
@@ -136,7 +138,10 @@ def test_slug_and_plan(tmp_path):
     assert [(s.variant, s.seed) for s in specs] == [(v, s) for v, _, _ in abl.variants for s in (0, 1)]
     for s in specs:
         h = config_hash(resolve_run(dict(s.config)))
-        assert s.run_id == f"{RN._slug(s.variant)}-s{s.seed}-{h}" and s.config["seed"] == s.seed
+        assert s.run_id == RN.run_id(s.variant, s.seed, h) and s.config["seed"] == s.seed
+    # a label that is its own slug keeps the plain id; a lossy one gets the label's hash after a `+`
+    assert specs[0].run_id == f"loss=naive-s0-{config_hash(resolve_run(dict(specs[0].config)))}"
+    assert re.fullmatch(r"loss=_clip_high_0.3_name_clipped\+[0-9a-f]{8}-s0-[0-9a-f]{10}", specs[2].run_id)
     assert specs[2].values == {"loss": '{"clip_high": 0.3, "name": "clipped"}'} and specs[0].values == {"loss": "naive"}
     assert len({s.run_id for s in specs}) == 4
 
@@ -174,7 +179,7 @@ def test_write_run_is_whole_or_absent(tmp_path):
     d = tmp_path / "runs" / "r1"
     assert not RN.finished(d) and yaml.safe_load((d / "config.yaml").read_text()) == json.loads(json.dumps(cfg))
     RN.write_run(tmp_path, spec, (cfg, [(0, "m", 2.5)], {"run": "r1", "status": "ok"}))  # a retry replaces it
-    assert RN.finished(d) and pd.read_csv(d / "metrics.csv").value.tolist() == [2.5]
+    assert RN.finished(d) and pd.read_parquet(d / "metrics.parquet").value.tolist() == [2.5]
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["r1"]   # no temporary directory left
     (d / "summary.json").write_text("{not json")
     assert not RN.finished(d) and not RN.finished(tmp_path / "runs" / "nope")
@@ -204,7 +209,7 @@ def test_run_ablation_in_process_and_resume(tmp_path, workers, capsys):
     meta = json.loads((out / "ablation.json").read_text())
     assert meta["runs"] == summary.run.tolist() and meta["variants"] == ["loss=naive", "loss=clipped"]
     assert meta["axes"] == ["loss"] and meta["seeds"] == [0, 1] and meta["name"] == "t"
-    metrics = pd.read_csv(out / "metrics.csv")
+    metrics = pd.read_parquet(out / "metrics.parquet")
     assert list(metrics.columns) == ["run", "variant", "loss", "seed", "step", "metric", "value"]
     assert set(metrics.run) == set(summary.run) and "traceback" not in summary.columns
     first = {p.name: (p / "summary.json").stat().st_mtime_ns for p in (out / "runs").iterdir()}
@@ -238,7 +243,7 @@ def test_collect_reads_only_the_current_plan(tmp_path):
     (out / "ablation.json").write_text(json.dumps(meta))
     summary = RN.collect(out)
     assert summary.run.tolist() == meta["runs"][:2]
-    assert set(pd.read_csv(out / "metrics.csv").run) == set(meta["runs"][:2])
+    assert set(pd.read_parquet(out / "metrics.parquet").run) == set(meta["runs"][:2])
 
 
 def _sweep_abl(tmp_path, cpus):
@@ -385,10 +390,12 @@ def test_write_run_files_and_a_stale_temporary(tmp_path):
     summary = {"run": "r1", "status": "ok", "final/reward": 0.5}
     RN.write_run(tmp_path, spec, (cfg, [(0, "m", 1.5)], summary))
     d = tmp_path / "runs" / "r1"
-    assert sorted(p.name for p in d.iterdir()) == ["config.yaml", "metrics.csv", "summary.json"]
+    assert sorted(p.name for p in d.iterdir()) == ["config.yaml", "metrics.parquet", "summary.json"]
     assert list(yaml.safe_load((d / "config.yaml").read_text())) == list(cfg)       # the config's own order
-    assert (d / "metrics.csv").read_text().splitlines() == ["step,metric,value", "0,m,1.5"]
-    assert (d / "summary.json").read_text() == json.dumps(summary, indent=1)
+    m = pd.read_parquet(d / "metrics.parquet")
+    assert m.values.tolist() == [[0, "m", 1.5]] and str(m.dtypes.value) == "float64"
+    record = {"name": "metrics.parquet", "rows": 1, "sha256": hashlib.sha256((d / "metrics.parquet").read_bytes()).hexdigest()}
+    assert (d / "summary.json").read_text() == json.dumps(summary | {"metrics_file": record}, indent=1)
 
 
 def test_the_lock_file_holds_only_this_pid_and_is_closed(tmp_path):
@@ -426,8 +433,8 @@ def test_the_pool_path_records_errors_and_drops_what_has_not_started(monkeypatch
         boom()
 
     class Pool:   # a stand-in for the process pool: futures this test settles by hand
-        def __init__(self, workers, mp_context=None):
-            assert workers == 2
+        def __init__(self, workers, mp_context=None, initializer=None, initargs=()):
+            assert workers == 2 and initializer is RN._die_with_parent and initargs == (os.getpid(),)
 
         def __enter__(self):
             return self

@@ -14,7 +14,9 @@ import sys
 
 import pytest
 import torch
-from datasets import Dataset
+
+pytest.importorskip("trl")  # the trl extra (pip install -e '.[trl]'); without it these tests skip
+from datasets import Dataset  # noqa: E402  (comes with trl)
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import split_tensor_dict, use_adapter

@@ -40,13 +40,13 @@ import dataclasses
 from pathlib import Path
 
 import torch
-import yaml
 from packaging.version import Version
 from torch import Tensor
 
 from .. import registry
 from ..algos import Batch, masked_mean
-from ..config import PART_KEYS, ConfigError, RunConfig, build_dataclass, load_ablation, resolve_part, validate
+from ..config import (PART_KEYS, ConfigError, RunConfig, build_dataclass, load_ablation, read_yaml, resolve_part,
+                      validate)
 from ..recipe import Recipe
 
 SUPPORTED_TRL = ">=1.16.0,<1.17"
@@ -111,12 +111,7 @@ _FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attentio
 
 def load_variant(path: str | Path) -> dict:
     """A variant from a YAML file: a mapping of VARIANT_KEYS, as under `base:` or `variants.<name>:` of an ablation."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise ConfigError(str(path), "<file>", e.strerror or str(e)) from None
-    except yaml.YAMLError as e:
-        raise ConfigError(str(path), "<file>", f"invalid YAML: {getattr(e, 'problem', e)}") from None
+    data = read_yaml(Path(path))
     if not isinstance(data, dict):
         raise ConfigError(str(path), "<root>", f"expected a mapping of {', '.join(VARIANT_KEYS)}")
     return data

@@ -81,7 +81,7 @@ def starting_model(cfg, device: torch.device, dtype: torch.dtype | None = None):
 
     source = cfg.model.source
     if source == shipped.TINY:
-        return load(str(shipped.directory()), device, dtype)
+        return load(str(shipped.verify()), device, dtype)
     if source == shipped.SCRATCH:
         from .tokenizer import build_char_tokenizer
 
