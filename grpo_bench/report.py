@@ -636,15 +636,8 @@ def groups_of(summary: pd.DataFrame, column: str, order: list[str]) -> dict[str,
 
 
 def column_margin(column: str, meta: dict | None = None) -> tuple[float | None, str]:
-    """The equivalence margin of a summary column and where it comes from (the claim, or the default table)."""
-    claim = (meta or {}).get("claim") or {}
-    m = claim.get("margin")
-    if isinstance(m, dict):
-        m = m.get((meta or {}).get("setting"))
-    if m is not None:
-        return float(m), "the claim's margin"
-    m = stats.default_margin(column)
-    return m, ("the default for this metric" if m is not None else "no margin declared for this metric")
+    meta = meta or {}
+    return stats.claim_margin(meta.get("claim"), meta.get("setting"), column)
 
 
 def pairwise(summary: pd.DataFrame, column: str, order: list[str], meta: dict | None = None) -> list[dict]:

@@ -45,6 +45,17 @@ def default_margin(column: str) -> float | None:
     return next((m for pat, m in MARGINS if fnmatch.fnmatchcase(column, pat)), None)
 
 
+def claim_margin(claim: dict | None, setting: str | None, column: str) -> tuple[float | None, str]:
+    """(margin, where it comes from): the claim's `margin` (one number, or one per setting), else MARGINS."""
+    m = (claim or {}).get("margin")
+    if isinstance(m, dict):
+        m = m.get(setting)
+    if m is not None:
+        return float(m), "the claim's margin"
+    m = default_margin(column)
+    return m, ("the default for this metric" if m is not None else "no margin declared for this metric")
+
+
 # ------------------------------------------------------------------ two-sample tests
 
 
@@ -285,8 +296,11 @@ def verdict_text(r: dict) -> str:
 
 
 def test_text(r: dict) -> str:
-    """What the row's p comes from, with ρ where paired: 'paired t, ρ 0.86', 'Welch t'."""
-    return r["test"] + (f", ρ {r['rho']:+.2f}" if r["paired"] and not math.isnan(r["rho"]) else "")
+    """What the row's p comes from, with ρ where paired: 'paired t, ρ +0.86', 'Welch t'; ρ — where a
+    variant has no spread or there are fewer than three pairs."""
+    if not r["paired"]:
+        return r["test"]
+    return r["test"] + (", ρ —" if math.isnan(r["rho"]) else f", ρ {r['rho']:+.2f}")
 
 
 def power_text(r: dict) -> str:
