@@ -160,7 +160,7 @@ def orderings(sides: list[Side]) -> list[str]:
             if t is None:
                 cells.append("—")
                 continue
-            cells.append(f"{stats.verdict_text(t)}; Δ {t['diff']:+.3f}; {stats.test_text(t)}; p_holm {t['p_holm']:.2g}; "
+            cells.append(f"{stats.verdict_text(t)}; Δ {t['diff']:+.3f}; {stats.which_test(t)}; p_holm {t['p_holm']:.2g}; "
                          f"{stats.power_text(t)}; P(a > b) {t['poi']:.2f}")
             if t["significant"]:
                 signs.add(t["diff"] > 0)
@@ -240,7 +240,8 @@ def gallery_text(root: str | Path) -> str:
     lines = ["# Results gallery", "",
              f"Every ablation under `{root.name}/`: the question it asks (the first sentence of its description), "
              "its headline figure and a one-line answer computed from its `summary.csv` (best variant by mean of "
-             "the task's main metric; \"beyond seed noise\" = Welch t-test, Holm-corrected over all pairs, "
+             "the task's main metric; \"beyond seed noise\" = a paired test where two variants ran the same seeds, "
+             "Welch's t otherwise, Holm-corrected over all pairs, "
              f"p < {report.ALPHA}). Regenerate with `python -m grpo_bench gallery <this directory>`; "
              "each ablation's own `REPORT.md` has the full tables.", ""]
     for d in dirs:

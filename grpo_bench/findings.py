@@ -99,7 +99,7 @@ def collect(root: Path) -> dict[str, dict]:
 def _cell(r: dict) -> str:
     if r["missing"]:
         return "—"
-    return (f"{r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]; {stats.test_text(r)}; p_holm {r['p_holm']:.2g}; "
+    return (f"{r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]; {stats.which_test(r)}; p_holm {r['p_holm']:.2g}; "
             f"{stats.power_text(r)}: **{stats.verdict_text(r)}**")
 
 

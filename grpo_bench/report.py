@@ -712,7 +712,7 @@ def pair_rows(tests: list[dict], groups: dict) -> list[str]:
              "|---|---|---|---:|---|---|---|"]
     for t in tests:
         poi = stats.prob_improvement_ci(np.asarray(groups[t["a"]], float), np.asarray(groups[t["b"]], float))
-        lines.append(f"| `{t['a']}` vs `{t['b']}` | {stats.test_text(t)} | {_ci(t['diff'], t['lo'], t['hi'], True)} "
+        lines.append(f"| `{t['a']}` vs `{t['b']}` | {stats.which_test(t)} | {_ci(t['diff'], t['lo'], t['hi'], True)} "
                      f"| {t['p_holm']:.2g} | {stats.power_text(t)} | {_ci(*poi)} "
                      f"| {stats.verdict_text(t)} |")
     return lines

@@ -295,7 +295,7 @@ def verdict_text(r: dict) -> str:
     return f"undecided (about {n} {side} {why})"
 
 
-def test_text(r: dict) -> str:
+def which_test(r: dict) -> str:
     """What the row's p comes from, with ρ where paired: 'paired t, ρ +0.86', 'Welch t'; ρ — where a
     variant has no spread or there are fewer than three pairs."""
     if not r["paired"]:

@@ -436,15 +436,19 @@ def test_bounds_spend_what_they_promise_on_brownian_paths(two_sided):
     assert np.all(np.abs(got - want) <= 4 * np.sqrt(want / 400_000) + 2e-5), (got, want)
 
 
-def simulate(effect=0.0, sims=4000, n_max=40, batch=5, seed=2026):
-    """Three variants on shared seeds (a seed effect common to all, sd 1, plus run noise, sd 0.5);
-    variant a shifted by effect x sd of a pairwise difference."""
+def simulate(shift=0.0, sd_seed=1.0, sd_run=0.5, margin=0.2, sims=4000, n_max=40, batch=5, seed=2026):
+    """Three variants on shared seeds: a seed effect common to all (sd_seed) plus run noise (sd_run);
+    variant a shifted by `shift`; a look every `batch` seeds up to n_max. Returns the sequential
+    outcome of a vs b, a vs c, b vs c, the values (3, sims, n_max) and the looks."""
     rng = np.random.default_rng(seed)
-    V = rng.standard_normal((sims, n_max))[None] + 0.5 * rng.standard_normal((3, sims, n_max))
-    V[0] += effect * 0.5 * math.sqrt(2)
+    V = sd_seed * rng.standard_normal((sims, n_max))[None] + sd_run * rng.standard_normal((3, sims, n_max))
+    V[0] += shift
     looks = list(range(batch, n_max + 1, batch))
     pairs = [(0, 1), (0, 2), (1, 2)]
-    return [S.sequential_paired(V[a] - V[b], looks, n_max, margin=0.2, alpha=0.05 / 3) for a, b in pairs], V, looks
+    return [S.sequential_paired(V[a] - V[b], looks, n_max, margin, alpha=0.05 / 3) for a, b in pairs], V, looks
+
+
+SD_D = 0.5 * math.sqrt(2)   # sd of a difference of two variants in simulate()'s default units
 
 
 def test_sequential_null_rate_of_an_ordering_stays_below_alpha():
@@ -462,7 +466,7 @@ def test_sequential_null_rate_of_an_ordering_stays_below_alpha():
 
 
 def test_sequential_power_under_a_planted_effect():
-    out, _, looks = simulate(effect=0.5)
+    out, _, looks = simulate(shift=0.5 * SD_D)
     (ab, at), (ac, _), (bc, _) = out
     power = (ab == 1).mean()
     fixed = S.power(0.5, 40, 0.05 / 3)   # one test at the cap, same level
@@ -472,8 +476,24 @@ def test_sequential_power_under_a_planted_effect():
     assert np.isin(bc, [-1, 1]).mean() <= 0.05 / 3 + 0.005   # b and c stay unordered
 
 
+def test_sequential_in_toy_units():
+    # the toy's scale: seed sd 0.02, run sd 0.01 (a difference has sd 0.014), margin 0.02
+    def run(shift):
+        out, _, looks = simulate(shift, sd_seed=0.02, sd_run=0.01, margin=0.02)
+        decided = np.all([~np.isnan(o) for o, _ in out], axis=0)
+        stop = np.max([np.where(at >= 0, np.array(looks)[at], 40) for _, at in out], axis=0)
+        return out, decided.mean(), np.where(decided, stop, 40).mean()
+
+    out, decided, stop = run(0.0)
+    assert decided == 1.0 and stop < 25 and np.mean([(o == 0).mean() for o, _ in out]) > 0.99   # measured 19.6 seeds
+    out, decided, stop = run(0.02)
+    assert decided == 1.0 and (out[0][0] == 1).mean() > 0.99 and (out[2][0] == 0).mean() > 0.99
+    out, _, _ = run(0.01)   # half the margin: "a > b" or "equivalent", both true, never "b > a"
+    assert 0.3 < (out[0][0] == 1).mean() < 0.7 and (out[0][0] == -1).mean() == 0
+
+
 def test_sequential_decision_is_the_vectorised_rule_on_one_experiment():
-    _, V, looks = simulate(effect=0.6, sims=30)
+    _, V, looks = simulate(shift=0.6 * SD_D, sims=30)
     for i in range(30):
         values = {v: dict(enumerate(V[k, i])) for k, v in enumerate("abc")}
         got = S.sequential_decision(values, ["a > b", "a > c", "b vs c"], 0.2, 40,
