@@ -37,7 +37,7 @@ import pandas as pd  # noqa: E402
 
 from . import stats  # noqa: E402
 
-ALPHA = 0.05
+ALPHA = stats.ALPHA  # "beyond seed noise": p_holm below this
 BAND_SEEDS = 5  # fewer seeds than this: draw the seeds themselves, not a band
 N_BOOT = 1000
 FORMATS = ("png", "pdf", "svg")
@@ -459,7 +459,6 @@ def fit_figure(meta: dict, fits: dict, styles: dict):
     order = [v for v in meta["variants"] if v in fits["axes"][axes_[0]]]
     width = min(PAGE_IN, COLUMN_IN * len(axes_))
     fig, axs = plt.subplots(1, len(axes_), figsize=(width, 2.9 + 0.14 * _legend_rows(order, width)), squeeze=False)
-    halves = 0
     for ax, axis in zip(axs[0], axes_):
         ends = []
         for v in order:
@@ -474,14 +473,14 @@ def fit_figure(meta: dict, fits: dict, styles: dict):
             ends.append(f["C"][-1])
         if np.allclose(ends, ends[0], rtol=0.01):
             ax.axvline(ends[0] / 2, color="#888888", ls=":", lw=0.8)
-            halves += 1
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda c, _: f"{c:,.0f}"))
         ax.set_xlabel(AXIS_LABEL[axis])
         ax.set_ylabel(label(fits["metric"]))
     declined = [v for v in order if not fits["axes"][axes_[0]][v]["ok"]]
+    # the dotted half budget is named in the caption: the title has no room left in one column
     fig.suptitle(f"{meta['name']}: {label(fits['metric'])} against compute\ndots: seed mean; line: fit"
-                 + (f" ({len(declined)} declined)" if declined else "") + ("; dotted: half budget" if halves else ""))
+                 + (f" ({len(declined)} declined)" if declined else ""))
     _legend(fig, styles, order, width)
     return fig
 
@@ -599,7 +598,8 @@ def build_figures(out: str | Path, fits: dict | None = None) -> list[tuple[str, 
         if fits:
             figures.append(("fit", fit_figure(meta, fits, styles),
                             f"{label(fits['metric'])} against compute: mean over seeds (dots) and the fitted "
-                            "saturating curve (line; none where the fit is declined)"))
+                            "saturating curve (line; none where the fit is declined); dotted: half the budget, "
+                            "where every variant has the same"))
     stems = [s for s, _, _ in figures]
     assert len(stems) == len(set(stems)), f"two figures share a file name: {stems}"
     return figures

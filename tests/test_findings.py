@@ -1,7 +1,6 @@
 """FINDINGS.md from results alone: paired or Welch tests, Holm, MDE, TOST, four verdicts, toy-vs-LM tau;
 ablation settings and claims. The statistics themselves are tested in test_stats.py."""
 import json
-import math
 
 import re
 

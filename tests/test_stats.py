@@ -2,7 +2,6 @@
 
 Each test names the bug it would catch where that is not obvious from its name.
 """
-import itertools
 import math
 
 import numpy as np
