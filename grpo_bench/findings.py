@@ -100,7 +100,7 @@ def _cell(r: dict) -> str:
     if r["missing"]:
         return "—"
     return (f"{r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]; {stats.which_test(r)}; p_holm {r['p_holm']:.2g}; "
-            f"{stats.power_text(r)}: **{stats.verdict_text(r)}**")
+            f"P(a > b) {r['poi']:.2f}; {stats.power_text(r)}: **{stats.verdict_text(r)}**")
 
 
 def _tau(results: dict) -> str:
@@ -112,8 +112,9 @@ def _tau(results: dict) -> str:
 
 
 def _ranking(result: dict) -> str:
-    means = result["side"].means.sort_values(ascending=False)
-    return " > ".join(f"`{v}` {m:.3f}" for v, m in means.items())
+    side = result["side"]
+    means = side.means.sort_values(ascending=False)
+    return " > ".join(f"`{v}` {m:.3f} (IQM {stats.iqm(side.values[v]):.3f})" for v, m in means.items())
 
 
 def _timing(result: dict) -> str:
@@ -165,8 +166,8 @@ def render(root: Path) -> str:
             f"{NAMES.get(s, s)}: `results/{d.name}`" for s, d in entry["settings"].items()), ""]
         details += ["**Margin δ.** " + "; ".join(f"{NAMES.get(s, s)}: " + (f"±{r['margin']:g}" if r["margin"] else "none")
                                                   + f" ({r['margin_source']})" for s, r in results.items()), ""]
-        details += ["| ordering (a > b) | " + " | ".join(NAMES.get(s, s) + ": Δ = a − b [95% CI]; test; Holm p; "
-                                                         "detectable effect or margin: verdict" for s in results) + " |",
+        head = ": Δ = a − b [95% CI]; test; Holm p; P(a > b); detectable effect or margin: verdict"
+        details += ["| ordering (a > b) | " + " | ".join(NAMES.get(s, s) + head for s in results) + " |",
                     "|---|" + "---|" * len(results)]
         for i, e in enumerate(claim["expect"]):
             details.append(f"| `{e}` | " + " | ".join(_cell(r["rows"][i]) for r in results.values()) + " |")

@@ -84,6 +84,9 @@ def test_findings_from_two_settings(tmp_path):
     line = next(x for x in text.splitlines() if x.startswith("| `b = c` |"))
     toy, lmc = line.split(" | ")[1:3]
     assert "paired t, ρ " in toy and "±0.05 (TOST p " in toy and toy.endswith("**agrees: equivalent within ±0.05**")
+    u = stats.mannwhitneyu(sort["b"], sort["c"]).statistic
+    assert f"; P(a > b) {u / 25:.2f}; " in toy
+    assert f"`a` {sort['a'].mean():.3f} (IQM {stats.trim_mean(sort['a'], 0.25):.3f}) > " in text
     assert f"MDE {bc['mde']:.3f} (α {bc['level']:.3g})" in lmc and f"undecided (about {bc['seeds_needed']} pairs" in lmc
     (tmp_path / "FINDINGS_notes.md").write_text("## What we make of it\nhand-written\n")
     assert render(tmp_path).endswith("hand-written\n")
