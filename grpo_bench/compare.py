@@ -5,9 +5,12 @@
 
 `compare` puts each directory's per-seed final values in one figure (a panel per
 directory, the same variant on the same row and in the same colour in every panel)
-and one markdown table, with Kendall's tau-b between the variant orderings (by mean)
-of every pair of directories over the variants they share: does the toy order the
-variants as the LM does? `gallery` writes results/README.md: for every ablation its
+and one markdown table (mean with its CI, interquartile mean, rank), with Kendall's
+tau-b between the variant orderings (by mean) of every pair of directories over the
+variants they share: does the toy order the variants as the LM does? Each pair of
+shared variants is then tested in every directory (grpo_bench.stats: paired where the
+seeds match, Holm over the directory's pairs, MDE, TOST, a verdict), so a reader sees
+where both orderings are decided and where one of them could not have told. `gallery` writes results/README.md: for every ablation its
 question, its headline figure and a one-line answer computed from its summary.csv.
 """
 from __future__ import annotations
@@ -20,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+from scipy.stats import kendalltau
 
-from . import report
+from . import report, stats
 from .config import ConfigError
 
 
@@ -35,6 +38,8 @@ class Side:
     column: str
     seeds: int
     values: dict[str, np.ndarray] = field(default_factory=dict)  # variant -> per-seed values, ablation order
+    by_seed: dict[str, pd.Series | np.ndarray] = field(default_factory=dict)  # the same, indexed by seed if known
+    meta: dict = field(default_factory=dict)  # ablation.json: its claim and setting give the equivalence margin
 
     @property
     def means(self) -> pd.Series:
@@ -71,7 +76,9 @@ def load_side(d: str | Path, metric: str | None) -> Side:
     order = [v for v in meta.get("variants", []) if v in set(ok.variant)]
     order += [v for v in ok.variant.unique() if v not in order]
     values = {v: ok.loc[ok.variant == v, column].to_numpy(float) for v in order}
-    return Side(d, meta.get("name", d.name), column, len(meta.get("seeds", [])), values)
+    by_seed = {v: pd.Series(x, index=ok.loc[ok.variant == v, "seed"].to_numpy()) if "seed" in ok else x
+               for v, x in values.items()}
+    return Side(d, meta.get("name", d.name), column, len(meta.get("seeds", [])), values, by_seed, meta)
 
 
 def kendall(a: pd.Series, b: pd.Series) -> tuple[float, float, int]:
@@ -79,7 +86,7 @@ def kendall(a: pd.Series, b: pd.Series) -> tuple[float, float, int]:
     shared = [v for v in a.index if v in b.index]
     if len(shared) < 2:
         return math.nan, math.nan, len(shared)
-    res = stats.kendalltau(a[shared].to_numpy(), b[shared].to_numpy())
+    res = kendalltau(a[shared].to_numpy(), b[shared].to_numpy())
     return float(res.statistic), float(res.pvalue), len(shared)
 
 
@@ -106,18 +113,55 @@ def markdown(sides: list[Side]) -> str:
             if x is None:
                 cells.append("—")
             else:
-                std = float(np.std(x, ddof=1)) if len(x) > 1 else math.nan
-                cells.append(f"{report._fmt(float(np.mean(x)), std)} ({int(r[v])})")
+                m, lo, hi = stats.mean_ci(x)
+                cells.append(f"{m:.3f} [{lo:.3f}, {hi:.3f}], IQM {stats.iqm(x):.3f} ({int(r[v])})")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Cells: mean ± std over seeds (rank by mean, 1 = highest). Kendall's τ-b between the orderings "
-              "by mean of the variants both directories ran (τ = 1: the same order; p: two-sided, exact for small "
-              "sets without ties):", "",
+    lines += ["", "Cells: mean over seeds [95% t CI], interquartile mean (rank by mean, 1 = highest). Kendall's τ-b "
+              "between the orderings by mean of the variants both directories ran (τ = 1: the same order; p: "
+              "two-sided, exact for small sets without ties):", "",
               "| A | B | shared variants | Kendall τ | p |", "|---|---|---:|---:|---:|"]
     for a, b in combinations(sides, 2):
         tau, p, n = kendall(a.means, b.means)
         cell = ("—", "—") if math.isnan(tau) else (f"{tau:+.3f}", f"{p:.3g}")
         lines.append(f"| {_title(a)} | {_title(b)} | {n} | {cell[0]} | {cell[1]} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [""] + orderings(sides)) + "\n"
+
+
+def orderings(sides: list[Side]) -> list[str]:
+    """Every pair of variants that two or more directories ran, tested in each: is each ordering decided?"""
+    rows = _union(sides)
+    pairs = [(a, b) for a, b in combinations(rows, 2)
+             if sum(a in s.by_seed and b in s.by_seed and len(s.values[a]) > 1 and len(s.values[b]) > 1
+                    for s in sides) >= 2]
+    lines = ["## Orderings in each directory", ""]
+    if not pairs:
+        return lines + ["No pair of variants has two seeds or more in two directories: nothing to test.", ""]
+    tested = []
+    for s in sides:
+        mine = [(a, b, None) for a, b in pairs if a in s.by_seed and b in s.by_seed
+                and len(s.values[a]) > 1 and len(s.values[b]) > 1]
+        margin, source = stats.claim_margin(s.meta.get("claim"), s.meta.get("setting"), s.column)
+        tested.append({(t["a"], t["b"]): t for t in stats.compare_pairs(s.by_seed, mine, margin)})
+        lines.append(f"- {_title(s)}: {len(mine)} pairs Holm-corrected together; equivalence margin "
+                     + (f"±{margin:g} ({source})." if margin is not None else f"none ({source})."))
+    lines += ["", report.method_text(), "",
+              "| pair | " + " | ".join(_title(s) for s in sides) + " | orderings |", "|---|" + "---|" * (len(sides) + 1)]
+    for a, b in pairs:
+        cells, signs = [], set()
+        for t in (found.get((a, b)) for found in tested):
+            if t is None:
+                cells.append("—")
+                continue
+            cells.append(f"{stats.verdict_text(t)}; Δ {t['diff']:+.3f}; {stats.which_test(t)}; p_holm {t['p_holm']:.2g}; "
+                         f"{stats.power_text(t)}; P(a > b) {t['poi']:.2f}")
+            if t["significant"]:
+                signs.add(t["diff"] > 0)
+        agree = {1: "the same", 2: "opposite"}.get(len(signs), "—") if sum(c.startswith("`") for c in cells) >= 2 \
+            else "—"
+        lines.append(f"| `{a}` vs `{b}` | " + " | ".join(cells) + f" | {agree} |")
+    lines += ["", "Orderings: whether the directories that decided an order (beyond seed noise) agree on it; "
+              "— where fewer than two did."]
+    return lines
 
 
 def figure(sides: list[Side]):
@@ -188,7 +232,8 @@ def gallery_text(root: str | Path) -> str:
     lines = ["# Results gallery", "",
              f"Every ablation under `{root.name}/`: the question it asks (the first sentence of its description), "
              "its headline figure and a one-line answer computed from its `summary.csv` (best variant by mean of "
-             "the task's main metric; \"beyond seed noise\" = Welch t-test, Holm-corrected over all pairs, "
+             "the task's main metric; \"beyond seed noise\" = a paired test where two variants ran the same seeds, "
+             "Welch's t otherwise, Holm-corrected over all pairs, "
              f"p < {report.ALPHA}). Regenerate with `python -m grpo_bench gallery <this directory>`; "
              "each ablation's own `REPORT.md` has the full tables.", ""]
     for d in dirs:

@@ -359,13 +359,14 @@ class Ablation:
     resources: dict = field(default_factory=lambda: dict(RESOURCES))
     """What one run asks of a Ray node ({cpus, gpus}); not part of the run config or its hash."""
     claim: dict | None = None
-    """A published claim the ablation tests (text, source, setting, expect: ["a > b", ...])."""
+    """A published claim the ablation tests (text, source, setting, expect: ["a > b", ...], and optionally
+    metric, untestable, and margin: the equivalence margin in the metric's units, one number or one per setting)."""
     setting: str | None = None
     """Which of the file's `settings` this is (the same variants on another task), or None."""
 
 
 ABLATION_KEYS = ("name", "description", "claim", "settings", "base", "grid", "variants", "seeds", "resources")
-CLAIM_KEYS = ("text", "source", "setting", "expect", "metric", "untestable")
+CLAIM_KEYS = ("text", "source", "setting", "expect", "metric", "untestable", "margin")
 RESOURCES = {"cpus": 1, "gpus": 0}
 
 
@@ -434,6 +435,12 @@ def _claim(value: Any, src: str) -> dict | None:
                                                for e in expect):
         raise ConfigError(src, "claim.expect", f"expected a list of 'variant > variant' or 'variant = variant', "
                           f"got {expect!r}")
+    margin = value.get("margin")
+    for key, m in (margin.items() if isinstance(margin, dict) else [(None, margin)] if "margin" in value else []):
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float("inf"):
+            raise ConfigError(src, "claim.margin" + (f".{key}" if key is not None else ""),
+                              f"expected a positive number in the metric's units (e.g. 0.02), or a mapping "
+                              f"setting -> number, got {m!r}")
     return value
 
 
@@ -523,6 +530,9 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
     if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum():
         raise ConfigError(src, "name", f"expected a plain name (letters, digits, _ -), got {name!r}")
     if claim is not None:
+        for key in claim.get("margin") if isinstance(claim.get("margin"), dict) else []:
+            if key not in names:
+                raise ConfigError(src, f"claim.margin.{key}", f"unknown setting; valid: {', '.join(names) or 'none'}")
         labels = [label for label, _, _ in variants]
         for e in claim["expect"]:
             for side in e.replace("=", ">").split(">"):

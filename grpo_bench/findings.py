@@ -2,16 +2,21 @@
 
 An ablation file states its claim (text, source, the paper's setting, and `expect`: the
 orderings the paper reports, as "a > b" between variant labels, or "a = b" for a claimed
-absence of effect; optionally `metric`, the summary column judged) and usually runs on two
-`settings`, the sorting toy and the arithmetic LM. For every expected ordering and every
-setting this computes, from the per-seed values of the task's main metric (final rollout
-reward on the toy, final held-out accuracy on the LM): the difference of means with its
-95% Welch confidence interval, Welch's p, and Holm's correction over the claim's orderings
-on that setting. An ordering is
+absence of effect; optionally `metric`, the summary column judged, and `margin`, the
+equivalence margin) and usually runs on two `settings`, the sorting toy and the arithmetic
+LM. For every expected ordering and every setting this computes, from the per-seed values
+of the task's main metric (final rollout reward on the toy, final held-out accuracy on the
+LM), with grpo_bench.stats: the difference of means a - b with its 95% CI, the test (paired
+on per-seed differences where the variants share seeds, Welch's t where not), Holm's
+correction over the claim's orderings on that setting, the minimum detectable effect, a
+TOST equivalence test within the margin, and a verdict:
 
-    agrees                  p_holm < 0.05 and the difference has the paper's sign
-    disagrees               p_holm < 0.05 and the opposite sign
-    no difference           otherwise (at this scale: these seeds, this budget)
+    agrees                   p_holm < 0.05 and the difference has the paper's sign
+                             (for "a = b": equivalent within the margin)
+    disagrees                p_holm < 0.05 and the opposite sign (for "a = b": a difference
+                             beyond seed noise that TOST does not put within the margin)
+    equivalent within ±δ     not significant, and TOST puts the difference within ±δ
+    undecided                neither: with the seeds per side that would decide it
 
 and Kendall's tau between the toy's and the LM's orderings of the shared variants asks
 whether the toy predicts the LM. Everything is recomputed from the results directories:
@@ -23,89 +28,60 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
-from scipy import stats
-
+from . import stats
 from .compare import kendall, load_side
 from .config import ConfigError
-from .report import ALPHA, label_column, read_meta
+from .report import label_column, read_meta
 
 NAMES = {"sort": "sorting toy", "lm": "arithmetic LM"}
 ORDER = ("sort", "lm")
 
 
-def welch(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
-    """(mean(x) - mean(y), CI low, CI high, two-sided p) by Welch's unequal-variance t."""
-    diff = float(x.mean() - y.mean())
-    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
-    se = math.sqrt(vx + vy)
-    if se == 0:
-        return diff, diff, diff, (0.0 if diff != 0 else 1.0)
-    dof = (vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1))
-    half = float(stats.t.ppf(0.975, dof)) * se
-    p = float(2 * stats.t.sf(abs(diff) / se, dof))
-    return diff, diff - half, diff + half, p
-
-
-def holm(ps: list[float]) -> list[float]:
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
-    out, running = [0.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
-        out[i] = running
-    return out
-
-
-def verdict(diff: float, p_holm: float, equal: bool = False) -> str:
-    """A claimed ordering a > b, or a claimed absence of effect a = b (which a difference refutes)."""
-    if equal:
-        return "agrees (no difference detected)" if p_holm >= ALPHA else "disagrees"
-    if p_holm >= ALPHA:
-        return "no difference"
-    return "agrees" if diff > 0 else "disagrees"
-
-
-def judge_setting(directory: Path, expect: list[str], metric: str | None = None) -> dict:
+def judge_setting(directory: Path, expect: list[str], metric: str | None = None, claim: dict | None = None,
+                  setting: str | None = None) -> dict:
+    """Every expected ordering tested on one results directory (stats.compare_pairs, Holm over them)."""
     side = load_side(directory, metric)
-    rows = []
+    margin, source = stats.claim_margin(claim, setting, side.column)
+    rows, pairs = [], []
     for e in expect:
         equal = "=" in e and ">" not in e
         a, b = (s.strip() for s in e.split("=" if equal else ">"))
         x, y = side.values.get(a), side.values.get(b)
-        if x is None or y is None or len(x) < 2 or len(y) < 2:
-            rows.append({"pair": e, "a": a, "b": b, "missing": True})
-            continue
-        diff, lo, hi, p = welch(x, y)
-        rows.append({"pair": e, "a": a, "b": b, "diff": diff, "lo": lo, "hi": hi, "p": p, "seeds": (len(x), len(y)),
-                     "equal": equal})
-    tested = [r for r in rows if not r.get("missing")]
-    for r, ph in zip(tested, holm([r["p"] for r in tested])):
-        r["p_holm"], r["verdict"] = ph, verdict(r["diff"], ph, r["equal"])
+        missing = x is None or y is None or len(x) < 2 or len(y) < 2
+        rows.append({"pair": e, "a": a, "b": b, "missing": missing})
+        if not missing:
+            pairs.append((a, b, "=" if equal else ">"))
+    tested = iter(stats.compare_pairs(side.by_seed, pairs, margin))
+    rows = [r if r["missing"] else next(tested) | {"pair": r["pair"], "missing": False} for r in rows]
     sweep = directory / "sweep.json"
     try:
         timing = json.loads(sweep.read_text()) if sweep.is_file() else None
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(str(sweep), "<file>", f"not valid JSON: {str(e).splitlines()[0]}") from None
-    return {"dir": directory, "side": side, "rows": rows, "column": side.column, "sweep": timing}
+    return {"dir": directory, "side": side, "rows": rows, "column": side.column, "margin": margin,
+            "margin_source": source, "sweep": timing}
 
 
 def summarise(result: dict | None, reason: str | None) -> str:
     if result is None:
         return f"not testable: {reason}" if reason else "not run"
-    verdicts = [r["verdict"] for r in result["rows"] if "verdict" in r]
+    verdicts = [r["verdict"] for r in result["rows"] if not r["missing"]]
     if not verdicts:
         return "not run"
-    agree = sum(v.startswith("agrees") for v in verdicts)
-    disagree = verdicts.count("disagrees")
+    agree, disagree = verdicts.count("agrees"), verdicts.count("disagrees")
+    equivalent, undecided = verdicts.count("equivalent"), verdicts.count("undecided")
     if disagree:
         head = "disagrees" if not agree else "mixed"
     elif agree == len(verdicts):
         head = "agrees"
     elif agree:
         head = "partly agrees"
+    elif equivalent == len(verdicts):
+        head = "no difference beyond the margin"
     else:
-        head = "no difference at this scale"
-    return f"{head} ({agree} of {len(verdicts)} orderings hold, {disagree} reversed)"
+        head = "undecided at this scale"
+    return (f"{head} ({agree} of {len(verdicts)} orderings hold, {disagree} reversed, {equivalent} equivalent, "
+            f"{undecided} undecided)")
 
 
 def collect(root: Path) -> dict[str, dict]:
@@ -128,9 +104,10 @@ def collect(root: Path) -> dict[str, dict]:
 
 
 def _cell(r: dict) -> str:
-    if r.get("missing"):
+    if r["missing"]:
         return "—"
-    return f"{r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}], p_holm {r['p_holm']:.2g}: {r['verdict']}"
+    return (f"{r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]; {stats.which_test(r)}; p_holm {r['p_holm']:.2g}; "
+            f"P(a > b) {r['poi']:.2f}; {stats.power_text(r)}: **{stats.verdict_text(r)}**")
 
 
 def _tau(results: dict) -> str:
@@ -142,8 +119,9 @@ def _tau(results: dict) -> str:
 
 
 def _ranking(result: dict) -> str:
-    means = result["side"].means.sort_values(ascending=False)
-    return " > ".join(f"`{v}` {m:.3f}" for v, m in means.items())
+    side = result["side"]
+    means = side.means.sort_values(ascending=False)
+    return " > ".join(f"`{v}` {m:.3f} (IQM {stats.iqm(side.values[v]):.3f})" for v, m in means.items())
 
 
 def _timing(result: dict) -> str:
@@ -160,19 +138,28 @@ def render(root: Path) -> str:
              "(`sort_hard`) and on two-digit addition with the embedded tiny GPT-2 and LoRA "
              "(`arithmetic_tiny`), everything else held fixed; the seeds of each are in its section. The "
              "metric is each task's main one (final rollout reward on the toy, final held-out greedy accuracy "
-             "on the LM) unless the claim names another. An ordering "
-             "\"a > b\" the paper reports *agrees* when a − b > 0 with a Holm-corrected Welch p < 0.05 "
-             "(over the claim's orderings on that task), *disagrees* when significant the other way, and "
-             "shows *no difference* otherwise — at this scale: these seeds and this budget, not the "
-             "paper's. Kendall's τ between the toy's and the LM's orderings of the same variants asks "
-             "whether the toy predicts the LM. Generated by `python -m grpo_bench findings` from the "
-             "results directories: every number is recomputed from them.", "",
+             "on the LM) unless the claim names another. Each ordering \"a > b\" the paper reports is tested "
+             "on the per-seed final values: seed by seed on the differences a − b where the two variants ran "
+             f"the same seeds (paired t below {stats.N_PERM} pairs, a sign-flip permutation test from "
+             f"{stats.N_PERM}; ρ: their correlation across seeds), Welch's t otherwise; Holm-corrected over the "
+             "claim's orderings on that task. It *agrees* when a − b > 0 with p_holm < 0.05, *disagrees* when "
+             "significant the other way, is *equivalent within ±δ* when two one-sided tests (TOST, "
+             "Holm-corrected) put the difference within the margin δ (the claim's `margin`, else the "
+             "metric's default: 0.02 reward, 0.03 accuracy), and *undecided* otherwise, with the seeds per "
+             "side that would decide it at 80% power if the difference were as observed. Every non-significant "
+             "ordering carries its MDE: the smallest difference its test detects with 80% power at the level "
+             "Holm compared it with — what \"no difference\" could have seen, at this scale: these seeds and "
+             "this budget, not the paper's. A claimed \"a = b\" agrees when equivalent within δ. Kendall's τ "
+             "between the toy's and the LM's orderings of the same variants asks whether the toy predicts the "
+             "LM. Generated by `python -m grpo_bench findings` from the results directories: every number is "
+             "recomputed from them.", "",
              "| claim | source | sorting toy | arithmetic LM | toy ↔ LM τ |", "|---|---|---|---|---|"]
     details = []
     for family, entry in families.items():
         claim = entry["claim"]
         untestable = claim.get("untestable") or {}
-        results = {s: judge_setting(d, claim["expect"], claim.get("metric")) for s, d in entry["settings"].items()}
+        results = {s: judge_setting(d, claim["expect"], claim.get("metric"), claim, s)
+                   for s, d in entry["settings"].items()}
         cells = [summarise(results.get(s), untestable.get(s)) for s in ("sort", "lm")]
         row = [f"[{family}](#{family}): {claim['text']}", claim["source"], *cells, _tau(results)]
         # a claim's own text may hold a pipe (1/|o|), which would split the table's cell
@@ -184,7 +171,10 @@ def render(root: Path) -> str:
             details += [f"**Judged on** `{claim['metric']}` (mean over the last 10% of rollouts).", ""]
         details += [f"**Here.** `{entry['source']}`; " + "; ".join(
             f"{NAMES.get(s, s)}: `results/{d.name}`" for s, d in entry["settings"].items()), ""]
-        details += ["| ordering (a > b) | " + " | ".join(NAMES.get(s, s) + " Δ [95% CI], Holm p" for s in results) + " |",
+        details += ["**Margin δ.** " + "; ".join(f"{NAMES.get(s, s)}: " + (f"±{r['margin']:g}" if r["margin"] else "none")
+                                                  + f" ({r['margin_source']})" for s, r in results.items()), ""]
+        head = ": Δ = a − b [95% CI]; test; Holm p; P(a > b); detectable effect or margin: verdict"
+        details += ["| ordering (a > b) | " + " | ".join(NAMES.get(s, s) + head for s in results) + " |",
                     "|---|" + "---|" * len(results)]
         for i, e in enumerate(claim["expect"]):
             details.append(f"| `{e}` | " + " | ".join(_cell(r["rows"][i]) for r in results.values()) + " |")

@@ -8,8 +8,12 @@ without training. What the figures draw over seeds:
 - heavy-tailed diagnostics (ratios, grad norms, KL(old), times): median and
   quartiles on a log scale;
 - every line and band is clipped to its metric's declared range (METRIC_RANGES).
-"Beyond seed noise" means a Welch t-test between two variants' per-seed final values
-with p < 0.05 after Holm's correction over all pairs compared.
+Differences between variants' per-seed final values are tested by grpo_bench.stats: paired
+on per-seed differences where two variants share their seeds, Welch's t where they do not,
+Holm-corrected over all pairs; "beyond seed noise" means p_holm < 0.05. Every pair also gets
+its minimum detectable effect, a TOST equivalence test within the metric's margin and a
+verdict; every variant its interquartile mean. Where the metrics hold samples/total, the
+main curve is fitted with ScaleRL's saturating curve against samples drawn (stats.fit_curve).
 """
 from __future__ import annotations
 
@@ -31,12 +35,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from scipy import stats  # noqa: E402
 
+from . import stats  # noqa: E402
 from .config import ConfigError  # noqa: E402
 from .runner import read_metrics_file  # noqa: E402
 
-ALPHA = 0.05
+ALPHA = stats.ALPHA  # "beyond seed noise": p_holm below this
 BAND_SEEDS = 5  # fewer seeds than this: draw the seeds themselves, not a band
 N_BOOT = 1000
 FORMATS = ("png", "pdf", "svg")
@@ -387,6 +391,161 @@ def diagnostics_in(metric_names) -> list[str]:
     return out
 
 
+# ------------------------------------------------------------------ curves against compute
+
+
+def fit_data(curves: dict, metric: str, order: list[str], axis: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per variant: (compute at each logged step (P,), metric (P, seeds)) without smoothing, seeds in
+    seed order. axis "samples": samples/total at the step (0 before the first rollout), "steps": step + 1."""
+    out = {}
+    m, samples = curves.get(metric), curves.get("samples/total")
+    for v, g in ([] if m is None else m.groupby("variant", observed=True)):
+        g = g.drop_duplicates(["run", "step"], keep="last")
+        table = g.pivot(index="step", columns="run", values="value").sort_index()
+        table = table.loc[:, table.notna().any()]
+        if "seed" in g:  # columns in seed order, so that variants sharing seeds resample them together
+            seed = g.groupby("run", observed=True)["seed"].first()
+            table = table[sorted(table.columns, key=lambda r: seed[r])]
+        steps = table.index.to_numpy(float)
+        if axis == "steps":
+            C = steps + 1
+        else:
+            s = samples[samples.variant == v].drop_duplicates(["run", "step"], keep="last")
+            s = s.pivot(index="step", columns="run", values="value").sort_index()
+            per_run = [np.interp(steps, s.index[s[r].notna()], s[r].dropna(), left=0.0)
+                       for r in table.columns if r in s and s[r].notna().any()]
+            if not per_run:
+                continue
+            C = np.mean(per_run, axis=0)
+        out[v] = (C, table.to_numpy(float))
+    return {v: out[v] for v in order if v in out}
+
+
+def curve_fits(meta: dict, curves: dict) -> dict | None:
+    """ScaleRL's curve fitted to every variant's main metric against samples drawn (and gradient steps
+    where the two are not proportional); None without samples/total or a metric with enough points."""
+    if "samples/total" not in curves:
+        return None
+    metric = next((m for m in main_metrics(curves) if points_per_run(curves, m) >= stats.MIN_POINTS), None)
+    if metric is None:
+        return None
+    r = metric_range(metric)
+    data = {axis: fit_data(curves, metric, meta["variants"], axis) for axis in ("samples", "steps")}
+    ratios = [C_s[(C_s > 0)] / data["steps"][v][0][C_s > 0] for v, (C_s, _) in data["samples"].items()]
+    flat = np.concatenate(ratios) if ratios else np.array([])
+    per_step = float(flat[0]) if len(flat) and np.allclose(flat, flat[0], rtol=1e-6) else None
+    out = {"metric": metric, "per_step": per_step, "axes": {}}
+    for axis in ("samples",) if per_step else ("samples", "steps"):
+        out["axes"][axis] = {}
+        for v, (C, Y) in data[axis].items():
+            idx = np.random.default_rng(0).integers(0, Y.shape[1], (stats.N_BOOT_FIT, Y.shape[1]))
+            out["axes"][axis][v] = stats.fit_curve(C, Y, r.lo, r.hi, idx=idx)
+    return out
+
+
+AXIS_LABEL = {"samples": "samples drawn", "steps": "gradient steps"}
+
+
+def _binned(C: np.ndarray, y: np.ndarray, bins: int = 30) -> tuple[np.ndarray, np.ndarray]:
+    """At most `bins` dots per curve: means over log-spaced bins of compute (the fit uses every point)."""
+    if len(C) <= bins:
+        return C, y
+    which = np.digitize(np.log(C), np.linspace(np.log(C[0]), np.log(C[-1]), bins + 1)[1:-1])
+    keep = np.unique(which)
+    return (np.array([C[which == k].mean() for k in keep]), np.array([y[which == k].mean() for k in keep]))
+
+
+def fit_figure(meta: dict, fits: dict, styles: dict):
+    """The seeds' mean (dots) and the fitted curve (line) per variant on a log compute axis; half the
+    budget dotted where every variant has the same budget."""
+    axes_ = list(fits["axes"])
+    order = [v for v in meta["variants"] if v in fits["axes"][axes_[0]]]
+    width = min(PAGE_IN, COLUMN_IN * len(axes_))
+    fig, axs = plt.subplots(1, len(axes_), figsize=(width, 2.9 + 0.14 * _legend_rows(order, width)), squeeze=False)
+    for ax, axis in zip(axs[0], axes_):
+        ends = []
+        for v in order:
+            f, st = fits["axes"][axis][v], styles[v]
+            pos = f["C"] > 0
+            ax.scatter(*_binned(f["C"][pos], f["y"][pos]), s=6, color=st["color"], marker=st["marker"], alpha=0.6,
+                       lw=0, gid=v)
+            if f["ok"]:
+                grid = np.geomspace(f["C"][pos][0], f["C"][-1], 200)
+                ax.plot(grid, stats.saturating(grid, f["r0"], f["A"], f["B"], f["C_mid"]), color=st["color"],
+                        ls=st["ls"], lw=1.4, gid=v)
+            ends.append(f["C"][-1])
+        if np.allclose(ends, ends[0], rtol=0.01):
+            ax.axvline(ends[0] / 2, color="#888888", ls=":", lw=0.8)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda c, _: f"{c:,.0f}"))
+        ax.set_xlabel(AXIS_LABEL[axis])
+        ax.set_ylabel(label(fits["metric"]))
+    declined = [v for v in order if not fits["axes"][axes_[0]][v]["ok"]]
+    # the dotted half budget is named in the caption: the title has no room left in one column
+    fig.suptitle(f"{meta['name']}: {label(fits['metric'])} against compute\ndots: seed mean; line: fit"
+                 + (f" ({len(declined)} declined)" if declined else ""))
+    _legend(fig, styles, order, width)
+    return fig
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def fits_section(fits: dict, tests: list[dict]) -> list[str]:
+    """The fitted A, B, C_mid per variant with CIs and the half-budget check; where pairs differ, in A or B."""
+    metric = fits["metric"]
+    lines = ["## Curves against compute", "",
+             f"The mean {label(metric)} over seeds fitted with ScaleRL's saturating curve R(C) = R0 + (A − R0) / "
+             "(1 + (C_mid / C)^B): R0 is the mean at the first point, A the asymptote, B the efficiency exponent, "
+             f"C_mid the compute at half the rise; 95% CIs from {stats.N_BOOT_FIT} refits on seeds resampled with "
+             "replacement (variants that share seeds are resampled together). Half budget: the curve fitted on "
+             "the first half of the compute predicts the second; its mean absolute error beside that of a flat "
+             "line at the first half's last fifth (a fit that does not beat the flat line predicts nothing). A fit "
+             "that cannot be read as an asymptote and an efficiency says why instead of printing numbers."]
+    if fits["per_step"]:
+        lines[-1] += (f" Samples drawn are proportional to gradient steps here ({_num(fits['per_step'])} per step): "
+                      f"against steps A and B are the same and C_mid is divided by {_num(fits['per_step'])}.")
+    for axis, per in fits["axes"].items():
+        lines += ["", f"Against {AXIS_LABEL[axis]}:", "",
+                  "| variant | R0 | A [95% CI] | B [95% CI] | C_mid [95% CI] | half budget: MAE (flat line) |",
+                  "|---|---:|---|---|---|---|"]
+        for v, f in per.items():
+            h = f["half"]
+            half = (f"{h['mae']:.3f} ({h['flat_mae']:.3f})" if h["ok"] else
+                    "—" if not f["ok"] and h["reason"].split(":")[0] == f["reason"].split(":")[0] else f"— ({h['reason']})")
+            if f["ok"]:
+                ci = f["ci"]
+                lines.append(f"| `{v}` | {f['r0']:.3f} | {_ci(f['A'], *ci['A'])} | {f['B']:.2f} [{ci['B'][0]:.2f}, "
+                             f"{ci['B'][1]:.2f}] | {_num(f['C_mid'])} [{_num(ci['C_mid'][0])}, {_num(ci['C_mid'][1])}] "
+                             f"| {half} |")
+            else:
+                lines.append(f"| `{v}` | {f['r0']:.3f} | {f['reason']} | | | {half} |")
+    per = fits["axes"]["samples"]
+    final = {frozenset((t["a"], t["b"])): t for t in tests}
+    found, n_pairs = [], 0
+    for a, b in itertools.combinations(per, 2):
+        c = stats.compare_fits(per[a], per[b])
+        if c is None:
+            continue
+        n_pairs += 1
+        t = final.get(frozenset((a, b)))
+        where = [k for k in ("A", "B") if c[k][3]]
+        if not where and not (t and t["significant"]):
+            continue
+        lies = {("A",): "in the asymptote A", ("B",): "in the efficiency B", ("A", "B"): "in both A and B"}.get(
+            tuple(where), "in neither A nor B resolved by these seeds")
+        fv = f"final value {stats.verdict_text(t)}" if t and t["significant"] else "final values within noise"
+        found.append(f"- `{a}` vs `{b}`: {fv}; ΔA {_ci(*c['A'][:3], True)}, ΔB {c['B'][0]:+.2f} "
+                     f"[{c['B'][1]:+.2f}, {c['B'][2]:+.2f}]: the difference lies {lies}.")
+    if n_pairs == 0:
+        return lines + ["", "Fewer than two variants have a fit: none to compare on A and B.", ""]
+    lines += ["", f"Where two fitted variants differ (final value beyond seed noise, or a 95% CI of ΔA = A_a − A_b "
+              f"or ΔB excluding 0; uncorrected over {n_pairs} pairs), against samples drawn:", ""]
+    lines += found or ["No pair of fitted variants differs in final value, A or B."]
+    return lines + [""]
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -475,10 +634,12 @@ def headline_columns(summary: pd.DataFrame) -> list[tuple[str, str, str]]:
     return [h for h in HEADLINE if h[0] in summary.columns and summary[h[0]].notna().any()]
 
 
-def build_figures(out: str | Path) -> list[tuple[str, object, str]]:
-    """Every figure of a results directory as (file stem, Figure, caption); nothing is written."""
+def build_figures(out: str | Path, fits: dict | None = None) -> list[tuple[str, object, str]]:
+    """Every figure of a results directory as (file stem, Figure, caption); nothing is written.
+    fits: curve_fits of the directory, if the caller has them already (they take seconds)."""
     meta, summary, metrics = load(Path(out))
     curves = by_metric(metrics)
+    fits = curve_fits(meta, curves) if fits is None else fits
     styles = variant_styles(meta["variants"])
     ok = summary[summary.status == "ok"]
     headline = headline_columns(summary)
@@ -509,6 +670,11 @@ def build_figures(out: str | Path) -> list[tuple[str, object, str]]:
             figures.append(("diagnostics", diagnostics_figure(meta, summary, curves, diag, styles),
                             "training diagnostics: " + ", ".join(diag) + f" ({describe_band('', len(meta['seeds']))};"
                             " ratios, grad norm and KL(old): median and quartiles, log scale)"))
+        if fits:
+            figures.append(("fit", fit_figure(meta, fits, styles),
+                            f"{label(fits['metric'])} against compute: mean over seeds (dots) and the fitted "
+                            "saturating curve (line; none where the fit is declined); dotted: half the budget, "
+                            "where every variant has the same"))
     stems = [s for s, _, _ in figures]
     assert len(stems) == len(set(stems)), f"two figures share a file name: {stems}"
     return figures
@@ -518,11 +684,12 @@ def make_report(out: str | Path, fmt: str = "png") -> Path:
     out = Path(out)
     if fmt not in FORMATS:
         raise ValueError(f"format: {fmt!r}; valid: {', '.join(FORMATS)}")
-    meta, summary, _ = load(out)
+    meta, summary, metrics = load(out)
     ok = summary[summary.status == "ok"]
+    fits = curve_fits(meta, by_metric(metrics))
     with style():
-        figures = [(save(fig, out, stem, fmt), caption) for stem, fig, caption in build_figures(out)]
-    text = _markdown(meta, summary, ok, headline_columns(summary), meta["variants"], figures)
+        figures = [(save(fig, out, stem, fmt), caption) for stem, fig, caption in build_figures(out, fits)]
+    text = _markdown(meta, summary, ok, headline_columns(summary), meta["variants"], figures, fits)
     tmp = out / f".REPORT.md.tmp-{os.getpid()}"  # whole or not at all: a full disk keeps the last report
     try:
         tmp.write_text(text)
@@ -535,27 +702,30 @@ def make_report(out: str | Path, fmt: str = "png") -> Path:
 # ----------------------------------------------------------------------- significance
 
 
-def pairwise(summary: pd.DataFrame, column: str, order: list[str]) -> list[dict]:
-    """Welch t-tests between every pair of variants on one final metric, Holm-corrected."""
-    ok = summary[(summary.status == "ok") & summary[column].notna()]
-    groups = {v: ok[ok.variant == v][column].to_numpy(float) for v in order}
-    groups = {v: x for v, x in groups.items() if len(x) >= 2}
-    tests = []
-    for a, b in itertools.combinations(groups, 2):
-        x, y = groups[a], groups[b]
-        if x.std() == 0 and y.std() == 0:
-            p = 0.0 if x.mean() != y.mean() else 1.0  # no seed noise at all
-        else:
-            p = float(stats.ttest_ind(x, y, equal_var=False).pvalue)
-        tests.append({"a": a, "b": b, "mean_a": x.mean(), "mean_b": y.mean(), "p": p})
-    # Holm: compare the k-th smallest p with alpha / (m - k)
-    tests.sort(key=lambda t: t["p"])
-    m, running = len(tests), 0.0
-    for k, t in enumerate(tests):
-        running = max(running, min(1.0, (m - k) * t["p"]))
-        t["p_holm"] = running
-        t["significant"] = running < ALPHA
-    return tests
+def groups_of(summary: pd.DataFrame, column: str, order: list[str]) -> dict[str, pd.Series | np.ndarray]:
+    """Per variant with two or more finished seeds: its values, a Series by seed where seeds are known
+    (two variants that share them are then compared seed by seed), else a bare array."""
+    ok = summary[(summary.status == "ok") & summary[column].notna()] if column in summary else summary.iloc[:0]
+    out = {}
+    for v in order:
+        g = ok[ok.variant == v]
+        if len(g) >= 2:
+            x = g[column].to_numpy(float)
+            out[v] = pd.Series(x, index=g["seed"].to_numpy()) if "seed" in g else x
+    return out
+
+
+def column_margin(column: str, meta: dict | None = None) -> tuple[float | None, str]:
+    meta = meta or {}
+    return stats.claim_margin(meta.get("claim"), meta.get("setting"), column)
+
+
+def pairwise(summary: pd.DataFrame, column: str, order: list[str], meta: dict | None = None) -> list[dict]:
+    """Every pair of variants on one final metric (stats.compare_pairs), Holm-corrected over all pairs,
+    with the margin of the ablation's claim or the metric's default."""
+    groups = groups_of(summary, column, order)
+    pairs = [(a, b, None) for a, b in itertools.combinations(groups, 2)]
+    return stats.compare_pairs(groups, pairs, column_margin(column, meta)[0])
 
 
 def answer(summary: pd.DataFrame, column: str, order: list[str]) -> str:
@@ -597,7 +767,63 @@ def _fmt(mean: float, std: float) -> str:
     return "—" if math.isnan(mean) else f"{mean:.3f} ± {0.0 if math.isnan(std) else std:.3f}"
 
 
-def _markdown(meta, summary, ok, headline, order, figures) -> str:
+def _ci(value: float, lo: float, hi: float, signed: bool = False) -> str:
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return f"{f.format(value)} [{f.format(lo)}, {f.format(hi)}]"
+
+
+def method_text() -> str:
+    """How every row of a pairs table is tested, in one paragraph (REPORT.md and COMPARE.md)."""
+    return (f"Pairs are tested on per-seed final values, Holm-corrected over the pairs of a table at α = {stats.ALPHA}. "
+            "Two variants that ran the same seeds are compared seed by seed on the differences a − b (ρ: their "
+            f"correlation across seeds): paired t below {stats.N_PERM} pairs, a sign-flip permutation test from "
+            f"{stats.N_PERM} (every sign pattern up to {stats.EXACT_MAX} pairs); Welch's t where the seeds differ. "
+            "Δ's CI is the t interval. MDE: the smallest |Δ| the test detects with "
+            f"{stats.POWER:.0%} power at the level Holm compared its p with. *Equivalent*: two one-sided tests "
+            "(TOST, Holm-corrected) put Δ within ± the margin. *Undecided* gives the seeds that would decide it "
+            f"with {stats.POWER:.0%} power if Δ were as observed, by detecting Δ or by showing it within the margin, "
+            "whichever needs fewer. P(a > b): the chance that a seed of a beats a seed of b (ties count ½), "
+            "95% bootstrap CI; IQM: the interquartile mean, 95% bootstrap CI (both as rliable defines them).")
+
+
+def pair_rows(tests: list[dict], groups: dict) -> list[str]:
+    """The pairs table: test, Δ with its CI, Holm p, detectable effect or margin, P(a > b), verdict."""
+    lines = ["| pair | test | Δ = a − b [95% CI] | p_holm | detectable / margin | P(a > b) [95% CI] | verdict |",
+             "|---|---|---|---:|---|---|---|"]
+    for t in tests:
+        poi = stats.prob_improvement_ci(np.asarray(groups[t["a"]], float), np.asarray(groups[t["b"]], float))
+        lines.append(f"| `{t['a']}` vs `{t['b']}` | {stats.which_test(t)} | {_ci(t['diff'], t['lo'], t['hi'], True)} "
+                     f"| {t['p_holm']:.2g} | {stats.power_text(t)} | {_ci(*poi)} "
+                     f"| {stats.verdict_text(t)} |")
+    return lines
+
+
+def variant_rows(groups: dict) -> list[str]:
+    lines = ["| variant | seeds | mean [95% CI] | IQM [95% CI] |", "|---|---:|---|---|"]
+    for v, x in groups.items():
+        x = np.asarray(x, float)
+        lines.append(f"| `{v}` | {len(x)} | {_ci(*stats.mean_ci(x))} | {_ci(*stats.iqm_ci(x))} |")
+    return lines
+
+
+def differences_section(summary: pd.DataFrame, column: str, name: str, order: list[str], meta: dict) -> list[str]:
+    lines = [f"## Differences in {name}", ""]
+    groups = groups_of(summary, column, order)
+    margin, source = column_margin(column, meta)
+    tests = pairwise(summary, column, order, meta)
+    if not tests:
+        return lines + ["Not enough finished runs (two seeds per variant) to compare.", ""]
+    within = f"±{margin:g} ({source})" if margin is not None else f"none ({source}): no equivalence test"
+    lines += [f"{len(tests)} pair{'s' * (len(tests) != 1)}, Holm-corrected together; equivalence margin {within}.",
+              ""] + variant_rows(groups) + [""] + pair_rows(tests, groups)
+    sig = sum(t["significant"] for t in tests)
+    eq = sum(t["verdict"] == "equivalent" for t in tests)
+    lines += ["", f"Beyond seed noise: {sig} of {len(tests)}; equivalent within the margin: {eq}; "
+              f"undecided: {len(tests) - sig - eq}.", ""]
+    return lines
+
+
+def _markdown(meta, summary, ok, headline, order, figures, fits: dict | None = None) -> str:
     n_failed = int((summary.status != "ok").sum())
     lines = [f"# Ablation: {meta['name']}", ""]
     if meta.get("description"):
@@ -620,25 +846,15 @@ def _markdown(meta, summary, ok, headline, order, figures) -> str:
         cells.append(f"{g.wall_s.mean():.1f}" if len(g) else "—")
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if headline and len(ok):
+        lines += ["## How variants are compared", "", method_text(), ""]
     for column, name, _ in headline:
-        tests = pairwise(summary, column, order) if len(ok) else []
-        lines += [f"## Differences in {name} beyond seed noise", ""]
-        if not tests:
-            lines += ["Not enough finished runs (two seeds per variant) to compare.", ""]
-            continue
-        sig = [t for t in tests if t["significant"]]
-        lines.append(f"Welch t-test per pair on per-seed values, Holm-corrected over {len(tests)} pairs, α = {ALPHA}.")
-        lines.append("")
-        if sig:
-            for t in sig:
-                hi, lo = (t["a"], t["b"]) if t["mean_a"] > t["mean_b"] else (t["b"], t["a"])
-                mh, ml = max(t["mean_a"], t["mean_b"]), min(t["mean_a"], t["mean_b"])
-                lines.append(f"- `{hi}` > `{lo}`: {mh:.3f} vs {ml:.3f} (Δ = {mh - ml:+.3f}, p_holm = {t['p_holm']:.2g})")
-            rest = len(tests) - len(sig)
-            lines += ["", f"The other {rest} pair(s) are within seed noise." if rest else "Every pair differs."]
-        else:
-            lines.append("No pair of variants differs beyond seed noise.")
-        lines.append("")
+        if column == "final/eval/accuracy_gain" and any(c == "final/eval/accuracy" for c, _, _ in headline):
+            continue  # accuracy shifted by the starting accuracy: the same differences again
+        lines += differences_section(summary, column, name, order, meta)
+    if fits:
+        main = main_column(summary)
+        lines += fits_section(fits, pairwise(summary, main, order, meta) if main else [])
     failed = summary[summary.status != "ok"] if len(summary) else summary
     if len(failed):
         lines += ["## Failed runs", "", "| run | error |", "|---|---|"]

@@ -1,6 +1,6 @@
-"""FINDINGS.md from results alone: Welch effect sizes, Holm, verdicts, toy-vs-LM tau; ablation settings and claims."""
+"""FINDINGS.md from results alone: paired or Welch tests, Holm, MDE, TOST, four verdicts, toy-vs-LM tau;
+ablation settings and claims. The statistics themselves are tested in test_stats.py."""
 import json
-import math
 
 import re
 
@@ -10,15 +10,18 @@ import pytest
 import yaml
 from scipy import stats
 
+from grpo_bench import stats as S
 from grpo_bench.config import ConfigError, ablation_settings, load_ablation
-from grpo_bench.findings import holm, render, judge_setting, verdict, welch
+from grpo_bench.findings import judge_setting, render, summarise
 
 
-def write(path, name, setting, values, claim, column="final/reward"):
-    """A results directory with one summary column: values = {variant: [per-seed values]}."""
+def write(path, name, setting, values, claim, column="final/reward", seeds=None):
+    """A results directory with one summary column: values = {variant: [per-seed values]};
+    seeds = {variant: [its seeds]} where they are not 0, 1, ... for every variant."""
     path.mkdir(parents=True)
-    rows = [{"run": f"{v}-s{i}", "variant": v, "seed": i, "status": "ok", "error": "", "wall_s": 1.0, column: x}
-            for v, xs in values.items() for i, x in enumerate(xs)]
+    seeds = seeds or {}
+    rows = [{"run": f"{v}-s{i}", "variant": v, "seed": seeds.get(v, range(len(xs)))[i], "status": "ok", "error": "",
+             "wall_s": 1.0, column: x} for v, xs in values.items() for i, x in enumerate(xs)]
     pd.DataFrame(rows).to_csv(path / "summary.csv", index=False)
     meta = {"name": f"{name}_{setting}", "source": f"ablations/{name}.yaml", "variants": list(values),
             "seeds": list(range(len(next(iter(values.values()))))), "runs": [r["run"] for r in rows],
@@ -29,32 +32,25 @@ def write(path, name, setting, values, claim, column="final/reward"):
                                                  "command": "run"}))
 
 
-def test_welch_interval_and_p_against_scipy():
-    x, y = np.array([0.51, 0.55, 0.49, 0.6, 0.52]), np.array([0.40, 0.47, 0.44, 0.38])
-    diff, lo, hi, p = welch(x, y)
-    ref = stats.ttest_ind(x, y, equal_var=False)
-    assert p == pytest.approx(ref.pvalue, rel=1e-9)
-    assert diff == pytest.approx(x.mean() - y.mean())
-    ci = ref.confidence_interval(0.95)
-    assert (lo, hi) == (pytest.approx(ci.low, rel=1e-9), pytest.approx(ci.high, rel=1e-9))
-    assert welch(np.array([1.0, 1.0]), np.array([1.0, 1.0]))[3] == 1.0   # no noise, no difference
+def test_summaries_count_the_four_verdicts():
+    def result(*verdicts):
+        return {"rows": [{"missing": False, "verdict": v} for v in verdicts] + [{"missing": True}]}
 
-
-def test_holm_by_hand():
-    # sorted p: 0.01 * 3, 0.02 * 2 (kept monotone), 0.04 * 1
-    assert holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
-    assert holm([0.5, 0.9]) == [1.0, 1.0]   # 2 * 0.5 caps at 1, and adjusted p never decrease
-
-
-def test_verdicts():
-    assert verdict(0.1, 0.01) == "agrees" and verdict(-0.1, 0.01) == "disagrees"
-    assert verdict(0.1, 0.2) == "no difference"
-    assert verdict(0.0, 0.5, equal=True).startswith("agrees") and verdict(0.2, 0.01, equal=True) == "disagrees"
+    assert summarise(result("agrees", "agrees"), None) == \
+        "agrees (2 of 2 orderings hold, 0 reversed, 0 equivalent, 0 undecided)"
+    assert summarise(result("agrees", "disagrees", "undecided"), None).startswith("mixed (1 of 3 orderings hold, 1 rev")
+    assert summarise(result("disagrees", "equivalent"), None).startswith("disagrees (0 of 2")
+    assert summarise(result("agrees", "equivalent", "undecided"), None) == \
+        "partly agrees (1 of 3 orderings hold, 0 reversed, 1 equivalent, 1 undecided)"
+    assert summarise(result("equivalent", "equivalent"), None).startswith("no difference beyond the margin (0 of 2")
+    assert summarise(result("equivalent", "undecided"), None).startswith("undecided at this scale (0 of 2")
+    assert summarise(None, "no such task") == "not testable: no such task" and summarise(None, None) == "not run"
 
 
 def test_findings_from_two_settings(tmp_path):
     claim = {"text": "a beats b and c by 1/|o|", "source": "Someone (2025)", "setting": "a big model",
-             "expect": ["a > b", "a > c", "b = c"], "untestable": {"sort": "(part) a note"}}
+             "expect": ["a > b", "a > c", "b = c"], "untestable": {"sort": "(part) a note"},
+             "margin": {"sort": 0.05, "lm": 0.1}}
     rng = np.random.default_rng(0)
     sort = {"a": 0.9 + 0.01 * rng.standard_normal(5), "b": 0.5 + 0.01 * rng.standard_normal(5),
             "c": 0.5 + 0.01 * rng.standard_normal(5)}
@@ -67,19 +63,44 @@ def test_findings_from_two_settings(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| [claimx]"))
     assert len(re.findall(r"(?<!\\)\|", row)) == 6 and "1/\\|o\\|" in row   # the claim's pipe is escaped
     sort_cell, lm_cell, tau_cell = row.split(" | ")[2:5]
-    assert sort_cell.startswith("agrees (3 of 3")
-    assert lm_cell.startswith("mixed (1 of 3 orderings hold, 2 reversed)")   # b = c holds, a > b and a > c reverse
+    # b = c holds on the toy: TOST within the claim's 0.05
+    assert sort_cell == "agrees (3 of 3 orderings hold, 0 reversed, 0 equivalent, 0 undecided)"
+    # the LM reverses a > b and a > c; b = c cannot be shown within 0.1 on three noisy seeds
+    assert lm_cell == "disagrees (0 of 3 orderings hold, 2 reversed, 0 equivalent, 1 undecided)"
     # the toy ranks a > b ~ c, the LM b ~ c > a: the orderings disagree
     tau = stats.kendalltau([np.mean(sort[v]) for v in "abc"], [np.mean(lm[v]) for v in "abc"]).statistic
     assert tau_cell.startswith(f"{tau:+.2f}")
     assert "other" not in text.split("## claimx")[0].split("|---|")[1]
     assert "note: (part) a note" in text and "Test CPU" in text and "1.5 min for 15 runs" in text
-    lm_result = judge_setting(tmp_path / "claimx_lm", claim["expect"])
-    ab = lm_result["rows"][0]
-    assert ab["diff"] == pytest.approx(lm["a"].mean() - lm["b"].mean())
-    assert ab["p_holm"] == pytest.approx(holm([r["p"] for r in lm_result["rows"]])[0])
+    assert "**Margin δ.** sorting toy: ±0.05 (the claim's margin); arithmetic LM: ±0.1 (the claim's margin)" in text
+    lm_result = judge_setting(tmp_path / "claimx_lm", claim["expect"], claim=claim, setting="lm")
+    ab, ac, bc = lm_result["rows"]
+    # paired on the shared seeds: a - b seed by seed, Holm over the claim's three orderings
+    assert ab["paired"] and ab["diff"] == pytest.approx(lm["a"].mean() - lm["b"].mean())
+    assert ab["p"] == pytest.approx(stats.ttest_rel(lm["a"], lm["b"]).pvalue)
+    assert [r["p_holm"] for r in (ab, ac, bc)] == pytest.approx(S.holm([r["p"] for r in (ab, ac, bc)]))
+    assert bc["verdict"] == "undecided" and bc["claim"] == "=" and bc["margin"] == 0.1
+    # each ordering's row: Δ and its CI, the test with ρ, Holm p, its MDE or margin, the verdict
+    line = next(x for x in text.splitlines() if x.startswith("| `b = c` |"))
+    toy, lmc = line.split(" | ")[1:3]
+    assert "paired t, ρ " in toy and "±0.05 (TOST p " in toy and toy.endswith("**agrees: equivalent within ±0.05**")
+    u = stats.mannwhitneyu(sort["b"], sort["c"]).statistic
+    assert f"; P(a > b) {u / 25:.2f}; " in toy
+    assert f"`a` {sort['a'].mean():.3f} (IQM {stats.trim_mean(sort['a'], 0.25):.3f}) > " in text
+    assert f"MDE {bc['mde']:.3f} (α {bc['level']:.3g})" in lmc and f"undecided (about {bc['seeds_needed']} pairs" in lmc
     (tmp_path / "FINDINGS_notes.md").write_text("## What we make of it\nhand-written\n")
     assert render(tmp_path).endswith("hand-written\n")
+
+
+def test_findings_fall_back_to_welch_and_default_margins(tmp_path):
+    # b ran other seeds than a: no pairs to form, Welch's t; no claim margin: the metric's default
+    claim = {"text": "t", "source": "s", "expect": ["a > b"]}
+    values = {"a": [0.50, 0.52, 0.49, 0.51], "b": [0.50, 0.51, 0.50, 0.52]}
+    write(tmp_path / "c_sort", "c", "sort", values, claim, seeds={"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]})
+    (r,) = judge_setting(tmp_path / "c_sort", claim["expect"], claim=claim, setting="sort")["rows"]
+    assert not r["paired"] and r["test"] == "Welch t" and r["margin"] == S.default_margin("final/reward") == 0.02
+    assert r["p"] == pytest.approx(stats.ttest_ind(values["a"], values["b"], equal_var=False).pvalue)
+    assert "Welch t; p_holm" in render(tmp_path) and "ρ" not in render(tmp_path).split("| `a > b` |")[1]
 
 
 def test_ablation_settings_and_claims(tmp_path):
@@ -121,8 +142,16 @@ def test_settings_and_claims_that_do_not_load(tmp_path):
     ok = {"text": "t", "source": "s", "expect": ["x > y", "x = y"]}
     for claim in ({"text": "t", "source": "s"}, ["x > y"]):
         fails(r"claim: expected a mapping with text, source and expect", claim=claim)
-    fails(r"claim\.sauce: unknown key; valid: text, source, setting, expect, metric, untestable$",
+    fails(r"claim\.sauce: unknown key; valid: text, source, setting, expect, metric, untestable, margin$",
           claim={**ok, "sauce": 1})
+    for margin, key in ((-0.1, "claim.margin"), (0, "claim.margin"), ("big", "claim.margin"), (True, "claim.margin"),
+                        (float("inf"), "claim.margin"), ({"sort": 0}, "claim.margin.sort")):
+        fails(rf"{key}: expected a positive number in the metric's units", claim={**ok, "margin": margin})
+    # a margin per setting names settings the file has
+    fails(r"claim\.margin\.lm: unknown setting; valid: sort$", setting="sort", settings={"sort": {"epochs": 2}},
+          claim={**ok, "margin": {"lm": 0.03}})
+    path.write_text(yaml.safe_dump({**doc, "claim": {**ok, "margin": 0.03}}, sort_keys=False))
+    assert load_ablation(path).claim["margin"] == 0.03
     for expect in ("x > y", ["x > y", "x >= y"], ["x y"], [["x > y"]]):   # one > or = per comparison
         fails(r"claim\.expect: expected a list of", claim={**ok, "expect": expect})
     path.write_text(yaml.safe_dump({**doc, "claim": ok}, sort_keys=False))

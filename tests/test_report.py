@@ -5,6 +5,7 @@ the data (and what a figure must show of it) is known exactly. Figures are check
 through matplotlib's objects (Line2D data, band polygons, axis scales) where that is
 more precise than pixels, and through the written PNGs where only pixels tell.
 """
+import itertools
 import json
 import math
 import zlib
@@ -14,6 +15,7 @@ import pandas as pd
 import pytest
 from matplotlib.collections import PathCollection, PolyCollection
 from PIL import Image
+from scipy import stats
 
 from grpo_bench import compare as C
 from grpo_bench import report as R
@@ -419,10 +421,21 @@ def test_compare_table_and_kendall_tau_by_hand(tmp_path):
     # exact two-sided p = 2 * P(at most 1 inversion among 4! orders) = 2 * (1 + 3) / 24
     assert "| toy: final reward | lm: eval accuracy | 4 | +0.667 | 0.333 |" in text
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:4]]
-            for line in text.splitlines() if line.startswith("| `")}
-    assert rows["`y`"] == ["0.300 ± 0.010 (3)", "0.200 ± 0.010 (3)"]
-    assert rows["`only_toy`"] == ["0.900 ± 0.010 (1)", "—"] and rows["`only_lm`"] == ["—", "0.000 ± 0.010 (5)"]
+            for line in text.splitlines() if line.startswith("| `") and " vs " not in line}
+    # seeds m - 0.01, m, m + 0.01: sd 0.01, t CI m -+ t(0.975, 2) 0.01 / sqrt(3) = m -+ 0.0248; IQM of 3 = the mean
+    assert rows["`y`"] == ["0.300 [0.275, 0.325], IQM 0.300 (3)", "0.200 [0.175, 0.225], IQM 0.200 (3)"]
+    assert rows["`only_toy`"] == ["0.900 [0.875, 0.925], IQM 0.900 (1)", "—"]
+    assert rows["`only_lm`"] == ["—", "0.000 [-0.025, 0.025], IQM 0.000 (5)"]
     assert list(rows) == ["`w`", "`x`", "`y`", "`z`", "`only_toy`", "`only_lm`"]
+    # every pair of the four shared variants, tested in each directory: the same seed offsets in every
+    # variant make each difference constant across seeds, so every pair is decided (paired, no noise)
+    pairs = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in text.splitlines() if " vs `" in line}
+    assert list(pairs) == [f"`{a}` vs `{b}`" for a, b in itertools.combinations("wxyz", 2)]
+    toy, lm, agree = pairs["`x` vs `y`"]
+    assert toy.startswith("`y` > `x`; Δ -0.100; paired t, ρ +1.00; p_holm 0; ") and lm.startswith("`x` > `y`; Δ +0.100")
+    assert agree == "opposite |" and pairs["`w` vs `z`"][2] == "the same |"
+    assert "- toy: final reward: 6 pairs Holm-corrected together; equivalence margin ±0.02 (the default" in text
+    assert "- lm: eval accuracy: 6 pairs Holm-corrected together; equivalence margin ±0.03 (the default" in text
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 0
     assert coloured_share(tmp_path / "cmp" / "compare.png")[1] > 0.001
     tau, p, n = C.kendall(C.load_side(a, None).means, C.load_side(b, None).means)
@@ -575,11 +588,25 @@ def test_report_markdown_by_hand():
     assert md[4].startswith("Source `t.yaml`; seeds [0, 1, 2, 3, 4, 5]; 15 runs finished, 1 failed, 1 not run.")
     cell = {v: f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" for v, xs in finals.items()}
     assert f"| `a` | 5/5 | {cell['a']} | 2.0 |" in md and f"| `c` | 5/6 | {cell['c']} | 2.0 |" in md
-    # b against a and c is beyond noise, a against c is not
-    assert "Welch t-test per pair on per-seed values, Holm-corrected over 3 pairs, α = 0.05." in md
-    assert [line[:43] for line in md if line.startswith("- ")] == [
-        "- `b` > `a`: 0.804 vs 0.504 (Δ = +0.300, p_", "- `b` > `c`: 0.804 vs 0.504 (Δ = +0.300, p_"]
-    assert "The other 1 pair(s) are within seed noise." in md
+    # b against a and c is beyond noise, a against c is not: paired on seeds 0-4 (c's failed seed 5 drops out)
+    assert "3 pairs, Holm-corrected together; equivalence margin ±0.02 (the default for this metric)." in md
+    pairs = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in md if " vs `" in line}
+    x = {v: np.array(xs) for v, xs in finals.items()}
+    p = [stats.ttest_rel(x["a"], x["b"]).pvalue, stats.ttest_rel(x["a"], x["c"]).pvalue,
+         stats.ttest_rel(x["b"], x["c"]).pvalue]
+    from statsmodels.stats.multitest import multipletests
+    holm = multipletests(p, method="holm")[1]
+    assert pairs["`a` vs `b`"][:3] == [f"paired t, ρ {np.corrcoef(x['a'], x['b'])[0, 1]:+.2f}",
+                                       "-0.300 [-0.326, -0.274]", f"{holm[0]:.2g}"]
+    assert pairs["`a` vs `b`"][-1] == "`b` > `a` |" and pairs["`b` vs `c`"][-1] == "`b` > `c` |"
+    assert pairs["`a` vs `c`"][2] == f"{holm[1]:.2g}" == "1" and pairs["`a` vs `c`"][-1].startswith("undecided (about ")
+    u = stats.mannwhitneyu(x["a"], x["c"]).statistic
+    assert pairs["`a` vs `c`"][4].startswith(f"{u / 25:.3f} [")
+    assert "Beyond seed noise: 2 of 3; equivalent within the margin: 0; undecided: 1." in md
+    means = [line for line in md if line.startswith("| `a` | 5 | ")]
+    ci = stats.ttest_1samp(x["a"], 0).confidence_interval(0.95)
+    assert means[0].startswith(f"| `a` | 5 | {x['a'].mean():.3f} [{ci.low:.3f}, {ci.high:.3f}] | "
+                               f"{stats.trim_mean(x['a'], 0.25):.3f} [")
     assert md[md.index("## Failed runs"):] == ["## Failed runs", "", "| run | error |", "|---|---|",
                                                "| `c-s5` | boom / bang |", "",
                                                "## Plots", "", "![the curves](curves.png)", "", "*the curves*"]
@@ -916,10 +943,8 @@ def test_final_values_keep_the_gain_without_accuracy(tmp_path):
 
 
 def test_a_p_value_exactly_at_alpha_is_not_beyond_noise(monkeypatch):
-    class T:
-        pvalue = 0.05
-
-    monkeypatch.setattr(R.stats, "ttest_ind", lambda *a, **k: T())
+    from grpo_bench import stats as S
+    monkeypatch.setattr(S, "t_from_summary", lambda diff, se, df: (0.05, diff - 1, diff + 1))
     two = pd.DataFrame({"variant": ["a", "a", "b", "b"], "status": "ok", "final/reward": [0.1, 0.2, 0.5, 0.6]})
     (t,) = R.pairwise(two, "final/reward", ["a", "b"])
     assert t["p_holm"] == 0.05 and not t["significant"]
@@ -935,18 +960,31 @@ def test_answer_skips_runs_without_the_column():
 def test_report_markdown_sections_when_nothing_differs_or_too_few_seeds():
     summary = pd.DataFrame({"run": ["a-s0", "a-s1", "b-s0", "b-s1"], "variant": ["a", "a", "b", "b"],
                             "seed": [0, 1, 0, 1], "status": "ok", "error": "", "wall_s": 1.0,
-                            "final/reward": [0.1, 0.3, 0.2, 0.4], "final/eval/accuracy": [0.5, np.nan, 0.6, np.nan]})
+                            "final/reward": [0.1, 0.3, 0.4, 0.2], "final/eval/accuracy": [0.5, np.nan, 0.6, np.nan]})
     meta = {"name": "t", "source": "t.yaml", "seeds": [0, 1], "runs": list(summary.run)}
     headline = [("final/reward", "final reward", "reward/mean"), ("final/eval/accuracy", "eval accuracy", "eval/accuracy")]
     md = R._markdown(meta, summary, summary, headline, ["a", "b"], []).split("\n")
-    assert md[md.index("## Results"):] == [
+    # by hand: d = a - b = -0.3, +0.1 on seeds 0, 1: mean -0.1, se 0.2, t = -0.5 on 1 df, p = 1 - 2 atan(0.5) / pi;
+    # CI -0.1 +- 12.706 * 0.2; MDE 11.55 sd (80% power, two pairs, alpha 0.05); P(a > b): only 0.3 > 0.2 of four;
+    # means 0.2 +- 12.706 * 0.1; IQM of two values: their mean, resampled: 0.1 to 0.3
+    p = 1 - 2 * math.atan(0.5) / math.pi
+    assert p == pytest.approx(0.7048, abs=1e-4)
+    assert md[md.index("## Results"):md.index("## How variants are compared")] == [
         "## Results", "",
         "| variant | runs ok | final reward | eval accuracy | wall s / run |", "|---|---|---|---|---|",
-        "| `a` | 2/2 | 0.200 ± 0.141 | 0.500 ± 0.000 | 1.0 |", "| `b` | 2/2 | 0.300 ± 0.141 | 0.600 ± 0.000 | 1.0 |", "",
-        "## Differences in final reward beyond seed noise", "",
-        "Welch t-test per pair on per-seed values, Holm-corrected over 1 pairs, α = 0.05.", "",
-        "No pair of variants differs beyond seed noise.", "",
-        "## Differences in eval accuracy beyond seed noise", "",
+        "| `a` | 2/2 | 0.200 ± 0.141 | 0.500 ± 0.000 | 1.0 |", "| `b` | 2/2 | 0.300 ± 0.141 | 0.600 ± 0.000 | 1.0 |", ""]
+    assert md[md.index("## Differences in final reward"):] == [
+        "## Differences in final reward", "",
+        "1 pair, Holm-corrected together; equivalence margin ±0.02 (the default for this metric).", "",
+        "| variant | seeds | mean [95% CI] | IQM [95% CI] |", "|---|---:|---|---|",
+        "| `a` | 2 | 0.200 [-1.071, 1.471] | 0.200 [0.100, 0.300] |",
+        "| `b` | 2 | 0.300 [-0.971, 1.571] | 0.300 [0.200, 0.400] |", "",
+        "| pair | test | Δ = a − b [95% CI] | p_holm | detectable / margin | P(a > b) [95% CI] | verdict |",
+        "|---|---|---|---:|---|---|---|",
+        f"| `a` vs `b` | paired t, ρ — | -0.100 [-2.641, +2.441] | {p:.2g} | MDE {11.5499 * 0.2 * math.sqrt(2):.3f} "
+        "(α 0.05) | 0.250 [0.000, 1.000] | undecided (about 65 pairs to detect the observed Δ) |", "",
+        "Beyond seed noise: 0 of 1; equivalent within the margin: 0; undecided: 1.", "",
+        "## Differences in eval accuracy", "",
         "Not enough finished runs (two seeds per variant) to compare.", ""]
 
 
@@ -1115,3 +1153,104 @@ def test_four_significant_pairs_are_counted_not_named():
     s = pd.DataFrame([{"variant": v, "status": "ok", "final/reward": y} for v, ys in x.items() for y in ys])
     line = R.answer(s, "final/reward", list(x))
     assert line.endswith("; 4 of 6 pairs differ beyond seed noise."), line
+
+
+# ------------------------------------------------------------ statistics of issue 20 in the report
+
+
+class Saturating(SortLike):
+    """Rollout reward on ScaleRL's curve against samples drawn: variant 0 rises to 0.4, variant 1 to
+    0.6 (same B and C_mid), variant 2 stays flat; per_step[i] samples per gradient step."""
+
+    metrics = ["reward/mean", "samples/total"]
+
+    def __init__(self, per_step=(16, 16, 16)):
+        self.per_step = per_step
+
+    def __call__(self, metric, i, seed, step):
+        samples = self.per_step[i] * (step + 1)
+        if metric == "samples/total":
+            return float(samples)
+        noise = 0.01 * np.random.default_rng(zlib.crc32(f"{i}|{seed}|{step}".encode())).standard_normal()
+        if i == 2:
+            return 0.3 + noise
+        from grpo_bench.stats import saturating
+        return float(saturating(samples, 0.05, 0.4 + 0.2 * i, 1.5, 2000.0)) + noise
+
+
+SAT_STEPS = range(9, 800, 10)
+
+
+def test_curves_against_compute_in_the_report(tmp_path):
+    d = write_results(tmp_path / "sat", ["a", "b", "flat"], range(5), Saturating(), SORT_FINALS, steps=SAT_STEPS)
+    meta, summary, metrics = R.load(d)
+    fits = R.curve_fits(meta, R.by_metric(metrics))
+    assert fits["metric"] == "reward/mean" and fits["per_step"] == 16 and list(fits["axes"]) == ["samples"]
+    a, b, flat = (fits["axes"]["samples"][v] for v in ("a", "b", "flat"))
+    # a flat curve is declined: its "rise" is the first point's noise, and a step fits the noise best
+    assert a["ok"] and b["ok"] and not flat["ok"]
+    assert flat["reason"].startswith(("flat: the rise", "not identifiable: the best fit lies on the edge"))
+    assert a["A"] == pytest.approx(0.4, abs=0.02) and b["A"] == pytest.approx(0.6, abs=0.02)
+    assert a["B"] == pytest.approx(1.5, abs=0.2) and a["C_mid"] == pytest.approx(2000, rel=0.1)
+    assert a["C"][0] == 160 and a["C"][-1] == 16 * 800   # samples/total at each logged step
+    text = R.make_report(d).read_text()
+    section = text[text.index("## Curves against compute"):text.index("## Plots")]
+    assert "Samples drawn are proportional to gradient steps here (16 per step)" in section
+    assert "Against gradient steps" not in section
+    row = next(line for line in section.splitlines() if line.startswith("| `a` |"))
+    ci = a["ci"]
+    assert row.startswith(f"| `a` | {a['r0']:.3f} | {a['A']:.3f} [{ci['A'][0]:.3f}, {ci['A'][1]:.3f}] | {a['B']:.2f} [")
+    assert row.endswith(f"| {a['half']['mae']:.3f} ({a['half']['flat_mae']:.3f}) |")
+    assert next(line for line in section.splitlines() if line.startswith("| `flat` |")).startswith(
+        f"| `flat` | {flat['r0']:.3f} | {flat['reason']} | | |")
+    # b's final values beat a's, and the fits place the difference in the asymptote alone
+    assert "- `a` vs `b`: final value `b` > `a`; ΔA -0.2" in section and "lies in the asymptote A." in section
+    fig = all_figures(d)["fit"]
+    (ax,) = fig.axes
+    assert ax.get_xscale() == "log" and ax.get_xlabel() == "samples drawn" and ax.get_ylabel() == "rollout reward"
+    assert sorted(ln.get_gid() for ln in ax.get_lines() if ln.get_gid()) == ["a", "b"]   # no line for the flat one
+    assert sorted(c.get_gid() for c in ax.collections if c.get_gid()) == ["a", "b", "flat"]
+    half = [ln for ln in ax.get_lines() if ln.get_gid() is None]
+    assert len(half) == 1 and half[0].get_xdata()[0] == 16 * 800 / 2
+    assert "(1 declined)" in fig.get_suptitle() and "![" in text and "](fit.png)" in text
+
+
+def test_curves_against_steps_where_samples_per_step_differ(tmp_path):
+    d = write_results(tmp_path / "sat", ["a", "b", "flat"], range(3), Saturating((16, 32, 16)), SORT_FINALS,
+                      steps=SAT_STEPS)
+    meta, _, metrics = R.load(d)
+    fits = R.curve_fits(meta, R.by_metric(metrics))
+    assert fits["per_step"] is None and list(fits["axes"]) == ["samples", "steps"]
+    # b draws twice the samples per step: its midpoint in samples stays, in steps it halves
+    b_s, b_t = fits["axes"]["samples"]["b"], fits["axes"]["steps"]["b"]
+    assert b_s["C_mid"] == pytest.approx(2000, rel=0.1) and b_t["C_mid"] == pytest.approx(2000 / 32, rel=0.1)
+    fig = all_figures(d)["fit"]
+    assert [ax.get_xlabel() for ax in fig.axes if ax.get_xlabel()] == ["samples drawn", "gradient steps"]
+    # the budgets in samples differ: no half-budget line there; in steps they are the same
+    halves = [[ln for ln in ax.get_lines() if ln.get_gid() is None] for ax in fig.axes[:2]]
+    assert [len(h) for h in halves] == [0, 1]
+    assert "Against gradient steps:" in R.make_report(d).read_text()
+
+
+def test_no_samples_total_no_fit(sort_dir):
+    assert "fit" not in all_figures(sort_dir) and "## Curves against compute" not in (sort_dir / "REPORT.md").read_text()
+
+
+def test_report_uses_the_claims_margin_and_welch_where_seeds_differ():
+    rows = [{"variant": "a", "seed": s, "status": "ok", "final/reward": x} for s, x in enumerate([0.50, 0.52, 0.49])]
+    rows += [{"variant": "b", "seed": s + 3, "status": "ok", "final/reward": x}
+             for s, x in enumerate([0.50, 0.51, 0.50])]
+    summary = pd.DataFrame(rows)
+    (t,) = R.pairwise(summary, "final/reward", ["a", "b"], {"claim": {"margin": {"lm": 0.05}}, "setting": "lm"})
+    assert t["test"] == "Welch t" and not t["paired"] and t["margin"] == 0.05
+    assert t["p"] == pytest.approx(stats.ttest_ind([0.50, 0.52, 0.49], [0.50, 0.51, 0.50], equal_var=False).pvalue)
+    lines = R.differences_section(summary, "final/reward", "final reward", ["a", "b"],
+                                  {"claim": {"margin": 0.05}, "setting": None})
+    assert "1 pair, Holm-corrected together; equivalence margin ±0.05 (the claim's margin)." in lines
+    assert any(line.startswith("| `a` vs `b` | Welch t | ") for line in lines)
+
+
+def test_accuracy_gain_has_no_differences_section_beside_accuracy(tmp_path):
+    d = write_results(tmp_path / "lm", ["a", "b"], range(3), LMFull(), LM_FINALS)
+    text = R.make_report(d).read_text()
+    assert "## Differences in eval accuracy\n" in text and "## Differences in eval accuracy gain" not in text

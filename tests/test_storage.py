@@ -114,9 +114,12 @@ def test_a_csv_era_directory_plots_as_its_parquet_twin(both):
 def test_compare_gallery_findings_read_either_era(both, tmp_path, capsys):
     _, new, old = both
     assert main(["compare", str(new), str(old), "--out", str(tmp_path / "cmp")]) == 0
-    rows = [line.split(" | ") for line in (tmp_path / "cmp" / "COMPARE.md").read_text().splitlines()
-            if line.startswith("| `loss=")]
+    text = (tmp_path / "cmp" / "COMPARE.md").read_text()
+    variants = text.split("## Orderings")[0]   # the variant table; the orderings table compares the same way
+    rows = [line.split(" | ") for line in variants.splitlines() if line.startswith("| `loss=")]
     assert len(rows) == 2 and all(r[1] == r[2].rstrip(" |") for r in rows)     # the same numbers from either era
+    orderings = [line.split(" | ") for line in text.split("## Orderings")[1].splitlines() if line.startswith("| `loss=")]
+    assert len(orderings) == 1 and orderings[0][1] == orderings[0][2]
     for root in (new.parent, old.parent):
         assert main(["gallery", str(root)]) == 0 and main(["findings", str(root)]) == 0
     assert (new.parent / "README.md").read_text() == (old.parent / "README.md").read_text().replace("old/", "new/")

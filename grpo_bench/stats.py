@@ -1,0 +1,624 @@
+"""Statistics behind REPORT.md, `compare` and FINDINGS.md: pure functions on numbers, no plotting.
+
+What a comparison of two variants on per-seed final values does (docs/statistics.md says why):
+- paired when the two share their seeds (common random numbers make their runs correlated):
+  per-seed differences, paired t below N_PERM pairs, an exact sign-flip permutation test
+  from N_PERM up (Monte Carlo past EXACT_MAX); Welch's t when the seeds differ;
+- Holm's correction over the orderings asked; each ordering's minimum detectable effect
+  (MDE) at 80% power at the level Holm compared its p with; TOST equivalence within a
+  margin; a verdict from four: agrees, disagrees, equivalent within the margin, undecided
+  (with the seeds per side that would decide it);
+- robust aggregates as rliable defines them (Agarwal et al. 2021): the interquartile mean
+  with a stratified bootstrap CI and the probability of improvement P(X > Y);
+- ScaleRL's saturating curve R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) fitted to a mean
+  curve against compute, with bootstrap CIs over seeds and a half-budget extrapolation check;
+- a group-sequential decision for seeds run in batches: O'Brien-Fleming-type alpha
+  spending (Lan-DeMets), `sequential_decision`, for `run --seeds auto:N`.
+Powers, MDEs and TOST are computed here and checked against statsmodels in the tests.
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+from scipy import optimize
+from scipy import stats as st
+
+ALPHA = 0.05
+POWER = 0.8
+N_PERM = 10      # from this many pairs up the sign-flip test drives the verdict (its smallest p is 2 / 2^n)
+EXACT_MAX = 16   # up to this many pairs the sign flips are enumerated (2^16 = 65,536)
+N_MC = 20_000    # sign flips drawn past EXACT_MAX, from a fixed seed
+N_BOOT = 2000    # bootstrap resamples for IQM and P(X > Y)
+MAX_SEEDS = 1000  # "about N seeds" is not worth computing past this
+
+# Default equivalence margins by summary column (fnmatch, first match wins), used where the claim
+# states no `margin`. They are the resolutions issue 20 asks of the suite (a detectable effect of
+# 3 accuracy points on the LM, 0.02 reward on the toy): below them the suite does not claim to see.
+MARGINS = [("*accuracy*", 0.03), ("*pass@k", 0.03), ("*reward*", 0.02)]
+
+
+def default_margin(column: str) -> float | None:
+    return next((m for pat, m in MARGINS if fnmatch.fnmatchcase(column, pat)), None)
+
+
+def claim_margin(claim: dict | None, setting: str | None, column: str) -> tuple[float | None, str]:
+    """(margin, where it comes from): the claim's `margin` (one number, or one per setting), else MARGINS."""
+    m = (claim or {}).get("margin")
+    if isinstance(m, dict):
+        m = m.get(setting)
+    if m is not None:
+        return float(m), "the claim's margin"
+    m = default_margin(column)
+    return m, ("the default for this metric" if m is not None else "no margin declared for this metric")
+
+
+# ------------------------------------------------------------------ two-sample tests
+
+
+def t_from_summary(diff: float, se: float, df: float) -> tuple[float, float, float]:
+    """(two-sided p, CI low, CI high at 95%) of a t statistic diff / se; se = 0 means no noise at all."""
+    if se == 0:
+        return (0.0 if diff != 0 else 1.0), diff, diff
+    half = float(st.t.ppf(0.975, df)) * se
+    return float(2 * st.t.sf(abs(diff) / se, df)), diff - half, diff + half
+
+
+def welch_se(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(standard error of mean(x) - mean(y), Welch-Satterthwaite degrees of freedom)."""
+    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    se = math.sqrt(vx + vy)
+    if se == 0:
+        return 0.0, float(len(x) + len(y) - 2)
+    return se, (vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1))
+
+
+def sign_flip_p(d: np.ndarray, n_mc: int = N_MC, seed: int = 0) -> tuple[float, bool]:
+    """Two-sided p of a sign-flip permutation test on paired differences d (H0: symmetric about 0).
+
+    Statistic |sum(d)|; every one of the 2^n sign patterns up to EXACT_MAX pairs (returns exact=True),
+    else n_mc random patterns from a fixed seed with the (1 + hits) / (1 + n_mc) correction.
+    """
+    d = np.asarray(d, float)
+    n = len(d)
+    obs = abs(d.sum())
+    if obs == 0:
+        return 1.0, n <= EXACT_MAX
+    if n <= EXACT_MAX:
+        bits = (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1  # (2^n, n): every sign pattern
+        sums = np.abs((1 - 2 * bits) @ d)
+        exact = True
+    else:
+        sums = np.abs(np.random.default_rng(seed).choice([-1.0, 1.0], size=(n_mc, n)) @ d)
+        exact = False
+    hits = int(np.sum(sums >= obs * (1 - 1e-12)))  # the observed pattern (and its mirror) counts, float-safe
+    return (hits / len(sums), True) if exact else ((1 + hits) / (1 + n_mc), False)
+
+
+def pearson(x: np.ndarray, y: np.ndarray) -> float:
+    """Correlation across seeds, NaN below three pairs or without spread."""
+    if len(x) < 3 or x.std() == 0 or y.std() == 0:
+        return math.nan
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def two_sample(x: pd.Series | np.ndarray, y: pd.Series | np.ndarray) -> dict:
+    """Compare per-seed values of a (x) with b (y): mean(x) - mean(y), its CI, the test and its p.
+
+    Paired when both are Series indexed by the same set of seeds (two or more): the runs of a
+    seed share their starting weights, prompts and sampling noise, so x_s - y_s cancels what the
+    seed alone decides. Otherwise (arrays, or seeds that do not match) Welch's unequal-variance t.
+    """
+    paired = isinstance(x, pd.Series) and isinstance(y, pd.Series) and len(x) >= 2 \
+        and x.index.is_unique and y.index.is_unique and set(x.index) == set(y.index)
+    if paired:
+        y = y.loc[x.index]
+    xa, ya = np.asarray(x, float), np.asarray(y, float)
+    out = {"n_a": len(xa), "n_b": len(ya), "mean_a": float(xa.mean()), "mean_b": float(ya.mean()),
+           "paired": paired, "rho": math.nan, "p_perm": math.nan}
+    if paired:
+        d = xa - ya  # a - b, seed by seed: the sign every later step reads
+        n = len(d)
+        sd = float(d.std(ddof=1))
+        se, df = sd / math.sqrt(n), n - 1
+        diff = float(d.mean())
+        p_t, lo, hi = t_from_summary(diff, se, df)
+        out |= {"rho": pearson(xa, ya), "sd": sd, "n": n}
+        if n >= N_PERM:
+            out["p_perm"], exact = sign_flip_p(d)
+            out["test"] = "sign-flip, exact" if exact else f"sign-flip, {N_MC:,} draws"
+        else:
+            out["test"] = "paired t"
+        p = out["p_perm"] if n >= N_PERM else p_t
+    else:
+        diff = out["mean_a"] - out["mean_b"]
+        se, df = welch_se(xa, ya)
+        p_t, lo, hi = t_from_summary(diff, se, df)
+        pooled = ((len(xa) - 1) * xa.var(ddof=1) + (len(ya) - 1) * ya.var(ddof=1)) / (len(xa) + len(ya) - 2)
+        out |= {"test": "Welch t", "sd": math.sqrt(pooled), "n": min(len(xa), len(ya))}
+        p = p_t
+    return out | {"diff": diff, "lo": lo, "hi": hi, "se": se, "df": df, "p_t": p_t, "p": float(p)}
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (capped at 1, never decreasing along the sorted p)."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out, running = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = running
+    return out
+
+
+def holm_levels(ps: list[float], alpha: float = ALPHA) -> list[float]:
+    """The level Holm compares each p with: alpha / (m - rank), rank 0 for the smallest p."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out = [0.0] * len(ps)
+    for rank, i in enumerate(order):
+        out[i] = alpha / (len(ps) - rank)
+    return out
+
+
+# ---------------------------------------------------------------- power and equivalence
+
+
+def _nobs_eff(n: float, paired: bool) -> tuple[float, float]:
+    """(effective sample size, degrees of freedom) of a paired test on n pairs or a two-sample one, n a side."""
+    return (n, n - 1) if paired else (n / 2, 2 * n - 2)
+
+
+def _nct_sf(x: float, df: float, nc: float) -> float:
+    """P(T > x) for a noncentral t; scipy returns NaN far in a tail (e.g. nct.cdf(-3.9, 4, 13.9)),
+    where the normal approximation of the noncentral t is ample (the probability is ~0 or ~1)."""
+    p = float(st.nct.sf(x, df, nc))
+    return p if math.isfinite(p) else float(st.norm.sf((x - nc) / math.sqrt(1 + x * x / (2 * df))))
+
+
+def power(effect: float, n: float, alpha: float, paired: bool = True) -> float:
+    """Power of the two-sided t-test at standardised effect d (mean / sd), n pairs or n per side."""
+    nobs, df = _nobs_eff(n, paired)
+    nc, crit = effect * math.sqrt(nobs), st.t.isf(alpha / 2, df)
+    return _nct_sf(crit, df, nc) + _nct_sf(crit, df, -nc)  # P(T > crit) + P(T < -crit)
+
+
+def mde(sd: float, n: int, alpha: float, paired: bool = True, target: float = POWER) -> float:
+    """Smallest difference the two-sided t-test detects with probability `target` (same units as sd)."""
+    if sd == 0:
+        return 0.0
+    f = lambda e: power(e, n, alpha, paired) - target  # noqa: E731
+    if f(1e3) < 0:  # two seeds at a tiny level: nothing short of a huge effect
+        return math.inf
+    d = optimize.brentq(f, 1e-9, 1e3, xtol=1e-12)
+    return float(d * sd)
+
+
+def seeds_to_detect(effect: float, sd: float, alpha: float, paired: bool = True, target: float = POWER) -> int:
+    """Pairs (paired) or seeds per side (unpaired) for the t-test to detect `effect` at `target` power."""
+    if sd == 0 or effect == 0:
+        return 2 if sd == 0 and effect != 0 else MAX_SEEDS + 1
+    f = lambda n: power(abs(effect) / sd, n, alpha, paired) - target  # noqa: E731
+    if f(MAX_SEEDS) < 0:
+        return MAX_SEEDS + 1
+    return 2 if f(2) >= 0 else math.ceil(optimize.brentq(f, 2, MAX_SEEDS, xtol=1e-6))
+
+
+def tost(diff: float, se: float, df: float, margin: float) -> float:
+    """p of two one-sided t-tests that -margin < true difference < margin (equivalence when p < alpha)."""
+    if se == 0:
+        return 0.0 if abs(diff) < margin else 1.0
+    lower = st.t.sf((diff + margin) / se, df)  # H0: difference <= -margin
+    upper = st.t.cdf((diff - margin) / se, df)  # H0: difference >= +margin
+    return float(max(lower, upper))
+
+
+def tost_power(diff: float, sd: float, n: float, margin: float, alpha: float, paired: bool = True) -> float:
+    """Power of TOST within +-margin at a true difference diff: P(lower) + P(upper) - 1, a lower bound
+    (Bonferroni's inequality for the intersection of the two one-sided rejections)."""
+    nobs, df = _nobs_eff(n, paired)
+    crit, scale = st.t.isf(alpha, df), math.sqrt(nobs) / sd
+    p_lower = _nct_sf(crit, df, (diff + margin) * scale)
+    p_upper = _nct_sf(crit, df, (margin - diff) * scale)  # P(T < -crit) at nc = (diff - margin) scale
+    return float(max(0.0, p_lower + p_upper - 1))
+
+
+def seeds_for_equivalence(diff: float, sd: float, margin: float, alpha: float, paired: bool = True,
+                          target: float = POWER) -> int:
+    if abs(diff) >= margin:
+        return MAX_SEEDS + 1
+    if sd == 0:
+        return 2
+    f = lambda n: tost_power(diff, sd, n, margin, alpha, paired) - target  # noqa: E731
+    if f(MAX_SEEDS) < 0:
+        return MAX_SEEDS + 1
+    return 2 if f(2) >= 0 else math.ceil(optimize.brentq(f, 2, MAX_SEEDS, xtol=1e-6))
+
+
+# -------------------------------------------------------------------------- verdicts
+
+
+def compare_pairs(groups: dict[str, pd.Series | np.ndarray], pairs: list[tuple[str, str, str | None]],
+                  margin: float | None, alpha: float = ALPHA) -> list[dict]:
+    """Every pair (a, b, claim) tested, Holm-corrected over the list, each with its MDE, TOST and verdict.
+
+    claim: ">" (the claim says a beats b), "=" (no difference) or None (a plain pair of an ablation).
+    groups: per-seed values by variant; Series indexed by seed pair up where the seeds match.
+    Returns one dict per pair, in the list's order (see `two_sample` and `judge` for the keys).
+    """
+    rows = [two_sample(groups[a], groups[b]) | {"a": a, "b": b, "claim": claim} for a, b, claim in pairs]
+    ps = [r["p"] for r in rows]
+    tosts = [tost(r["diff"], r["se"], r["df"], margin) if margin else 1.0 for r in rows]
+    for r, ph, level, pt, pth in zip(rows, holm(ps), holm_levels(ps, alpha), tosts, holm(tosts)):
+        r |= {"p_holm": ph, "level": level, "significant": ph < alpha, "margin": margin, "p_tost": pt,
+              "p_tost_holm": pth, "equivalent": bool(margin) and pth < alpha,
+              "poi": prob_improvement(np.asarray(groups[r["a"]], float), np.asarray(groups[r["b"]], float))}
+        judge(r)
+    return rows
+
+
+def judge(r: dict) -> dict:
+    """The verdict of one tested pair, from its Holm-adjusted p, its TOST and its power."""
+    paired, level = r["paired"], r["level"]
+    r["mde"] = mde(r["sd"], r["n"], level, paired)
+    sig, eq, claim = r["significant"], r["equivalent"], r["claim"]
+    if claim == "=":
+        r["verdict"] = "agrees" if eq else "disagrees" if sig else "undecided"
+    elif sig:
+        r["verdict"] = ("agrees" if r["diff"] > 0 else "disagrees") if claim == ">" else "differs"
+    else:
+        r["verdict"] = "equivalent" if eq else "undecided"
+    r["seeds_needed"], r["seeds_basis"] = None, None
+    if r["verdict"] == "undecided":
+        # the cheaper of the two ways it can be decided, if the observed difference were the true one
+        n_sig = seeds_to_detect(r["diff"], r["sd"], level, paired)
+        n_eq = seeds_for_equivalence(r["diff"], r["sd"], r["margin"], level, paired) if r["margin"] else MAX_SEEDS + 1
+        r["seeds_needed"], r["seeds_basis"] = (n_sig, "observed") if n_sig <= n_eq else (n_eq, "margin")
+    return r
+
+
+def verdict_text(r: dict) -> str:
+    """agrees / disagrees / equivalent within ±δ / undecided (about N seeds ...), or an order for a plain pair."""
+    v = r["verdict"]
+    if v == "differs":
+        return f"`{r['a']}` > `{r['b']}`" if r["diff"] > 0 else f"`{r['b']}` > `{r['a']}`"
+    if v == "equivalent" or (v == "agrees" and r["claim"] == "="):
+        return f"{'agrees: ' if v == 'agrees' else ''}equivalent within ±{r['margin']:g}"
+    if v != "undecided":
+        return v
+    n = r["seeds_needed"]
+    side = "pairs" if r["paired"] else "seeds per side"
+    if n > MAX_SEEDS:
+        return f"undecided (more than {MAX_SEEDS} {side} would be needed)"
+    why = "to detect the observed Δ" if r["seeds_basis"] == "observed" else f"to show it within ±{r['margin']:g}"
+    return f"undecided (about {n} {side} {why})"
+
+
+def which_test(r: dict) -> str:
+    """What the row's p comes from, with ρ where paired: 'paired t, ρ +0.86', 'Welch t'; ρ — where a
+    variant has no spread or there are fewer than three pairs."""
+    if not r["paired"]:
+        return r["test"]
+    return r["test"] + (", ρ —" if math.isnan(r["rho"]) else f", ρ {r['rho']:+.2f}")
+
+
+def power_text(r: dict) -> str:
+    """The detectable effect at the row's Holm level, or the margin an equivalence was shown within."""
+    if r["verdict"] in ("equivalent",) or (r["claim"] == "=" and r["verdict"] == "agrees"):
+        return f"±{r['margin']:g} (TOST p {r['p_tost_holm']:.2g})"
+    return f"MDE {r['mde']:.3f} (α {r['level']:.3g})"
+
+
+# ------------------------------------------------------------------ robust aggregates
+
+
+def iqm(x: np.ndarray, axis: int = -1) -> np.ndarray | float:
+    """Interquartile mean: the mean of the middle half, trimming int(n / 4) values at each end
+    (scipy.stats.trim_mean(x, 0.25), the rliable definition)."""
+    x = np.sort(np.asarray(x, float), axis=axis)
+    n = x.shape[axis]
+    k = int(0.25 * n)
+    out = np.take(x, np.arange(k, n - k), axis=axis).mean(axis=axis)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def iqm_ci(scores: np.ndarray, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float, float, float]:
+    """(IQM, 95% CI low, high) with rliable's stratified bootstrap: runs are resampled within each task.
+
+    scores: (runs,) for one task, or (runs, tasks); the IQM is over all scores at once.
+    """
+    x = np.asarray(scores, float).reshape(len(scores), -1)  # (runs, tasks)
+    runs, tasks = x.shape
+    idx = np.random.default_rng(seed).integers(0, runs, size=(n_boot, runs, tasks))
+    boot = iqm(np.take_along_axis(np.broadcast_to(x, (n_boot, runs, tasks)), idx, axis=1).reshape(n_boot, -1))
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return iqm(x.ravel()), float(lo), float(hi)
+
+
+def prob_improvement(x: np.ndarray, y: np.ndarray) -> float:
+    """P(X > Y) of one seed of x against one of y, ties counting half: Mann-Whitney U / (n m)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    return float(((x[..., :, None] > y[..., None, :]) + 0.5 * (x[..., :, None] == y[..., None, :])).mean(axis=(-1, -2)))
+
+
+def prob_improvement_ci(x: np.ndarray, y: np.ndarray, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float, float, float]:
+    """(P(X > Y), 95% CI low, high): x's and y's runs resampled independently, as rliable does."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    rng = np.random.default_rng(seed)
+    bx, by = x[rng.integers(0, len(x), (n_boot, len(x)))], y[rng.integers(0, len(y), (n_boot, len(y)))]
+    comp = (bx[:, :, None] > by[:, None, :]) + 0.5 * (bx[:, :, None] == by[:, None, :])
+    lo, hi = np.percentile(comp.mean(axis=(1, 2)), [2.5, 97.5])
+    return prob_improvement(x, y), float(lo), float(hi)
+
+
+def mean_ci(x: np.ndarray) -> tuple[float, float, float]:
+    """(mean, 95% Student-t CI low, high); the CI is the mean itself below two values."""
+    x = np.asarray(x, float)
+    m = float(x.mean())
+    if len(x) < 2:
+        return m, m, m
+    half = float(st.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return m, m - half, m + half
+
+
+# ------------------------------------------------------------- curves against compute
+
+MIN_POINTS = 8        # three parameters need a few more points than that
+N_BOOT_FIT = 200      # refits on seeds resampled with replacement
+B_RANGE = (0.1, 10.0)  # the search box of the exponent B
+DECADE = math.log(10)  # C_mid is searched from a tenth of the first point to ten times the budget
+
+
+def saturating(C, r0: float, A: float, B: float, C_mid: float):
+    """ScaleRL's R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B); R(0) = R0."""
+    C = np.asarray(C, float)
+    with np.errstate(divide="ignore", over="ignore"):
+        return r0 + (A - r0) / (1 + (C_mid / C) ** B)
+
+
+def _sigmoid_fit(x: np.ndarray, y: np.ndarray, w: np.ndarray, r0: np.ndarray, m_box: tuple[float, float]):
+    """Least squares of y ~ r0 + (A - r0) * sigmoid(B (x - m)), x = log C, for R curves at once.
+
+    A enters linearly, so for each (B, m) it has a closed form (variable projection) and only
+    (B, m) is searched: a 48 x 64 grid, then four zooms of 11 x 11 around each curve's best, each
+    a fifth of the last spacing. y, w: (R, P) values and 0/1 weights; r0: (R,). Returns A, B,
+    C_mid, and whether (B, m) ended on the edge of the box, each (R,).
+    """
+    r = (y - r0[:, None]) * w
+    rr = (r ** 2).sum(axis=1)
+
+    def best(B, m):  # B, m: (R or 1, G); every curve's best grid point and its A
+        s = 1 / (1 + np.exp(-B[..., None] * (x - m[..., None])))  # (R or 1, G, P)
+        num = np.einsum("rp,rgp->rg", r, np.broadcast_to(s, (len(r),) + s.shape[1:]))
+        den = np.einsum("rp,rgp->rg", w, np.broadcast_to(s ** 2, (len(r),) + s.shape[1:]))
+        sse = rr[:, None] - num ** 2 / np.maximum(den, 1e-300)
+        i = np.argmin(sse, axis=1)
+        take = lambda a: np.take_along_axis(np.broadcast_to(a, sse.shape), i[:, None], 1)[:, 0]  # noqa: E731
+        return take(B), take(m), r0 + take(num) / np.maximum(take(den), 1e-300)
+
+    lb = np.log(B_RANGE)
+    gb, gm = np.meshgrid(np.linspace(*lb, 48), np.linspace(*m_box, 64))
+    b, m, A = best(np.exp(gb.ravel())[None], gm.ravel()[None])
+    step_b, step_m = (lb[1] - lb[0]) / 47, (m_box[1] - m_box[0]) / 63
+    u = np.linspace(-1, 1, 11)
+    for _ in range(4):
+        lb_ = np.clip(np.log(b)[:, None, None] + step_b * u[:, None], *lb)
+        lm_ = np.clip(m[:, None, None] + step_m * u[None, :], *m_box)
+        lb_, lm_ = np.broadcast_arrays(lb_, lm_)
+        b, m, A = best(np.exp(lb_.reshape(len(b), -1)), lm_.reshape(len(b), -1))
+        step_b, step_m = step_b / 5, step_m / 5
+    edge = (np.isclose(np.log(b), lb[0]) | np.isclose(np.log(b), lb[1])
+            | np.isclose(m, m_box[0]) | np.isclose(m, m_box[1]))
+    return A, b, np.exp(m), edge
+
+
+def _check(A, C_mid, edge, r0, noise, x_first, x_last, lo, hi, where="the budget") -> str | None:
+    """Why a point estimate cannot be read as an asymptote and an efficiency, or None.
+    noise: the sd of the mean curve around the fit; a rise within twice that is no rise."""
+    if abs(A - r0) < 2 * noise:
+        return f"flat: the rise A - R0 = {A - r0:+.3f} is within the curve's noise (sd {noise:.3f})"
+    if edge:
+        return "not identifiable: the best fit lies on the edge of the search (B or C_mid at a bound)"
+    if C_mid > x_last:
+        return f"not identifiable: still rising at the end (the midpoint lies past {where})"
+    if C_mid < x_first:
+        return "not identifiable: the rise is over before the first point"
+    if not lo - 1e-9 <= A <= hi + 1e-9:
+        return f"not identifiable: the asymptote {A:.3g} lies outside the metric's range"
+    return None
+
+
+def fit_curve(C: np.ndarray, Y: np.ndarray, lo: float = -math.inf, hi: float = math.inf,
+              n_boot: int = N_BOOT_FIT, idx: np.ndarray | None = None, seed: int = 0) -> dict:
+    """Fit the saturating curve to the seeds' mean, with bootstrap CIs over seeds and a half-budget check.
+
+    C: (P,) compute at each point (samples drawn or gradient steps), increasing; Y: (P, S) a metric per
+    point and seed (NaN = not logged). R0 is the mean at the first point. lo, hi: the metric's range.
+    idx: (n_boot, S) seed resamples (pass the same to variants that share seeds: their differences
+    are then paired). Returns a dict: ok, reason (why not ok), r0, A, B, C_mid, ci {name: (lo, hi)},
+    boot (n_boot, 3) of A, B, C_mid, half {ok, reason, mae, flat_mae}, and C, y (the fitted mean curve).
+    """
+    C, Y = np.asarray(C, float), np.asarray(Y, float).reshape(len(C), -1)
+    with np.errstate(all="ignore"):
+        y = np.nanmean(Y, axis=1)
+    keep = np.isfinite(y) & np.isfinite(C)
+    C, Y, y = C[keep], Y[keep], y[keep]
+    out = {"ok": False, "reason": None, "C": C, "y": y, "r0": float(y[0]) if len(y) else math.nan,
+           "A": math.nan, "B": math.nan, "C_mid": math.nan, "ci": {}, "boot": None,
+           "half": {"ok": False, "reason": "no fit", "mae": math.nan, "flat_mae": math.nan}}
+    fit_at = C > 0
+    if fit_at.sum() < MIN_POINTS:
+        out["reason"] = f"too few points ({int(fit_at.sum())}) for three parameters"
+        return out
+    x = np.log(np.where(fit_at, C, 1.0))
+    first, last = C[fit_at][0], C[-1]
+    m_box = (math.log(first) - DECADE, math.log(last) + DECADE)
+    ones = fit_at[None].astype(float)
+    A, B, C_mid, edge = (v[0] for v in _sigmoid_fit(x, y[None], ones, y[:1], m_box))
+    out |= {"A": float(A), "B": float(B), "C_mid": float(C_mid)}
+    # the extrapolation check: fit the first half of the budget, predict the second
+    half = C <= last / 2
+    if (half & fit_at).sum() >= MIN_POINTS and (~half).any():
+        h = _sigmoid_fit(x, y[None], (half & fit_at)[None].astype(float), y[:1], m_box)
+        hA, hB, hC, hedge = (v[0] for v in h)
+        on = half & fit_at
+        noise = float(np.std(y[on] - saturating(C[on], y[0], hA, hB, hC)))
+        reason = _check(hA, hC, hedge, y[0], noise, first, last / 2, lo, hi, "the half budget")
+        tail = y[half & (C >= 0.8 * last / 2)]
+        out["half"] = {"ok": reason is None, "reason": reason,
+                       "mae": float(np.mean(np.abs(saturating(C[~half], y[0], hA, hB, hC) - y[~half]))),
+                       "flat_mae": float(np.mean(np.abs(tail.mean() - y[~half])))}
+    else:
+        out["half"]["reason"] = "too few points in the first half"
+    noise = float(np.std(y[fit_at] - saturating(C[fit_at], y[0], A, B, C_mid)))
+    reason = _check(A, C_mid, edge, y[0], noise, first, last, lo, hi)
+    S = Y.shape[1]
+    if reason is None and S < 2:
+        reason = "one seed: no bootstrap CI"
+    if reason is None:
+        idx = np.random.default_rng(seed).integers(0, S, (n_boot, S)) if idx is None else idx
+        with np.errstate(all="ignore"):
+            yb = np.nanmean(Y[:, idx], axis=2).T  # (n_boot, P): the mean curve of each resample
+        wb = (np.isfinite(yb) & fit_at[None]).astype(float)
+        r0b = np.where(np.isfinite(yb[:, 0]), yb[:, 0], y[0])
+        bA, bB, bC, _ = _sigmoid_fit(x, np.nan_to_num(yb), wb, r0b, m_box)
+        boot = np.stack([bA, bB, bC], axis=1)
+        ci = {k: tuple(np.percentile(boot[:, i], [2.5, 97.5])) for i, k in enumerate(("A", "B", "C_mid"))}
+        out |= {"boot": boot, "ci": ci}
+        if ci["A"][1] - ci["A"][0] > abs(A - y[0]):
+            reason = "not identifiable: the CI of A is wider than the rise A - R0"
+    out |= {"ok": reason is None, "reason": reason}
+    return out
+
+
+def compare_fits(fa: dict, fb: dict) -> dict | None:
+    """A and B of two fitted variants: differences a - b with 95% bootstrap CIs (percentile, uncorrected)."""
+    if not (fa["ok"] and fb["ok"]):
+        return None
+    out = {}
+    for i, k in enumerate(("A", "B")):
+        d = fa["boot"][:, i] - fb["boot"][:, i]
+        lo, hi = np.percentile(d, [2.5, 97.5])
+        out[k] = (fa[k] - fb[k], float(lo), float(hi), bool(lo > 0 or hi < 0))
+    return out
+
+
+# ------------------------------------------------------------- seeds run in batches
+
+
+def spend(t: float, alpha: float) -> float:
+    """Lan-DeMets O'Brien-Fleming-type spending of a one-sided level alpha by information fraction t."""
+    return 0.0 if t <= 0 else float(2 * st.norm.sf(st.norm.isf(alpha / 2) / math.sqrt(min(t, 1.0))))
+
+
+@lru_cache(maxsize=512)
+def obf_bounds(fractions: tuple[float, ...], alpha: float, two_sided: bool = True, grid: int = 801) -> tuple:
+    """z boundaries at the looks' information fractions (increasing, the last <= 1) such that a z statistic
+    with Brownian increments crosses the upper one at look k with probability spend(t_k) - spend(t_k-1)
+    under H0. two_sided: symmetric +-c_k, each side spending alpha / 2. Computed by numerical integration
+    of the density of the continuing paths (Armitage, McPherson and Rowe 1969; Jennison and Turnbull ch. 19).
+    """
+    side = alpha / 2 if two_sided else alpha
+    bounds, t_prev, u, f = [], 0.0, None, None  # u: grid of the score S = Z sqrt(t); f: density of paths still going
+    for t in fractions:
+        target = spend(t, side) - spend(t_prev, side)
+        sd = math.sqrt(t - t_prev)
+        if f is None:
+            c = float(st.norm.isf(target)) if target > 0 else math.inf
+        elif target <= 0:
+            c = math.inf
+        else:
+            wf = f * _trapezoid(u)
+            exit_ = lambda c: float(wf @ st.norm.sf((c * math.sqrt(t) - u) / sd)) - target  # noqa: E731
+            c = float(optimize.brentq(exit_, -10, 40, xtol=1e-10))
+        bounds.append(c)
+        top = min(c, 9.0) * math.sqrt(t)
+        v = np.linspace(-top if two_sided else -9 * math.sqrt(t), top, grid)
+        f = (np.exp(-0.5 * (v / math.sqrt(t)) ** 2) / math.sqrt(2 * math.pi * t) if u is None else
+             (f * _trapezoid(u)) @ (np.exp(-0.5 * ((v[None] - u[:, None]) / sd) ** 2) / (sd * math.sqrt(2 * math.pi))))
+        u, t_prev = v, t
+    return tuple(bounds)
+
+
+def _trapezoid(u: np.ndarray) -> np.ndarray:
+    w = np.full(len(u), u[1] - u[0])
+    w[[0, -1]] /= 2
+    return w
+
+
+def _z_of_t(t: np.ndarray, df: np.ndarray) -> np.ndarray:
+    """The normal deviate with the same tail probability as a t statistic (signed)."""
+    with np.errstate(invalid="ignore"):
+        return np.sign(t) * st.norm.isf(st.t.sf(np.abs(t), df))
+
+
+def sequential_paired(D: np.ndarray, looks: list[int], max_seeds: int, margin: float, alpha: float) -> tuple:
+    """Group-sequential decisions on paired differences D (..., N), seeds in the order they ran.
+
+    At look k (the first looks[k] seeds) the paired t statistic, turned into z, is compared with
+    the two-sided O'Brien-Fleming-type boundary at information fraction n_k / max_seeds (alpha over
+    both sides); equivalence within +-margin when both one-sided TOST statistics pass the one-sided
+    boundary of level alpha. The first look that decides is final. Returns (outcome, look): outcome
+    +1 (mean of D > 0), -1, 0 (equivalent) or NaN (undecided), and the index of the deciding look (-1).
+    """
+    D = np.asarray(D, float)
+    looks = [n for n in looks if n >= 3]
+    fr = tuple(min(1.0, n / max_seeds) for n in looks)
+    eff, eqv = obf_bounds(fr, alpha, True), obf_bounds(fr, alpha, False)
+    outcome = np.full(D.shape[:-1], np.nan)
+    at = np.full(D.shape[:-1], -1)
+    for k, n in enumerate(looks):
+        x = D[..., :n]
+        mean, se, df = x.mean(-1), x.std(-1, ddof=1) / math.sqrt(n), n - 1
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z = _z_of_t(mean / se, df)
+            zl, zu = _z_of_t((mean + margin) / se, df), _z_of_t((margin - mean) / se, df)
+        open_ = np.isnan(outcome)
+        sig = open_ & (np.abs(z) >= eff[k])
+        equiv = open_ & ~sig & (zl >= eqv[k]) & (zu >= eqv[k])
+        outcome = np.where(sig, np.sign(mean), np.where(equiv, 0.0, outcome))
+        at = np.where(sig | equiv, k, at)
+    return outcome, at
+
+
+def sequential_decision(values: dict[str, dict[int, float]], orderings: list[str], margin: float,
+                        max_seeds: int, batches: list[list[int]], alpha: float = ALPHA) -> dict:
+    """After each batch of seeds: is every ordering decided? For the runner's `--seeds auto:N`.
+
+    values: {variant: {seed: final value}} so far; orderings: "a > b", "a = b" (a claim's expect)
+    or "a vs b" (a plain pair); margin: the equivalence margin (claim.margin or default_margin);
+    max_seeds: the cap N; batches: the seeds of each batch run so far, in order (each call to
+    this function is one look, after the last batch). Pairs are compared on the seeds both
+    variants finished; each ordering is tested at alpha / (number of orderings) (Bonferroni),
+    with O'Brien-Fleming-type alpha spending over the looks (see sequential_paired).
+    Returns {"done", "reason", "orderings": [{ordering, a, b, decided, outcome, n, look, why}]}.
+    """
+    rows, m = [], len(orderings)
+    for o in orderings:
+        # " vs " first: grid labels hold "=" (loss=naive), claims never do (config.py checks it)
+        sep = next(s for s in (" vs ", ">", "=") if s in o)
+        a, b = (s.strip() for s in o.split(sep, 1))
+        seen, looks, d = set(), [], []
+        for batch in batches:
+            for s in batch:
+                if s in values.get(a, {}) and s in values.get(b, {}) and s not in seen:
+                    seen.add(s)
+                    d.append(values[a][s] - values[b][s])
+            if not looks or len(d) > looks[-1]:
+                looks.append(len(d))
+        out, at = sequential_paired(np.array(d), looks, max_seeds, margin, alpha / m) if len(d) >= 3 \
+            else (np.array(math.nan), np.array(-1))
+        n = len(d)
+        outcome = {1.0: f"{a} > {b}", -1.0: f"{b} > {a}", 0.0: f"equivalent within ±{margin:g}"}.get(float(out))
+        shown = [k for k in looks if k >= 3]
+        why = (f"decided at look {int(at) + 1} ({shown[int(at)]} pairs) of {len(shown)}, level {alpha / m:.3g}"
+               " with O'Brien-Fleming-type spending" if outcome else
+               f"undecided after {n} pairs" + (" (the cap)" if n >= max_seeds else f" of at most {max_seeds}"))
+        rows.append({"ordering": o, "a": a, "b": b, "decided": outcome is not None, "outcome": outcome,
+                     "n": n, "look": int(at), "why": why})
+    capped = len(set().union(*map(set, batches))) >= max_seeds
+    done = all(r["decided"] for r in rows)
+    reason = ("every ordering decided" if done else f"cap of {max_seeds} seeds reached" if capped
+              else f"{sum(not r['decided'] for r in rows)} of {m} orderings undecided")
+    return {"done": done or capped, "reason": reason, "orderings": rows}
