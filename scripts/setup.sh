@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv and install grpo_bench with its test tools, Ray (the Ray executor's tests)
-# and TRL (tests/test_trl.py), all of which CI runs; a no-op when nothing changed.
+# Create .venv and install grpo_bench with its test tools, Ray (the Ray executor's tests),
+# TRL (tests/test_trl.py) and the four experiment trackers (tests/test_trackers.py reads back
+# what each wrote; together about 15 s and 250 MB more), all of which CI runs; a no-op when
+# nothing changed.
 # torch is pinned first: an unpinned torch pulls several GB of CUDA packages, while
 # 2.13.0 is a CPU wheel these machines already have. Set TORCH_SPEC to choose another
 # (e.g. TORCH_SPEC=torch on a CUDA machine).
@@ -11,6 +13,6 @@ PY=${PYTHON:-python3}
 stamp=.venv/.grpo_bench_installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,ray,trl]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,ray,trl,tensorboard,wandb,mlflow,trackio]'
   touch "$stamp"
 fi
