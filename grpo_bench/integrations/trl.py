@@ -25,8 +25,8 @@ gradient accumulation and data parallelism give the gradient of one aggregate ov
 process's completions. TRL does this for loss_type dapo only; grpo, bnpo and dr_grpo
 average per-micro-batch aggregates, which is the same only when micro-batches are alike.
 
-What cannot carry over is refused with a one-line error (see README, "From ablation to a
-real run"): filters that draw replacement groups (dynamic sampling: TRL generates once per
+What cannot carry over is refused with a one-line error (see docs/trl.md, "What does not
+carry over"): filters that draw replacement groups (dynamic sampling: TRL generates once per
 step and cannot draw more prompts), deltas that need a greedy rollout (remax), and TRL
 options that the variant replaces (loss_type, scale_rewards, beta, epsilon, ...) when set.
 
