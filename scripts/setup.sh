@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install grpo_bench with its test tools, Ray (the Ray executor's tests),
 # TRL (tests/test_trl.py) and the four experiment trackers (tests/test_trackers.py reads back
-# what each wrote; together about 15 s and 250 MB more), all of which CI runs; a no-op when
-# nothing changed.
+# what each wrote; 303 MB, about a quarter more install time: docs/trackers.md), all of which
+# CI runs; a no-op when nothing changed.
 # torch is pinned first: an unpinned torch pulls several GB of CUDA packages, while
 # 2.13.0 is a CPU wheel these machines already have. Set TORCH_SPEC to choose another
 # (e.g. TORCH_SPEC=torch on a CUDA machine).
