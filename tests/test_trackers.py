@@ -20,7 +20,9 @@ from grpo_bench import runner as RN
 from grpo_bench import trackers as T
 from grpo_bench.__main__ import main
 from grpo_bench.config import ConfigError, resolve_run, run_dict
+from helpers import ROOT
 
+ABL = str(ROOT / "ablations" / "loss_modes.yaml")
 INSTALLED = [n for n in T.BACKENDS if T.importlib.util.find_spec(n)]
 # the environment that would send runs elsewhere than the output directory
 ELSEWHERE = ("WANDB_MODE", "MLFLOW_TRACKING_URI", "TRACKIO_DIR", "TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL")
@@ -71,12 +73,12 @@ def logged(tmp_path_factory):
 
 
 def test_an_unknown_or_missing_tracker_is_one_line_before_anything(tmp_path, monkeypatch, capsys):
-    assert main(["run", "ablations/loss_modes.yaml", "--out", str(tmp_path / "o"), "--log-to", "neptune"]) == 2
+    assert main(["run", ABL, "--out", str(tmp_path / "o"), "--log-to", "neptune"]) == 2
     assert capsys.readouterr().err == ("error: --log-to: neptune: unknown tracker; "
                                        "valid: tensorboard, wandb, mlflow, trackio\n")
     real = T.importlib.util.find_spec
     monkeypatch.setattr(T.importlib.util, "find_spec", lambda name: None if name == "mlflow" else real(name))
-    assert main(["run", "ablations/loss_modes.yaml", "--out", str(tmp_path / "o"), "--log-to", "mlflow"]) == 2
+    assert main(["run", ABL, "--out", str(tmp_path / "o"), "--log-to", "mlflow"]) == 2
     assert capsys.readouterr().err == ("error: --log-to: mlflow: mlflow is not installed; "
                                        "install it with pip install -e '.[mlflow]'\n")
     # the runner checks too, before it creates or locks the output directory
@@ -94,7 +96,7 @@ def test_the_cli_passes_every_tracker_in_order(monkeypatch, tmp_path):
 
     monkeypatch.setattr(T, "check_installed", lambda names: None)
     monkeypatch.setattr(RN, "run_ablation", run_ablation)
-    main(["run", "ablations/loss_modes.yaml", "--out", str(tmp_path), "--log-to", "wandb", "--log-to", "tensorboard"])
+    main(["run", ABL, "--out", str(tmp_path), "--log-to", "wandb", "--log-to", "tensorboard"])
     assert seen["log_to"] == ("wandb", "tensorboard")
 
 
