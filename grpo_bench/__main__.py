@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--setting", action="append", metavar="NAME",
                    help="with a file that has `settings` (the same variants on several tasks): run only these "
                         "(repeatable; default all, each into results/<name>_<setting>)")
+    r.add_argument("--log-to", action="append", default=[], metavar="TRACKER",
+                   help="also log each finished run (config, every metric at its step, final values) to an "
+                        "experiment tracker: tensorboard, wandb, mlflow or trackio (repeatable); offline, under "
+                        "the output directory, unless the tracker's own environment says otherwise "
+                        "(WANDB_MODE, MLFLOW_TRACKING_URI, TRACKIO_DIR); each is an extra: pip install -e '.[wandb]'")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     pl = sub.add_parser("plot", help="redraw figures and REPORT.md of a results directory from its files")
     pl.add_argument("dir")
@@ -149,6 +154,8 @@ def _run(args) -> int:
             raise ConfigError("--threads", "threads", f"must be >= 1, got {args.threads}")
         if args.max_retries < 0:
             raise ConfigError("--max-retries", "max_retries", f"must be >= 0, got {args.max_retries}")
+        from .trackers import check_installed
+        check_installed(args.log_to)
         if args.address and args.executor == "local":
             raise ConfigError("--address", args.address, "is for --executor ray")
         args.executor = args.executor or ("ray" if args.address else "local")
@@ -175,7 +182,7 @@ def _run(args) -> int:
         try:
             summary = run_ablation(abl, out, executor=args.executor, workers=args.workers, threads=args.threads,
                                    address=args.address, max_retries=args.max_retries, progress=not args.no_progress,
-                                   population=args.population)
+                                   population=args.population, log_to=tuple(args.log_to))
             had = finished_in_report(out / "REPORT.md")
             report = make_report(out)
         except ConfigError as e:

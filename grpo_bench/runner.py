@@ -50,6 +50,7 @@ import pyarrow as pa
 import yaml
 from tqdm import tqdm
 
+from . import trackers
 from .config import Ablation, ConfigError, config_hash, resolve_run, run_dict
 
 Result = tuple[dict, list, dict]  # (resolved config, rows of (step, metric, value), summary)
@@ -392,11 +393,13 @@ def local_results(todo: list[list[RunSpec]], workers: int, threads: int) -> Iter
 
 def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int | None = None,
                  threads: int | None = None, address: str | None = None, max_retries: int = 3,
-                 progress: bool = True, population: int | None = None) -> pd.DataFrame:
-    """Run what is not finished yet and collect everything; bad --out or a busy one is a ConfigError."""
+                 progress: bool = True, population: int | None = None, log_to: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Run what is not finished yet and collect everything; bad --out or a busy one is a ConfigError.
+    `log_to` names experiment trackers (grpo_bench.trackers) that each finished run is also logged to."""
     if executor == "ray":
         from . import cluster
         cluster.check_installed()
+    trackers.check_installed(log_to)
     lock = lock_out(out)
     try:
         specs = plan(abl)
@@ -417,6 +420,7 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
         threads = threads or max(1, int(abl.resources["cpus"]))
         on_ray = executor == "ray" and bool(todo)  # nothing left to run: no cluster to join
         with contextlib.ExitStack() as stack:
+            track = stack.enter_context(contextlib.closing(trackers.Trackers(log_to, out, abl.name)))
             if on_ray:
                 session = stack.enter_context(cluster.connect(address, exclude=out))
                 where = session.describe
@@ -438,6 +442,7 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
             with contextlib.closing(results):
                 for spec, result in results:
                     write_run(out, spec, result)
+                    track.log(result)
                     bar.set_description(f"{abl.name} [{where()}]", refresh=False)  # a cluster grows and shrinks
                     _report(bar, result[2])
             if todo:  # how long this sweep took, where: FINDINGS.md quotes it

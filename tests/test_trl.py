@@ -111,7 +111,7 @@ def loss_and_grads(trainer, stub, inputs: list[dict], accumulation: int = 1):
     return total.detach(), [p.grad.clone() for p in stub.parameters()]
 
 
-# (name, TRL's options, the registry composition that README's table says reproduces them, log-ratio noise)
+# (name, TRL's options, the registry composition that docs/registry.md's name map says reproduces them, noise)
 SHARED = [
     ("grpo", dict(loss_type="grpo"), {"loss": "clipped", "aggregate": "seq_mean_token_mean"}, 0.3),
     ("bnpo", dict(loss_type="bnpo"), {"loss": "clipped", "aggregate": "token_mean"}, 0.3),

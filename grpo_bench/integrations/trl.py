@@ -25,8 +25,8 @@ gradient accumulation and data parallelism give the gradient of one aggregate ov
 process's completions. TRL does this for loss_type dapo only; grpo, bnpo and dr_grpo
 average per-micro-batch aggregates, which is the same only when micro-batches are alike.
 
-What cannot carry over is refused with a one-line error (see README, "From ablation to a
-real run"): filters that draw replacement groups (dynamic sampling: TRL generates once per
+What cannot carry over is refused with a one-line error (see docs/trl.md, "What does not
+carry over"): filters that draw replacement groups (dynamic sampling: TRL generates once per
 step and cannot draw more prompts), deltas that need a greedy rollout (remax), and TRL
 options that the variant replaces (loss_type, scale_rewards, beta, epsilon, ...) when set.
 
@@ -330,11 +330,33 @@ class GRPOBenchTrainer(GRPOTrainer):
             stats["entropy"] = masked_mean(entropy, mask)
             if ref is not None and not self.recipe.kl_in_loss:  # KL in the reward (or no KL term): still worth watching
                 stats["kl/value"] = self.recipe.kl_value(logp, ref, old, mask)
-        names = sorted(stats)
-        values = self.accelerator.gather(torch.stack([stats[k].float() for k in names])[None]).mean(0)
-        for k, val in zip(names, values.tolist()):
+        for k, val in self._gather_stats(stats, mask).items():
             self._metrics[mode][k].append(val)
         return loss
+
+    def _gather_stats(self, stats: dict, mask: Tensor) -> dict:
+        """This micro-batch's statistics over every process's part of it, as one process holding it all logs them.
+
+        Each process's value weighs by its tokens (the token means: clip/*, kl/value, entropy)
+        or by its share of the aggregate over all the parts (loss/policy), not equally: parts
+        with unequal token counts would otherwise tilt the logged value toward the shorter one.
+        """
+        names = sorted(stats)
+        values = torch.stack([stats[k].double() for k in names])
+        if self.accelerator.num_processes == 1:
+            return dict(zip(names, values.tolist()))
+        b, t = mask.shape
+        here = self._token_weights(mask)
+        union = self._token_weights(self._gather_rows(mask))[self._rows(b), :t]
+        on = here != 0
+        share = (union[on] / here[on]).mean() if on.any() else here.new_zeros(())
+        tokens = mask.sum().double()
+        weights = torch.stack([share if k == "loss/policy" else tokens for k in names])
+        num, den = self.accelerator.gather(torch.stack([values * weights, weights])[None]).sum(0)
+        # loss/policy: the shares already make the aggregate (they sum to 1 only for means)
+        means = torch.where(torch.tensor([k == "loss/policy" for k in names], device=num.device),
+                            num, num / den.clamp(min=1))
+        return dict(zip(names, means.tolist()))
 
     def _gate(self, inputs, logp, old, entropy, mask, deltas, mode) -> Tensor | None:
         """What multiplies the policy term per token: step filters, and TRL's own off-policy corrections."""

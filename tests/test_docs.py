@@ -1,0 +1,65 @@
+"""The docs: README.md as a short front page, docs/ as a MkDocs site that builds with no broken link or page."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from helpers import ROOT
+
+README = ROOT / "README.md"
+PAGES = sorted((ROOT / "docs").glob("*.md"))
+# CI and a hook read these two lines of README.md: they stay as they are
+COMMANDS = ["bash scripts/setup.sh && .venv/bin/python -m grpo_bench run ablations/loss_modes.yaml",
+            "bash scripts/setup.sh && .venv/bin/python -m pytest"]
+
+
+def test_readme_is_a_front_page():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move reference material to docs/"
+    for command in COMMANDS:
+        assert command in lines
+
+
+def _nav_pages(nav) -> list[str]:
+    out = []
+    for item in nav:
+        for value in (item.values() if isinstance(item, dict) else [item]):
+            out += _nav_pages(value) if isinstance(value, list) else [value]
+    return out
+
+
+def test_every_page_is_in_the_nav():
+    nav = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    assert sorted(p for p in nav if "/" not in p and p != "index.md") == [p.name for p in PAGES]
+    assert nav[0] == "index.md" and not (ROOT / "docs" / "index.md").exists()   # README.md is the front page
+
+
+@pytest.mark.parametrize("page", [README, *PAGES], ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_links_work_on_github_too(page):
+    """The site checks its links; these are the same links read from the files where they lie."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        path = target.split("#")[0]
+        if path and not re.match(r"[a-z]+://", path):
+            assert (page.parent / path).exists(), f"{page.name}: {target}"
+
+
+def test_the_site_builds_with_every_link_and_anchor_valid(tmp_path):
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    site = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
+                        "-d", str(site)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    # README.md is the front page, with its figures; the pages and results' reports are there
+    assert "What each design choice of GRPO actually does" in (site / "index.html").read_text()
+    assert (site / "results" / "loss_modes" / "headline.png").stat().st_size > 0
+    assert (site / "results" / "loss_modes" / "REPORT" / "index.html").is_file()
+    for page in PAGES:
+        assert (site / page.stem / "index.html").is_file(), page.name
+    # results' per-step tables stay out of the site
+    assert not list(site.rglob("metrics.*"))

@@ -1,0 +1,335 @@
+"""`run --log-to`: each tracker's files read back with that tracker's own reader.
+
+The logged runs are synthetic results shaped as the runner's (config, rows, summary): rows out of
+step order, a NaN, a metric name MLflow does not take, a failed run with no rows. One sweep through
+the runner checks the wiring: every run logged once, right after its directory, and not again on resume.
+"""
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+
+from grpo_bench import runner as RN
+from grpo_bench import trackers as T
+from grpo_bench.__main__ import main
+from grpo_bench.config import ConfigError, resolve_run, run_dict
+from helpers import ROOT
+
+ABL = str(ROOT / "ablations" / "loss_modes.yaml")
+INSTALLED = [n for n in T.BACKENDS if T.importlib.util.find_spec(n)]
+# the environment that would send runs elsewhere than the output directory
+ELSEWHERE = ("WANDB_MODE", "MLFLOW_TRACKING_URI", "TRACKIO_DIR", "TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL")
+
+
+def _cfg(loss):
+    return run_dict(resolve_run({"task": {"name": "sort", "n": 2, "vocab": 3, "prompts": None}, "loss": loss, "seed": 3,
+                                 "filters": [{"name": "mask_truncated"}]}))
+
+
+OK_ROWS = [(1, "reward/mean", 0.1234567890123456), (0, "reward/mean", -1 / 3), (0, "loss/policy", math.nan),
+           (1, "loss/policy", 2.5e-7), (1, "eval/pass@k", 0.75), (5, "reward/mean", 1e-300)]
+RESULTS = [
+    (_cfg("clipped"), OK_ROWS, {"run": "loss=clipped-s3-abc", "variant": "loss=clipped", "loss": "clipped", "seed": 3,
+                                "status": "ok", "error": "", "final/reward": 0.625, "final/eval/accuracy": math.nan,
+                                "wall_s": 1.5}),
+    (_cfg("naive"), [], {"run": "loss=naive-s3-def", "variant": "loss=naive", "loss": "naive", "seed": 3,
+                         "status": "failed", "error": "ValueError: bad", "traceback": "...", "wall_s": math.nan}),
+]
+
+
+def _want(rows):
+    """{metric: {step: value}}, written independently of trackers._steps."""
+    out = {}
+    for s, m, v in rows:
+        out.setdefault(m, {})[s] = v
+    return out
+
+
+def _same(a, b, rel=0.0):
+    return (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=rel, abs=0)
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trackers")
+    if not INSTALLED:
+        pytest.skip("no tracker installed")
+    with mock.patch.dict(os.environ):
+        for k in ELSEWHERE:
+            os.environ.pop(k, None)
+        t = T.Trackers(INSTALLED, out, "proj")
+        for r in RESULTS:
+            t.log(r)
+        t.close()
+        assert t.logged == dict.fromkeys(INSTALLED, 2)
+    return out
+
+
+def test_an_unknown_or_missing_tracker_is_one_line_before_anything(tmp_path, monkeypatch, capsys):
+    assert main(["run", ABL, "--out", str(tmp_path / "o"), "--log-to", "neptune"]) == 2
+    assert capsys.readouterr().err == ("error: --log-to: neptune: unknown tracker; "
+                                       "valid: tensorboard, wandb, mlflow, trackio\n")
+    real = T.importlib.util.find_spec
+    monkeypatch.setattr(T.importlib.util, "find_spec", lambda name: None if name == "mlflow" else real(name))
+    assert main(["run", ABL, "--out", str(tmp_path / "o"), "--log-to", "mlflow"]) == 2
+    assert capsys.readouterr().err == ("error: --log-to: mlflow: mlflow is not installed; "
+                                       "install it with pip install -e '.[mlflow]'\n")
+    # the runner checks too, before it creates or locks the output directory
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[mlflow\]'"):
+        RN.run_ablation(object(), tmp_path / "o", log_to=("tensorboard", "mlflow"))
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_cli_passes_every_tracker_in_order(monkeypatch, tmp_path):
+    seen = {}
+
+    def run_ablation(abl, out, **kw):
+        seen.update(kw)
+        raise KeyboardInterrupt   # ends main before it reports
+
+    monkeypatch.setattr(T, "check_installed", lambda names: None)
+    monkeypatch.setattr(RN, "run_ablation", run_ablation)
+    main(["run", ABL, "--out", str(tmp_path), "--log-to", "wandb", "--log-to", "tensorboard"])
+    assert seen["log_to"] == ("wandb", "tensorboard")
+
+
+def test_steps_are_grouped_and_ordered():
+    assert T._steps([(2, "a", 1), (0, "b", 2), (2, "b", 3), (0, "a", 4)]) == [(0, {"b": 2.0, "a": 4.0}),
+                                                                             (2, {"a": 1.0, "b": 3.0})]
+    assert T._flat({"a": {"b": 1, "c": [1, {"d": 2}]}, "e": None}) == {"a.b": 1, "a.c": '[1, {"d": 2}]', "e": None}
+
+
+# ---------------------------------------------------------------------------------------- TensorBoard
+
+
+def test_tensorboard_round_trip(logged):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    import numpy as np
+    for cfg, rows, summary in RESULTS:
+        ea = EventAccumulator(str(logged / "tensorboard" / summary["run"]), size_guidance={"scalars": 0, "tensors": 0})
+        ea.Reload()
+        want = _want(rows)
+        finals = {k: v for k, v in summary.items() if k.startswith("final/") or k == "wall_s"}
+        last = max((s for s, _, _ in rows), default=0)
+        assert set(ea.Tags()["scalars"]) == set(want) | set(finals)
+        for m, by_step in want.items():
+            got = {e.step: e.value for e in ea.Scalars(m)}
+            assert got.keys() == by_step.keys()
+            # TensorBoard keeps scalars in float32
+            assert all(_same(got[s], float(np.float32(v))) for s, v in by_step.items()), m
+        for k, v in finals.items():
+            (e,) = ea.Scalars(k)
+            assert e.step == last and _same(e.value, float(np.float32(v))), k
+        text = ea.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+        assert yaml.safe_load(text.removeprefix("```yaml\n").removesuffix("```")) == cfg
+        start = plugin_data_pb2.HParamsPluginData.FromString(
+            ea.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info
+        hp = {k: v.string_value or v.number_value for k, v in start.hparams.items()}
+        assert hp["loss.name"] == cfg["loss"]["name"] and hp["seed"] == 3 and hp["variant"] == summary["variant"]
+        assert hp["status"] == summary["status"] and hp["filters"] == json.dumps(cfg["filters"])
+        assert "task.prompts" not in hp     # None has no HParams type
+
+
+# ---------------------------------------------------------------------------------------- W&B
+
+
+def _wandb_records(path: Path):
+    """The records of a .wandb file: LevelDB-log blocks of 32 KiB after a 7-byte ':W&B' header, each
+    record split into FULL/FIRST/MIDDLE/LAST chunks, each a protobuf `Record` of wandb's own schema."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert struct.unpack("<4sHB", data[:7]) == (b":W&B", 0xBEE1, 0)
+    pos, buf, block = 7, b"", 32768
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:         # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0:
+            pos += block - pos % block
+            continue
+        buf += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):                  # FULL or LAST: a whole record
+            yield pb.Record.FromString(buf)
+            buf = b""
+
+
+def _wandb_run(d: Path) -> dict:
+    run = {"history": {}, "summary": {}}
+    for r in _wandb_records(next(d.glob("*.wandb"))):
+        kind = r.WhichOneof("record_type")
+        if kind == "run":
+            run |= {"name": r.run.display_name, "group": r.run.run_group, "project": r.run.project,
+                    "config": {i.key: json.loads(i.value_json) for i in r.run.config.update if i.key != "_wandb"}}
+        elif kind == "history":
+            # a key is in `key` or, one path element here, in `nested_key`
+            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+            run["history"][r.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
+        elif kind == "summary":
+            run["summary"] |= {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.summary.update}
+        elif kind == "exit":
+            run["exit_code"] = r.exit.exit_code
+    return run
+
+
+def test_wandb_offline_round_trip(logged):
+    pytest.importorskip("wandb")
+    runs = {r["name"]: r for r in map(_wandb_run, sorted((logged / "wandb").glob("offline-run-*")))}
+    assert set(runs) == {s["run"] for _, _, s in RESULTS}
+    for cfg, rows, summary in RESULTS:
+        r = runs[summary["run"]]
+        assert r["project"] == "proj" and r["group"] == summary["variant"] and r["config"] == cfg
+        assert r["exit_code"] == (0 if summary["status"] == "ok" else 1)
+        got = {}
+        for step, items in r["history"].items():
+            for m, v in items.items():
+                got.setdefault(m, {})[step] = v
+        want = _want(rows)
+        assert got.keys() == want.keys()
+        for m in want:
+            assert got[m].keys() == want[m].keys() and all(_same(got[m][s], v) for s, v in want[m].items()), m
+        for k in ("status", "error", "wall_s") + tuple(k for k in summary if k.startswith("final/")):
+            v = summary[k]
+            # wandb's summary keeps NaN as null (its history keeps NaN)
+            assert r["summary"][k] == (None if isinstance(v, float) and math.isnan(v) else v), k
+        assert "traceback" not in r["summary"]
+
+
+# ---------------------------------------------------------------------------------------- MLflow
+
+
+def test_mlflow_round_trip(logged):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{logged}/mlflow.db")
+    exp = client.get_experiment_by_name("proj")
+    assert exp.artifact_location == (logged / "mlartifacts").resolve().as_uri()
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    assert set(runs) == {s["run"] for _, _, s in RESULTS}
+    for cfg, rows, summary in RESULTS:
+        r = runs[summary["run"]]
+        assert r.info.status == ("FINISHED" if summary["status"] == "ok" else "FAILED")
+        assert r.data.tags["variant"] == summary["variant"] and r.data.tags["status"] == summary["status"]
+        assert r.data.tags["error"] == summary["error"]
+        assert r.data.params["loss.name"] == cfg["loss"]["name"] and r.data.params["seed"] == "3"
+        assert r.data.params["task.prompts"] == "None" and json.loads(r.data.params["filters"]) == cfg["filters"]
+        assert len(r.data.params) == sum(1 for _ in _leaves(cfg))
+        want = {m.replace("@", "_"): by for m, by in _want(rows).items()}
+        last = max((s for s, _, _ in rows), default=0)
+        want |= {k: {last: v} for k, v in summary.items() if k.startswith("final/") or k == "wall_s"}
+        assert set(r.data.metrics) == set(want)
+        for m, by_step in want.items():
+            got = {x.step: x.value for x in client.get_metric_history(r.info.run_id, m)}
+            assert got.keys() == by_step.keys() and all(_same(got[s], v) for s, v in by_step.items()), m
+
+
+def _leaves(d):
+    for v in d.values():
+        yield from (_leaves(v) if isinstance(v, dict) else [v])
+
+
+# ---------------------------------------------------------------------------------------- trackio
+
+READ_TRACKIO = """
+import json, sys
+from trackio.sqlite_storage import SQLiteStorage as S
+runs = S.get_runs("proj")
+print(json.dumps({r: {"logs": S.get_logs("proj", r), "config": S.get_run_config("proj", r)} for r in runs}))
+"""
+
+
+def test_trackio_round_trip(logged):
+    pytest.importorskip("trackio")
+    # trackio fixes its store when imported: read it in a process of its own, as the logging was written
+    res = subprocess.run([sys.executable, "-c", READ_TRACKIO], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, TRACKIO_DIR=str(logged / "trackio")))
+    assert res.returncode == 0, res.stderr[-2000:]
+    runs = json.loads(res.stdout.strip().splitlines()[-1])
+    assert set(runs) == {s["run"] for _, _, s in RESULTS}
+    for cfg, rows, summary in RESULTS:
+        r = runs[summary["run"]]
+        assert {k: v for k, v in r["config"].items() if not k.startswith("_")} == cfg
+        assert r["config"]["_Group"] == summary["variant"]
+        got = {}
+        for entry in r["logs"]:
+            for m, v in entry.items():
+                if m not in ("step", "timestamp"):
+                    got.setdefault(m, {})[entry["step"]] = v
+        want = _want(rows)
+        last = max((s for s, _, _ in rows), default=0)
+        want |= {k: {last: v} for k, v in summary.items() if k.startswith("final/") or k == "wall_s"}
+        assert got.keys() == want.keys()
+        for m in want:
+            assert got[m].keys() == want[m].keys() and all(_same(got[m][s], v) for s, v in want[m].items()), m
+
+
+def test_trackio_follows_a_store_the_user_chose(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "mine"))
+    assert T.Trackio(tmp_path / "out", "p").store == str(tmp_path / "mine")
+    monkeypatch.delenv("TRACKIO_DIR")
+    assert T.Trackio(tmp_path / "out", "p").store == str(tmp_path / "out" / "trackio")
+
+
+# ---------------------------------------------------------------------------------------- through the runner
+
+
+def test_a_sweep_logs_each_run_once_after_its_directory(tmp_path, monkeypatch, capsys):
+    from grpo_bench.config import load_ablation
+
+    tiny = {"task": {"name": "sort", "prompts": None, "num_prompts": 2, "eval_prompts": 4, "n": 2, "vocab": 3},
+            "epochs": 4, "inner_steps": 1, "group_size": 2, "delta": "centered", "optimizer": "sgd"}
+    (tmp_path / "abl.yaml").write_text(yaml.safe_dump({"name": "t", "base": tiny, "grid": {"lr": [1e30, 0.01]},
+                                                       "seeds": 1}))
+    abl = load_ablation(tmp_path / "abl.yaml")   # the first run diverges and fails
+    seen = []
+
+    class Spy:
+        def __init__(self, out, project):
+            seen.append(("open", project))
+
+        def log(self, run, variant, cfg, rows, summary):
+            # the run's directory is already whole when a tracker sees it
+            assert RN.finished(out / "runs" / run) == (summary["status"] == "ok")
+            assert yaml.safe_load((out / "runs" / run / "config.yaml").read_text()) == cfg
+            seen.append((run, summary["status"], len(rows)))
+
+        def where(self):
+            return "here"
+
+    monkeypatch.setitem(T.BACKENDS, "tensorboard", Spy)
+    out = tmp_path / "o"
+    summary = RN.run_ablation(abl, out, workers=1, progress=False, log_to=("tensorboard",))
+    assert seen[0] == ("open", "t") and [s[:2] for s in seen[1:]] == list(zip(summary.run, summary.status))
+    assert seen[2][2] > 0 and "tensorboard: 2 runs logged; view: here" in capsys.readouterr().err
+    # resume: the failed run again, the finished one not logged twice
+    seen.clear()
+    RN.run_ablation(abl, out, workers=1, progress=False, log_to=("tensorboard",))
+    assert [s[0] for s in seen[1:]] == [summary.run[0]]
+
+
+def test_a_tracker_failure_is_one_line_and_the_sweep_goes_on(tmp_path, capsys):
+    class Broken:
+        def __init__(self, out, project):
+            pass
+
+        def log(self, *a):
+            raise OSError("disk full\nsecond line")
+
+    t = T.Trackers([], tmp_path, "p")
+    t.backends, t.logged = {"wandb": Broken(tmp_path, "p")}, {"wandb": 0}
+    t.log(RESULTS[0])
+    t.close()
+    assert capsys.readouterr().err == f"warning: --log-to wandb: run {RESULTS[0][2]['run']} not logged: OSError: disk full\n"

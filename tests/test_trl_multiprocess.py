@@ -1,0 +1,84 @@
+"""GRPOBenchTrainer on two CPU processes (gloo) equals one process on the same global batch.
+
+tests/trl_worker.py trains 4 optimizer steps (2 rollouts of 16 completions, 2 micro-batches of
+gradient accumulation, 2 passes per rollout) with RLOO, clip-higher, k1 in the reward, a
+reference refreshed every 2 rollouts, mask_truncated and the top_entropy step filter: once in
+one process, once as two under torch.distributed.run (what `accelerate launch` runs for several
+processes; `accelerate launch --cpu --num_processes 2` starts one process, not two). The two runs
+agree: the advantages of every rollout and the trained weights to fp64 rounding, TRL's log
+(its loss and the registry's metrics) at every step to fp32 rounding. Before the registry's
+metrics were weighted by each process's tokens, loss/policy here differed by up to 9%.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import ROOT
+
+pytest.importorskip("trl")
+WORKER = ROOT / "tests" / "trl_worker.py"
+TIMING = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+
+
+def _run(cmd):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    r = subprocess.run(list(map(str, cmd)), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("trl_procs")
+    _run([sys.executable, WORKER, d / "one.pt"])
+    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", WORKER, d / "two.pt"])
+    return [torch.load(d / f, weights_only=False) for f in ("one.pt", "two.pt")]
+
+
+def test_two_processes_ran_over_gloo(runs):
+    one, two = runs
+    assert (one["procs"], one["backend"]) == (1, None) and (two["procs"], two["backend"]) == (2, "gloo")
+
+
+def test_same_global_batch_and_same_advantages(runs):
+    one, two = runs
+    assert len(one["seen"]) == len(two["seen"]) == 2          # two rollouts
+    from grpo_bench.lm.tokenizer import build_char_tokenizer
+    pad = build_char_tokenizer().pad_token_id
+    for a, b in zip(one["seen"], two["seen"]):
+        # the test's premise: the same completions, in the same global order
+        assert torch.equal(a["completion_ids"], b["completion_ids"])
+        torch.testing.assert_close(b["advantages"], a["advantages"], rtol=1e-12, atol=1e-12)
+        assert a["advantages"].abs().max() > 0.1
+        # and a case where weighting matters: the processes' halves of a micro-batch hold unequal token counts
+        tokens = (a["completion_ids"] != pad).sum(1)
+        assert tokens[0:4].sum() != tokens[8:12].sum() or tokens[4:8].sum() != tokens[12:16].sum()
+
+
+def test_every_logged_value_matches(runs):
+    one, two = runs
+    assert len(one["log"]) == len(two["log"]) == 5            # 4 steps and the run's summary
+    registry = {"loss/policy", "clip/frac", "clip/low_frac", "clip/high_frac", "entropy", "kl/value",
+                "filter/top_entropy/gated"}
+    per_rollout = {"kl/coef", "delta/abs_mean", "reward/penalised", "filter/mask_truncated/removed"}
+    for step, (a, b) in enumerate(zip(one["log"], two["log"])):
+        assert a.keys() == b.keys(), step
+        if step < 4:
+            assert registry <= a.keys() and (per_rollout <= a.keys()) == (step % 2 == 0), step
+        for k in a.keys() - set(TIMING):
+            # fp32 tolerance: TRL's entropies and its running loss are fp32 whatever the model's dtype
+            assert b[k] == pytest.approx(a[k], rel=1e-6, abs=1e-9), (step, k)
+    logged = lambda k: [row[k] for row in one["log"] if k in row]  # noqa: E731
+    # not vacuous: the second pass over a rollout clips, the step filter gates some tokens, KL is on
+    assert max(logged("clip/frac")) > 0.01 and all(0 < g < 1 for g in logged("filter/top_entropy/gated"))
+    assert min(logged("filter/mask_truncated/removed")) > 0 and max(map(abs, logged("kl/value"))) > 0.01
+
+
+def test_the_trained_weights_match(runs):
+    one, two = runs
+    assert one["weights"].keys() == two["weights"].keys()
+    for k, w in one["weights"].items():
+        torch.testing.assert_close(two["weights"][k], w, rtol=1e-10, atol=1e-12)
+    assert max(w.abs().max() for k, w in one["weights"].items() if "lora_B" in k) > 0.01   # LoRA B starts at 0
