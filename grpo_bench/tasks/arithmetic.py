@@ -83,6 +83,9 @@ class WarmstartSection:
     """SFT peak learning rate (linear warm-up over a tenth of the steps, then constant)."""
     seed: int = 0
     """Seed of the SFT data and of tiny-scratch's initial weights."""
+    scratchpad: float = 0.0
+    """Share of SFT answers written out column by column before the result (`(7+5=12 4+8+1=13)132`,
+    additions only); the rest answer at once. A model that has seen both may choose either."""
 
 
 @dataclass
@@ -111,6 +114,9 @@ class ArithmeticConfig:
     """Rollout sampling (section)."""
     ops: dict = field(default_factory=_default_ops)
     """Operations and their operand range [lo, hi], any of add, sub, mul, floordiv (divisor 0 is skipped)."""
+    operands: str = "uniform"
+    """How operands are drawn from [lo, hi]: `uniform`, or `digits` (a digit count uniformly among those the
+    range holds, then a value with that many digits: 1- to 4-digit operands equally often in [0, 9999])."""
     template: str = "auto"
     """Prompt: `plain` (`17+25=`), `chat` (the tokenizer's chat template), `auto` (chat if the tokenizer has one)."""
     prompts_per_step: int = 32
@@ -133,6 +139,12 @@ class ArithmeticConfig:
         from ..lm import problems, shipped
 
         problems.check_ops(self.ops)
+        if self.operands not in problems.OPERANDS:
+            raise ValueError(f"operands: unknown {self.operands!r}; valid: {', '.join(problems.OPERANDS)}")
+        if self.warmstart.scratchpad:
+            if not 0 <= self.warmstart.scratchpad <= 1:
+                raise ValueError(f"warmstart.scratchpad: must be in [0, 1], got {self.warmstart.scratchpad}")
+            problems.check_scratchpad(self.ops)
         if self.template not in problems.TEMPLATES:
             raise ValueError(f"template: unknown {self.template!r}; valid: {', '.join(problems.TEMPLATES)}")
         if not self.model.source:
@@ -207,7 +219,7 @@ class Arithmetic:
                           f"lm_head(final hidden state) ({', '.join(models.PLAIN_HEADS)}): its log-probs "
                           "go through the materialised (N, T, V) logits", stacklevel=2)
         self.template = problems.resolve_template(cfg.template, self.tokenizer)
-        self.heldout = problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed)
+        self.heldout = problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed, cfg.operands)
         self._exclude = problems.exclusion(self.heldout)
         self.rewards = rewards.check(cfg.rewards, "arithmetic")
         self._problems, self._models, self._rewards_mod = problems, models, rewards
@@ -257,7 +269,8 @@ class Arithmetic:
 
     def rollout(self, epoch: int, group_size: int, gen: torch.Generator) -> Rollout:
         seed = self._seed(gen, epoch)
-        batch = self._problems.train_batch(self.cfg.ops, self.cfg.prompts_per_step, random.Random(seed), self._exclude)
+        batch = self._problems.train_batch(self.cfg.ops, self.cfg.prompts_per_step, random.Random(seed), self._exclude,
+                                           self.cfg.operands)
         ids, attn = self._prompts(batch)
         tokens = self._generate(ids, attn, group_size, sample=True, seed=seed)  # (B*G, T)
         texts, mask, finished = self._decode(tokens)
