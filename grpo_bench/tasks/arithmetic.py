@@ -10,7 +10,7 @@ does, so a temperature other than 1 does not make the "on-policy" data
 off-policy. They never hold the (N, T, V) logits: the final hidden states and
 the LM head's weight go through the fused, row-chunked head + log-prob kernel
 (backend torch keeps the materialised logits, as the reference). Held-out
-greedy accuracy and pass@k go to `eval/`.
+greedy accuracy, pass@k and mean@k go to `eval/`.
 
 This module is imported whenever tasks are listed, so its top level is the
 config and the class; transformers and peft load only when a task is built.
@@ -128,7 +128,8 @@ class ArithmeticConfig:
     eval_seed: int = 1234
     """Seed of the held-out set; the same for every run so variants are compared on the same problems."""
     pass_k: int = 8
-    """k of eval/pass@k (k samples per held-out problem); 0 skips it."""
+    """k of eval/pass@k and eval/mean@k (k samples per held-out problem: whether any is right, and the share
+    that is); 0 skips both."""
 
     @property
     def generation_budget(self) -> int:
@@ -357,15 +358,15 @@ class Arithmetic:
 
     @torch.no_grad()
     def evaluate(self, gen: torch.Generator) -> dict[str, float]:
-        """Held-out greedy accuracy, reward and format rate, pass@k of sampled completions, and
-        the gain in accuracy over the base model (the warm-start: the adapter switched off)."""
+        """Held-out greedy accuracy, reward and format rate, pass@k and mean@k of k sampled completions,
+        and the gain in accuracy over the base model (the warm-start: the adapter switched off)."""
         # Sampling seeds come from the run seed and a counter, not from `gen`, so that
         # how often a run is evaluated never changes its training stream.
         self._evals += 1
         seed = self.run_cfg.seed * 1_000_003 + 7919 * self._evals
-        correct, fmt = self._rewards_mod.correct, self._rewards_mod.format_reward
+        correct, fmt = self._rewards_mod.correct, self._rewards_mod.scratchpad_format
         k, chunk = self.cfg.pass_k, 256
-        totals = dict.fromkeys(["accuracy", "reward", "format", "pass@k"], 0.0)
+        totals = dict.fromkeys(["accuracy", "reward", "format", "pass@k", "mean@k"], 0.0)
         for start in range(0, len(self.heldout), chunk):
             batch = self.heldout[start:start + chunk]
             answers = [p.answer for p in batch]
@@ -377,10 +378,11 @@ class Arithmetic:
             if k:
                 ids, attn = self._prompts(batch)
                 texts, _, _ = self._decode(self._generate(ids, attn, k, sample=True, seed=seed + start))
-                hits = torch.tensor(correct([], texts, answer=[a for a in answers for _ in range(k)]))
-                totals["pass@k"] += hits.view(len(batch), k).amax(-1).sum().item()
+                hits = torch.tensor(correct([], texts, answer=[a for a in answers for _ in range(k)])).view(len(batch), k)
+                totals["pass@k"] += hits.amax(-1).sum().item()   # some of the k samples is right
+                totals["mean@k"] += hits.mean(-1).sum().item()   # the share of them that is: the sampler's accuracy
         if not k:
-            del totals["pass@k"]
+            del totals["pass@k"], totals["mean@k"]
         out = {f"eval/{name}": v / len(self.heldout) for name, v in totals.items()}
         out["eval/accuracy_gain"] = out["eval/accuracy"] - self._base_accuracy()
         return out
