@@ -84,8 +84,8 @@ def starting_model(cfg, device: torch.device, dtype: torch.dtype | None = None):
     from . import shipped
 
     source = cfg.model.source
-    if source == shipped.TINY:
-        return load(str(shipped.directory()), device, dtype)
+    if shipped.name(source):
+        return load(str(shipped.directory(shipped.name(source))), device, dtype)
     if source == shipped.SCRATCH:
         from .tokenizer import build_char_tokenizer
 

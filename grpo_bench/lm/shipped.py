@@ -1,12 +1,13 @@
-"""The embedded default model: a warm-started 2-layer GPT-2 shipped in tasks/arithmetic_tiny/.
+"""Checkpoints shipped with the presets: `model.source: tiny` (tasks/arithmetic_tiny/) or `shipped:<dir>`.
 
 A warm-start stopped mid-way through the model's jump in accuracy amplifies the last-bit
 differences of each CPU's kernels: the same recipe gave 21.5% held-out accuracy on one
-machine and 12% on another. So the checkpoint is built once (tasks/arithmetic_tiny/build.py,
-the code that built it) and shipped; `model.source: tiny` loads it, identical everywhere.
-manifest.json records each file's SHA-256, the task settings it was warm-started for (its
-held-out problems were kept out of its training) and its held-out greedy accuracy; a test
-holds the shipped files to both.
+machine and 12% on another. So a start point is built once (tasks/<dir>/build.py, the code
+that built it) and shipped as tasks/<dir>/checkpoint/; `model.source: shipped:<dir>` loads
+it, identical everywhere, and `tiny` is the first of them, tasks/arithmetic_tiny/.
+Each directory's manifest.json records each file's SHA-256, the task settings it was
+warm-started for (its held-out problems were kept out of its training) and its held-out
+greedy accuracy; a test holds every shipped directory's files to both.
 """
 from __future__ import annotations
 
@@ -18,21 +19,38 @@ from pathlib import Path
 from .. import presets
 
 TINY, SCRATCH = "tiny", "tiny-scratch"
-# settings that define the held-out split the checkpoint never saw
-SPLIT_KEYS = ("ops", "eval_size", "eval_seed")
+PREFIX = "shipped:"
+DEFAULT = "arithmetic_tiny"  # what `tiny` names
+# settings that define the held-out split the checkpoint never saw, and their values in a
+# manifest written before the setting existed
+SPLIT_KEYS = ("ops", "eval_size", "eval_seed", "operands")
+SPLIT_DEFAULTS = {"operands": "uniform"}
 
 
-def root() -> Path:
-    return presets.tasks_dir() / "arithmetic_tiny"
+def name(source: str) -> str | None:
+    """The shipped directory a model.source names (`tiny` or `shipped:<dir>`), else None."""
+    if source == TINY:
+        return DEFAULT
+    if source.startswith(PREFIX):
+        return source[len(PREFIX):]
+    return None
 
 
-def directory() -> Path:
-    return root() / "checkpoint"
+def available() -> list[str]:
+    return sorted(p.parent.name for p in presets.tasks_dir().glob("*/manifest.json"))
 
 
-@lru_cache(maxsize=1)
-def manifest() -> dict:
-    return json.loads((root() / "manifest.json").read_text())
+def root(which: str = DEFAULT) -> Path:
+    return presets.tasks_dir() / which
+
+
+def directory(which: str = DEFAULT) -> Path:
+    return root(which) / "checkpoint"
+
+
+@lru_cache(maxsize=None)
+def manifest(which: str = DEFAULT) -> dict:
+    return json.loads((root(which) / "manifest.json").read_text())
 
 
 def file_hashes(directory: Path) -> dict[str, str]:
@@ -40,12 +58,24 @@ def file_hashes(directory: Path) -> dict[str, str]:
             for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+def split(which: str = DEFAULT) -> dict:
+    """The held-out split a shipped checkpoint was warm-started for, every SPLIT_KEY present."""
+    return {key: manifest(which)["task"].get(key, SPLIT_DEFAULTS.get(key)) for key in SPLIT_KEYS}
+
+
 def check_compatible(cfg) -> None:
-    """ValueError("key: ...") when a task config would evaluate the shipped model on problems it trained on."""
-    split = manifest()["task"]
+    """ValueError("key: ...") when model.source names no shipped checkpoint, or when a task config
+    would evaluate a shipped model on problems it trained on."""
+    source = cfg.model.source
+    which = name(source)
+    if which not in available() or not (directory(which) / "config.json").is_file():
+        raise ValueError(f"model.source: no shipped checkpoint {source!r} (tasks/{which}/ with manifest.json "
+                         f"and checkpoint/); valid: {TINY}, " + ", ".join(PREFIX + n for n in available()))
+    want = split(which)
     for key in SPLIT_KEYS:
-        if getattr(cfg, key) != split[key]:
-            raise ValueError(f"{key}: model.source tiny was warm-started on ops {split['ops']} with held-out "
-                             f"set (eval_size {split['eval_size']}, eval_seed {split['eval_seed']}) kept out; "
-                             f"with {key} {getattr(cfg, key)!r} it would be scored on problems it trained on; "
-                             "use model.source tiny-scratch with warmstart.steps > 0")
+        if getattr(cfg, key) != want[key]:
+            raise ValueError(f"{key}: model.source {source} was warm-started on ops {want['ops']} "
+                             f"({want['operands']} operands) with held-out set (eval_size {want['eval_size']}, "
+                             f"eval_seed {want['eval_seed']}) kept out; with {key} {getattr(cfg, key)!r} it would "
+                             "be scored on problems it trained on; use model.source tiny-scratch with "
+                             "warmstart.steps > 0")

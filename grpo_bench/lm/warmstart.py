@@ -45,7 +45,8 @@ def spec(cfg) -> dict:
     from . import shipped
 
     source = cfg.model.source
-    identity = shipped.manifest()["files"] if source == shipped.TINY else _model_identity(source)
+    which = shipped.name(source)
+    identity = shipped.manifest(which)["files"] if which else _model_identity(source)
     out = {
         "version": VERSION, "model": identity, "ops": cfg.ops, "template": cfg.template,
         "eval_size": cfg.eval_size, "eval_seed": cfg.eval_seed, "steps": cfg.warmstart.steps,

@@ -46,7 +46,8 @@ class ModelSection:
 
     source: str = "tiny"
     """`tiny`: the embedded warm-started 2-layer GPT-2 shipped in tasks/arithmetic_tiny/ (offline and
-    identical on every machine); `tiny-scratch`: that architecture with fresh weights (layers, width,
+    identical on every machine); `shipped:<dir>`: another checkpoint shipped that way, in tasks/<dir>/;
+    `tiny-scratch`: that architecture with fresh weights (layers, width,
     heads below), to warm-start yourself; a hub id (`Qwen/Qwen2.5-0.5B-Instruct`) or a local
     `save_pretrained` directory."""
     layers: int = 2
@@ -173,7 +174,7 @@ class ArithmeticConfig:
                 raise ValueError(f"{key}: must be >= 0, got {value}")
         if self.warmstart.steps and (self.warmstart.batch < 1 or self.warmstart.lr <= 0):
             raise ValueError("warmstart.batch: batch must be >= 1 and warmstart.lr > 0 when warmstart.steps > 0")
-        if self.model.source == shipped.TINY:
+        if shipped.name(self.model.source):
             shipped.check_compatible(self)
 
 
