@@ -249,7 +249,25 @@ def test_model_and_tokenizer_load_from_a_local_directory(tmp_path):
         logp, _ = task.logprobs(ro)
     assert torch.isfinite(logp).all()
     assert set(task.evaluate()[0]) == {"eval/accuracy", "eval/reward", "eval/format", "eval/pass@k",
-                                       "eval/accuracy_gain"}
+                                       "eval/mean@k", "eval/accuracy_gain"}
+
+
+def test_pass_and_mean_at_k_from_known_samples(monkeypatch):
+    task, _ = make()  # 12 held-out problems, k = 2
+    n, k = len(task.heldout), task.cfg.pass_k
+    right = [str(p.answer) for p in task.heldout]
+    wrong = [str(p.answer + 1) for p in task.heldout]
+    # problems 0-3: one of two samples right; 4-7: none; 8-11: both
+    samples = [t for i in range(n) for t in ((right[i], wrong[i]) if i < 4 else (wrong[i],) * 2 if i < 8 else (right[i],) * 2)]
+    greedy = right[:6] + wrong[6:]
+    sampled = []
+    monkeypatch.setattr(task, "_generate", lambda ids, attn, gens: sampled.append(gens is not None) or torch.zeros(len(ids), 1))
+    monkeypatch.setattr(task, "_decode", lambda tokens: (samples if sampled[-1] else greedy, torch.ones(len(tokens), 3),
+                                                         torch.ones(len(tokens), dtype=torch.bool)))
+    out = task.evaluate()[0]
+    assert out["eval/pass@k"] == pytest.approx(8 / 12) and k == 2
+    assert out["eval/mean@k"] == pytest.approx((4 * 0.5 + 4 * 1.0) / 12)
+    assert out["eval/accuracy"] == pytest.approx(0.5) and out["eval/accuracy_gain"] == 0.0  # base = same greedy
 
 
 def test_warmstart_is_cached_by_config(tmp_path, monkeypatch):

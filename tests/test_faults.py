@@ -605,7 +605,8 @@ def checkpoint_copy(tmp_path, monkeypatch):
     """shipped.root() pointed at a copy of tasks/arithmetic_tiny, to tamper with."""
     root = tmp_path / "arithmetic_tiny"
     shutil.copytree(shipped.root(), root)
-    monkeypatch.setattr(shipped, "root", lambda: root)
+    real = shipped.root
+    monkeypatch.setattr(shipped, "root", lambda which=shipped.DEFAULT: root if which == shipped.DEFAULT else real(which))
     shipped.manifest.cache_clear()
     yield root
     shipped.manifest.cache_clear()

@@ -51,6 +51,15 @@ def test_rewards_on_malformed_completions_are_defined():
     assert rewards.correct(prompts, bad) == [0.0] * n  # no answers given: nothing is correct
 
 
+def test_scratchpad_format_takes_a_worked_answer_or_a_bare_one():
+    texts = ["432", "(7+5=12 4+8+1=13 3+0+1=4)432", " (3+4=7) 7 ", "(7+5=12 4+8", "(7+5=12)", "(1)(2)3",
+             "((7+5=12))432", "432(7+5=12)", "(7+5=12)432junk", "(7+5=12)432"]
+    finished = [True] * (len(texts) - 1) + [False]
+    assert rewards.scratchpad_format([], texts, finished=finished) == [1, 1, 1, 0, 0, 0, 0, 0, 0, 0]
+    # the bare-integer format is the old one: a worked answer is not a bare integer
+    assert rewards.format_reward([], texts[:2]) == [1.0, 0.0]
+
+
 def test_combine_weights_and_plugins():
     fns = rewards.check({"correct": 1.0, "format": 0.5, "grpo_bench.algos.rewards:length_penalty": 2.0,
                          "arithmetic_rewards:digits": 0.5}, "arithmetic")

@@ -1,16 +1,21 @@
-"""The shipped tiny checkpoint is the file its manifest describes, and scores what the manifest says."""
+"""Shipped checkpoints are the files their manifests describe, score what the manifests say, and guard their splits."""
 import pytest
 
+from grpo_bench.config import ConfigError, resolve_run
 from grpo_bench.lm import shipped
 
 
-def test_files_match_their_recorded_hashes():
-    assert shipped.file_hashes(shipped.directory()) == shipped.manifest()["files"]
+@pytest.mark.parametrize("which", shipped.available())
+def test_files_match_their_recorded_hashes(which):
+    assert shipped.file_hashes(shipped.directory(which)) == shipped.manifest(which)["files"]
+
+
+def test_every_shipped_directory_is_found():
+    assert shipped.DEFAULT in shipped.available()
 
 
 def test_heldout_accuracy_is_the_recorded_one(tmp_path, monkeypatch):
     monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path))
-    from grpo_bench.config import resolve_run
     from grpo_bench.registry import get
 
     cfg = resolve_run({"task": "arithmetic_tiny"})
@@ -23,9 +28,24 @@ def test_heldout_accuracy_is_the_recorded_one(tmp_path, monkeypatch):
 
 
 def test_the_shipped_model_is_the_default_and_guards_its_split():
-    from grpo_bench.config import ConfigError, resolve_run
-
     cfg = resolve_run({"task": "arithmetic"})
     assert cfg.task.model.source == shipped.TINY and cfg.task.warmstart.steps == 0
     with pytest.raises(ConfigError, match="task.eval_size: model.source tiny was warm-started"):
         resolve_run({"task": {"name": "arithmetic", "eval_size": 100}})
+    # a manifest from before `operands` existed was drawn uniformly, and says so
+    assert shipped.split(shipped.DEFAULT)["operands"] == "uniform"
+    with pytest.raises(ConfigError) as err:
+        resolve_run({"task": {"name": "arithmetic", "operands": "digits"}})
+    assert err.value.key == "task.operands"
+
+
+def test_sources_name_shipped_directories():
+    assert shipped.name("tiny") == shipped.DEFAULT == "arithmetic_tiny"
+    assert shipped.name("shipped:arithmetic_tiny") == "arithmetic_tiny"
+    assert shipped.name("tiny-scratch") is None and shipped.name("Qwen/Qwen2.5-0.5B-Instruct") is None
+    # `shipped:arithmetic_tiny` is `tiny` under its directory's name: the same split guard
+    cfg = resolve_run({"task": {"name": "arithmetic", "model": {"source": "shipped:arithmetic_tiny"}}})
+    assert cfg.task.eval_size == 200
+    with pytest.raises(ConfigError) as err:
+        resolve_run({"task": {"name": "arithmetic", "model": {"source": "shipped:nope"}}}, "x.yaml")
+    assert err.value.key == "task.model.source" and "valid: tiny, shipped:arithmetic_tiny" in str(err.value)

@@ -18,7 +18,7 @@ import sys
 from typing import Callable
 
 from .. import presets
-from ..lm.rewards import extract_answer, is_bare_int
+from ..lm.rewards import extract_answer, is_answer, is_bare_int
 from ..registry import entry, names, register
 
 RewardFn = Callable[..., list]
@@ -66,6 +66,18 @@ def format_reward(prompts: list, completions: list, finished: list | None = None
     """
     done = finished if finished is not None else [True] * len(completions)
     return [float(is_bare_int(c) and bool(f)) for c, f in zip(completions, done)]
+
+
+@register("reward", "scratchpad_format", task="arithmetic")
+def scratchpad_format(prompts: list, completions: list, finished: list | None = None, **kwargs) -> list[float]:
+    """1 if the completion ended with EOS and is a bare integer, or a scratchpad in parentheses then
+    a bare integer (`(7+5=12 4+8+1=13)132`), else 0.
+
+    Source: `format` for the scratchpad preset (tasks/arithmetic_scratchpad.yaml), whose answers may be
+    worked out first; the held-out eval/format of every preset.
+    """
+    done = finished if finished is not None else [True] * len(completions)
+    return [float(is_answer(c) and bool(f)) for c, f in zip(completions, done)]
 
 
 @register("reward", "length", task="arithmetic")

@@ -80,8 +80,8 @@ def starting_model(cfg, device: torch.device, dtype: torch.dtype | None = None):
     from . import shipped
 
     source = cfg.model.source
-    if source == shipped.TINY:
-        return load(str(shipped.verify()), device, dtype)
+    if shipped.name(source):
+        return load(str(shipped.verify(shipped.name(source))), device, dtype)
     if source == shipped.SCRATCH:
         from .tokenizer import build_char_tokenizer
 

@@ -12,6 +12,8 @@ import re
 _NUMBER = re.compile(r"-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?")
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _BARE_INT = re.compile(r"\s*-?[0-9]+\s*")
+# an answer worked out first: `(7+5=12 4+8+1=13)132`, the working in one pair of parentheses
+_WORKED = re.compile(r"\s*\([^()]*\)\s*-?[0-9]+\s*")
 # int() refuses more than 4300 digits and no result of this task is that long
 MAX_DIGITS = 64
 
@@ -37,3 +39,8 @@ def extract_answer(text: str) -> int | None:
 
 def is_bare_int(text: str) -> bool:
     return isinstance(text, str) and _BARE_INT.fullmatch(text) is not None
+
+
+def is_answer(text: str) -> bool:
+    """A bare integer, or a parenthesised scratchpad followed by one."""
+    return isinstance(text, str) and (_BARE_INT.fullmatch(text) is not None or _WORKED.fullmatch(text) is not None)

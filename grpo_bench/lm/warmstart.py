@@ -45,7 +45,8 @@ def spec(cfg) -> dict:
     from . import shipped
 
     source = cfg.model.source
-    identity = shipped.manifest()["files"] if source == shipped.TINY else _model_identity(source)
+    which = shipped.name(source)
+    identity = shipped.manifest(which)["files"] if which else _model_identity(source)
     out = {
         "version": VERSION, "model": identity, "ops": cfg.ops, "template": cfg.template,
         "eval_size": cfg.eval_size, "eval_seed": cfg.eval_seed, "steps": cfg.warmstart.steps,
@@ -53,6 +54,11 @@ def spec(cfg) -> dict:
     }
     if source == shipped.SCRATCH:
         out["tiny"] = [cfg.model.layers, cfg.model.width, cfg.model.heads]
+    # only when set, so the checkpoints cached before these keys existed keep their names
+    if cfg.operands != "uniform":
+        out["operands"] = cfg.operands
+    if cfg.warmstart.scratchpad:
+        out["scratchpad"] = cfg.warmstart.scratchpad
     return out
 
 
@@ -101,13 +107,16 @@ def _build(cfg, device: torch.device):
     return model, tokenizer, accuracy
 
 
-def _sequences(tokenizer, batch: list[problems.Problem], template: str, eos: int, device: torch.device):
-    """Left-padded prompt+answer+EOS ids, attention mask, and labels (-100 outside the answer)."""
+def _sequences(tokenizer, batch: list[problems.Problem], template: str, eos: int, device: torch.device,
+               scratchpad: list[bool] | None = None):
+    """Left-padded prompt+answer+EOS ids, attention mask, and labels (-100 outside the answer);
+    scratchpad[i] writes the i-th answer out column by column (Problem.scratchpad)."""
     chat = template == "chat"
     rows, label_rows = [], []
-    for p in batch:
+    for i, p in enumerate(batch):
         prompt = tokenizer(problems.render(p, template, tokenizer), add_special_tokens=not chat).input_ids
-        answer = tokenizer(str(p.answer), add_special_tokens=False).input_ids + [eos]
+        text = p.scratchpad() if scratchpad and scratchpad[i] else str(p.answer)
+        answer = tokenizer(text, add_special_tokens=False).input_ids + [eos]
         rows.append(prompt + answer)
         label_rows.append([-100] * len(prompt) + answer)
     width = max(map(len, rows))
@@ -122,7 +131,7 @@ def sft(model, tokenizer, cfg, device: torch.device) -> float:
     """Train on prompt -> answer for cfg.warmstart.steps batches; returns token accuracy of the last batch."""
     template = problems.resolve_template(cfg.template, tokenizer)
     eos = tokenizer.eos_token_id if template == "plain" else _chat_eos(tokenizer, model)
-    exclude = problems.exclusion(problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed))
+    exclude = problems.exclusion(problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed, cfg.operands))
     rng = random.Random(cfg.warmstart.seed)
     torch.manual_seed(cfg.warmstart.seed)
     model.train()
@@ -133,8 +142,10 @@ def sft(model, tokenizer, cfg, device: torch.device) -> float:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
     accuracy = 0.0
     for _ in range(cfg.warmstart.steps):
-        batch = problems.train_batch(cfg.ops, cfg.warmstart.batch, rng, exclude)
-        ids, mask, labels = _sequences(tokenizer, batch, template, eos, device)
+        batch = problems.train_batch(cfg.ops, cfg.warmstart.batch, rng, exclude, cfg.operands)
+        # drawn only when asked for, so a run without scratchpads sees the data it always saw
+        pads = [rng.random() < cfg.warmstart.scratchpad for _ in batch] if cfg.warmstart.scratchpad else None
+        ids, mask, labels = _sequences(tokenizer, batch, template, eos, device, pads)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=models.positions(mask)).logits[:, :-1]
         target = labels[:, 1:]
         loss = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), target, ignore_index=-100)

@@ -10,7 +10,7 @@ does, so a temperature other than 1 does not make the "on-policy" data
 off-policy. They never hold the (N, T, V) logits: the final hidden states and
 the LM head's weight go through the fused, row-chunked head + log-prob kernel
 (backend torch keeps the materialised logits, as the reference). Held-out
-greedy accuracy and pass@k go to `eval/`.
+greedy accuracy, pass@k and mean@k go to `eval/`.
 
 This module is imported whenever tasks are listed, so its top level is the
 config and the class; transformers and peft load only when a task is built.
@@ -47,7 +47,8 @@ class ModelSection:
 
     source: str = "tiny"
     """`tiny`: the embedded warm-started 2-layer GPT-2 shipped in tasks/arithmetic_tiny/ (offline and
-    identical on every machine); `tiny-scratch`: that architecture with fresh weights (layers, width,
+    identical on every machine); `shipped:<dir>`: another checkpoint shipped that way, in tasks/<dir>/;
+    `tiny-scratch`: that architecture with fresh weights (layers, width,
     heads below), to warm-start yourself; a hub id (`Qwen/Qwen2.5-0.5B-Instruct`) or a local
     `save_pretrained` directory."""
     layers: int = 2
@@ -87,6 +88,9 @@ class WarmstartSection:
     """SFT peak learning rate (linear warm-up over a tenth of the steps, then constant)."""
     seed: int = 0
     """Seed of the SFT data and of tiny-scratch's initial weights."""
+    scratchpad: float = 0.0
+    """Share of SFT answers written out column by column before the result (`(7+5=12 4+8+1=13)132`,
+    additions only); the rest answer at once. A model that has seen both may choose either."""
 
 
 @dataclass
@@ -115,6 +119,9 @@ class ArithmeticConfig:
     """Rollout sampling (section)."""
     ops: dict = field(default_factory=_default_ops)
     """Operations and their operand range [lo, hi], any of add, sub, mul, floordiv (divisor 0 is skipped)."""
+    operands: str = "uniform"
+    """How operands are drawn from [lo, hi]: `uniform`, or `digits` (a digit count uniformly among those the
+    range holds, then a value with that many digits: 1- to 4-digit operands equally often in [0, 9999])."""
     template: str = "auto"
     """Prompt: `plain` (`17+25=`), `chat` (the tokenizer's chat template), `auto` (chat if the tokenizer has one)."""
     prompts_per_step: int = 32
@@ -126,7 +133,8 @@ class ArithmeticConfig:
     eval_seed: int = 1234
     """Seed of the held-out set; the same for every run so variants are compared on the same problems."""
     pass_k: int = 8
-    """k of eval/pass@k (k samples per held-out problem); 0 skips it."""
+    """k of eval/pass@k and eval/mean@k (k samples per held-out problem: whether any is right, and the share
+    that is); 0 skips both."""
 
     @property
     def generation_budget(self) -> int:
@@ -137,6 +145,12 @@ class ArithmeticConfig:
         from ..lm import problems, shipped
 
         problems.check_ops(self.ops)
+        if self.operands not in problems.OPERANDS:
+            raise ValueError(f"operands: unknown {self.operands!r}; valid: {', '.join(problems.OPERANDS)}")
+        if self.warmstart.scratchpad:
+            if not 0 <= self.warmstart.scratchpad <= 1:
+                raise ValueError(f"warmstart.scratchpad: must be in [0, 1], got {self.warmstart.scratchpad}")
+            problems.check_scratchpad(self.ops)
         if self.template not in problems.TEMPLATES:
             raise ValueError(f"template: unknown {self.template!r}; valid: {', '.join(problems.TEMPLATES)}")
         if not self.model.source:
@@ -167,7 +181,7 @@ class ArithmeticConfig:
                 raise ValueError(f"{key}: must be >= 0, got {value}")
         if self.warmstart.steps and (self.warmstart.batch < 1 or self.warmstart.lr <= 0):
             raise ValueError("warmstart.batch: batch must be >= 1 and warmstart.lr > 0 when warmstart.steps > 0")
-        if self.model.source == shipped.TINY:
+        if shipped.name(self.model.source):
             shipped.check_compatible(self)
 
 
@@ -219,7 +233,7 @@ class Arithmetic:
                           f"lm_head(final hidden state) ({', '.join(models.PLAIN_HEADS)}): its log-probs "
                           "go through the materialised (N, T, V) logits", stacklevel=2)
         self.template = problems.resolve_template(cfg.template, self.tokenizer)
-        self.heldout = problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed)
+        self.heldout = problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed, cfg.operands)
         # what each member's training stream never shows: the held-out set, and what its curriculum retired
         self._exclude = [problems.exclusion(self.heldout) for _ in self.seeds]
         self.rewards = rewards.check(cfg.rewards, "arithmetic")
@@ -292,7 +306,7 @@ class Arithmetic:
     def rollout(self, epoch: int, draw: int, group_size: int) -> Rollout:
         p, g, b = self.size, group_size, self.cfg.prompts_per_step
         batches = [self._problems.train_batch(self.cfg.ops, b, random.Random(rng.stream_seed(s, "prompts", epoch, draw)),
-                                              exclude) for s, exclude in zip(self.seeds, self._exclude)]
+                                              exclude, self.cfg.operands) for s, exclude in zip(self.seeds, self._exclude)]
         ids, attn = self._prompts([q for batch in batches for q in batch])          # (P B, L)
         gens = [rng.stream(s, "sample", epoch, draw) for s in self.seeds]
         tokens = self._generate(ids.repeat_interleave(g, 0), attn.repeat_interleave(g, 0), gens)  # (P B G, T)
@@ -421,14 +435,14 @@ class Arithmetic:
 
     @torch.no_grad()
     def evaluate(self) -> list[dict[str, float]]:
-        """Held-out greedy accuracy, reward and format rate, pass@k of sampled completions, and
-        the gain in accuracy over the base model (the warm-start: the adapter switched off), per member."""
+        """Held-out greedy accuracy, reward and format rate, pass@k and mean@k of k sampled completions,
+        and the gain in accuracy over the base model (the warm-start: the adapter switched off), per member."""
         # Sampling seeds come from the run seed and a counter, not from the training streams,
         # so that how often a run is evaluated never changes its training.
         self._evals += 1
         p, k = self.size, self.cfg.pass_k
-        correct, fmt = self._rewards_mod.correct, self._rewards_mod.format_reward
-        names = ["accuracy", "reward", "format"] + (["pass@k"] if k else [])
+        correct, fmt = self._rewards_mod.correct, self._rewards_mod.scratchpad_format
+        names = ["accuracy", "reward", "format"] + (["pass@k", "mean@k"] if k else [])
         # Chunks of EVAL_CHUNK problems whatever P (each member's k samples of a chunk come from
         # its stream for that chunk), summed in problem order at the end: a member's numbers
         # are the ones it has alone.
@@ -454,8 +468,9 @@ class Arithmetic:
                                                           attn.repeat_interleave(k, 0).repeat(p, 1), gens))
                 for i in range(p):
                     hits = torch.tensor(correct([], texts[i * n * k:(i + 1) * n * k],
-                                                answer=[a for a in answers for _ in range(k)]))
-                    scores[i][3] += hits.view(n, k).amax(-1).tolist()
+                                                answer=[a for a in answers for _ in range(k)])).view(n, k)
+                    scores[i][3] += hits.amax(-1).tolist()   # some of the k samples is right
+                    scores[i][4] += hits.mean(-1).tolist()   # the share of them that is: the sampler's accuracy
         totals = torch.tensor([[sum(v) for v in member] for member in scores], dtype=torch.float64)
         base = self._base_accuracy()
         out = []

@@ -1,0 +1,129 @@
+"""Arithmetic problems of 1-4 digit operands and their scratchpads: exact text, exact draw frequencies."""
+import collections
+import random
+
+import pytest
+
+from grpo_bench.config import ConfigError, resolve_run
+from grpo_bench.lm import problems
+from grpo_bench.lm.rewards import extract_answer, is_answer
+
+P = problems.Problem
+
+
+@pytest.mark.parametrize("a, b, text", [
+    (347, 85, "(7+5=12 4+8+1=13 3+0+1=4)432"),        # two carries, the shorter operand padded with 0
+    (9999, 9999, "(9+9=18 9+9+1=19 9+9+1=19 9+9+1=19)19998"),  # the longest: a carry out of the last column
+    (3, 4, "(3+4=7)7"),
+    (0, 0, "(0+0=0)0"),
+    (5, 1234, "(5+4=9 0+3=3 0+2=2 0+1=1)1239"),       # the second operand longer
+    (95, 5, "(5+5=10 9+0+1=10)100"),                 # a carry into a column of zeros, then out of it
+])
+def test_scratchpad_by_hand(a, b, text):
+    p = P(a, "add", b)
+    assert p.scratchpad() == text
+    assert extract_answer(text) == a + b and is_answer(text)
+
+
+def test_scratchpad_columns_recompute_the_sum():
+    # every column of every scratchpad: digit + digit + carry in = its sum, whose tens digit is the next carry
+    rng = random.Random(0)
+    for _ in range(500):
+        p = problems.sample({"add": [0, 9999]}, rng, "digits")
+        work, _, result = p.scratchpad()[1:].partition(")")
+        carry, digits = 0, []
+        for i, step in enumerate(work.split(" ")):
+            lhs, total = step.split("=")
+            terms = [int(t) for t in lhs.split("+")]
+            assert terms[:2] == [p.a // 10 ** i % 10, p.b // 10 ** i % 10] and terms[2:] == ([1] if carry else [])
+            assert int(total) == sum(terms)
+            carry, digits = int(total) // 10, [int(total) % 10] + digits
+        assert int(result) == p.answer == int("".join(map(str, [carry] * bool(carry) + digits)))
+
+
+def test_scratchpad_only_for_additions():
+    for p in (P(3, "sub", 1), P(-3, "add", 1), P(2, "mul", 2)):
+        with pytest.raises(ValueError, match="only for additions"):
+            p.scratchpad()
+    with pytest.raises(ConfigError) as err:
+        resolve_run({"task": {"name": "arithmetic", "model": {"source": "tiny-scratch"}, "ops": {"add": [0, 9], "sub": [0, 9]},
+                              "warmstart": {"steps": 1, "scratchpad": 0.5}}}, "x.yaml")
+    assert err.value.key == "task.ops"
+    with pytest.raises(ConfigError) as err:
+        resolve_run({"task": {"name": "arithmetic", "model": {"source": "tiny-scratch"}, "warmstart": {"scratchpad": 1.5}}}, "x.yaml")
+    assert err.value.key == "task.warmstart.scratchpad"
+    with pytest.raises(ConfigError) as err:
+        resolve_run({"task": {"name": "arithmetic", "operands": "log"}}, "x.yaml")
+    assert err.value.key == "task.operands"
+
+
+def test_digit_spans_by_hand():
+    assert problems._digit_spans(0, 9999) == (((0, 9),), ((10, 99),), ((100, 999),), ((1000, 9999),))
+    # a sign is not a digit: -7 and 5 are both one digit; the range cuts the spans it reaches into
+    assert problems._digit_spans(-120, 5) == (((-9, -1), (0, 5)), ((-99, -10),), ((-120, -100),))
+    assert problems._digit_spans(50, 150) == (((50, 99),), ((100, 150),))
+
+
+def test_digits_draws_each_count_equally_and_uniformly_within_it():
+    rng = random.Random(1)
+    n = 40_000
+    draws = [problems._operand(-120, 5, rng, "digits") for _ in range(n)]
+    counts = collections.Counter(len(str(abs(x))) for x in draws)
+    for d in (1, 2, 3):  # a third each, within 4 standard deviations of n/3
+        assert abs(counts[d] - n / 3) < 4 * (n * (1 / 3) * (2 / 3)) ** 0.5
+    ones = collections.Counter(x for x in draws if -9 <= x <= 5)
+    # 15 one-digit values (-9..5) share their third equally, negatives and positives alike
+    assert set(ones) == set(range(-9, 6))
+    assert max(ones.values()) - min(ones.values()) < 8 * (n / 3 / 15) ** 0.5
+    assert min(draws) >= -120 and max(draws) <= 5
+
+
+def test_uniform_operands_draw_what_they_always_drew():
+    # the default keeps the stream of the shipped tiny checkpoint's training, draw for draw
+    rng, old = random.Random(5), random.Random(5)
+    ops = {"add": [0, 99], "sub": [0, 99]}
+    for _ in range(50):
+        p = problems.sample(ops, rng)
+        name = old.choice(sorted(ops))
+        assert p == P(old.randint(0, 99), name, old.randint(0, 99))
+
+
+def test_digits_heldout_is_disjoint_from_training_and_covers_every_length():
+    ops = {"add": [0, 9999]}
+    held = problems.heldout(ops, 1000, 1234, "digits")
+    assert len(set(held)) == 1000 and held == problems.heldout(ops, 1000, 1234, "digits")
+    stream = problems.train_batch(ops, 3000, random.Random(0), problems.exclusion(held), "digits")
+    assert not set(stream) & problems.exclusion(held)
+    columns = collections.Counter(max(len(str(p.a)), len(str(p.b))) for p in stream)
+    # the longer of two uniform digit counts in 1..4: P(c) = (2c - 1) / 16, so 4 columns 7 times as often
+    # as 1; fewer 1s still, as most of the 100 sums of two digits are held out or their twins are
+    assert columns[4] > columns[3] > columns[2] > 2 * columns[1] > 0
+
+
+def test_warmstart_writes_the_scratchpads_it_is_asked_for():
+    from grpo_bench.lm import models, warmstart
+    from grpo_bench.lm.tokenizer import build_char_tokenizer
+
+    tok = models.prepare_tokenizer(build_char_tokenizer())
+    batch = [P(347, "add", 85), P(3, "add", 4)]
+    ids, mask, labels = warmstart._sequences(tok, batch, "plain", tok.eos_token_id, "cpu", [True, False])
+    answers = [tok.decode([t for t in row if t != -100]) for row in labels.tolist()]
+    assert answers == ["(7+5=12 4+8+1=13 3+0+1=4)432<eos>", "7<eos>"]
+    prompts = [tok.decode([t for t, m, y in zip(r, mr, yr) if m and y == -100]) for r, mr, yr in
+               zip(ids.tolist(), mask.tolist(), labels.tolist())]
+    assert prompts == ["<bos>347+85=", "<bos>3+4="]
+    plain = warmstart._sequences(tok, batch, "plain", tok.eos_token_id, "cpu")
+    assert tok.decode([t for t in plain[2][0].tolist() if t != -100]) == "432<eos>"
+
+
+def test_warmstart_cache_key_grows_only_with_the_new_settings():
+    from grpo_bench.lm import warmstart
+
+    def spec(**task):
+        return warmstart.spec(resolve_run({"task": {"name": "arithmetic", "model": {"source": "tiny-scratch"},
+                                                    "warmstart": {"steps": 5}, **task}}).task)
+
+    # the keys of a config without them are the ones it always had: its cached checkpoint keeps its name
+    assert "operands" not in spec() and "scratchpad" not in spec()
+    assert spec(operands="digits")["operands"] == "digits"
+    assert spec(warmstart={"steps": 5, "scratchpad": 0.3})["scratchpad"] == 0.3
