@@ -43,6 +43,24 @@ Part = Union[str, dict]  # a registered name, or {name: <name>, <param>: <value>
 PART_KEYS = ("delta", "loss", "aggregate", "kl", "kl_ctrl", "ref_update", "entropy_ctrl")
 
 
+SAMPLER_PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class SamplerSection:
+    """The policy that generates the rollouts, where it differs from the one that trains (an inference engine)."""
+
+    precision: str = "fp32"
+    """The sampler's copy of the weights and its compute: fp32 (the trainer's own), bf16 or fp16; its logits
+    are sampled from in fp32, as vLLM does. The mismatch of "Defeating the Training-Inference Mismatch via FP16"."""
+    staleness: int = 0
+    """The sampler's weights are the policy's of this many optimizer updates ago (PipelineRL-k, asynchronous RL)."""
+
+    @property
+    def active(self) -> bool:
+        return self.precision != "fp32" or self.staleness > 0
+
+
 @dataclass
 class RunConfig:
     """One training run: a task, one choice per GRPO axis, and the optimisation budget.
@@ -109,6 +127,9 @@ class RunConfig:
     """Log-prob / loss implementation: torch, chunked, triton, or auto (triton on CUDA, chunked on CPU)."""
     device: str = "cpu"
     """cpu, cuda, or auto (cuda when available)."""
+    sampler: SamplerSection = field(default_factory=SamplerSection)
+    """Who samples (section): a copy of the policy in another precision and/or some updates old. Its own
+    log-probs travel with the rollout (as an inference engine's do), for the corrections and mismatch/* metrics."""
 
 
 def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
@@ -257,6 +278,9 @@ def validate(cfg: RunConfig, source: str) -> None:
     _require(cfg.optimizer in OPTIMIZERS, source, "optimizer", f"unknown {cfg.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
     _require(cfg.device in ("cpu", "cuda", "auto"), source, "device", f"unknown {cfg.device!r}; valid: cpu, cuda, auto")
     _require(cfg.kl_coef >= 0, source, "kl_coef", f"must be >= 0, got {cfg.kl_coef}")
+    _require(cfg.sampler.precision in SAMPLER_PRECISIONS, source, "sampler.precision",
+             f"unknown {cfg.sampler.precision!r}; valid: {', '.join(SAMPLER_PRECISIONS)}")
+    _require(cfg.sampler.staleness >= 0, source, "sampler.staleness", f"must be >= 0, got {cfg.sampler.staleness}")
     _require(cfg.entropy_coef >= 0, source, "entropy_coef", f"must be >= 0, got {cfg.entropy_coef}")
     _require(cfg.nll_coef >= 0, source, "nll_coef", f"must be >= 0, got {cfg.nll_coef}")
     _check_adv_clip(cfg.adv_clip, source)

@@ -37,6 +37,8 @@ answer to take a length of) is NaN in the population's tensors and absent from i
 """
 from __future__ import annotations
 
+import collections
+import copy
 import time
 
 import torch
@@ -45,6 +47,7 @@ from torch.func import vmap
 
 from . import registry, rng
 from .algos import Batch, masked_mean
+from .algos.corrections import mismatch
 from .config import RunConfig, task_name
 from .optim import StackedOptimizer, clip_grad_norm
 from .recipe import Recipe
@@ -123,7 +126,8 @@ def _rollout_metrics(ro: Rollout) -> dict[str, Tensor]:
             "response/length": ro.lengths.float().flatten(1).mean(1), **ro.metrics}
 
 
-def sample(task, pop: Population, epoch: int, group_size: int, budget: int) -> tuple[Rollout, dict[str, Tensor]]:
+def sample(task, pop: Population, epoch: int, group_size: int, budget: int,
+           sampler: torch.nn.Module | None = None) -> tuple[Rollout, dict[str, Tensor]]:
     """Every member's batch for this epoch, through its rollout-stage filters, and its sampling metrics.
 
     A filter that marks groups as not kept (batch.keep) has them replaced, member by member,
@@ -154,7 +158,7 @@ def sample(task, pop: Population, epoch: int, group_size: int, budget: int) -> t
             task.retire(i, ro.prompts[i][sel] if isinstance(ro.prompts, Tensor) else [ro.prompts[i][j] for j in sel])
         return ro.replace(rewards=rewards, mask=mask), keep if drops["any"] else None, m
 
-    first = task.rollout(epoch, 0, group_size)
+    first = task.rollout(epoch, 0, group_size, sampler)
     metrics = _rollout_metrics(first)
     ro, keep, fm = run(first, 0)
     metrics |= fm
@@ -166,7 +170,7 @@ def sample(task, pop: Population, epoch: int, group_size: int, budget: int) -> t
         n_kept = keep.sum(1)
         while (n_kept < b).any() and len(parts) < max_draws:
             need = n_kept < b
-            more, more_keep, _ = run(task.rollout(epoch, len(parts), group_size), len(parts))
+            more, more_keep, _ = run(task.rollout(epoch, len(parts), group_size, sampler), len(parts))
             parts.append(more)
             keeps.append(more_keep & need.unsqueeze(1))  # a member that is full takes nothing more
             draws += need.float()
@@ -244,6 +248,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
     task = build_task(cfgs)
     params = [p for p in task.policy.parameters() if p.requires_grad]
     opt = StackedOptimizer(params, cfg.optimizer, [c.lr for c in cfgs], [c.weight_decay for c in cfgs])
+    sampler = Sampler(task.policy, params, cfg.sampler) if cfg.sampler.active else None
     max_norm = [c.max_grad_norm for c in cfgs]
     alive = list(range(len(cfgs)))            # which run each member is
     results: list = [None] * len(cfgs)
@@ -279,6 +284,8 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
             params = [p for p in task.policy.parameters() if p.requires_grad]
             opt.rebind(params)
             max_norm = [max_norm[i] for i in idx]
+            if sampler is not None:
+                sampler.keep(idx)
 
     if cfg.eval_every:
         evaluate(0)  # the starting point of every eval curve
@@ -292,7 +299,8 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
                 task.mix_reference(w)
         t0 = time.perf_counter()
         task.policy.eval()  # sampling and old log-probs without dropout
-        ro, epoch_metrics = sample(task, pop, epoch, cfg.group_size, budget)
+        ro, epoch_metrics = sample(task, pop, epoch, cfg.group_size, budget,
+                                   None if sampler is None else sampler.load(params))
         responses = epoch_metrics.pop("samples/responses").tolist()
         for i, m in enumerate(alive):
             samples[m] += responses[i]
@@ -311,6 +319,9 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
                 old_logp = task.logprobs(ro)[0]
                 task.policy.train()
         greedy = task.greedy_rewards(ro) if recipe.needs_greedy else None
+        sampler_logp = ro.sampler_logp
+        if sampler_logp is not None:  # how far the sampler is from the trainer on what it sampled
+            epoch_metrics |= vmap(mismatch)(old_logp, sampler_logp, mask)
         kl_coef = torch.tensor(pop.kl_coef, dtype=torch.float64)
         batch_rewards, lengths, finished = ro.rewards, ro.lengths, ro.finished
 
@@ -343,20 +354,22 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
                 gate, filter_metrics = pop.map(step_filter, batch_rewards, mask, lengths, finished, entropy,
                                                per_member=step_per_member, key=("step", step))
 
-            def loss_fn(logp_, old, ref, d, mask_, gate_, beta, ent, ent_coef, positive, numbers):
+            def loss_fn(logp_, old, ref, d, mask_, gate_, beta, ent, ent_coef, positive, sampled, numbers):
                 return recipe.loss(logp_, old, ref, d, mask_, gate_, kl_coef=beta, numbers=numbers, entropy=ent,
-                                   entropy_coef=ent_coef, positive=positive)
+                                   entropy_coef=ent_coef, positive=positive, sampler_logp=sampled)
 
             ent_coef = torch.tensor([c for _, c in pop.entropy], dtype=torch.float32)
             value, stats = pop.map(loss_fn, logp, old_logp, ref_logp if recipe.kl_in_loss else None, deltas, mask,
                                    gate, kl_coef, entropy if recipe.use_entropy else None, ent_coef,
-                                   batch_rewards > 0, per_member=loss_per_member, key=("loss", step))
+                                   batch_rewards > 0, sampler_logp, per_member=loss_per_member, key=("loss", step))
             finite = torch.isfinite(value)
             bad = [] if bool(finite.all()) else (~finite).nonzero().flatten().tolist()
             opt.zero_grad()
             (value[finite].sum() if bad else value.sum()).backward()
             gnorm = clip_grad_norm(params, max_norm)
             opt.step()
+            if sampler is not None:
+                sampler.updated(params)
             if recipe.use_entropy:  # each member's controller, from the mean entropy of its step
                 stats["entropy/coef"] = ent_coef
                 pop.entropy = [r.next_entropy_coef(h, state) for r, (state, _), h in
@@ -389,6 +402,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
                 p = len(alive)
                 ro = _narrow(ro, keep)
                 old_logp, mask, deltas = old_logp[keep], mask[keep], deltas[keep]
+                sampler_logp = None if sampler_logp is None else sampler_logp[keep]
                 ref_logp = None if ref_logp is None else ref_logp[keep]
                 batch_rewards, lengths, finished = batch_rewards[keep], lengths[keep], finished[keep]
                 kl_coef = kl_coef[keep]
@@ -420,6 +434,47 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
             summary.update({f"final/{k}": v for k, v in evals.items()})
             results[m] = summary
     return results
+
+
+class Sampler:
+    """The policy's copy that samples: in another precision and/or `staleness` optimizer updates old.
+
+    It holds one copy of the policy module in the sampler's dtype (the base weights cast once)
+    and the trainable parameters of the last `staleness` updates; before a rollout it loads the
+    oldest of them (the initial ones until there have been that many updates).
+    """
+
+    DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+    def __init__(self, policy: torch.nn.Module, params: list[Tensor], cfg):
+        self.model = copy.deepcopy(policy).to(self.DTYPES[cfg.precision]).eval()
+        self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]  # the policy's trainable ones
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.model.requires_grad_(False)
+        self.history: collections.deque = collections.deque(maxlen=cfg.staleness + 1)
+        self.updated(params)
+
+    def updated(self, params: list[Tensor]) -> None:
+        """After an optimizer step (and at the start): the policy's parameters now."""
+        if self.history.maxlen > 1:
+            self.history.append([p.detach().clone() for p in params])
+
+    @torch.no_grad()
+    def load(self, params: list[Tensor]) -> torch.nn.Module:
+        """The sampler for this rollout, its weights those of `staleness` updates ago, in its dtype."""
+        source = self.history[0] if self.history else params
+        for dst, src in zip(self.params, source):
+            dst.copy_(src)
+        return self.model
+
+    def keep(self, idx: list[int]) -> None:
+        for m in self.model.modules():
+            if hasattr(m, "keep"):  # a population's stacked module: the toy's policy, the LM's adapters
+                m.keep(idx)
+        named = dict(self.model.named_parameters())
+        self.params = [named[n] for n in self.names]
+        self.model.requires_grad_(False)
+        self.history = collections.deque(([x[idx] for x in snap] for snap in self.history), maxlen=self.history.maxlen)
 
 
 def _raised(e: Exception) -> Exception:

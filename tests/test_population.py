@@ -68,6 +68,9 @@ SORT_CASES = {
     "per_member_parts": [{"filters": [{"name": "dynamic_sampling", "max_draws": 3},
                                       {"name": "top_entropy", "rho": 0.5}], "loss": "clip_cov"}] * 3,
     "remax_and_sgd": [{"delta": "remax", "optimizer": "sgd", "lr": 0.05, "inner_steps": 1}] * 3,
+    # a sampler two updates old, in bf16, and a correction fed by its log-probs
+    "stale_bf16_sampler": [{"sampler": {"precision": "bf16", "staleness": 2}, "corrections": ["token_tis"],
+                            "lr": 0.01 * (i + 1)} for i in range(3)],
 }
 
 
@@ -83,7 +86,8 @@ def test_sort_population_equals_runs_alone(case):
 
 def test_lm_population_equals_runs_alone():
     raws = [{**LM, "seed": s, "kl_coef": 0.05, "ref_update": {"name": "hard", "every": 2},
-             "loss": {"name": "clipped", "clip_high": 0.2 + 0.1 * i}} for i, s in enumerate([2, 0, 1])]
+             "loss": {"name": "clipped", "clip_high": 0.2 + 0.1 * i}, "sampler": {"staleness": 1},
+             "corrections": ["token_mis"]} for i, s in enumerate([2, 0, 1])]
     together, alone = _both_ways(raws)
     for (res_p, rows_p), (res_a, rows_a) in zip(together, alone):
         assert _untimed(rows_p) == _untimed(rows_a)

@@ -162,21 +162,29 @@ def _next_tokens(logits: Tensor, gens: list[torch.Generator] | None, temperature
 
 @torch.no_grad()
 def generate(model: nn.Module, ids: Tensor, attention: Tensor, steps: int, eos: Tensor, pad: int,
-             gens: list[torch.Generator] | None = None, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
+             gens: list[torch.Generator] | None = None, temperature: float = 1.0, top_p: float = 1.0,
+             with_logprobs: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """(N, steps) completions of left-padded prompts (N, L), pad after each row's first EOS.
 
     gens None: greedy. Else one generator per member, rows member-major: member p's noise
-    comes from gens[p] alone, one (rows, V) draw per step.
+    comes from gens[p] alone, one (rows, V) draw per step. with_logprobs: also the sampler's
+    own log-probs (N, steps) of its tokens under softmax(fp32(logits) / T) (0 after EOS), as an
+    inference engine returns them.
     """
     positions = (attention.long().cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
     tokens = torch.full((ids.shape[0], steps), pad, dtype=ids.dtype, device=ids.device)
+    logprobs = torch.zeros(ids.shape[0], steps, device=ids.device)
     done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
     mask, pos = attention, positions[:, -1:]
     for t in range(steps):
-        nxt = _next_tokens(out.logits[:, -1].float(), gens, temperature, top_p)
+        logits = out.logits[:, -1].float()
+        nxt = _next_tokens(logits, gens, temperature, top_p)
         nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
         tokens[:, t] = nxt
+        if with_logprobs:
+            lp = torch.log_softmax(logits / temperature, -1).gather(-1, nxt[:, None])[:, 0]
+            logprobs[:, t] = torch.where(done, torch.zeros_like(lp), lp)
         done |= torch.isin(nxt, eos)
         if t == steps - 1 or bool(done.all()):  # later tokens of a finished row are pad whatever comes
             break
@@ -184,4 +192,4 @@ def generate(model: nn.Module, ids: Tensor, attention: Tensor, steps: int, eos: 
         pos = pos + 1
         out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=out.past_key_values,
                     use_cache=True)
-    return tokens
+    return (tokens, logprobs) if with_logprobs else tokens

@@ -36,6 +36,7 @@ class Rollout:
     extra: dict[str, Any] = field(default_factory=dict)      # (P, B, ...) tensors logprobs() needs again
     metrics: dict[str, Tensor] = field(default_factory=dict)  # (P,) per member, e.g. {"reward/correct": ...}
     components: Tensor | None = None  # (P, B, G, C) raw score of each of the task's C reward functions, in their order
+    sampler_logp: Tensor | None = None  # (P, B, G, T) the sampler's own log-probs of its tokens; None: the policy sampled
 
     def __post_init__(self):
         if self.finished is None:
@@ -56,7 +57,8 @@ class Rollout:
         return self.replace(prompts=pick(self.prompts), responses=pick(self.responses), mask=pick(self.mask),
                             rewards=pick(self.rewards), finished=pick(self.finished), lengths=pick(self.lengths),
                             extra={k: pick(v) for k, v in self.extra.items()},
-                            components=None if self.components is None else pick(self.components))
+                            components=None if self.components is None else pick(self.components),
+                            sampler_logp=None if self.sampler_logp is None else pick(self.sampler_logp))
 
     @staticmethod
     def cat(parts: list["Rollout"]) -> "Rollout":
@@ -71,16 +73,19 @@ class Rollout:
             mask=join([p.mask for p in parts]), rewards=join([p.rewards for p in parts]),
             finished=join([p.finished for p in parts]), lengths=join([p.lengths for p in parts]),
             extra={k: join([p.extra[k] for p in parts]) for k in first.extra}, metrics={},
-            components=None if first.components is None else join([p.components for p in parts]))
+            components=None if first.components is None else join([p.components for p in parts]),
+            sampler_logp=None if first.sampler_logp is None else join([p.sampler_logp for p in parts]))
 
 
 class Task(Protocol):
     policy: nn.Module  # its parameters with requires_grad are what the optimiser trains, each (P, ...)
 
-    def rollout(self, epoch: int, draw: int, group_size: int) -> Rollout:
+    def rollout(self, epoch: int, draw: int, group_size: int, sampler: nn.Module | None = None) -> Rollout:
         """Draw each member's prompts and sample group_size responses each (no grad), scored. `draw`
         counts the rollouts of this epoch (a filter that drops groups asks for more); member p's
-        prompts and sampling noise come from the streams rng.stream(seed_p, ..., epoch, draw)."""
+        prompts and sampling noise come from the streams rng.stream(seed_p, ..., epoch, draw).
+        `sampler`: a copy of the policy (other weights, another dtype) that samples instead of it;
+        its own log-probs of what it sampled come back in Rollout.sampler_logp."""
 
     def logprobs(self, rollout: Rollout, reference: bool = False) -> tuple[Tensor, Tensor | None]:
         """Per-token log pi(response token) (P, B, G, T) under the policy (with grad unless under

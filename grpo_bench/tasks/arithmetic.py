@@ -280,12 +280,15 @@ class Arithmetic:
             raise ValueError(f"a prompt is longer than the {self.width} tokens the task planned for")
         return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
 
-    def _generate(self, ids: Tensor, mask: Tensor, gens: list[torch.Generator] | None) -> Tensor:
-        """(N, max_new_tokens) completions of member-major prompt rows; gens None: greedy."""
+    def _generate(self, ids: Tensor, mask: Tensor, gens: list[torch.Generator] | None, model=None,
+                  with_logprobs: bool = False):
+        """(N, max_new_tokens) completions of member-major prompt rows; gens None: greedy. model: who
+        generates (the policy, or a sampler copy of it); with_logprobs: its log-probs of them too."""
         cfg = self.cfg.sampling
-        self.policy.eval()
-        return self._stacked.generate(self.policy, ids, mask, cfg.max_new_tokens, self.eos,
-                                      self.tokenizer.pad_token_id, gens, cfg.temperature, cfg.top_p)
+        model = self.policy if model is None else model
+        model.eval()
+        return self._stacked.generate(model, ids, mask, cfg.max_new_tokens, self.eos, self.tokenizer.pad_token_id,
+                                      gens, cfg.temperature, cfg.top_p, with_logprobs=with_logprobs)
 
     def _decode(self, tokens: Tensor) -> tuple[list[str], Tensor, Tensor]:
         """Text of generated tokens (N, T) up to EOS, their mask and whether they finished."""
@@ -303,13 +306,15 @@ class Arithmetic:
             finished=finished.tolist(), completion_lengths=mask.sum(-1).long().tolist(),
             max_new_tokens=self.cfg.sampling.max_new_tokens)
 
-    def rollout(self, epoch: int, draw: int, group_size: int) -> Rollout:
+    def rollout(self, epoch: int, draw: int, group_size: int, sampler=None) -> Rollout:
         p, g, b = self.size, group_size, self.cfg.prompts_per_step
         batches = [self._problems.train_batch(self.cfg.ops, b, random.Random(rng.stream_seed(s, "prompts", epoch, draw)),
                                               exclude, self.cfg.operands) for s, exclude in zip(self.seeds, self._exclude)]
         ids, attn = self._prompts([q for batch in batches for q in batch])          # (P B, L)
         gens = [rng.stream(s, "sample", epoch, draw) for s in self.seeds]
-        tokens = self._generate(ids.repeat_interleave(g, 0), attn.repeat_interleave(g, 0), gens)  # (P B G, T)
+        out = self._generate(ids.repeat_interleave(g, 0), attn.repeat_interleave(g, 0), gens, sampler,
+                             with_logprobs=sampler is not None)                 # (P B G, T)
+        tokens, sampler_logp = out if sampler is not None else (out, None)
         texts, mask, finished = self._decode(tokens)
         n = b * g
         rewards, metrics, components = [], {}, []
@@ -344,6 +349,7 @@ class Arithmetic:
             extra={"prompt_ids": ids.view(p, b, -1), "prompt_mask": attn.view(p, b, -1)},
             metrics=metrics,
             components=torch.stack(components),
+            sampler_logp=None if sampler_logp is None else sampler_logp.view(p, b, g, t),
         )
 
     # ------------------------------------------------------------------ log-probs

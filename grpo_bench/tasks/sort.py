@@ -203,10 +203,13 @@ class SortTask:
             out.append(prompts)
         return torch.stack(out).to(self.device)
 
-    def rollout(self, epoch: int, draw: int, group_size: int) -> Rollout:
+    def rollout(self, epoch: int, draw: int, group_size: int, sampler: nn.Module | None = None) -> Rollout:
         prompts = self._prompts(epoch, draw)                                    # (P, B, n)
+        model = self.policy if sampler is None else sampler
         with torch.no_grad():
-            probs = torch.softmax(self.policy(prompts).float(), dim=-1).cpu()   # (P, B, n, V)
+            # a low-precision sampler computes in its dtype; its logits are sampled from in fp32
+            logits = model(prompts.to(self.device)).float()
+            probs = torch.softmax(logits, dim=-1).cpu()                         # (P, B, n, V)
         p, b, n, v = probs.shape
         # Inverse-CDF sampling with each member's own uniforms, drawn on the CPU: identical
         # streams on any device, and two variants with the same seed and similar policies
@@ -218,8 +221,12 @@ class SortTask:
         rewards, metrics, components = score(self.rewards, prompts, responses)
         solved = (responses == prompts.sort(-1).values.unsqueeze(2)).all(-1).float()
         metrics["reward/solved"] = solved.flatten(1).mean(-1)
+        sampler_logp = None
+        if sampler is not None:  # what the sampler itself gives its tokens, as an inference engine returns them
+            lp = torch.log_softmax(logits, -1)                                  # (P, B, n, V)
+            sampler_logp = lp.gather(-1, responses.transpose(2, 3)).transpose(2, 3)
         return Rollout(prompts=prompts, responses=responses, mask=torch.ones(responses.shape, device=self.device),
-                       rewards=rewards, metrics=metrics, components=components)
+                       rewards=rewards, metrics=metrics, components=components, sampler_logp=sampler_logp)
 
     def retire(self, member: int, prompts: Tensor) -> None:
         """Member `member` never draws these prompts (N, n) again: a curriculum filter's decision."""
