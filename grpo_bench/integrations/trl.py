@@ -82,6 +82,7 @@ TRL_OWNED = {
     "max_grad_norm": "GRPOConfig.max_grad_norm", "seed": "GRPOConfig.seed", "log_every": "GRPOConfig.logging_steps",
     "eval_every": "GRPOConfig.eval_steps", "device": "accelerate (accelerate launch)",
     "kl_track": "GRPOConfig.beta > 0 (TRL logs kl only when the KL is in the loss)",
+    "sampler": "TRL's generation: GRPOConfig.use_vllm and its vllm_* settings (vLLM's log-probs reach the corrections)",
 }
 # GRPOConfig fields whose job the variant does; set away from TRL's default they would be
 # silently ignored, so they are refused.
