@@ -7,6 +7,8 @@ Layout under the output directory (results/<ablation>/ by default):
                            metrics file's row count and SHA-256: a damaged run is redone, never kept)
     metrics.parquet        long table: run, variant, <axes>, seed, step, metric, value
     summary.csv            one row per run: status, error, wall_s, final/* metrics
+    sweep.json             the last sweep that ran something: its time and place; with --seeds auto, why
+                           it stopped and each ordering's decision (run_sequential)
     *.png, REPORT.md       drawn from the two tables by grpo_bench.report
 
 Metrics are Parquet (zstd; float64 values, dictionary-encoded names): a twentieth of the CSV
@@ -571,7 +573,7 @@ def run_sequential(abl: Ablation, out: Path, orderings: list[str], execute) -> N
             raise
         with contextlib.suppress(Exception):
             record(look | {"stopped": "interrupted" if isinstance(e, KeyboardInterrupt) else "error",
-                           "reason": f"{type(e).__name__} during the batch after look {len(look['looks'])}"})
+                           "reason": f"{type(e).__name__} during batch {len(look['looks']) + 1}"})
         raise
 
 

@@ -35,9 +35,10 @@ def write(tmp_path, variants, claim=None, name="abl"):
     return path
 
 
-def sweep(path, out, cap):
+def sweep(path, out, cap, population=None):
     """An auto sweep in this process (no report): the runner's loop as `run --seeds auto:CAP` drives it."""
-    RN.run_ablation(load_ablation(path, seeds=cap), out, workers=1, threads=1, progress=False, sequential=True)
+    RN.run_ablation(load_ablation(path, seeds=cap), out, workers=1, threads=1, progress=False, sequential=True,
+                    population=population)
     return json.loads((out / "sweep.json").read_text())
 
 
@@ -50,7 +51,7 @@ def test_a_clear_difference_stops_before_the_cap(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["run", str(path), "--seeds", "auto:40", "--out", str(out), "--workers", "1", "--no-progress"]) == 0
     s = json.loads((out / "sweep.json").read_text())
-    # look 1 (5 pairs, O'Brien-Fleming boundary z 5.4 at a fraction 1/8 of the cap) cannot decide it; look 2 does
+    # look 1 (5 pairs: the boundary is z = 6.23 at 1/8 of the cap) cannot decide it; look 2 (z = 4.33) does
     assert (s["stopped"], s["reason"], s["looks"], s["seeds"]) == ("decided", "every ordering decided", [5, 10],
                                                                   list(range(10)))
     assert decisions(s) == {"still vs moving": ("moving > still", 10, 1)}
@@ -104,7 +105,7 @@ def test_the_cap(tmp_path):
 
 def test_interrupted_sweep_resumes_to_the_same_decision(tmp_path, monkeypatch, capsys):
     path = write(tmp_path, {"still": STILL, "moving": MOVING})
-    whole = sweep(path, tmp_path / "whole", 40)
+    whole = sweep(path, tmp_path / "whole", 40, population=1)  # one run a process: the same looks and numbers
     out = tmp_path / "cut"
     real, written = RN.write_run, []
 
