@@ -786,6 +786,19 @@ def method_text() -> str:
             "95% bootstrap CI; IQM: the interquartile mean, 95% bootstrap CI (both as rliable defines them).")
 
 
+def sequential_text(meta: dict) -> str:
+    """One sentence on how `run --seeds auto:N` chose the seeds (ablation.json's `sequential`, runner.run_sequential)."""
+    seq = meta["sequential"]
+    how = {"decided": "stopped because every ordering was decided", "cap": "stopped at the cap, orderings undecided",
+           "failed": "stopped because runs failed", "interrupted": "was interrupted",
+           "error": "ended with an error"}.get(seq.get("stopped"), "has not stopped yet")
+    return (f"Seeds were chosen sequentially (`--seeds auto:{seq['cap']}`): after each batch of {seq['batch']}, a paired "
+            f"test of every ordering on `{seq.get('metric') or 'the main metric'}` with O'Brien–Fleming-type alpha "
+            f"spending over the looks and α/{seq['orderings']} per ordering (Bonferroni); the sweep {how} at "
+            f"{len(meta['seeds'])} seeds (sweep.json has each decision); the fixed-sample tests below ignore that "
+            "stopping rule.")
+
+
 def pair_rows(tests: list[dict], groups: dict) -> list[str]:
     """The pairs table: test, Δ with its CI, Holm p, detectable effect or margin, P(a > b), verdict."""
     lines = ["| pair | test | Δ = a − b [95% CI] | p_holm | detectable / margin | P(a > b) [95% CI] | verdict |",
@@ -830,6 +843,7 @@ def _markdown(meta, summary, ok, headline, order, figures, fits: dict | None = N
         lines += [meta["description"], ""]
     lines += [f"Source `{meta['source']}`; seeds {meta['seeds']}; {len(ok)} runs finished, {n_failed} failed, "
               f"{len(meta['runs']) - len(summary)} not run. Rebuild with `python -m grpo_bench plot <this directory>`.", "",
+              *([sequential_text(meta), ""] if meta.get("sequential") else []),
               "Final reward = mean rollout reward over the last 10% of epochs. Eval metrics are on a held-out set at the "
               "end of training: accuracy and reward of greedy answers, pass@k of k sampled ones; accuracy gain is over the "
               "starting policy. Cells are mean ± std over seeds.", "",

@@ -7,6 +7,8 @@ Layout under the output directory (results/<ablation>/ by default):
                            metrics file's row count and SHA-256: a damaged run is redone, never kept)
     metrics.parquet        long table: run, variant, <axes>, seed, step, metric, value
     summary.csv            one row per run: status, error, wall_s, final/* metrics
+    sweep.json             the last sweep that ran something: its time and place; with --seeds auto, why
+                           it stopped and each ordering's decision (run_sequential)
     *.png, REPORT.md       drawn from the two tables by grpo_bench.report
 
 Metrics are Parquet (zstd; float64 values, dictionary-encoded names): a twentieth of the CSV
@@ -79,10 +81,11 @@ def run_id(label: str, seed: int, config_hash: str) -> str:
     return f"{slug}-s{seed}-{config_hash}"
 
 
-def plan(abl: Ablation) -> list[RunSpec]:
+def plan(abl: Ablation, seeds: list[int] | None = None) -> list[RunSpec]:
+    """Every variant x seed (abl.seeds unless given) as a run."""
     specs = []
     for label, values, raw in abl.variants:
-        for seed in abl.seeds:
+        for seed in abl.seeds if seeds is None else seeds:
             cfg = dict(raw, seed=seed)
             h = config_hash(resolve_run(cfg, abl.source))
             flat = {k: v if isinstance(v, (str, int, float, bool, type(None))) else json.dumps(v) for k, v in values.items()}
@@ -393,67 +396,193 @@ def local_results(todo: list[list[RunSpec]], workers: int, threads: int) -> Iter
 
 def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int | None = None,
                  threads: int | None = None, address: str | None = None, max_retries: int = 3,
-                 progress: bool = True, population: int | None = None, log_to: tuple[str, ...] = ()) -> pd.DataFrame:
+                 progress: bool = True, population: int | None = None, log_to: tuple[str, ...] = (),
+                 sequential: bool = False) -> pd.DataFrame:
     """Run what is not finished yet and collect everything; bad --out or a busy one is a ConfigError.
-    `log_to` names experiment trackers (grpo_bench.trackers) that each finished run is also logged to."""
+    `log_to` names experiment trackers (grpo_bench.trackers) that each finished run is also logged to.
+    `sequential` (`--seeds auto:N`): abl.seeds are candidates, run in batches of BATCH until every ordering
+    the ablation asks is decided or all ran (run_sequential); sweep.json records why it stopped."""
     if executor == "ray":
         from . import cluster
         cluster.check_installed()
     trackers.check_installed(log_to)
+    orderings = sequential_orderings(abl) if sequential else []  # a bad plan fails before --out is made
     lock = lock_out(out)
     try:
-        specs = plan(abl)
-        meta = {"name": abl.name, "source": abl.source, "description": abl.description, "axes": abl.axes,
-                "variants": [label for label, _, _ in abl.variants], "seeds": abl.seeds,
-                "runs": [s.run_id for s in specs], "claim": abl.claim, "setting": abl.setting}
-        ids = [s.run_id for s in specs]
-        if len(set(ids)) < len(ids):  # two runs writing one directory would lose one of them
-            dup = next(i for i in ids if ids.count(i) > 1)
-            raise ConfigError(abl.source, "variants", f"two planned runs share the run id {dup!r}")
-        _atomic_write(out / "ablation.json", json.dumps(meta, indent=1))
-        states = {s.run_id: check_run(out / "runs" / s.run_id) for s in specs}
-        for rid, (state, why) in states.items():
-            if state == "damaged":
-                print(f"run {rid} is damaged ({why}); running it again", file=sys.stderr)
-        todo = [s for s in specs if states[s.run_id][0] != "ok"]
-        skipped = len(specs) - len(todo)
-        threads = threads or max(1, int(abl.resources["cpus"]))
-        on_ray = executor == "ray" and bool(todo)  # nothing left to run: no cluster to join
         with contextlib.ExitStack() as stack:
             track = stack.enter_context(contextlib.closing(trackers.Trackers(log_to, out, abl.name)))
-            if on_ray:
-                session = stack.enter_context(cluster.connect(address, exclude=out))
-                where = session.describe
+            session = None  # a Ray cluster, joined when a batch first has runs to do
+
+            def execute(seeds: list[int], extra: dict, ran_here: int = 0) -> dict | None:
+                """Run the variants x `seeds` not finished in `out`; what sweep.json records of it, None if all were.
+                ran_here: runs of this plan that this sweep ran already (earlier batches); they are not 'skipped'."""
+                nonlocal session
+                specs = plan(abl, seeds)
+                write_meta(out, abl, seeds, specs, extra)
+                states = {s.run_id: check_run(out / "runs" / s.run_id) for s in specs}
+                for rid, (state, why) in states.items():
+                    if state == "damaged":
+                        print(f"run {rid} is damaged ({why}); running it again", file=sys.stderr)
+                todo = [s for s in specs if states[s.run_id][0] != "ok"]
+                skipped = len(specs) - len(todo) - ran_here
+                n_threads = threads or max(1, int(abl.resources["cpus"]))
+                on_ray = executor == "ray" and bool(todo)  # nothing left to run: no cluster to join
+                if on_ray and session is None:
+                    session = stack.enter_context(cluster.connect(address, exclude=out))
+                if on_ray:
+                    where = session.describe
+                else:
+                    n_workers = max(1, min(workers or (os.cpu_count() or 1) // n_threads or 1, len(todo) or 1))
+                    where = lambda: f"local: {n_workers} worker{'s' * (n_workers > 1)}"  # noqa: E731
+                with tqdm(total=len(specs), initial=len(specs) - len(todo), desc=f"{abl.name} [{where()}]", unit="run",
+                          disable=not progress, dynamic_ncols=True) as bar:
+                    if skipped:
+                        bar.write(f"{skipped} of {len(specs)} runs already finished in {out}; running the other {len(todo)}", file=sys.stderr)
+                    size = population or default_population(todo)
+                    groups = populations(todo, size, 1 if on_ray else n_workers)
+                    if on_ray:
+                        results = session.results(groups, n_threads, abl.resources, max_retries,
+                                                  log=lambda msg: bar.write(msg, file=sys.stderr))
+                    else:
+                        results = local_results(groups, n_workers, n_threads)
+                    started = time.perf_counter()
+                    with contextlib.closing(results):
+                        for spec, result in results:
+                            write_run(out, spec, result)
+                            track.log(result)
+                            bar.set_description(f"{abl.name} [{where()}]", refresh=False)  # a cluster grows and shrinks
+                            _report(bar, result[2])
+                if not todo:
+                    return None
+                # how long this sweep took, where: FINDINGS.md quotes it
+                return {"wall_s": round(time.perf_counter() - started, 1), "runs": len(todo), "skipped": skipped,
+                        "where": where(), "threads": n_threads, "populations": [len(g) for g in groups],
+                        "cpus": os.cpu_count(), "cpu": cpu_name(),
+                        "load_avg_end": round(os.getloadavg()[0], 2), "command": " ".join(sys.argv[1:])}
+
+            if sequential:
+                run_sequential(abl, out, orderings, execute)
             else:
-                workers = max(1, min(workers or (os.cpu_count() or 1) // threads or 1, len(todo) or 1))
-                where = lambda: f"local: {workers} worker{'s' * (workers > 1)}"  # noqa: E731
-            bar = stack.enter_context(tqdm(total=len(specs), initial=skipped, desc=f"{abl.name} [{where()}]",
-                                           unit="run", disable=not progress, dynamic_ncols=True))
-            if skipped:
-                bar.write(f"{skipped} of {len(specs)} runs already finished in {out}; running the other {len(todo)}", file=sys.stderr)
-            size = population or default_population(todo)
-            groups = populations(todo, size, 1 if on_ray else workers)
-            if on_ray:
-                results = session.results(groups, threads, abl.resources, max_retries,
-                                          log=lambda msg: bar.write(msg, file=sys.stderr))
-            else:
-                results = local_results(groups, workers, threads)
-            started = time.perf_counter()
-            with contextlib.closing(results):
-                for spec, result in results:
-                    write_run(out, spec, result)
-                    track.log(result)
-                    bar.set_description(f"{abl.name} [{where()}]", refresh=False)  # a cluster grows and shrinks
-                    _report(bar, result[2])
-            if todo:  # how long this sweep took, where: FINDINGS.md quotes it
-                _atomic_write(out / "sweep.json", json.dumps({
-                    "wall_s": round(time.perf_counter() - started, 1), "runs": len(todo), "skipped": skipped,
-                    "where": where(), "threads": threads, "populations": [len(g) for g in groups],
-                    "cpus": os.cpu_count(), "cpu": cpu_name(),
-                    "load_avg_end": round(os.getloadavg()[0], 2), "command": " ".join(sys.argv[1:])}, indent=1))
+                record = execute(abl.seeds, {})
+                if record:  # nothing ran: sweep.json stays the sweep's that did
+                    _atomic_write(out / "sweep.json", json.dumps(record, indent=1))
         return collect(out)
     finally:
         lock.close()
+
+
+def write_meta(out: Path, abl: Ablation, seeds: list[int], specs: list[RunSpec], extra: dict) -> None:
+    """ablation.json: what is planned here now (collect and the report read it)."""
+    meta = {"name": abl.name, "source": abl.source, "description": abl.description, "axes": abl.axes,
+            "variants": [label for label, _, _ in abl.variants], "seeds": seeds,
+            "runs": [s.run_id for s in specs], "claim": abl.claim, "setting": abl.setting} | extra
+    ids = meta["runs"]
+    if len(set(ids)) < len(ids):  # two runs writing one directory would lose one of them
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ConfigError(abl.source, "variants", f"two planned runs share the run id {dup!r}")
+    _atomic_write(out / "ablation.json", json.dumps(meta, indent=1))
+
+
+# ------------------------------------------------------------------ seeds on demand
+
+BATCH = 5  # seeds per look of --seeds auto; fixed, so the looks (and the decisions) do not depend on --population
+TIMING = ("wall_s", "runs", "skipped", "where", "threads", "populations", "cpus", "cpu", "load_avg_end", "command")
+
+
+def sequential_orderings(abl: Ablation) -> list[str]:
+    """What --seeds auto decides: the claim's orderings, or every pair of variants ("a vs b") of a plain ablation."""
+    if abl.claim:
+        return list(abl.claim["expect"])
+    labels = [label for label, _, _ in abl.variants]
+    if len(labels) < 2:
+        raise ConfigError("--seeds", "auto", f"{abl.source} has one variant: there is no ordering for more seeds "
+                          "to decide; give a number of seeds")
+    return [f"{a} vs {b}" for i, a in enumerate(labels) for b in labels[i + 1:]]
+
+
+def decision_column(summary: pd.DataFrame, abl: Ablation) -> str:
+    """The summary column --seeds auto decides on: the claim's `metric`, else the task's main metric, the
+    column REPORT.md and FINDINGS.md judge. The one place this choice is made for the runner."""
+    from .compare import resolve_column
+
+    return resolve_column(summary, (abl.claim or {}).get("metric"), abl.source)
+
+
+def sequential_look(abl: Ablation, summary: pd.DataFrame, orderings: list[str], batches: list[list[int]]) -> dict:
+    """The decision after the last of `batches` (stats.sequential_decision, replaying every earlier look)."""
+    from . import stats
+
+    seeds = [s for b in batches for s in b]
+    looks = {"looks": [sum(map(len, batches[:k + 1])) for k in range(len(batches))], "seeds": seeds}
+    failed = summary[summary.status != "ok"] if len(summary) else summary
+    if len(failed):  # a seed missing from some variants would bias the pairs: fix the runs first
+        return {"stopped": "failed", "reason": f"{len(failed)} of {len(summary)} runs failed (errors in summary.csv); "
+                "run the same command again to redo them and go on", **looks}
+    column = decision_column(summary, abl)
+    margin, source = stats.claim_margin(abl.claim, abl.setting, column)
+    ok = summary[summary[column].notna()]
+    values = {v: dict(zip(map(int, g.seed), map(float, g[column]))) for v, g in ok.groupby("variant", sort=False)}
+    # no margin: equivalence cannot be shown (TOST within +-0 never passes), only an ordering
+    decision = stats.sequential_decision(values, orderings, margin or 0.0, len(abl.seeds), batches)
+    decided = all(r["decided"] for r in decision["orderings"])
+    return {"stopped": ("decided" if decided else "cap") if decision["done"] else None, "reason": decision["reason"],
+            "metric": column, "margin": margin, "margin_source": source, "alpha": stats.ALPHA,
+            "correction": f"O'Brien-Fleming-type alpha spending (Lan-DeMets) over the looks; each of the "
+                          f"{len(orderings)} orderings at alpha / {len(orderings)} (Bonferroni)",
+            **looks, "seeds_per_variant": {v: len(x) for v, x in values.items()},
+            "orderings": [{k: r[k] for k in ("ordering", "decided", "outcome", "n", "look", "why")}
+                          for r in decision["orderings"]]}
+
+
+def run_sequential(abl: Ablation, out: Path, orderings: list[str], execute) -> None:
+    """--seeds auto:N: abl.seeds in batches of BATCH; after each, the sequential decision; stop when it is done.
+
+    Stateless like the decision: every batch is run (finished runs are skipped) and every look replayed
+    from the first, so a resumed or re-run sweep makes the same looks and reaches the same decision.
+    sweep.json and ablation.json's `sequential` are rewritten after every look."""
+    batches = [abl.seeds[i:i + BATCH] for i in range(0, len(abl.seeds), BATCH)]
+    setup = {"cap": len(abl.seeds), "batch": BATCH, "orderings": len(orderings)}
+    previous = _read_json(out / "sweep.json")
+    timing = {k: previous[k] for k in TIMING if k in previous}  # the last sweep that ran something
+    ran: list[dict] = []
+    look: dict = {"stopped": None, "looks": [], "seeds": []}
+
+    def record(look: dict) -> None:
+        sweep = timing | {"sequential": setup} | look
+        _atomic_write(out / "sweep.json", json.dumps(sweep, indent=1))
+        meta = json.loads((out / "ablation.json").read_text())
+        meta["sequential"] = setup | {k: look.get(k) for k in ("stopped", "reason", "metric")}
+        _atomic_write(out / "ablation.json", json.dumps(meta, indent=1))
+
+    try:
+        for k in range(1, len(batches) + 1):
+            seeds = [s for b in batches[:k] for s in b]
+            did = execute(seeds, {"sequential": setup}, sum(r["runs"] for r in ran))
+            if did:
+                ran.append(did)
+                timing = did | {"wall_s": round(sum(r["wall_s"] for r in ran), 1),
+                                "runs": sum(r["runs"] for r in ran), "skipped": sum(r["skipped"] for r in ran),
+                                "populations": [n for r in ran for n in r["populations"]]}
+            look = sequential_look(abl, collect(out), orderings, batches[:k])
+            record(look)
+            print(f"{abl.name}: look {k} at {len(seeds)} seeds: {look['reason']}", file=sys.stderr)
+            if look["stopped"]:
+                return
+    except BaseException as e:  # Ctrl-C, SIGTERM, a lost worker: say so; the next run resumes from the runs kept
+        if isinstance(e, ConfigError):  # bad input, said in one line; not a state of the sweep
+            raise
+        with contextlib.suppress(Exception):
+            record(look | {"stopped": "interrupted" if isinstance(e, KeyboardInterrupt) else "error",
+                           "reason": f"{type(e).__name__} during batch {len(look['looks']) + 1}"})
+        raise
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 # What one population may hold in memory by default; --population N overrides the size it gives.
