@@ -50,7 +50,7 @@ import pyarrow as pa
 import yaml
 from tqdm import tqdm
 
-from . import trackers
+from . import metrics, trackers
 from .config import Ablation, ConfigError, config_hash, resolve_run, run_dict
 
 Result = tuple[dict, list, dict]  # (resolved config, rows of (step, metric, value), summary)
@@ -405,7 +405,8 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
         specs = plan(abl)
         meta = {"name": abl.name, "source": abl.source, "description": abl.description, "axes": abl.axes,
                 "variants": [label for label, _, _ in abl.variants], "seeds": abl.seeds,
-                "runs": [s.run_id for s in specs], "claim": abl.claim, "setting": abl.setting}
+                "runs": [s.run_id for s in specs], "claim": abl.claim, "setting": abl.setting,
+                **metrics.ablation_record(abl)}
         ids = [s.run_id for s in specs]
         if len(set(ids)) < len(ids):  # two runs writing one directory would lose one of them
             dup = next(i for i in ids if ids.count(i) > 1)

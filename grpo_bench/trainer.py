@@ -46,14 +46,12 @@ from torch.func import vmap
 from . import registry, rng
 from .algos import Batch, masked_mean
 from .config import RunConfig, task_name
+from .metrics import tail as tail_metrics
 from .optim import StackedOptimizer, clip_grad_norm
 from .recipe import Recipe
 from .tasks import Rollout
 
 Row = tuple[int, str, float]  # (step, metric, value)
-# per-rollout metrics whose mean over the last 10% of epochs is summarised as final/<metric>
-# (final/reward is reward/mean's): what the claims in results/FINDINGS.md are judged on
-TAIL = ("kl/seq", "response/length", "response/length_correct", "response/length_incorrect")
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -255,7 +253,9 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
     step_per_member = _per_member_parts(step_filters)
     total_steps = cfg.epochs * cfg.inner_steps
     epoch_rewards: list[list[float]] = [[] for _ in cfgs]
-    tails: list[dict[str, list[float]]] = [{m: [] for m in TAIL} for _ in cfgs]
+    # per-rollout metrics declared `tail` (grpo_bench/metrics.py), summarised as final/<metric> over the
+    # last 10% of epochs (final/reward is reward/mean's): what the claims in results/FINDINGS.md are judged on
+    tails: list[dict[str, list[float]]] = [{m: [] for m in tail_metrics(type(task))} for _ in cfgs]
     samples = [0.0] * len(cfgs)
 
     def log(step: int, per_member: list[dict[str, float]]) -> None:
@@ -326,7 +326,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
         epoch_rows = _rows(epoch_metrics, p)
         for m, d in zip(alive, epoch_rows):
             epoch_rewards[m].append(d["reward/mean"])
-            for name in TAIL:
+            for name in tails[m]:
                 if name in d:
                     tails[m][name].append(d[name])
 
