@@ -110,10 +110,6 @@ LEGACY = (("eval/accuracy_gain", "arithmetic"), ("reward/mean", "sort"))
 DEFAULT = Metric("", range=(-INF, INF), scale="linear", tail=False)
 
 
-def _task_classes() -> list[tuple[str, type]]:
-    return [(n, registry.get("task", n)) for n in registry.names("task")]
-
-
 @lru_cache(maxsize=8)
 def _table(tasks: tuple[str, ...]) -> tuple[Metric, ...]:
     """Every declaration in lookup order: each task's (in registry order), then the core's."""

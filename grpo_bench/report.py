@@ -7,7 +7,7 @@ without training. What the figures draw over seeds:
   band on three seeds is wider than the data and leaves the metric's range);
 - heavy-tailed diagnostics (ratios, grad norms, KL(old), times): median and
   quartiles on a log scale;
-- every line and band is clipped to its metric's declared range (METRIC_RANGES).
+- every line and band is clipped to its metric's declared range (grpo_bench/metrics.py).
 Differences between variants' per-seed final values are tested by grpo_bench.stats: paired
 on per-seed differences where two variants share their seeds, Welch's t where they do not,
 Holm-corrected over all pairs; "beyond seed noise" means p_holm < 0.05. Every pair also gets
