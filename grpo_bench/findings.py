@@ -6,10 +6,10 @@ absence of effect; optionally `metric`, the summary column judged, and `margin`,
 equivalence margin) and usually runs on two `settings`, the sorting toy and the arithmetic
 LM. For every expected ordering and every setting this computes, from the per-seed values
 of the task's main metric (as the task declares it: final rollout reward on the toy, final
-held-out accuracy on the LM), with grpo_bench.stats: the difference of means a - b with its 95% CI, the test (paired
-on per-seed differences where the variants share seeds, Welch's t where not), Holm's
-correction over the claim's orderings on that setting, the minimum detectable effect, a
-TOST equivalence test within the margin, and a verdict:
+held-out accuracy on the LM), with grpo_bench.stats: the difference of means a - b with its
+95% CI, the test (paired on per-seed differences where the variants share seeds, Welch's t
+where not), Holm's correction over the claim's orderings on that setting, the minimum
+detectable effect, a TOST equivalence test within the margin, and a verdict:
 
     agrees                   p_holm < 0.05 and the difference has the paper's sign
                              (for "a = b": equivalent within the margin)

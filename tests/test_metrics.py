@@ -56,6 +56,7 @@ class Bandit:
                margin=0.05),
         Metric("bandit/regret", label="regret", range=(0, 1), scale="heavy", higher_is_better=False, tail=True),
         Metric("bandit/pulls", label="pulls", summary="pulls", range=(0, 1e9), scale="log"),
+        Metric("bandit/std", range=(0, 0.5)),  # narrower than the core's */std family
     )
 
     def __init__(self, cfg: BanditConfig, run_cfgs):
@@ -211,7 +212,9 @@ def test_the_shipped_tasks_declare_what_they_are_judged_on():
     assert M.tail(registry.get("task", "sort")) == ("kl/seq", "response/length")
 
 
-def test_a_property_comes_from_the_first_declaration_that_sets_it():
+def test_a_property_comes_from_the_first_declaration_that_sets_it(bandit):
+    # a task's declaration comes before the core's family: bandit/std is (0, 0.5), any other */std (0, inf)
+    assert M.get("bandit/std").range == (0, 0.5) and M.get("reward/std").range == (0, np.inf)
     # eval/accuracy_gain: range from the arithmetic task, margin from the core's *accuracy* family
     m = M.get("final/eval/accuracy_gain")
     assert (m.name, m.range, m.margin, m.label, m.offset_of) == \
