@@ -52,11 +52,12 @@ def _read(d: Path) -> tuple[dict, pd.DataFrame]:
     return report.read_meta(d), report.read_table(d / "summary.csv", ["run", "variant", "status"])
 
 
-def resolve_column(summary: pd.DataFrame, metric: str | None, source: str) -> str:
-    """A --metric as a user writes it (final/eval/accuracy, eval/accuracy, reward/mean, reward) -> a column."""
+def resolve_column(summary: pd.DataFrame, metric: str | None, source: str, meta: dict | None = None) -> str:
+    """A --metric as a user writes it (final/eval/accuracy, eval/accuracy, reward/mean, reward) -> a column;
+    none: the main metric of the directory's task."""
     finals = [c for c in summary.columns if c.startswith("final/") and summary[c].notna().any()]
     if metric is None:
-        column = report.main_column(summary)
+        column = report.main_column(summary, meta)
         if column is None:
             raise ConfigError(source, "--metric", f"no main metric found; valid: {', '.join(finals) or 'none'}")
         return column
@@ -69,7 +70,7 @@ def resolve_column(summary: pd.DataFrame, metric: str | None, source: str) -> st
 def load_side(d: str | Path, metric: str | None) -> Side:
     d = Path(d)
     meta, summary = _read(d)
-    column = resolve_column(summary, metric, str(d / "summary.csv"))
+    column = resolve_column(summary, metric, str(d / "summary.csv"), meta)
     ok = summary[(summary.status == "ok") & summary[column].notna()]
     if ok.empty:
         raise ConfigError(str(d / "summary.csv"), column, "no finished run has a value")
@@ -103,7 +104,8 @@ def _title(s: Side) -> str:
 
 def markdown(sides: list[Side]) -> str:
     rows = _union(sides)
-    ranks = [s.means.rank(ascending=False, method="min") for s in sides]
+    higher = [report.higher_is_better(s.column, s.meta) for s in sides]
+    ranks = [s.means.rank(ascending=not h, method="min") for s, h in zip(sides, higher)]
     head = ["variant"] + [f"{_title(s)} (rank)" for s in sides]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * len(sides)]
     for v in rows:
@@ -116,7 +118,8 @@ def markdown(sides: list[Side]) -> str:
                 m, lo, hi = stats.mean_ci(x)
                 cells.append(f"{m:.3f} [{lo:.3f}, {hi:.3f}], IQM {stats.iqm(x):.3f} ({int(r[v])})")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Cells: mean over seeds [95% t CI], interquartile mean (rank by mean, 1 = highest). Kendall's τ-b "
+    lines += ["", "Cells: mean over seeds [95% t CI], interquartile mean (rank by mean, 1 = "
+              + ("highest" if all(higher) else "best: the highest, or the lowest where lower is better") + "). Kendall's τ-b "
               "between the orderings by mean of the variants both directories ran (τ = 1: the same order; p: "
               "two-sided, exact for small sets without ties):", "",
               "| A | B | shared variants | Kendall τ | p |", "|---|---|---:|---:|---:|"]
@@ -238,13 +241,13 @@ def gallery_text(root: str | Path) -> str:
              "each ablation's own `REPORT.md` has the full tables.", ""]
     for d in dirs:
         meta, summary = _read(d)
-        column = report.main_column(summary)
+        column = report.main_column(summary, meta)
         head = next((f"{d.name}/headline.{f}" for f in report.FORMATS if (d / f"headline.{f}").is_file()), None)
         lines += [f"## [{meta['name']}]({d.name}/REPORT.md)", "",
                   f"**Question.** {question(meta.get('description', ''))}", ""]
         if head:
             lines += [f"![{meta['name']} headline]({head})", ""]
-        ans = report.answer(summary, column, meta["variants"]) if column else "no main metric in summary.csv."
+        ans = report.answer(summary, column, meta["variants"], meta) if column else "no main metric in summary.csv."
         lines += [f"**Answer** ({report.label_column(column) if column else '—'}): {ans}", ""]
     extras = sorted(d for d in root.iterdir() if (d / "COMPARE.md").is_file())
     findings = (root / "FINDINGS.md").is_file()

@@ -5,11 +5,11 @@ orderings the paper reports, as "a > b" between variant labels, or "a = b" for a
 absence of effect; optionally `metric`, the summary column judged, and `margin`, the
 equivalence margin) and usually runs on two `settings`, the sorting toy and the arithmetic
 LM. For every expected ordering and every setting this computes, from the per-seed values
-of the task's main metric (final rollout reward on the toy, final held-out accuracy on the
-LM), with grpo_bench.stats: the difference of means a - b with its 95% CI, the test (paired
-on per-seed differences where the variants share seeds, Welch's t where not), Holm's
-correction over the claim's orderings on that setting, the minimum detectable effect, a
-TOST equivalence test within the margin, and a verdict:
+of the task's main metric (as the task declares it: final rollout reward on the toy, final
+held-out accuracy on the LM), with grpo_bench.stats: the difference of means a - b with its
+95% CI, the test (paired on per-seed differences where the variants share seeds, Welch's t
+where not), Holm's correction over the claim's orderings on that setting, the minimum
+detectable effect, a TOST equivalence test within the margin, and a verdict:
 
     agrees                   p_holm < 0.05 and the difference has the paper's sign
                              (for "a = b": equivalent within the margin)
@@ -18,23 +18,27 @@ TOST equivalence test within the margin, and a verdict:
     equivalent within ±δ     not significant, and TOST puts the difference within ±δ
     undecided                neither: with the seeds per side that would decide it
 
-and Kendall's tau between the toy's and the LM's orderings of the shared variants asks
-whether the toy predicts the LM. Everything is recomputed from the results directories:
-`python -m grpo_bench findings` rebuilds the file without training.
+and Kendall's tau between two settings' orderings of the shared variants (the toy's and the
+LM's) asks whether one predicts the other. A column per setting that any claim ran on, in the
+order the files list them, named by the declaration of the task it trains (grpo_bench/metrics.py).
+Everything is recomputed from the results directories: `python -m grpo_bench findings` rebuilds
+the file without training.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
 
-from . import stats
+from . import metrics, registry, stats
 from .compare import kendall, load_side
 from .config import ConfigError
-from .report import label_column, read_meta
+from .report import final_names, label_column, read_meta, read_table
 
-NAMES = {"sort": "sorting toy", "lm": "arithmetic LM"}
-ORDER = ("sort", "lm")
+# Results written before ablation.json recorded its task and its file's settings: the shipped files'
+# settings, in their order, and the task each trains. A setting added since never needs a line here.
+LEGACY_SETTINGS = {"sort": "sort", "lm": "arithmetic"}
 
 
 def judge_setting(directory: Path, expect: list[str], metric: str | None = None, claim: dict | None = None,
@@ -84,23 +88,45 @@ def summarise(result: dict | None, reason: str | None) -> str:
             f"{undecided} undecided)")
 
 
-def collect(root: Path) -> dict[str, dict]:
-    """family -> {"claim": ..., "source": ..., "settings": {setting: results dir}}, from ablation.json files."""
+def collect(root: Path) -> tuple[dict[str, dict], dict[str, metrics.TaskInfo], list[str]]:
+    """From the ablation.json files under root: family -> {"claim", "source", "settings": {setting: results
+    dir}}, setting -> the task it trains, and every setting in the order the files list them."""
     if not root.is_dir():
         raise ConfigError(str(root), "<dir>", "not a directory" if root.exists() else "no such directory")
     families: dict[str, dict] = {}
+    tasks: dict[str, metrics.TaskInfo] = {}
+    listed: list[str] = []
     for meta_file in sorted(root.glob("*/ablation.json")):
-        meta = read_meta(meta_file.parent)
+        d = meta_file.parent
+        meta = read_meta(d)
         claim, setting = meta.get("claim"), meta.get("setting")
         if not claim:
             continue
+        task = metrics.task_of(meta, () if meta.get("task") else final_names(read_table(d / "summary.csv", ["run"])))
         family = meta["name"].removesuffix(f"_{setting}") if setting else meta["name"]
+        setting = setting or (task.name if task else d.name)  # a file without settings: its task's name
         entry = families.setdefault(family, {"claim": claim, "source": meta.get("source", ""), "settings": {}})
-        entry["settings"][setting or "sort"] = meta_file.parent
-    for entry in families.values():  # the toy first, then the LM, then anything else
-        entry["settings"] = dict(sorted(entry["settings"].items(),
-                                        key=lambda kv: (ORDER.index(kv[0]) if kv[0] in ORDER else len(ORDER), kv[0])))
-    return families
+        entry["settings"][setting] = d
+        listed += [s for s in meta.get("settings") or [] if s not in listed]
+        if task is not None:
+            tasks.setdefault(setting, task)
+    seen = {s for e in families.values() for s in [*e["settings"], *(e["claim"].get("untestable") or {})]}
+    known = registry.names("task")
+    for s, task in LEGACY_SETTINGS.items():
+        if s in seen and s not in tasks and task in known:
+            tasks[s] = metrics.declared_task(task)
+    order = list(dict.fromkeys([s for s in listed + list(LEGACY_SETTINGS) if s in seen] + sorted(seen)))
+    for entry in families.values():
+        entry["settings"] = dict(sorted(entry["settings"].items(), key=lambda kv: order.index(kv[0])))
+    return families, tasks, order
+
+
+def names(order: list[str], tasks: dict[str, metrics.TaskInfo]) -> dict[str, tuple[str, str]]:
+    """setting -> (its name in a column, its short name beside another): its task's declared label and
+    short name, with the setting where two settings train one task; the setting itself where none is known."""
+    plain = {s: (tasks[s].label, tasks[s].short) if s in tasks else (s, s) for s in order}
+    labels = [n[0] for n in plain.values()]
+    return {s: (f"{n[0]} ({s})", f"{n[1]} ({s})") if labels.count(n[0]) > 1 else n for s, n in plain.items()}
 
 
 def _cell(r: dict) -> str:
@@ -110,10 +136,10 @@ def _cell(r: dict) -> str:
             f"P(a > b) {r['poi']:.2f}; {stats.power_text(r)}: **{stats.verdict_text(r)}**")
 
 
-def _tau(results: dict) -> str:
-    if "sort" not in results or "lm" not in results:
+def _tau(results: dict, x: str, y: str) -> str:
+    if x not in results or y not in results:
         return "—"
-    a, b = results["sort"]["side"], results["lm"]["side"]
+    a, b = results[x]["side"], results[y]["side"]
     tau, p, n = kendall(a.means, b.means)
     return "—" if math.isnan(tau) else f"{tau:+.2f} (p {p:.2g}, {n} variants)"
 
@@ -132,7 +158,10 @@ def _timing(result: dict) -> str:
 
 
 def render(root: Path) -> str:
-    families = collect(root)
+    families, tasks, order = collect(root)
+    called = names(order, tasks)
+    name = {s: n for s, (n, _) in called.items()}
+    pairs = list(itertools.combinations(order, 2))  # a τ column per pair of settings: does one predict the other?
     lines = ["# Findings: published claims about GRPO, put to the test", "",
              "Each row is one claim, tested by the shipped ablation of the same name on the sorting toy "
              "(`sort_hard`) and on two-digit addition with the embedded tiny GPT-2 and LoRA "
@@ -153,15 +182,18 @@ def render(root: Path) -> str:
              "between the toy's and the LM's orderings of the same variants asks whether the toy predicts the "
              "LM. Generated by `python -m grpo_bench findings` from the results directories: every number is "
              "recomputed from them.", "",
-             "| claim | source | sorting toy | arithmetic LM | toy ↔ LM τ |", "|---|---|---|---|---|"]
+             "| " + " | ".join(["claim", "source", *(name[s] for s in order),
+                                *(f"{called[a][1]} ↔ {called[b][1]} τ" for a, b in pairs)]) + " |",
+             "|---|---|" + "---|" * (len(order) + len(pairs))]
     details = []
     for family, entry in families.items():
         claim = entry["claim"]
         untestable = claim.get("untestable") or {}
         results = {s: judge_setting(d, claim["expect"], claim.get("metric"), claim, s)
                    for s, d in entry["settings"].items()}
-        cells = [summarise(results.get(s), untestable.get(s)) for s in ("sort", "lm")]
-        row = [f"[{family}](#{family}): {claim['text']}", claim["source"], *cells, _tau(results)]
+        cells = [summarise(results.get(s), untestable.get(s)) for s in order]
+        row = [f"[{family}](#{family}): {claim['text']}", claim["source"], *cells,
+               *(_tau(results, a, b) for a, b in pairs)]
         # a claim's own text may hold a pipe (1/|o|), which would split the table's cell
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
         details += [f"## {family}", "", f"**Claim.** {claim['text']}", "", f"**Source.** {claim['source']}", ""]
@@ -170,23 +202,23 @@ def render(root: Path) -> str:
         if claim.get("metric"):
             details += [f"**Judged on** `{claim['metric']}` (mean over the last 10% of rollouts).", ""]
         details += [f"**Here.** `{entry['source']}`; " + "; ".join(
-            f"{NAMES.get(s, s)}: `results/{d.name}`" for s, d in entry["settings"].items()), ""]
-        details += ["**Margin δ.** " + "; ".join(f"{NAMES.get(s, s)}: " + (f"±{r['margin']:g}" if r["margin"] else "none")
+            f"{name[s]}: `results/{d.name}`" for s, d in entry["settings"].items()), ""]
+        details += ["**Margin δ.** " + "; ".join(f"{name[s]}: " + (f"±{r['margin']:g}" if r["margin"] else "none")
                                                   + f" ({r['margin_source']})" for s, r in results.items()), ""]
         head = ": Δ = a − b [95% CI]; test; Holm p; P(a > b); detectable effect or margin: verdict"
-        details += ["| ordering (a > b) | " + " | ".join(NAMES.get(s, s) + head for s in results) + " |",
+        details += ["| ordering (a > b) | " + " | ".join(name[s] + head for s in results) + " |",
                     "|---|" + "---|" * len(results)]
         for i, e in enumerate(claim["expect"]):
             details.append(f"| `{e}` | " + " | ".join(_cell(r["rows"][i]) for r in results.values()) + " |")
         details.append("")
         for s, r in results.items():
-            details.append(f"- {NAMES.get(s, s)} ({label_column(r['column'])}, {r['side'].seeds} seeds): {_ranking(r)}. "
+            details.append(f"- {name[s]} ({label_column(r['column'])}, {r['side'].seeds} seeds): {_ranking(r)}. "
                            f"Time: {_timing(r)}. Command: `python -m grpo_bench run {entry['source']} --setting {s}`.")
         for s, why in untestable.items():
-            details.append(f"- {NAMES.get(s, s)}: {'not testable here' if s not in results else 'note'}: {why}")
+            details.append(f"- {name[s]}: {'not testable here' if s not in results else 'note'}: {why}")
         details.append("")
     if not families:
-        lines.append("| (no results with a claim yet) | | | | |")
+        lines.append("| (no results with a claim yet) | |")
     notes = root / "FINDINGS_notes.md"  # commentary written after looking at these results
     return "\n".join(lines + [""] + details + ([notes.read_text()] if notes.is_file() else []))
 

@@ -18,7 +18,8 @@ are the part's parameters, set from YAML as `loss: {name: clipped, clip_high: 0.
     ref_update  fn(epoch) -> weight w of the policy in ref <- w * policy + (1 - w) * ref, or 0 for no update
     filter      fn(batch: algos.Batch) -> Batch   (runs at its `stage`: "rollout" or "step")
     reward      fn(prompts, completions, **kwargs) -> list[float]   (TRL's signature; `task` trait)
-    task        cls(task_config, run_config) -> a Task (see grpo_bench/tasks/__init__.py)
+    task        cls(task_config, run_config) -> a Task (see grpo_bench/tasks/__init__.py); one module of
+                  grpo_bench/tasks/ each, found there on first lookup
 
 What a part knows about itself travels with its registration (`register(axis, name,
 **traits)`): `needs_group` (a baseline over G >= 2 responses), `needs` (extra inputs the
@@ -36,6 +37,7 @@ import functools
 import importlib
 import inspect
 import math
+import pkgutil
 import typing
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Annotated, Any, Callable
@@ -61,10 +63,12 @@ AXES: dict[str, tuple[str, ...] | None] = {
 # per_member="why not" (tests/test_vmap.py holds every part to this).
 TENSOR_AXES = ("delta", "loss", "aggregate", "kl", "correction", "filter")
 
-# Modules whose import fills the registries; imported on first lookup so that
-# `from grpo_bench import registry` stays cheap and import cycles cannot bite.
-_PROVIDERS = {axis: ["grpo_bench.algos"] for axis in AXES}
-_PROVIDERS["task"] = ["grpo_bench.tasks.sort", "grpo_bench.tasks.arithmetic"]
+# Packages whose modules' import fills the registries; imported on first lookup so that
+# `from grpo_bench import registry` stays cheap and import cycles cannot bite. Every module of
+# grpo_bench/tasks/ is a task's: a new task is a new module there, and nothing here changes.
+_PROVIDERS = {axis: "grpo_bench.algos" for axis in AXES}
+_PROVIDERS["task"] = "grpo_bench.tasks"
+_LOADED: set[str] = set()
 
 
 # ------------------------------------------------------------------ constraints
@@ -195,12 +199,11 @@ def register(axis: str, name: str, *, config: type | None = None, **traits) -> C
 def _load(axis: str) -> dict[str, Entry]:
     if axis not in _REGISTRY:
         raise ValueError(f"unknown axis {axis!r}; valid: {', '.join(AXES)}")
-    for mod in _PROVIDERS[axis]:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name != mod:  # a real missing dependency, not an absent optional task
-                raise
+    if axis not in _LOADED:
+        pkg = importlib.import_module(_PROVIDERS[axis])
+        for mod in pkgutil.iter_modules(pkg.__path__):
+            importlib.import_module(f"{pkg.__name__}.{mod.name}")
+        _LOADED.add(axis)
     return _REGISTRY[axis]
 
 

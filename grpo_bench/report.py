@@ -7,7 +7,7 @@ without training. What the figures draw over seeds:
   band on three seeds is wider than the data and leaves the metric's range);
 - heavy-tailed diagnostics (ratios, grad norms, KL(old), times): median and
   quartiles on a log scale;
-- every line and band is clipped to its metric's declared range (METRIC_RANGES).
+- every line and band is clipped to its metric's declared range (grpo_bench/metrics.py).
 Differences between variants' per-seed final values are tested by grpo_bench.stats: paired
 on per-seed differences where two variants share their seeds, Welch's t where they do not,
 Holm-corrected over all pairs; "beyond seed noise" means p_holm < 0.05. Every pair also gets
@@ -36,7 +36,7 @@ from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from . import stats  # noqa: E402
+from . import metrics, stats  # noqa: E402
 from .config import ConfigError  # noqa: E402
 from .runner import read_metrics_file  # noqa: E402
 
@@ -45,73 +45,62 @@ BAND_SEEDS = 5  # fewer seeds than this: draw the seeds themselves, not a band
 N_BOOT = 1000
 FORMATS = ("png", "pdf", "svg")
 
-# (summary column, label, metric whose curve is drawn)
-HEADLINE = [
-    ("final/reward", "final reward", "reward/mean"),
-    ("final/eval/accuracy", "eval accuracy", "eval/accuracy"),
-    ("final/eval/accuracy_gain", "eval accuracy gain", "eval/accuracy_gain"),
-    ("final/eval/reward", "eval reward", "eval/reward"),
-    ("final/eval/pass@k", "eval pass@k", "eval/pass@k"),
-]
-LABELS = {"reward/mean": "rollout reward", "eval/reward": "held-out reward", "eval/accuracy": "held-out accuracy",
-          "eval/accuracy_gain": "held-out accuracy gain", "eval/pass@k": "held-out pass@k"}
-# The headline of a task: its main metric, then a second curve beside it. Results hold no
-# task name, so a task is known by a metric only it logs; the first row that matches wins.
-# On the sorting toy an exact sort of 6 numbers stays rare, so the reward is what moves.
-MAIN_METRICS = [
-    ("eval/accuracy_gain", ["eval/accuracy", "reward/mean"]),  # an LM task with a base policy
-    ("reward/mean", ["reward/mean", "eval/reward"]),  # the sorting toy: rollout reward and its held-out twin
-]
 DIAGNOSTICS = ["clip/*", "kl/*", "entropy", "ratio/*", "grad/norm", "reward/zero_std_frac", "filter/*",
                "delta/abs_mean", "response/*"]
 
 
 @dataclass(frozen=True)
 class Range:
+    """How a metric is drawn, from its declaration (grpo_bench/metrics.py)."""
+
     lo: float = -math.inf
     hi: float = math.inf
     heavy: bool = False  # heavy-tailed: median and quartiles on a log scale
-
-
-INF = math.inf
-# What a metric can be, by name pattern (fnmatch); the first match wins, no match = unbounded.
-METRIC_RANGES = [
-    ("*accuracy_gain", Range(-1, 1)),
-    ("*accuracy", Range(0, 1)), ("*pass@k", Range(0, 1)), ("*/format", Range(0, 1)), ("*frac*", Range(0, 1)),
-    ("reward/solved", Range(0, 1)), ("response/finished", Range(0, 1)),
-    ("ratio/*", Range(0, INF, True)), ("grad/norm", Range(0, INF, True)), ("kl/old", Range(0, INF, True)),
-    ("time/*", Range(0, INF, True)),
-    ("entropy", Range(0)), ("*/std", Range(0)), ("*abs*", Range(0)), ("response/length*", Range(0)),
-]
+    log: bool = False    # a log axis (heavy ones have one too)
 
 
 def metric_range(metric: str) -> Range:
-    name = metric.removeprefix("final/")
-    return next((r for pat, r in METRIC_RANGES if fnmatch.fnmatchcase(name, pat)), Range())
+    m = metrics.get(metric)
+    return Range(m.lo, m.hi, m.heavy, m.scale != "linear")
 
 
 def label(metric: str) -> str:
-    return LABELS.get(metric, metric)
+    return metrics.get(metric).label or metric
 
 
 def final_column(metric: str) -> str:
-    return "final/reward" if metric == "reward/mean" else f"final/{metric}"
+    return metrics.final_column(metric)
 
 
-def main_metrics(metric_names) -> list[str]:
+def final_names(summary: pd.DataFrame) -> set[str]:
+    """The metrics whose final value summary.csv holds for some run."""
+    return {metrics.metric_of(c) for c in summary.columns if c.startswith("final/") and summary[c].notna().any()}
+
+
+def main_metrics(metric_names, meta: dict | None = None) -> list[str]:
+    """The headline figure's panels that were logged: the task's main curve, then those beside it."""
     names = set(metric_names)
-    for marker, panels in MAIN_METRICS:
-        if marker in names:
-            return [m for m in panels if m in names]
-    return []
+    task = metrics.task_of(meta, names)
+    return [m for m in task.curves if m in names] if task else []
 
 
-def main_column(summary: pd.DataFrame) -> str | None:
-    """The summary column of a task's main metric (final/reward on the toy, final/eval/accuracy on an LM)."""
-    names = {"reward/mean" if c == "final/reward" else c.removeprefix("final/")
-             for c in summary.columns if c.startswith("final/") and summary[c].notna().any()}
-    found = [final_column(m) for m in main_metrics(names)] + [h[0] for h in headline_columns(summary)]
+def main_column(summary: pd.DataFrame, meta: dict | None = None) -> str | None:
+    """The summary column of the task's main metric (final/reward on the toy, final/eval/accuracy on the
+    LM), else its main curves' or the first headline column with values; None without any."""
+    names = final_names(summary)
+    task = metrics.task_of(meta, names)
+    found = [c for c in [task.main_metric] if metrics.metric_of(c) in names] if task else []
+    found += [final_column(m) for m in main_metrics(names, meta)] + [h[0] for h in headline_columns(summary, meta)]
     return found[0] if found else None
+
+
+def higher_is_better(column: str, meta: dict | None = None) -> bool:
+    """Which way "best" reads on a summary column: as recorded for the task's main metric, else as declared
+    (higher where the declaration says neither)."""
+    task = metrics.recorded_task(meta)
+    if task is not None and task.main_metric == column:
+        return task.higher_is_better
+    return metrics.get(column).higher_is_better is not False
 
 
 # ------------------------------------------------------------------------------ style
@@ -216,9 +205,9 @@ def run_matrices(curves: dict, metric: str, order: list[str]) -> dict[str, pd.Da
     return {v: out[v] for v in order if v in out}
 
 
-def by_metric(metrics: pd.DataFrame) -> dict[str, pd.DataFrame]:
+def by_metric(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """The long metrics table split once per metric: the figures look metrics up by name."""
-    return {str(k): g for k, g in metrics.groupby("metric", observed=True, sort=False)}
+    return {str(k): g for k, g in table.groupby("metric", observed=True, sort=False)}
 
 
 def points_per_run(curves: dict, metric: str) -> int:
@@ -257,7 +246,7 @@ def draw_curves(ax, curves: dict, metric: str, order: list[str], styles: dict) -
         if ok.sum() >= 2:
             ax.plot(steps[ok], np.clip(center[ok], rng_.lo, rng_.hi), color=st["color"], ls=st["ls"], lw=1.4, gid=v)
         positive.append(M[np.isfinite(M) & (M > 0)])
-    if rng_.heavy:
+    if rng_.log:
         pos = np.concatenate(positive) if positive else np.array([])
         zero = any(np.any(np.asarray(ln.get_ydata(), float) <= 0) for ln in ax.get_lines())
         if zero and len(pos):
@@ -275,7 +264,7 @@ def draw_curves(ax, curves: dict, metric: str, order: list[str], styles: dict) -
             ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=8))
             ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}"))
             ax.yaxis.set_minor_formatter(ticker.NullFormatter())
-    if rng_.lo == 0 and rng_.hi == 1 and not rng_.heavy:
+    if rng_.lo == 0 and rng_.hi == 1 and not rng_.log:
         lo_, hi_ = ax.get_ylim()
         ax.set_ylim(max(lo_, -0.02), min(hi_, 1.02))
     return describe_band(metric, min(seeds) if seeds else 0)
@@ -287,7 +276,7 @@ def describe_band(metric: str, seeds: int) -> str:
         return f"thin lines: each of {seeds} seeds; bold: their {what}"
     if metric_range(metric).heavy:
         return "median and quartiles over seeds, log scale"
-    return f"mean over {seeds} seeds, band: 95% bootstrap CI of the mean"
+    return f"mean over {seeds} seeds, band: 95% bootstrap CI of the mean" + (", log scale" * metric_range(metric).log)
 
 
 def _what(meta: dict, summary: pd.DataFrame) -> str:
@@ -371,7 +360,7 @@ def diagnostics_figure(meta: dict, summary: pd.DataFrame, curves: dict, diag: li
                              squeeze=False)
     for ax, metric in zip(axes.flat, diag):
         draw_curves(ax, curves, metric, order, styles)
-        ax.set_title(metric + (", log scale" if metric_range(metric).heavy else ""))
+        ax.set_title(metric + (", log scale" if metric_range(metric).log else ""))
     for ax in list(axes.flat)[len(diag):]:
         ax.axis("off")
     for i in range(cols):  # the lowest drawn panel of each column carries the step axis
@@ -426,7 +415,7 @@ def curve_fits(meta: dict, curves: dict) -> dict | None:
     where the two are not proportional); None without samples/total or a metric with enough points."""
     if "samples/total" not in curves:
         return None
-    metric = next((m for m in main_metrics(curves) if points_per_run(curves, m) >= stats.MIN_POINTS), None)
+    metric = next((m for m in main_metrics(curves, meta) if points_per_run(curves, m) >= stats.MIN_POINTS), None)
     if metric is None:
         return None
     r = metric_range(metric)
@@ -567,6 +556,14 @@ def read_meta(d: Path) -> dict:
     if bad:
         raise ConfigError(str(path), ", ".join(bad), "missing or of the wrong type; the runner writes "
                           + ", ".join(f"{k} ({t.__name__})" for k, t in META_KEYS.items()))
+    task = meta.get("task")  # absent before results recorded their task, null when the variants train several
+    if task is not None:
+        keys = metrics.TASK_KEYS
+        bad = [k for k, kind in keys.items() if not isinstance(task, dict) or not isinstance(task.get(k), kind)]
+        if bad:
+            raise ConfigError(str(path), "task" + (f".{bad[0]}" if isinstance(task, dict) else ""),
+                              "missing or of the wrong type; the runner writes a mapping with "
+                              + ", ".join(f"{k} ({t.__name__})" for k, t in keys.items()))
     return meta
 
 
@@ -607,18 +604,18 @@ def load(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
     columns, names = ["run", "variant", "step", "metric", "value"], {"run": "category", "variant": "category",
                                                                     "metric": "category"}
     if path.suffix == ".csv":
-        metrics = read_table(path, columns, names)
+        table = read_table(path, columns, names)
     else:
         try:
-            metrics = read_metrics_file(path).astype(names)
+            table = read_metrics_file(path).astype(names)
         except ValueError as e:
             raise ConfigError(str(path), "<file>", f"{e}: damaged; rerun the sweep to rewrite it") from None
-        missing = [c for c in columns if c not in metrics.columns]
+        missing = [c for c in columns if c not in table.columns]
         if missing:
             raise ConfigError(str(path), "<columns>", f"no column {', '.join(missing)}")
-    if len(metrics) and not (pd.api.types.is_numeric_dtype(metrics.value) and pd.api.types.is_numeric_dtype(metrics.step)):
+    if len(table) and not (pd.api.types.is_numeric_dtype(table.value) and pd.api.types.is_numeric_dtype(table.step)):
         raise ConfigError(str(path), "value", "holds a step or value that is not a number: damaged")
-    return meta, summary, metrics
+    return meta, summary, table
 
 
 def finished_in_report(path: Path) -> int | None:
@@ -630,38 +627,45 @@ def finished_in_report(path: Path) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def headline_columns(summary: pd.DataFrame) -> list[tuple[str, str, str]]:
-    return [h for h in HEADLINE if h[0] in summary.columns and summary[h[0]].notna().any()]
+def headline_columns(summary: pd.DataFrame, meta: dict | None = None) -> list[tuple[str, str, str]]:
+    """(summary column, its label, its metric) of every headline metric declared for the task with a value."""
+    task = metrics.task_of(meta, final_names(summary))
+    return [(m.column, m.summary, m.name) for m in metrics.headline(task.name if task else None)
+            if m.column in summary.columns and summary[m.column].notna().any()]
+
+
+def _offsets(headline: list[tuple[str, str, str]]) -> set[str]:
+    """The headline columns that are another headline metric shifted by a constant (the same curve again)."""
+    present = {m for _, _, m in headline}
+    return {c for c, _, m in headline if metrics.get(m).offset_of in present}
 
 
 def build_figures(out: str | Path, fits: dict | None = None) -> list[tuple[str, object, str]]:
     """Every figure of a results directory as (file stem, Figure, caption); nothing is written.
     fits: curve_fits of the directory, if the caller has them already (they take seconds)."""
-    meta, summary, metrics = load(Path(out))
-    curves = by_metric(metrics)
+    meta, summary, table = load(Path(out))
+    curves = by_metric(table)
     fits = curve_fits(meta, curves) if fits is None else fits
     styles = variant_styles(meta["variants"])
     ok = summary[summary.status == "ok"]
-    headline = headline_columns(summary)
+    headline = headline_columns(summary, meta)
     figures = []
     with style():
-        main = [m for m in main_metrics(curves) if points_per_run(curves, m) >= 2]
+        main = [m for m in main_metrics(curves, meta) if points_per_run(curves, m) >= 2]
         if main:
             fig, bands = curves_figure(meta, summary, curves, main, styles, " and ".join(map(label, main)))
             figures.append(("headline", fig, f"{' and '.join(map(label, main))} over training ({bands[0]})"))
         for _, name, metric in headline:
             if metric in main or points_per_run(curves, metric) < 2:
                 continue  # a single point is not a curve: the final value is in final_values
-            if metric == "eval/accuracy_gain" and "eval/accuracy" in curves:
-                continue  # accuracy shifted by the starting accuracy: the same curve again
+            if metrics.get(metric).offset_of in curves:
+                continue  # another metric shifted by a constant: the same curve again
             fig, bands = curves_figure(meta, summary, curves, [metric], styles, label(metric))
             figures.append((f"curve_{slug(metric)}", fig, f"{label(metric)} over training ({bands[0]})"))
         if headline and not ok.empty:
             mains = [final_column(m) for m in main]
             cols = sorted(headline, key=lambda h: (h[0] not in mains, mains.index(h[0]) if h[0] in mains else 0))
-            if any(c == "final/eval/accuracy" for c, _, _ in cols):  # the gain is accuracy shifted by a constant
-                cols = [h for h in cols if h[0] != "final/eval/accuracy_gain"]
-            cols = [(c, n) for c, n, _ in cols[:3]]
+            cols = [(c, n) for c, n, _ in cols if c not in _offsets(headline)][:3]
             figures.append(("final_values", final_values_figure(meta, summary, cols, styles),
                             "final values per seed (dots) with their mean (bar)"
                             + (f" and its 95% bootstrap CI (line)" if len(meta["seeds"]) >= BAND_SEEDS else "")))
@@ -684,12 +688,12 @@ def make_report(out: str | Path, fmt: str = "png") -> Path:
     out = Path(out)
     if fmt not in FORMATS:
         raise ValueError(f"format: {fmt!r}; valid: {', '.join(FORMATS)}")
-    meta, summary, metrics = load(out)
+    meta, summary, table = load(out)
     ok = summary[summary.status == "ok"]
-    fits = curve_fits(meta, by_metric(metrics))
+    fits = curve_fits(meta, by_metric(table))
     with style():
         figures = [(save(fig, out, stem, fmt), caption) for stem, fig, caption in build_figures(out, fits)]
-    text = _markdown(meta, summary, ok, headline_columns(summary), meta["variants"], figures, fits)
+    text = _markdown(meta, summary, ok, headline_columns(summary, meta), meta["variants"], figures, fits)
     tmp = out / f".REPORT.md.tmp-{os.getpid()}"  # whole or not at all: a full disk keeps the last report
     try:
         tmp.write_text(text)
@@ -728,17 +732,18 @@ def pairwise(summary: pd.DataFrame, column: str, order: list[str], meta: dict | 
     return stats.compare_pairs(groups, pairs, column_margin(column, meta)[0])
 
 
-def answer(summary: pd.DataFrame, column: str, order: list[str]) -> str:
+def answer(summary: pd.DataFrame, column: str, order: list[str], meta: dict | None = None) -> str:
     """One line from the data: the best variant, whom it beats beyond noise, how many pairs differ."""
     ok = summary[(summary.status == "ok")]
     if column not in ok or ok[column].isna().all():
         return "no finished runs."
     means = ok.groupby("variant")[column].agg(["mean", "std", "count"]).reindex([v for v in order if v in set(ok.variant)])
-    best = means["mean"].idxmax()
+    sign = 1 if higher_is_better(column, meta) else -1
+    best = (sign * means["mean"]).idxmax()
     b = means.loc[best]
     tests = pairwise(summary, column, order)
     beaten = [t for t in tests if t["significant"] and best in (t["a"], t["b"])
-              and (t["mean_a"] if t["a"] == best else t["mean_b"]) > (t["mean_b"] if t["a"] == best else t["mean_a"])]
+              and sign * (t["mean_a"] - t["mean_b"]) * (1 if t["a"] == best else -1) > 0]
     others = len(means) - 1
     line = f"`{best}` is best ({label_column(column)} {_fmt(b['mean'], b['std'])}, {int(b['count'])} seeds)"
     if not tests:
@@ -760,7 +765,10 @@ def answer(summary: pd.DataFrame, column: str, order: list[str]) -> str:
 
 
 def label_column(column: str) -> str:
-    return next((n for c, n, _ in HEADLINE if c == column), column)
+    """A summary column's name in tables: its metric's declared `summary`, else the column itself."""
+    name = metrics.metric_of(column)
+    m = metrics.get(name) if name else None
+    return m.summary if m and m.summary and m.column == column else column
 
 
 def _fmt(mean: float, std: float) -> str:
@@ -863,11 +871,11 @@ def _markdown(meta, summary, ok, headline, order, figures, fits: dict | None = N
     if headline and len(ok):
         lines += ["## How variants are compared", "", method_text(), ""]
     for column, name, _ in headline:
-        if column == "final/eval/accuracy_gain" and any(c == "final/eval/accuracy" for c, _, _ in headline):
-            continue  # accuracy shifted by the starting accuracy: the same differences again
+        if column in _offsets(headline):
+            continue  # another column shifted by a constant: the same differences again
         lines += differences_section(summary, column, name, order, meta)
     if fits:
-        main = main_column(summary)
+        main = main_column(summary, meta)
         lines += fits_section(fits, pairwise(summary, main, order, meta) if main else [])
     failed = summary[summary.status != "ok"] if len(summary) else summary
     if len(failed):

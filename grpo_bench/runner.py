@@ -52,7 +52,7 @@ import pyarrow as pa
 import yaml
 from tqdm import tqdm
 
-from . import trackers
+from . import metrics, trackers
 from .config import Ablation, ConfigError, config_hash, resolve_run, run_dict
 
 Result = tuple[dict, list, dict]  # (resolved config, rows of (step, metric, value), summary)
@@ -475,7 +475,8 @@ def write_meta(out: Path, abl: Ablation, seeds: list[int], specs: list[RunSpec],
     """ablation.json: what is planned here now (collect and the report read it)."""
     meta = {"name": abl.name, "source": abl.source, "description": abl.description, "axes": abl.axes,
             "variants": [label for label, _, _ in abl.variants], "seeds": seeds,
-            "runs": [s.run_id for s in specs], "claim": abl.claim, "setting": abl.setting} | extra
+            "runs": [s.run_id for s in specs], "claim": abl.claim, "setting": abl.setting,
+            **metrics.ablation_record(abl)} | extra
     ids = meta["runs"]
     if len(set(ids)) < len(ids):  # two runs writing one directory would lose one of them
         dup = next(i for i in ids if ids.count(i) > 1)

@@ -18,7 +18,6 @@ Powers, MDEs and TOST are computed here and checked against statsmodels in the t
 """
 from __future__ import annotations
 
-import fnmatch
 import math
 from functools import lru_cache
 
@@ -26,6 +25,8 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 from scipy import stats as st
+
+from . import metrics
 
 ALPHA = 0.05
 POWER = 0.8
@@ -35,18 +36,14 @@ N_MC = 20_000    # sign flips drawn past EXACT_MAX, from a fixed seed
 N_BOOT = 2000    # bootstrap resamples for IQM and P(X > Y)
 MAX_SEEDS = 1000  # "about N seeds" is not worth computing past this
 
-# Default equivalence margins by summary column (fnmatch, first match wins), used where the claim
-# states no `margin`. They are the resolutions issue 20 asks of the suite (a detectable effect of
-# 3 accuracy points on the LM, 0.02 reward on the toy): below them the suite does not claim to see.
-MARGINS = [("*accuracy*", 0.03), ("*pass@k", 0.03), ("*reward*", 0.02)]
-
-
 def default_margin(column: str) -> float | None:
-    return next((m for pat, m in MARGINS if fnmatch.fnmatchcase(column, pat)), None)
+    """The equivalence margin declared for a summary column's metric (grpo_bench/metrics.py), used where
+    the claim states no `margin`; None where none is declared."""
+    return metrics.get(column).margin
 
 
 def claim_margin(claim: dict | None, setting: str | None, column: str) -> tuple[float | None, str]:
-    """(margin, where it comes from): the claim's `margin` (one number, or one per setting), else MARGINS."""
+    """(margin, where it comes from): the claim's `margin` (one number, or one per setting), else the metric's."""
     m = (claim or {}).get("margin")
     if isinstance(m, dict):
         m = m.get(setting)

@@ -49,14 +49,12 @@ from . import registry, rng
 from .algos import Batch, masked_mean
 from .algos.corrections import mismatch
 from .config import RunConfig, task_name
+from .metrics import tail as tail_metrics
 from .optim import StackedOptimizer, clip_grad_norm
 from .recipe import Recipe
 from .tasks import Rollout
 
 Row = tuple[int, str, float]  # (step, metric, value)
-# per-rollout metrics whose mean over the last 10% of epochs is summarised as final/<metric>
-# (final/reward is reward/mean's): what the claims in results/FINDINGS.md are judged on
-TAIL = ("kl/seq", "response/length", "response/length_correct", "response/length_incorrect")
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -158,7 +156,10 @@ def sample(task, pop: Population, epoch: int, group_size: int, budget: int,
             task.retire(i, ro.prompts[i][sel] if isinstance(ro.prompts, Tensor) else [ro.prompts[i][j] for j in sel])
         return ro.replace(rewards=rewards, mask=mask), keep if drops["any"] else None, m
 
-    first = task.rollout(epoch, 0, group_size, sampler)
+    # a task that can sample with another copy of its policy takes it as `sampler`; others are never asked to
+    draw = (lambda d: task.rollout(epoch, d, group_size)) if sampler is None else \
+        (lambda d: task.rollout(epoch, d, group_size, sampler=sampler))
+    first = draw(0)
     metrics = _rollout_metrics(first)
     ro, keep, fm = run(first, 0)
     metrics |= fm
@@ -170,7 +171,7 @@ def sample(task, pop: Population, epoch: int, group_size: int, budget: int,
         n_kept = keep.sum(1)
         while (n_kept < b).any() and len(parts) < max_draws:
             need = n_kept < b
-            more, more_keep, _ = run(task.rollout(epoch, len(parts), group_size, sampler), len(parts))
+            more, more_keep, _ = run(draw(len(parts)), len(parts))
             parts.append(more)
             keeps.append(more_keep & need.unsqueeze(1))  # a member that is full takes nothing more
             draws += need.float()
@@ -260,7 +261,9 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
     step_per_member = _per_member_parts(step_filters)
     total_steps = cfg.epochs * cfg.inner_steps
     epoch_rewards: list[list[float]] = [[] for _ in cfgs]
-    tails: list[dict[str, list[float]]] = [{m: [] for m in TAIL} for _ in cfgs]
+    # per-rollout metrics declared `tail` (grpo_bench/metrics.py), summarised as final/<metric> over the
+    # last 10% of epochs (final/reward is reward/mean's): what the claims in results/FINDINGS.md are judged on
+    tails: list[dict[str, list[float]]] = [{m: [] for m in tail_metrics(type(task))} for _ in cfgs]
     samples = [0.0] * len(cfgs)
 
     def log(step: int, per_member: list[dict[str, float]]) -> None:
@@ -337,7 +340,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
         epoch_rows = _rows(epoch_metrics, p)
         for m, d in zip(alive, epoch_rows):
             epoch_rewards[m].append(d["reward/mean"])
-            for name in TAIL:
+            for name in tails[m]:
                 if name in d:
                     tails[m][name].append(d[name])
 

@@ -488,7 +488,7 @@ class _Scripted:
     def __init__(self, rewards):
         self.rewards, self.asked = rewards, []
 
-    def rollout(self, epoch, draw, group_size, sampler=None):
+    def rollout(self, epoch, draw, group_size):
         from grpo_bench.tasks import Rollout
         self.asked.append(draw)
         r = torch.tensor([m[draw] if draw < len(m) else [[0.0, 0.0]] * 2 for m in self.rewards])

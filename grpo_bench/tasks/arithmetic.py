@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from .. import rng
+from ..metrics import Metric
 from ..registry import register
 from . import Rollout
 
@@ -198,6 +199,24 @@ def completion_mask(tokens: Tensor, eos: Tensor) -> tuple[Tensor, Tensor]:
 @register("task", "arithmetic", config=ArithmeticConfig)
 class Arithmetic:
     """Arithmetic (+ - * //) on a causal LM with LoRA; tiny offline GPT-2 by default."""
+
+    label, short = "arithmetic LM", "LM"
+    main_metric = "final/eval/accuracy"  # held-out greedy accuracy at the end of training
+    curves = ("eval/accuracy", "reward/mean")
+    metrics = (
+        Metric("eval/accuracy", label="held-out accuracy", summary="eval accuracy", range=(0, 1),
+               higher_is_better=True),
+        Metric("eval/accuracy_gain", label="held-out accuracy gain", summary="eval accuracy gain", range=(-1, 1),
+               higher_is_better=True, offset_of="eval/accuracy"),
+        Metric("eval/reward", label="held-out reward", summary="eval reward", higher_is_better=True),
+        Metric("eval/pass@k", label="held-out pass@k", summary="eval pass@k", range=(0, 1), higher_is_better=True),
+        Metric("eval/mean@k", label="held-out mean@k", summary="eval mean@k", range=(0, 1), higher_is_better=True,
+               margin=0.03),
+        Metric("response/finished", range=(0, 1)),
+        # Dr. GRPO's length bias: wrong answers growing longer (ablations/length_bias.yaml)
+        Metric("response/length_correct", tail=True),
+        Metric("response/length_incorrect", tail=True),
+    )
 
     def __init__(self, task_config: ArithmeticConfig, run_configs):
         from transformers import GenerationConfig

@@ -1,0 +1,241 @@
+"""Every metric declared once, and what a task says about itself to the reports.
+
+A metric is a name in the namespace the trainer and the tasks log (`reward/mean`, `kl/seq`,
+`eval/accuracy`). Its declaration holds what the figures, REPORT.md, FINDINGS.md, `compare`,
+the trainer's summary and the statistics' default margins read of it, as lm-evaluation-harness
+declares a metric once with its aggregation and direction:
+
+    label             its name on a figure's axis ("held-out accuracy")
+    summary           its name as a column of REPORT.md's results table ("eval accuracy"); a
+                      metric with one is a headline column wherever its final value has values
+    range             (lo, hi): what it can be; every line and band drawn of it is clipped to it
+    scale             "linear"; "log": a log axis over the mean and its CI; "heavy": heavy-tailed,
+                      median and quartiles on a log axis
+    higher_is_better  which way "best" reads (None: neither, a length say)
+    tail              the trainer writes final/<name>: its mean over the last tenth of the rollouts
+                      that logged it (reward/mean's is final/reward, written by the trainer itself)
+    margin            the default equivalence margin of a verdict on its final value
+    final             its summary column where that is not final/<name>
+    offset_of         another metric it is minus a constant (the same for every run): its curve,
+                      final values and differences are that metric's again, drawn once
+
+The core declarations below are the trainer's metrics and families of names (`*accuracy`,
+`*reward*`, `ratio/*`); a task declares the metrics it logs in its class attribute `metrics`
+(grpo_bench/tasks/arithmetic.py). A name takes each property from the first declaration that
+matches it (fnmatch) and sets it, the tasks' before the core's: an exact declaration says what
+it knows and a family fills in what it leaves unset. A name means one thing in every task: two
+tasks that declare one name differently are an error.
+
+A task also declares, as class attributes, what results of it are judged on: `label` ("arithmetic
+LM"), `short` ("LM"), `main_metric` (a summary column, "final/eval/accuracy") and `curves` (the
+headline figure's panels: the main metric's curve, then those beside it). The runner records them
+in ablation.json as "task"; results written before it did are known by a metric only their task
+logs (LEGACY).
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
+
+from . import registry
+
+INF = math.inf
+SCALES = ("linear", "log", "heavy")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One declaration: a name (or an fnmatch pattern) and the properties it sets; None = not set here."""
+
+    name: str
+    label: str | None = None
+    summary: str | None = None
+    range: tuple[float, float] | None = None
+    scale: str | None = None
+    higher_is_better: bool | None = None
+    tail: bool | None = None
+    margin: float | None = None
+    final: str | None = None
+    offset_of: str | None = None
+
+    def __post_init__(self):
+        if self.scale is not None and self.scale not in SCALES:
+            raise ValueError(f"metric {self.name!r}: scale {self.scale!r}; valid: {', '.join(SCALES)}")
+        if self.range is not None and not self.range[0] < self.range[1]:
+            raise ValueError(f"metric {self.name!r}: range {self.range} is empty")
+
+    @property
+    def lo(self) -> float:
+        return -INF if self.range is None else self.range[0]
+
+    @property
+    def hi(self) -> float:
+        return INF if self.range is None else self.range[1]
+
+    @property
+    def heavy(self) -> bool:
+        return self.scale == "heavy"
+
+    @property
+    def column(self) -> str:
+        """Its summary column in summary.csv."""
+        return self.final or f"final/{self.name}"
+
+
+# The trainer's metrics and the families of names every task shares. Order matters only within
+# one property: the first declaration that sets it wins.
+CORE = (
+    Metric("reward/mean", label="rollout reward", summary="final reward", final="final/reward", higher_is_better=True),
+    Metric("kl/seq", tail=True),
+    Metric("response/length", tail=True),
+    # what a value can be, by family
+    Metric("*accuracy_gain", range=(-1, 1)),
+    Metric("*accuracy", range=(0, 1)), Metric("*pass@k", range=(0, 1)), Metric("*/format", range=(0, 1)),
+    Metric("*frac*", range=(0, 1)),
+    Metric("ratio/*", range=(0, INF), scale="heavy"), Metric("grad/norm", range=(0, INF), scale="heavy"),
+    Metric("kl/old", range=(0, INF), scale="heavy"), Metric("time/*", range=(0, INF), scale="heavy"),
+    Metric("entropy", range=(0, INF)), Metric("*/std", range=(0, INF)), Metric("*abs*", range=(0, INF)),
+    Metric("response/length*", range=(0, INF)),
+    # Equivalence margins: the resolutions issue 20 asks of the suite (a detectable effect of 3
+    # accuracy points on the LM, 0.02 reward on the toy): below them the suite does not claim to see.
+    Metric("*accuracy*", margin=0.03), Metric("*pass@k", margin=0.03), Metric("*reward*", margin=0.02),
+)
+
+# Results from before ablation.json recorded its task: the task is known by a metric only it logs,
+# the first that matches. A task added since always records itself, so this never grows.
+LEGACY = (("eval/accuracy_gain", "arithmetic"), ("reward/mean", "sort"))
+
+DEFAULT = Metric("", range=(-INF, INF), scale="linear", tail=False)
+
+
+@lru_cache(maxsize=8)
+def _table(tasks: tuple[str, ...]) -> tuple[Metric, ...]:
+    """Every declaration in lookup order: each task's (in registry order), then the core's."""
+    seen: dict[str, tuple[str, Metric]] = {}
+    out = []
+    for name in tasks:
+        for m in getattr(registry.get("task", name), "metrics", ()):
+            if m.name in seen:
+                first, other = seen[m.name]
+                if other != m:
+                    raise ValueError(f"metric {m.name!r} is declared differently by tasks {first!r} and {name!r}: "
+                                     f"{other} vs {m}")
+                continue
+            seen[m.name] = (name, m)
+            out.append(m)
+    return tuple(out) + CORE
+
+
+def declarations() -> tuple[Metric, ...]:
+    return _table(tuple(registry.names("task")))
+
+
+def metric_of(column: str) -> str | None:
+    """The metric a summary column holds the final value of (final/reward -> reward/mean); None for
+    a column that is no final value."""
+    for m in declarations():
+        if m.final == column:
+            return m.name
+    return column.removeprefix("final/") if column.startswith("final/") else None
+
+
+def get(name: str) -> Metric:
+    """Everything declared about a metric (or a summary column's metric), each property from the first
+    declaration that matches and sets it; what none sets has DEFAULT's value."""
+    name = metric_of(name) or name
+    found = {}
+    for m in declarations():
+        if fnmatch.fnmatchcase(name, m.name):
+            for f in fields(Metric):
+                if f.name != "name" and f.name not in found and getattr(m, f.name) is not None:
+                    found[f.name] = getattr(m, f.name)
+    return replace(DEFAULT, name=name, **found)
+
+
+def final_column(metric: str) -> str:
+    return get(metric).column
+
+
+def tail(task_cls: type) -> tuple[str, ...]:
+    """What the trainer summarises over the last tenth of the rollouts for this task: the core's and the
+    task's exact declarations with tail set, in declaration order."""
+    own = tuple(getattr(task_cls, "metrics", ()))
+    return tuple(dict.fromkeys(m.name for m in CORE + own if m.tail and not _pattern(m.name)))
+
+
+def _pattern(name: str) -> bool:
+    return any(c in name for c in "*?[")
+
+
+def headline(task: str | None = None) -> list[Metric]:
+    """The headline columns in REPORT.md's order: the core's, then the task's (every task's, in registry
+    order, when the task is not known here)."""
+    names = [task] if task in registry.names("task") else registry.names("task")
+    own = [m for n in names for m in getattr(registry.get("task", n), "metrics", ())]
+    out = {}
+    for m in [m for m in CORE if m.summary] + [m for m in own if m.summary]:
+        out.setdefault(m.name, get(m.name))
+    return list(out.values())
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """What results are judged on: a task's declaration, as ablation.json records it under "task"."""
+
+    name: str
+    label: str             # its name in FINDINGS.md's columns ("arithmetic LM")
+    short: str             # in a column that pairs two tasks ("toy ↔ LM τ")
+    main_metric: str       # the summary column its ablations are judged on
+    curves: tuple[str, ...]  # the headline figure's panels: the main metric's curve, then those beside it
+    higher_is_better: bool  # the main metric's direction
+
+    def record(self) -> dict:
+        return {"name": self.name, "label": self.label, "short": self.short, "main_metric": self.main_metric,
+                "curves": list(self.curves), "higher_is_better": self.higher_is_better}
+
+
+TASK_KEYS = {"name": str, "label": str, "short": str, "main_metric": str, "curves": list, "higher_is_better": bool}
+
+
+def declared_task(name: str) -> TaskInfo:
+    """A registered task's declaration. A task that declares nothing is judged on its rollout reward."""
+    cls = registry.get("task", name)
+    main = getattr(cls, "main_metric", "final/reward")
+    curves = tuple(getattr(cls, "curves", (metric_of(main) or main,)))
+    higher = get(main).higher_is_better
+    label = getattr(cls, "label", name)
+    return TaskInfo(name, label, getattr(cls, "short", label), main, curves, True if higher is None else higher)
+
+
+def recorded_task(meta: dict | None) -> TaskInfo | None:
+    """ablation.json's "task" (report.read_meta checked its keys), or None where it has none."""
+    t = (meta or {}).get("task")
+    if not isinstance(t, dict):
+        return None
+    return TaskInfo(**{k: tuple(t[k]) if k == "curves" else t[k] for k in TASK_KEYS})
+
+
+def task_of(meta: dict | None, metric_names) -> TaskInfo | None:
+    """The task of a results directory: recorded in its ablation.json, else guessed from the metrics it
+    logged (LEGACY); None when neither says."""
+    recorded = recorded_task(meta)
+    if recorded is not None:
+        return recorded
+    names, known = set(metric_names), registry.names("task")
+    return next((declared_task(task) for marker, task in LEGACY if marker in names and task in known), None)
+
+
+def ablation_record(abl) -> dict:
+    """What the runner adds to ablation.json for an ablation (config.Ablation): "task", the declaration of
+    the task its variants train (None when they train several), and "settings", its file's settings in
+    their order (None for a file without them), which FINDINGS.md orders its columns by."""
+    from .config import ablation_settings, resolve_run, task_name
+
+    names = {task_name(resolve_run(dict(raw, seed=abl.seeds[0]), abl.source)) for _, _, raw in abl.variants}
+    return {"task": declared_task(names.pop()).record() if len(names) == 1 else None,
+            "settings": ablation_settings(abl.source) if abl.setting is not None else None}
