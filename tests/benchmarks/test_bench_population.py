@@ -72,6 +72,7 @@ def _train(case: Case, queue) -> None:
         results = train_population(cfgs, out)
         rows += [(s.run_id, r, [x for x in o if not x[1].startswith("time/")]) for s, r, o in zip(group, results, out)]
     queue.put({"runs": len(specs), "cpu_s": time.process_time() - cpu, "wall_s": time.perf_counter() - wall,
+               "device": device_name(), "load_avg": os.getloadavg()[0],
                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rows": rows})
 
 
@@ -105,7 +106,7 @@ def test_population(benchmark, request, pop_case):
     benchmark.extra_info.update(
         ablation=pop_case.ablation, seeds=pop_case.seeds, population=pop_case.population, runs=out["runs"],
         cpu_s=out["cpu_s"], wall_s=out["wall_s"], cpu_s_per_run=per_run, runs_per_core_minute=60 / per_run,
-        peak_rss_mb=out["peak_rss_mb"], device=device_name(), load_avg=os.getloadavg()[0],
+        peak_rss_mb=out["peak_rss_mb"], device=out["device"], load_avg=out["load_avg"],
         sets=" ".join(pop_case.sets))
     alone = next((c for c in _RESULTS if c.ablation == pop_case.ablation and c.population == 1
                   and c is not pop_case), None)
