@@ -90,6 +90,10 @@ CORE = (
     Metric("reward/mean", label="rollout reward", summary="final reward", final="final/reward", higher_is_better=True),
     Metric("kl/seq", tail=True),
     Metric("response/length", tail=True),
+    # how far a dialled sampler is from the trainer on what it sampled (a claim is judged on it)
+    Metric("mismatch/k3", tail=True, range=(0, INF), label="sampler-trainer k3 KL"),
+    Metric("mismatch/kl", tail=True, label="sampler-trainer KL (k1)"),
+    Metric("mismatch/ratio_*", range=(0, INF), scale="heavy"),
     # what a value can be, by family
     Metric("*accuracy_gain", range=(-1, 1)),
     Metric("*accuracy", range=(0, 1)), Metric("*pass@k", range=(0, 1)), Metric("*/format", range=(0, 1)),

@@ -206,10 +206,11 @@ def test_the_shipped_tasks_declare_what_they_are_judged_on():
         assert M.final_column(info.curves[0]) == info.main_metric, name
         assert M.get(info.main_metric).higher_is_better is not None, name
     assert (M.declared_task("sort").label, M.declared_task("arithmetic").label) == ("sorting toy", "arithmetic LM")
-    # the trainer summarises exactly what it did before the declarations, per task
-    assert M.tail(registry.get("task", "arithmetic")) == ("kl/seq", "response/length", "response/length_correct",
-                                                          "response/length_incorrect")
-    assert M.tail(registry.get("task", "sort")) == ("kl/seq", "response/length")
+    # the trainer summarises what it did before the declarations, and the sampler's mismatch, per task
+    shared = ("kl/seq", "response/length", "mismatch/k3", "mismatch/kl")
+    assert M.tail(registry.get("task", "arithmetic")) == shared + ("response/length_correct",
+                                                                   "response/length_incorrect")
+    assert M.tail(registry.get("task", "sort")) == shared
 
 
 def test_a_property_comes_from_the_first_declaration_that_sets_it(bandit):
