@@ -253,6 +253,11 @@ def test_nll_term_on_positive_rewards(tok, tiny_dir, tmp_path):
     for g, b, n in zip(got_grads, base_grads, nll_grads):
         torch.testing.assert_close(g, b + 0.5 * n, rtol=1e-10, atol=1e-13)
     assert ours._metrics["train"]["loss/nll"] == [pytest.approx(nll.item(), rel=1e-12)]
+    # no positive response: no term, and no mean over no token in the log
+    batch = scored(ours, hand_batch(stub, len(tok)), -rewards.abs()[:, None])
+    got, _ = loss_and_grads(ours, stub, [batch])
+    base, _ = loss_and_grads(plain, stub, [scored(plain, hand_batch(stub, len(tok)), -rewards.abs()[:, None])])
+    assert got.item() == base.item() and len(ours._metrics["train"]["loss/nll"]) == 1
 
 
 def two_rewards(tok, tiny_dir, tmp_path, variant, **kw):
@@ -420,3 +425,41 @@ def test_a_batch_wide_correction_does_not_split(tok, tiny_dir, tmp_path):
     with pytest.raises(RuntimeError, match=r"does not split into micro-batches .*'m2po'.*steps_per_generation=1"):
         loss_and_grads(split, stub, split_tensor_dict(batch, 2), accumulation=2)
     assert math.isfinite(got.item())
+
+
+# ----------------------------------------------------------------- end to end
+
+
+def test_end_to_end_every_new_part_on_trls_loop(tok, tmp_path):
+    """GDPO on two reward functions, adv_clip, zero_variance, an adaptive entropy bonus, the NLL term and opsm,
+    through TRL's own training loop with two accumulated micro-batches and two passes per rollout."""
+    from datasets import Dataset
+
+    from grpo_bench.algos import rewards as lm_rewards
+    from grpo_bench.lm.models import build_tiny
+
+    pairs = [(a, b) for a in range(0, 90, 13) for b in range(5, 50, 11)]
+    ds = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a, b in pairs], "answer": [a + b for a, b in pairs]})
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                      num_generations=4, max_completion_length=6, num_iterations=2, max_steps=4, learning_rate=5e-2,
+                      logging_steps=1, reward_weights=[1.0, 0.5], report_to=[], use_cpu=True, save_strategy="no",
+                      seed=0, disable_tqdm=True, generation_kwargs={"sequence_bias": [[[tok.eos_token_id], 2.0]]})
+    variant = {"delta": "gdpo", "adv_clip": 1.0, "aggregate": "seq_mean_token_mean", "filters": ["zero_variance"],
+               "entropy_coef": 0.01, "entropy_ctrl": {"name": "adaptive", "target": 100.0, "delta": 0.01},
+               "nll_coef": 0.1, "corrections": [{"name": "opsm", "threshold": 1e-4}]}
+    def spread(prompts, completions, **kwargs):   # distinct values within a group, from the text alone
+        return [(sum(map(ord, c)) % 7) / 7 for c in completions]
+
+    trainer = GRPOBenchTrainer(build_tiny(tok, 2, 32, 2, seed=0), args=args, train_dataset=ds, processing_class=tok,
+                               reward_funcs=[spread, lm_rewards.length_penalty], variant=variant)
+    assert trainer.variant.delta["reward_weights"] == [1.0, 0.5]
+    trainer.train()
+    steps = [row for row in trainer.state.log_history if "loss" in row]
+    assert len(steps) == 4 and all(math.isfinite(row["loss"]) for row in steps)
+    for k in ("loss/entropy", "loss/nll", "correction/opsm/masked_frac", "entropy/coef"):
+        assert all(math.isfinite(row[k]) for row in steps), k
+    # the controller: nothing before its first measurement, then one step of 0.01 per optimizer step
+    assert [round(row["entropy/coef"], 9) for row in steps] == [0.0, 0.02, 0.03, 0.04]
+    generations = [row for row in steps if "delta/abs_mean" in row]
+    assert len(generations) == 2 and all(0 < row["delta/abs_mean"] <= 1.0 for row in generations)
+    assert max(row["correction/opsm/masked_frac"] for row in steps) > 0   # the second pass drifts

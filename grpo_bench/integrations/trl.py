@@ -418,9 +418,11 @@ class GRPOBenchTrainer(GRPOTrainer):
         ent_tokens = kept if gate_g is None else kept * gate_g
         s_agg, s_ent, s_nll = self._shares(inputs, kept, ent_tokens, pos, groups, mode)
         coef = r.entropy_coef                                                  # the controller's, for this step
+        # a tensor, so that a micro-batch without positive responses still has the term (0) and logs it
+        nll_coef = torch.tensor(r.cfg.nll_coef * s_nll / s_agg, dtype=logp.dtype, device=logp.device)
         value, stats = r.loss(lp, old_g, ref, deltas, mask_g, gate_g, sampler_logp=samp, positive=pos,
                               entropy=ent, entropy_coef=coef * s_ent / s_agg,
-                              numbers={"nll_coef": r.cfg.nll_coef * s_nll / s_agg} if r.use_nll else None)
+                              numbers={"nll_coef": nll_coef} if r.use_nll else None)
         loss = value
         if mode == "train":
             # DDP averages over processes and accumulation sums micro-batches: scaled so,
@@ -495,12 +497,13 @@ class GRPOBenchTrainer(GRPOTrainer):
         mismatch/kl; loss/entropy and loss/nll by the tokens they average, `counts`), or by its
         share of the aggregate over all the parts (loss/policy), not equally: parts with unequal
         token counts would otherwise tilt the logged value toward the shorter one. The extreme
-        ratios (mismatch/ratio_max, _min) are the extremes over processes.
+        ratios (mismatch/ratio_max, _min) are the extremes over processes. A mean over no
+        token at all (`counts` 0 on every process) is not logged.
         """
         names = sorted(stats)
         values = torch.stack([stats[k].double() for k in names])
-        if self.accelerator.num_processes == 1:
-            return dict(zip(names, values.tolist()))
+        if self.accelerator.num_processes == 1:  # a mean over no token (no positive response for loss/nll) is left out
+            return {k: v for k, v in zip(names, values.tolist()) if k not in counts or counts[k] > 0}
         b, t = mask.shape
         groups = self._groups({"bench_index": index}, "train" if self.model.training else "eval")
         here = self._rows_of(self._token_weights(self._grouped(mask, groups)), groups)
@@ -516,7 +519,8 @@ class GRPOBenchTrainer(GRPOTrainer):
                                                                      -values])[None]).unbind(1)
         num, den, top, bottom = num.sum(0), den.sum(0), top.amax(0), -bottom.amax(0)
         # loss/policy: the shares already make the aggregate (they sum to 1 only for means)
-        out = {k: (num[i] if k == "loss/policy" else num[i] / den[i].clamp(min=1)).item() for i, k in enumerate(names)}
+        out = {k: (num[i] if k == "loss/policy" else num[i] / den[i].clamp(min=1)).item() for i, k in enumerate(names)
+               if k not in counts or den[i] > 0}
         for i, k in enumerate(names):
             if k.startswith("mismatch/ratio_"):
                 out[k] = (top[i] if k.endswith("_max") else bottom[i]).item()
