@@ -418,11 +418,13 @@ class GRPOBenchTrainer(GRPOTrainer):
         ent_tokens = kept if gate_g is None else kept * gate_g
         s_agg, s_ent, s_nll = self._shares(inputs, kept, ent_tokens, pos, groups, mode)
         coef = r.entropy_coef                                                  # the controller's, for this step
-        # a tensor, so that a micro-batch without positive responses still has the term (0) and logs it
-        nll_coef = torch.tensor(r.cfg.nll_coef * s_nll / s_agg, dtype=logp.dtype, device=logp.device)
+        # tensors, as the ablation trainer passes them: a coefficient of 0 (no positive response here; the
+        # adaptive controller before its first measurement) keeps its term, so the fused kernel never takes
+        # the step and the term's statistic, which the controller reads, is always there
+        number = lambda x: torch.tensor(x, dtype=logp.dtype, device=logp.device)  # noqa: E731
         value, stats = r.loss(lp, old_g, ref, deltas, mask_g, gate_g, sampler_logp=samp, positive=pos,
-                              entropy=ent, entropy_coef=coef * s_ent / s_agg,
-                              numbers={"nll_coef": nll_coef} if r.use_nll else None)
+                              entropy=ent, entropy_coef=number(coef * s_ent / s_agg),
+                              numbers={"nll_coef": number(r.cfg.nll_coef * s_nll / s_agg)} if r.use_nll else None)
         loss = value
         if mode == "train":
             # DDP averages over processes and accumulation sums micro-batches: scaled so,
