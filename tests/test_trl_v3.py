@@ -143,6 +143,23 @@ def test_trl_entropy_and_gdpo_options_are_replaced(option, value, part, tok, tin
 # ---------------------------------------------------------------- corrections
 
 
+def test_a_variant_resolves_the_new_keys():
+    from grpo_bench.integrations.trl import resolve_variant
+
+    cfg = resolve_variant({"corrections": ["token_tis"], "entropy_ctrl": "adaptive", "delta": "gdpo", "adv_clip": 2.0,
+                           "nll_coef": 0.1}, max_len=4, group_size=4, reward_weights=[1, 0.5])
+    assert cfg.corrections == [{"name": "token_tis", "low": None, "high": 2.0}]
+    assert cfg.delta["reward_weights"] == [1.0, 0.5] and cfg.entropy_ctrl["target"] == 0.2 and cfg.adv_clip == 2.0
+    for variant, message in (({"corrections": [{"name": "token_tis", "high": -1}]},
+                              "<variant>: corrections.0.high: must be > 0"),
+                             ({"entropy_ctrl": {"name": "adaptive", "cap": 1}},
+                              "<variant>: entropy_ctrl.cap: entropy_ctrl 'adaptive' has no parameter 'cap'"),
+                             ({"adv_clip": [2.0, 1.0]}, "<variant>: adv_clip: expected null, a number > 0")):
+        with pytest.raises(ConfigError) as e:
+            resolve_variant(variant, max_len=4, group_size=4)
+        assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("mode", TRL_MODES)
 def test_correction_fed_by_sampler_logps_matches_trls_vllm_path(mode, tok, tiny_dir, tmp_path):
     """TRL's vLLM importance weights in its own loss == the variant's correction on sampling_per_token_logps."""
