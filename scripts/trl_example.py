@@ -40,7 +40,8 @@ DEFAULT_VARIANT = {
     "kl_placement": "reward",
     "ref_update": {"name": "hard", "every": 2},
 }
-METRICS = ("reward", "loss/policy", "clip/low_frac", "clip/high_frac", "kl/value", "delta/abs_mean")
+METRICS = ("reward", "loss/policy", "clip/low_frac", "clip/high_frac", "kl/value", "delta/abs_mean", "loss/entropy",
+           "entropy/coef", "loss/nll", "mismatch/kl")
 
 
 def _text(completions: list) -> list[str]:
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             variant, source = load_variant(a.variant), a.variant
         else:
             variant, source = DEFAULT_VARIANT, "DEFAULT_VARIANT"
-        resolve_variant(variant, source, max_len=a.max_new_tokens, group_size=a.generations)  # fail before any loading
+        resolved = resolve_variant(variant, source, max_len=a.max_new_tokens, group_size=a.generations,
+                                   reward_weights=WEIGHTS)  # fail before any loading
     except (ConfigError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -140,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         reward_weights=WEIGHTS, logging_steps=1, save_strategy="no", report_to=[], seed=a.seed,
         bf16=a.bf16, use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
         model_init_kwargs={"dtype": torch.bfloat16 if a.bf16 else torch.float32} if isinstance(model, str) else None,
-        use_vllm=a.vllm, vllm_mode="colocate",
+        # a variant's own corrections replace TRL's vLLM importance sampling (both would correct twice)
+        use_vllm=a.vllm, vllm_mode="colocate", vllm_importance_sampling_correction=not resolved.corrections,
     )
     model_type = "gpt2" if a.model == "tiny" else None
     lora = LoraConfig(r=a.lora, lora_alpha=2 * a.lora, task_type="CAUSAL_LM", fan_in_fan_out=model_type == "gpt2",
@@ -154,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"variant ({source}): {trainer.variant.delta} | {trainer.variant.loss} | {trainer.variant.aggregate} | "
           f"kl {trainer.variant.kl['name']} x {trainer.variant.kl_coef} in the {trainer.variant.kl_placement} | "
-          f"ref_update {trainer.variant.ref_update} | filters {trainer.variant.filters}")
+          f"ref_update {trainer.variant.ref_update} | filters {trainer.variant.filters} | "
+          f"corrections {trainer.variant.corrections} | entropy {trainer.variant.entropy_coef} "
+          f"{trainer.variant.entropy_ctrl['name']} | nll {trainer.variant.nll_coef}")
     trainer.train()
     last = {}
     for row in trainer.state.log_history:

@@ -908,16 +908,3 @@ def test_bad_new_keys_are_one_line(cfg, message):
         resolve_run({"task": "sort", **cfg})
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
-
-def test_the_trl_integration_refuses_what_it_does_not_carry_yet():
-    from grpo_bench.integrations.trl import resolve_variant
-
-    for variant, message in (({"corrections": ["token_tis"]}, "corrections: not carried"),
-                             ({"entropy_coef": 0.1}, "entropy_coef: not carried"),
-                             ({"entropy_ctrl": "adaptive"}, "entropy_ctrl: not carried"),
-                             ({"adv_clip": 2.0}, "adv_clip: not carried"),
-                             ({"delta": "gdpo"}, "delta: 'gdpo' needs each reward function's scores")):
-        with pytest.raises(ConfigError, match=message):
-            resolve_variant(variant, max_len=4, group_size=4)
-    assert resolve_variant({"corrections": [], "entropy_ctrl": "fixed", "nll_coef": 0.0}, max_len=4,
-                           group_size=4).corrections == []

@@ -2,7 +2,8 @@
 
 tests/trl_worker.py trains 4 optimizer steps (2 rollouts of 16 completions, 2 micro-batches of
 gradient accumulation, 2 passes per rollout) with RLOO, clip-higher, k1 in the reward, a
-reference refreshed every 2 rollouts, mask_truncated and the top_entropy step filter: once in
+reference refreshed every 2 rollouts, mask_truncated, the top_entropy step filter, a positive-example
+NLL term and off-policy sequence masking (opsm, which acts on the second pass): once in
 one process, once as two under torch.distributed.run (what `accelerate launch` runs for several
 processes; `accelerate launch --cpu --num_processes 2` starts one process, not two). The two runs
 agree: the advantages of every rollout and the trained weights to fp64 rounding, TRL's log
@@ -61,7 +62,7 @@ def test_every_logged_value_matches(runs):
     one, two = runs
     assert len(one["log"]) == len(two["log"]) == 5            # 4 steps and the run's summary
     registry = {"loss/policy", "clip/frac", "clip/low_frac", "clip/high_frac", "entropy", "kl/value",
-                "filter/top_entropy/gated"}
+                "filter/top_entropy/gated", "loss/nll", "correction/opsm/masked_frac", "mismatch/kl"}
     per_rollout = {"kl/coef", "delta/abs_mean", "reward/penalised", "filter/mask_truncated/removed"}
     for step, (a, b) in enumerate(zip(one["log"], two["log"])):
         assert a.keys() == b.keys(), step
@@ -74,6 +75,9 @@ def test_every_logged_value_matches(runs):
     # not vacuous: the second pass over a rollout clips, the step filter gates some tokens, KL is on
     assert max(logged("clip/frac")) > 0.01 and all(0 < g < 1 for g in logged("filter/top_entropy/gated"))
     assert min(logged("filter/mask_truncated/removed")) > 0 and max(map(abs, logged("kl/value"))) > 0.01
+    # opsm masks some responses of the second pass only (the first is on-policy); no sampler: no mismatch
+    masked = logged("correction/opsm/masked_frac")
+    assert masked[0] == masked[2] == 0 and masked[1] > 0 and masked[3] > 0 and set(logged("mismatch/kl")) == {0}
 
 
 def test_the_trained_weights_match(runs):

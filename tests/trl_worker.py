@@ -31,7 +31,9 @@ from grpo_bench.lm.tokenizer import build_char_tokenizer  # noqa: E402
 GLOBAL, G, T, ACCUM, PROCS = 16, 4, 6, 2, 2   # completions per optimizer step, group size, max tokens
 VARIANT = {"delta": "rloo", "loss": {"name": "clipped", "clip_high": 0.28}, "aggregate": "token_mean",
            "kl": "k1", "kl_coef": 0.05, "kl_placement": "reward", "ref_update": {"name": "hard", "every": 2},
-           "filters": ["mask_truncated", {"name": "top_entropy", "rho": 0.5}]}
+           "filters": ["mask_truncated", {"name": "top_entropy", "rho": 0.5}],
+           # registry v3: a positive-example NLL term; off-policy sequence masking of the second pass
+           "nll_coef": 0.1, "corrections": [{"name": "opsm", "threshold": 0.002}]}
 LORA = dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_proj", "c_fc"], fan_in_fan_out=True, task_type="CAUSAL_LM")
 
 

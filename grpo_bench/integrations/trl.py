@@ -8,27 +8,37 @@
 
 A variant is the GRPO part of a run config (VARIANT_KEYS), in the YAML syntax of an
 ablation and checked by the same code (config.resolve_part, config.validate), so a bad
-part is the same one-line ConfigError. Two of GRPOTrainer's methods are replaced:
+part is the same one-line ConfigError. Two of GRPOTrainer's methods are replaced; both
+call the run's Recipe, the composition the project's own trainer calls:
 
     _generate_and_score_completions   TRL's generation and reward functions run as always; then, on the
-                                      rewards of the whole batch (all processes), the variant's rollout
-                                      filters, the KL penalty in the reward and the delta part give the
-                                      advantages. Reference updates (ref_update) run before each generation,
-                                      the KL controller (kl_ctrl) after it.
-    _compute_loss                     TRL's log-probs and entropies; step filters; then grpo_loss, the exact
-                                      composition the project's trainer calls.
+                                      rewards of the whole batch (all processes; each reward function's
+                                      scores as GDPO's components), the variant's rollout filters, the KL
+                                      penalty in the reward and the delta part give the advantages.
+                                      Reference updates (ref_update) run before each generation, the KL
+                                      controller (kl_ctrl) after it.
+    _compute_loss                     TRL's log-probs and entropies, each prompt's responses regrouped
+                                      (TRL shuffles rows); step filters; then Recipe.loss: the policy term,
+                                      the off-policy corrections fed by the sampler's log-probs (TRL's
+                                      sampling_per_token_logps, from vLLM), the KL term, the entropy bonus
+                                      (its controller, entropy_ctrl, steps once per optimizer step) and the
+                                      positive-example NLL term.
 
-The aggregation is over the whole generation batch, as the project's trainer aggregates
-over its whole rollout: each micro-batch's aggregate is scaled by its share of the batch's
-(the weights are d aggregate / d per-token loss, so no part is named here), which makes
-gradient accumulation and data parallelism give the gradient of one aggregate over every
+The loss is over the whole generation batch, as the project's trainer's is over its
+rollout: each micro-batch's aggregate is scaled by its share of the batch's (the weights
+are d aggregate / d per-token loss, so no part is named here), and the entropy bonus and
+the NLL term, token means, by the micro-batch's share of their tokens. Gradient
+accumulation and data parallelism then give the gradient of one loss over every
 process's completions. TRL does this for loss_type dapo only; grpo, bnpo and dr_grpo
 average per-micro-batch aggregates, which is the same only when micro-batches are alike.
 
-What cannot carry over is refused with a one-line error (see docs/trl.md, "What does not
-carry over"): filters that draw replacement groups (dynamic sampling: TRL generates once per
-step and cannot draw more prompts), deltas that need a greedy rollout (remax), and TRL
-options that the variant replaces (loss_type, scale_rewards, beta, epsilon, ...) when set.
+TRL's own off-policy corrections (vllm_importance_sampling_*, off_policy_mask_threshold)
+become the registry corrections they equal (TRL_IS_MODES, opsm) when the variant has none;
+beside the variant's own they are refused. What cannot carry over is refused with a
+one-line error (see docs/trl.md, "What does not carry over"): filters that draw
+replacement groups (dynamic sampling) or retire prompts (a curriculum: TRL's sampler
+draws a fixed dataset), deltas that need a greedy rollout (remax), and TRL options that
+the variant replaces (loss_type, scale_rewards, beta, entropy_coef, ...) when set.
 
 Supported TRL: SUPPORTED_TRL. The hooks are private methods of GRPOTrainer, which change
 between minor releases; the pin in pyproject's `trl` extra follows this range.
@@ -45,6 +55,7 @@ from torch import Tensor
 
 from .. import registry
 from ..algos import Batch, masked_mean
+from ..algos.corrections import compose
 from ..config import (PART_KEYS, ConfigError, RunConfig, build_dataclass, load_ablation, read_yaml, resolve_part,
                       validate)
 from ..recipe import Recipe
@@ -73,8 +84,6 @@ from trl.trainer.callbacks import SyncRefModelCallback  # noqa: E402
 # The run-config keys a variant carries to TRL; the others belong to TRL's own config.
 VARIANT_KEYS = ("delta", "loss", "aggregate", "kl", "kl_coef", "kl_placement", "kl_ctrl", "ref_update",
                 "filters", "backend", "corrections", "entropy_coef", "entropy_ctrl", "nll_coef", "adv_clip")
-# registry v3 keys this integration does not carry yet, and their "off" values: refused when set
-NOT_WIRED = {"corrections": [], "entropy_coef": 0.0, "entropy_ctrl": "fixed", "nll_coef": 0.0, "adv_clip": None}
 TRL_OWNED = {
     "task": "the train_dataset and reward_funcs you pass", "group_size": "GRPOConfig.num_generations",
     "inner_steps": "GRPOConfig.num_iterations", "epochs": "GRPOConfig.max_steps",
@@ -94,13 +103,14 @@ REPLACED = {
     "beta": "kl_coef", "use_bias_correction_kl": "kl (k3_is)", "mask_truncated_completions": "filters (mask_truncated)",
     "top_entropy_quantile": "filters (top_entropy)", "sync_ref_model": "ref_update",
     "ref_model_mixup_alpha": "ref_update", "ref_model_sync_steps": "ref_update",
+    "entropy_coef": "entropy_coef/entropy_ctrl", "use_adaptive_entropy": "entropy_coef/entropy_ctrl (adaptive)",
+    "entropy_target": "entropy_ctrl.target", "entropy_coef_min": "entropy_ctrl.coef_min",
+    "entropy_coef_max": "entropy_ctrl.coef_max", "entropy_coef_delta": "entropy_ctrl.delta",
+    "multi_objective_aggregation": "delta (normalize_then_sum: {name: gdpo, eps: 1e-4, batch_norm: responses})",
 }
-# GRPOConfig features with no registry part: refused rather than dropped.
-UNSUPPORTED = {
-    "entropy_coef": "an entropy bonus is not a registry part",
-    "use_adaptive_entropy": "an entropy bonus is not a registry part",
-    "multi_objective_aggregation": "the delta part sees one summed reward per completion",
-}
+# TRL's vllm_importance_sampling_mode -> the correction it equals, with low = clip_min, high = clip_max
+TRL_IS_MODES = {"token_truncate": "token_tis", "token_mask": "token_mis", "sequence_truncate": "seq_tis",
+                "sequence_mask": "seq_mis"}
 REF_ADAPTER = "ref"  # TRL computes reference log-probs through the adapter of this name when the model has one
 # model inputs TRL's _compute_loss forwards besides the token ids (multimodal models)
 _FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
@@ -132,11 +142,13 @@ def variant_from_ablation(path: str | Path, name: str) -> dict:
     return {k: run[k] for k in VARIANT_KEYS if k in run}
 
 
-def resolve_variant(data: dict, source: str = "<variant>", *, max_len: int, group_size: int) -> RunConfig:
+def resolve_variant(data: dict, source: str = "<variant>", *, max_len: int, group_size: int,
+                    reward_weights: list[float] | None = None) -> RunConfig:
     """A RunConfig whose GRPO parts are resolved and checked as an ablation's are; ConfigError names the key.
 
     max_len (TRL's max_completion_length) fills parameters left at null, as the task's
-    generation budget does in an ablation (Dr. GRPO's normaliser, overlong_punish).
+    generation budget does in an ablation (Dr. GRPO's normaliser, overlong_punish);
+    reward_weights (GRPOConfig.reward_weights; None: 1 each, TRL's default) fill gdpo's.
     """
     if not isinstance(data, dict):
         raise ConfigError(source, "<root>", f"expected a mapping of {', '.join(VARIANT_KEYS)}")
@@ -145,19 +157,17 @@ def resolve_variant(data: dict, source: str = "<variant>", *, max_len: int, grou
             raise ConfigError(source, key, f"TRL owns this setting: set {TRL_OWNED[key]}")
         if key not in VARIANT_KEYS:
             raise ConfigError(source, str(key), f"unknown key; valid: {', '.join(VARIANT_KEYS)}")
-    for key, off in NOT_WIRED.items():
-        if key in data and data[key] not in (off, {"name": off}):
-            raise ConfigError(source, key, "not carried into TRL's GRPOTrainer by this integration yet")
     cfg = build_dataclass(RunConfig, copy.deepcopy(data), source)
     cfg.group_size = group_size
     context = {"max_len": max_len}
+    if reward_weights is not None:
+        context["reward_weights"] = [float(w) for w in reward_weights]
     for axis in PART_KEYS:
         setattr(cfg, axis, resolve_part(axis, getattr(cfg, axis), source, axis, context))
     cfg.filters = [resolve_part("filter", f, source, f"filters.{i}", context) for i, f in enumerate(cfg.filters)]
+    cfg.corrections = [resolve_part("correction", c, source, f"corrections.{i}", context)
+                       for i, c in enumerate(cfg.corrections)]
     validate(cfg, source)
-    if cfg.delta["name"] == "gdpo":
-        raise ConfigError(source, "delta", "'gdpo' needs each reward function's scores, which this integration "
-                                           "does not pass yet (TRL: multi_objective_aggregation=normalize_then_sum)")
     if "greedy" in registry.entry("delta", cfg.delta["name"]).traits.get("needs", ()):
         raise ConfigError(source, "delta", f"{cfg.delta['name']!r} needs each prompt's greedy response, "
                                            "which TRL's GRPOTrainer does not generate")
@@ -181,19 +191,57 @@ def _probe_filters(cfg: RunConfig, source: str, max_len: int, group_size: int) -
         if out.keep is not None:
             raise ConfigError(source, f"filters.{i}", f"{f['name']!r} drops groups and draws replacements, which "
                                                       "TRL's GRPOTrainer cannot (it generates one batch per step)")
+        if out.retire is not None:
+            raise ConfigError(source, f"filters.{i}", f"{f['name']!r} retires prompts from the prompt stream (a "
+                                                      "curriculum), which TRL's GRPOTrainer cannot: its sampler "
+                                                      "draws the fixed train_dataset in a seeded order")
 
 
 def check_trl_args(args: GRPOConfig) -> None:
-    """ConfigError (one line) when a GRPOConfig field the variant replaces, or one it cannot honour, is set."""
+    """ConfigError (one line) when a GRPOConfig field the variant replaces is set away from TRL's default."""
     defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
     for name, part in REPLACED.items():
         if getattr(args, name) != defaults[name]:
             raise ConfigError("GRPOConfig", name, f"replaced by the variant's {part}; leave it at TRL's default "
                                                   f"({defaults[name]!r})")
-    for name, why in UNSUPPORTED.items():
-        if getattr(args, name) != defaults[name]:
-            raise ConfigError("GRPOConfig", name, f"not supported with a grpo_bench variant ({why}); "
-                                                  f"leave it at {defaults[name]!r}")
+
+
+def trl_corrections(args: GRPOConfig) -> list[tuple[str, dict]]:
+    """(GRPOConfig field, the registry correction it equals) for each off-policy correction TRL's options turn on.
+
+    vLLM's importance sampling runs only with use_vllm; a clip_min <= 0 bounds nothing
+    (ratios are positive), which the registry writes as null.
+    """
+    out = []
+    if args.use_vllm and args.vllm_importance_sampling_correction:
+        low = args.vllm_importance_sampling_clip_min
+        out.append(("vllm_importance_sampling_correction",
+                    {"name": TRL_IS_MODES[args.vllm_importance_sampling_mode],
+                     "low": low if low is not None and low > 0 else None,
+                     "high": args.vllm_importance_sampling_clip_max}))
+    if args.off_policy_mask_threshold is not None:
+        out.append(("off_policy_mask_threshold", {"name": "opsm", "threshold": args.off_policy_mask_threshold}))
+    return out
+
+
+def _spec(part: dict) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in part.items()) + "}"
+
+
+def resolve_corrections(cfg: RunConfig, args: GRPOConfig) -> None:
+    """The variant's corrections, or TRL's own as registry parts; ConfigError when both are set.
+
+    Two corrections of one mismatch would multiply (the sampler's ratio applied twice), so a
+    variant with corrections needs TRL's switched off.
+    """
+    own = trl_corrections(args)
+    if own and cfg.corrections:
+        key, part = own[0]
+        off = "False" if key.startswith("vllm") else "None"
+        raise ConfigError("GRPOConfig", key, f"a second off-policy correction beside the variant's corrections; "
+                                             f"set it to {off} (it is the correction {_spec(part)})")
+    if own:
+        cfg.corrections = [resolve_part("correction", part, "GRPOConfig", key) for key, part in own]
 
 
 # ------------------------------------------------------------------- trainer
@@ -207,7 +255,9 @@ class GRPOBenchTrainer(GRPOTrainer):
     `variant_source`, the name errors give a mapping (a YAML path names itself).
     Logs the registry's metrics beside TRL's: loss/policy, clip/frac, clip/low_frac,
     clip/high_frac (and a loss's own regions), kl/value, kl/coef, delta/abs_mean,
-    reward/penalised, filter/<name>/<what>.
+    reward/penalised, filter/<name>/<what>; with corrections mismatch/* and
+    correction/<name>/<region>_frac; with an entropy bonus loss/entropy and entropy/coef
+    (the coefficient applied); with an NLL term loss/nll.
     """
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *rest,
@@ -219,23 +269,47 @@ class GRPOBenchTrainer(GRPOTrainer):
             source, variant = str(variant), load_variant(variant)
         check_trl_args(args)
         self.variant = resolve_variant(variant or {}, source, max_len=args.max_completion_length,
-                                       group_size=args.num_generations)
+                                       group_size=args.num_generations, reward_weights=args.reward_weights)
         v = self.variant
+        resolve_corrections(v, args)
+        # the same bound composition the ablation trainer calls: filters, KL in the reward, deltas, loss
+        self.recipe = Recipe.from_config(v)
+        self._check_split(args, source)
         args = copy.copy(args)  # the caller's config stays as given
         # TRL builds the reference (a copy, or the adapter switched off) and its log-probs only when beta != 0
         args.beta = float(v.kl_coef)
         super().__init__(model, reward_funcs, args, *rest, **kwargs)
-        # the same bound composition the ablation trainer calls: filters, KL in the reward, deltas, loss
-        self.recipe = Recipe.from_config(v)
         self._use_ref = self.recipe.use_ref
         self._next_kl_coef: float | None = None
         self._rollouts = 0                    # training generations so far: the ablation trainer's epoch
         self._rewards_per_func: Tensor | None = None
+        self._entropy_window: Tensor | None = None   # (sum of entropy, tokens) of this optimizer step's micro-batches
         # ref_update is a pure function of the rollout index; the snapshot adapter must exist
         # before accelerate wraps the model, so it is made now if any update will come
         if self._use_ref and is_peft_model(self.model) and any(self.recipe.parts["ref_update"](e)
                                                                for e in range(1, 10_001)):
             self._add_ref_adapter()
+
+    def _check_split(self, args: GRPOConfig, source: str) -> None:
+        """Refuse what cannot be one loss over a generation batch that TRL shuffles and splits into micro-batches.
+
+        Groups split across processes are caught at the first step (_shares): whether they do
+        depends on the per-device batch, not on the variant.
+        """
+        probe = torch.ones(2, args.num_generations, 3)   # two prompts with unequal token counts
+        probe[0, 0, 1:] = 0
+        as_rows = self._token_weights(probe.view(-1, 1, 3)).view_as(probe)
+        grouped = not torch.allclose(self._token_weights(probe), as_rows, rtol=1e-12, atol=0)
+        if grouped and args.steps_per_generation > 1:
+            raise ConfigError(source, "aggregate", f"{self.variant.aggregate['name']!r} weighs each prompt's group "
+                                                   "as a whole, and TRL shuffles responses across micro-batches: "
+                                                   "use steps_per_generation=1")
+        step = self.recipe.stage("step")
+        if self.recipe.use_entropy and step and (args.steps_per_generation > 1 or args.world_size > 1):
+            raise ConfigError(source, "entropy_coef", f"the entropy bonus is a token mean over the tokens step filter "
+                                                      f"{step[0].name!r} keeps in the whole batch, known only when one "
+                                                      "micro-batch on one process holds it: use steps_per_generation=1 "
+                                                      "on one process")
 
     # ---------------------------------------------------------- generation side
 
@@ -266,7 +340,8 @@ class GRPOBenchTrainer(GRPOTrainer):
         b, t = completion_mask.shape
         rows = self._rows(b)
         # None counts as 0, as grpo_bench's own reward sum does (TRL drops all-None rows from the baseline)
-        rewards = (self._rewards_per_func.double() * self.reward_weights.to(completion_mask.device).double()).nansum(1)
+        scores = self._rewards_per_func.double().nan_to_num(0.0)                 # (N, F)
+        rewards = (scores * self.reward_weights.to(scores.device).double()).sum(1)
         mask_local = self._loss_mask(out).double()
         lengths = self._gather_rows(completion_mask.sum(1).double())
         finished = self._gather_rows(self._finished(out))
@@ -274,11 +349,17 @@ class GRPOBenchTrainer(GRPOTrainer):
         n = rewards.numel()
         shape = (n // g, g)
         batch = Batch(rewards.view(shape), mask.view(*shape, -1), lengths.view(shape), finished.view(shape),
-                      self.max_completion_length)
+                      self.max_completion_length, components=scores.view(*shape, -1))
         batch, metrics = self.recipe.filter_rollout(batch)
-        if batch.keep is not None:  # refused at construction; a part changed since
-            raise RuntimeError("a rollout filter drops groups, which GRPOBenchTrainer cannot replace")
+        if batch.keep is not None or batch.retire is not None:  # refused at construction; a part changed since
+            raise RuntimeError("a rollout filter drops groups or retires prompts, which GRPOBenchTrainer cannot do")
         mask = batch.mask.reshape(n, -1)                                      # (N, T_max)
+        sampler = out.get("sampling_per_token_logps")
+        if self.recipe.corrections and sampler is not None and out.get("old_per_token_logps") is None:
+            # the corrections' ratio is pi_old / pi_sampler: the old log-probs of generation time, as TRL's own
+            # vLLM correction takes them, so that every micro-batch and pass sees the same ones
+            with torch.no_grad():
+                out["old_per_token_logps"] = self._logps(self.model, out, entropy=False, batch_size=b)[0]
         old = ref = None
         if self._use_ref:
             old = out.get("old_per_token_logps")
@@ -296,7 +377,17 @@ class GRPOBenchTrainer(GRPOTrainer):
         out["advantages"] = deltas[rows].to(out["advantages"].dtype)
         out["bench_mask"] = mask[rows, :t].to(completion_mask.device)
         out["bench_rewards"] = batch.rewards.reshape(n)[rows]
-        out["bench_weight"] = self._token_weights(mask)[rows, :t]
+        out["bench_index"] = torch.arange(n, device=completion_mask.device)[rows]   # its place: group = index // g
+        # the whole batch's loss weights, for each micro-batch's share (_shares): the mask the corrections leave
+        kept = mask
+        if sampler is not None and self.recipe.corrections:   # without a sampler rho = 1: only the loss-time parts act
+            old_local = out["old_per_token_logps"]
+            kept = self._gather_rows(self._corrected(old_local, old_local, self._sampler_logp(out, old_local),
+                                                     out["advantages"], out["bench_mask"]).double())
+        on = kept > 0
+        out["bench_weight"] = self._token_weights(kept.view(*shape, -1)).view(n, -1)[rows, :t]
+        out["bench_tokens"] = on.sum().double()                                       # the entropy bonus's
+        out["bench_positive_tokens"] = (on & (batch.rewards.reshape(n, 1) > 0)).sum().double()   # the NLL term's
         logged = self._logs["advantages"]  # TRL logged its own advantages of the whole batch
         for _ in range(min(n, len(logged))):
             logged.pop()
@@ -308,71 +399,135 @@ class GRPOBenchTrainer(GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
+        r = self.recipe
         logp, entropy, aux = self._logps(model, inputs, entropy=True, aux=self.aux_loss_enabled)  # (b, T)
         mask = inputs.get("bench_mask")
         mask = (self._loss_mask(inputs) if mask is None else mask).to(logp.dtype)
         old = inputs.get("old_per_token_logps")
         old = logp.detach() if old is None else old
-        ref = inputs.get("ref_per_token_logps")
-        deltas = inputs["advantages"]                                          # (b,)
-        gate = self._gate(inputs, logp, old, entropy, mask, deltas, mode)
-        value, stats = self.recipe.loss(logp, old, ref, deltas, mask, gate)
+        sampler = self._sampler_logp(inputs, old) if r.corrections else None
+        gate = self._step_gate(inputs, entropy, mask, mode) if r.stage("step") else None
+        rewards = inputs.get("bench_rewards")
+        # the NLL term's responses: reward > 0, as the ablation trainer's (a batch built by hand: deltas > 0)
+        positive = None if rewards is None else rewards > 0
+        groups = self._groups(inputs, mode)
+        # (n, G, ...): each prompt's responses together, in their order, as the parts see a rollout
+        lp, old_g, ref, deltas, mask_g, gate_g, ent, pos, samp = (self._grouped(x, groups) for x in (
+            logp, old, inputs.get("ref_per_token_logps"), inputs["advantages"], mask, gate, entropy, positive,
+            sampler))
+        kept = self._corrected(lp.detach(), old_g, samp, deltas, mask_g) if r.corrections else mask_g
+        ent_tokens = kept if gate_g is None else kept * gate_g
+        s_agg, s_ent, s_nll = self._shares(inputs, kept, ent_tokens, pos, groups, mode)
+        coef = r.entropy_coef                                                  # the controller's, for this step
+        # tensors, as the ablation trainer passes them: a coefficient of 0 (no positive response here; the
+        # adaptive controller before its first measurement) keeps its term, so the fused kernel never takes
+        # the step and the term's statistic, which the controller reads, is always there
+        number = lambda x: torch.tensor(x, dtype=logp.dtype, device=logp.device)  # noqa: E731
+        value, stats = r.loss(lp, old_g, ref, deltas, mask_g, gate_g, sampler_logp=samp, positive=pos,
+                              entropy=ent, entropy_coef=number(coef * s_ent / s_agg),
+                              numbers={"nll_coef": number(r.cfg.nll_coef * s_nll / s_agg)} if r.use_nll else None)
         loss = value
         if mode == "train":
             # DDP averages over processes and accumulation sums micro-batches: scaled so,
-            # every generation batch (steps_per_generation micro-batches) weighs as one aggregate
-            loss = value * (self._batch_share(inputs, mask) * self.accelerator.num_processes
+            # every generation batch (steps_per_generation micro-batches) weighs as one loss
+            loss = value * (s_agg * self.accelerator.num_processes
                             * self.args.steps_per_generation / self.current_gradient_accumulation_steps)
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux / (self.current_gradient_accumulation_steps
                                                              if mode == "train" else 1.0)
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather(aux.detach()).mean().item())
+        if r.use_entropy and mode == "train":
+            self._step_entropy(stats["loss/entropy"], (ent_tokens > 0).sum())
+            self._metrics[mode]["entropy/coef"].append(float(coef))
         with torch.no_grad():
             stats["entropy"] = masked_mean(entropy, mask)
-            if ref is not None and not self.recipe.kl_in_loss:  # KL in the reward (or no KL term): still worth watching
-                stats["kl/value"] = self.recipe.kl_value(logp, ref, old, mask)
-        for k, val in self._gather_stats(stats, mask).items():
+            if ref is not None and not r.kl_in_loss:  # KL in the reward (or no KL term): still worth watching
+                stats["kl/value"] = r.kl_value(lp, ref, old_g, mask_g)
+        counts = {"loss/entropy": (ent_tokens > 0).sum()}
+        if pos is not None:
+            counts["loss/nll"] = ((kept > 0) & pos.unsqueeze(-1)).sum()
+        for k, val in self._gather_stats(stats, mask, inputs.get("bench_index"), counts).items():
             self._metrics[mode][k].append(val)
         return loss
 
-    def _gather_stats(self, stats: dict, mask: Tensor) -> dict:
+    def _step_entropy(self, entropy: Tensor, tokens: Tensor) -> None:
+        """The entropy controller's step at each optimizer step, from the token mean entropy of its micro-batches
+        on every process (TRL's window-global entropy; the ablation trainer's step is one whole batch)."""
+        here = torch.stack([entropy.double() * tokens, tokens.double()])
+        self._entropy_window = here if self._entropy_window is None else self._entropy_window + here
+        if self.accelerator.sync_gradients:
+            total = self.accelerator.reduce(self._entropy_window, reduction="sum")
+            h = (total[0] / total[1].clamp(min=1)).item()
+            self.recipe.entropy_state, self.recipe.entropy_coef = self.recipe.next_entropy_coef(h)
+            self._entropy_window = None
+
+    def _shares(self, inputs, kept: Tensor, ent_tokens: Tensor, positive: Tensor | None, groups, mode: str
+                ) -> tuple[float, float, float]:
+        """This micro-batch's share of the generation batch's aggregate, entropy tokens and NLL tokens.
+
+        The aggregate's weights on this micro-batch are then a constant multiple of those of
+        the whole batch (every aggregation is linear in the per-token loss with weights set by
+        the mask; token_mean: tokens here / tokens in all; seq_mean_*: responses here /
+        responses in all); a RuntimeError says when they are not (the corrections or the
+        aggregate do not split into micro-batches).
+        """
+        whole = inputs.get("bench_weight")
+        one = self.accelerator.num_processes == 1 and self.args.steps_per_generation == 1
+        if mode != "train" or whole is None or one:  # the micro-batch is its own generation batch
+            return 1.0, 1.0, 1.0
+        here = self._rows_of(self._token_weights(kept), groups)
+        on = here != 0
+        ratio = whole[on] / here[on]
+        c = ratio.mean() if on.any() else here.new_ones((), dtype=torch.float64)
+        if (on.any() and ((ratio - c).abs().max() > 1e-9 * c.abs() or c <= 0)) or (whole[~on] != 0).any():
+            raise RuntimeError(f"the loss does not split into micro-batches (aggregate "
+                               f"{self.variant.aggregate['name']!r}, corrections "
+                               f"{[p.name for p in self.recipe.corrections]}): use steps_per_generation=1")
+        # the entropy bonus's tokens: a step gate with a bonus is refused here (_check_split), so they are kept's
+        all_ent = inputs["bench_tokens"]
+        s_ent = ((ent_tokens > 0).sum() / all_ent).item() if all_ent > 0 else 0.0
+        s_nll = 1.0
+        if positive is not None:
+            n_pos = ((kept > 0) & positive.unsqueeze(-1)).sum().double()
+            all_pos = inputs["bench_positive_tokens"]
+            s_nll = (n_pos / all_pos).item() if all_pos > 0 else 0.0
+        return c.item(), s_ent, s_nll
+
+    def _gather_stats(self, stats: dict, mask: Tensor, index: Tensor | None, counts: dict[str, Tensor]) -> dict:
         """This micro-batch's statistics over every process's part of it, as one process holding it all logs them.
 
-        Each process's value weighs by its tokens (the token means: clip/*, kl/value, entropy)
-        or by its share of the aggregate over all the parts (loss/policy), not equally: parts
-        with unequal token counts would otherwise tilt the logged value toward the shorter one.
+        Each process's value weighs by its tokens (the token means: clip/*, kl/value, entropy,
+        mismatch/kl; loss/entropy and loss/nll by the tokens they average, `counts`), or by its
+        share of the aggregate over all the parts (loss/policy), not equally: parts with unequal
+        token counts would otherwise tilt the logged value toward the shorter one. The extreme
+        ratios (mismatch/ratio_max, _min) are the extremes over processes. A mean over no
+        token at all (`counts` 0 on every process) is not logged.
         """
         names = sorted(stats)
         values = torch.stack([stats[k].double() for k in names])
-        if self.accelerator.num_processes == 1:
-            return dict(zip(names, values.tolist()))
+        if self.accelerator.num_processes == 1:  # a mean over no token (no positive response for loss/nll) is left out
+            return {k: v for k, v in zip(names, values.tolist()) if k not in counts or counts[k] > 0}
         b, t = mask.shape
-        here = self._token_weights(mask)
-        union = self._token_weights(self._gather_rows(mask))[self._rows(b), :t]
+        groups = self._groups({"bench_index": index}, "train" if self.model.training else "eval")
+        here = self._rows_of(self._token_weights(self._grouped(mask, groups)), groups)
+        every = self._gather_rows(mask)
+        every_groups = None if index is None else self._groups({"bench_index": self._gather_rows(index)},
+                                                               "train" if self.model.training else "eval")
+        union = self._rows_of(self._token_weights(self._grouped(every, every_groups)), every_groups)[self._rows(b), :t]
         on = here != 0
         share = (union[on] / here[on]).mean() if on.any() else here.new_zeros(())
         tokens = mask.sum().double()
-        weights = torch.stack([share if k == "loss/policy" else tokens for k in names])
-        num, den = self.accelerator.gather(torch.stack([values * weights, weights])[None]).sum(0)
+        weights = torch.stack([share if k == "loss/policy" else counts.get(k, tokens).double() for k in names])
+        num, den, top, bottom = self.accelerator.gather(torch.stack([values * weights, weights, values,
+                                                                     -values])[None]).unbind(1)
+        num, den, top, bottom = num.sum(0), den.sum(0), top.amax(0), -bottom.amax(0)
         # loss/policy: the shares already make the aggregate (they sum to 1 only for means)
-        means = torch.where(torch.tensor([k == "loss/policy" for k in names], device=num.device),
-                            num, num / den.clamp(min=1))
-        return dict(zip(names, means.tolist()))
-
-    def _gate(self, inputs, logp, old, entropy, mask, deltas, mode) -> Tensor | None:
-        """What multiplies the policy term per token: step filters, and TRL's own off-policy corrections."""
-        gate = None
-        if self.recipe.stage("step"):
-            gate = self._step_gate(inputs, entropy, mask, mode)
-        if self.use_vllm and self.vllm_importance_sampling_correction:  # sampler != trainer: TRL's IS weight
-            w = inputs["importance_sampling_ratio"]
-            gate = w if gate is None else gate * w
-        if self.off_policy_mask_threshold is not None:
-            keep = self.get_off_policy_mask(advantages=deltas.unsqueeze(1), per_token_logps=logp,
-                                            sampling_per_token_logps=inputs.get("sampling_per_token_logps", old),
-                                            mask=mask, off_policy_threshold=self.off_policy_mask_threshold)
-            gate = keep if gate is None else gate * keep
-        return None if gate is None else gate.expand_as(logp).to(logp.dtype)
+        out = {k: (num[i] if k == "loss/policy" else num[i] / den[i].clamp(min=1)).item() for i, k in enumerate(names)
+               if k not in counts or den[i] > 0}
+        for i, k in enumerate(names):
+            if k.startswith("mismatch/ratio_"):
+                out[k] = (top[i] if k.endswith("_max") else bottom[i]).item()
+        return out
 
     def _step_gate(self, inputs, entropy, mask, mode) -> Tensor | None:
         """Step filters on this micro-batch of every process (without groups: TRL shuffles before splitting)."""
@@ -386,31 +541,47 @@ class GRPOBenchTrainer(GRPOTrainer):
         gate, metrics = self.recipe.filter_step(batch, col(entropy.detach()))
         for k, val in metrics.items():
             self._metrics[mode][k].append(float(val))
-        return None if gate is None else gate[:, 0][self._rows(b), :t]
+        return None if gate is None else gate[:, 0][self._rows(b), :t].to(entropy.dtype)
 
-    def _batch_share(self, inputs, mask: Tensor) -> float:
-        """c with c * aggregate(micro-batch) = this micro-batch's part of aggregate(generation batch).
+    def _corrected(self, logp: Tensor, old: Tensor, sampler: Tensor | None, deltas: Tensor, mask: Tensor) -> Tensor:
+        """The loss mask the variant's corrections leave (their `keep`), as Recipe.loss computes it."""
+        fixes = [(c.name, c.params) for c in self.recipe.corrections]
+        return compose(fixes, logp, old, sampler, deltas, mask)[1]
 
-        Every aggregation is linear in the per-token loss with weights set by the mask; within
-        a micro-batch they are a constant multiple of the generation batch's (token_mean:
-        tokens here / tokens in all; seq_mean_*: responses here / responses in all).
+    @staticmethod
+    def _sampler_logp(inputs: dict, old: Tensor) -> Tensor | None:
+        """The sampler's log-probs (vLLM's, TRL's sampling_per_token_logps), or None where TRL has none.
+
+        vLLM leaves NaN where it could not score a token; TRL gives such a token ratio 1, and so
+        does this (the old log-prob in its place).
         """
-        whole = inputs.get("bench_weight")
-        if whole is None:  # a batch built by hand: it is its own generation batch
-            return 1.0
-        here = self._token_weights(mask)
-        on = here != 0
-        if not on.any():
-            return 1.0
-        ratio = whole[on] / here[on]
-        c = ratio.mean()
-        if (ratio - c).abs().max() > 1e-9 * c.abs() or (whole[~on] != 0).any():
-            raise RuntimeError(f"aggregate {self.variant.aggregate['name']!r} does not split into micro-batches; "
-                               "use steps_per_generation=1")
-        return c.item()
+        s = inputs.get("sampling_per_token_logps")
+        return None if s is None else torch.where(torch.isnan(s), old, s.to(old.dtype))
+
+    def _groups(self, inputs: dict, mode: str) -> tuple[Tensor, int, int] | None:
+        """(slot of each row in an (n, G) grid, n, G) for the prompts this micro-batch holds any response of."""
+        index = inputs.get("bench_index")
+        if index is None:  # a batch built by hand: no groups, each row on its own
+            return None
+        g = self.num_generations if mode == "train" else self.num_generations_eval
+        present, which = torch.unique(index // g, return_inverse=True)
+        return which * g + index % g, len(present), g
+
+    @staticmethod
+    def _grouped(x: Tensor | None, groups) -> Tensor | None:
+        """(b, ...) rows -> (n, G, ...), a prompt's responses in their order; responses not here are empty (zeros)."""
+        if x is None or groups is None:
+            return x
+        slots, n, g = groups
+        return x.new_zeros((n * g, *x.shape[1:])).index_copy(0, slots, x).view(n, g, *x.shape[1:])
+
+    @staticmethod
+    def _rows_of(x: Tensor, groups) -> Tensor:
+        """The inverse of _grouped: (n, G, T) -> this micro-batch's rows (b, T)."""
+        return x if groups is None else x.reshape(-1, *x.shape[2:])[groups[0]]
 
     def _token_weights(self, mask: Tensor) -> Tensor:
-        """(N, T) float64: d aggregate / d per-token loss, the weight of each token in the aggregate."""
+        """float64, mask's shape: d aggregate / d per-token loss, the weight of each token in the aggregate."""
         x = torch.zeros(mask.shape, dtype=torch.float64, device=mask.device, requires_grad=True)
         with torch.enable_grad():
             (w,) = torch.autograd.grad(self.recipe.parts["aggregate"](x, mask.double()), x, allow_unused=True)
