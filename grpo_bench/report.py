@@ -135,7 +135,19 @@ def save(fig, out: Path, stem: str, fmt: str) -> str:
     meta = {"png": {"Software": None}, "pdf": {"CreationDate": None, "ModDate": None}, "svg": {"Date": None}}[fmt]
     fig.savefig(out / name, dpi=200, metadata=meta)
     plt.close(fig)
+    if fmt == "png":
+        _quantize(out / name)
     return name
+
+
+def _quantize(path: Path) -> None:
+    """The PNG in a 256-colour palette: a third of the bytes, no difference a reader sees on a plot (a
+    results tree at 20 seeds a variant would otherwise be tens of MB of figures)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        small = im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    small.save(path, "PNG", optimize=True)
 
 
 def slug(metric: str) -> str:
@@ -218,12 +230,34 @@ def points_per_run(curves: dict, metric: str) -> int:
 # ---------------------------------------------------------------------------- drawing
 
 
-def draw_curves(ax, curves: dict, metric: str, order: list[str], styles: dict) -> str:
-    """Draw one metric over training for every variant; return what the lines and bands are."""
+def samples_axis(curves: dict, order: list[str]) -> dict[str, pd.Series] | None:
+    """Per variant, step -> responses sampled so far (samples/total, the mean over seeds): the x axis on
+    which variants that draw different numbers of samples per step (dynamic sampling redraws, an
+    on-policy recipe's extra rollouts) compare at equal samples. None when every variant draws the
+    same per step: the step axis says it already."""
+    m = curves.get("samples/total")
+    if m is None or not len(m):
+        return None
+    axis = {v: g.groupby("step").value.mean().sort_index() for v, g in m.groupby("variant", observed=True)
+            if v in order}
+    shared = list(axis.values())
+    if not shared or all(len(a) == len(shared[0]) and np.allclose(a.to_numpy(), shared[0].to_numpy())
+                         and (a.index == shared[0].index).all() for a in shared):
+        return None
+    return axis
+
+
+def draw_curves(ax, curves: dict, metric: str, order: list[str], styles: dict,
+                x_axis: dict[str, pd.Series] | None = None) -> str:
+    """Draw one metric over training for every variant; return what the lines and bands are.
+    x_axis: per variant, the x of each step (samples drawn); None: the gradient step."""
     rng_ = metric_range(metric)
     seeds, positive = [], []
     for v, table in run_matrices(curves, metric, order).items():
         steps, M = table.index.to_numpy(float), table.to_numpy(float)
+        if x_axis is not None:  # a step's samples so far; eval steps between logged ones by interpolation
+            xs = x_axis[v]
+            steps = np.interp(steps, xs.index.to_numpy(float), xs.to_numpy(float))
         st = styles[v]
         seeds.append(M.shape[1])
         with np.errstate(all="ignore"), _quiet():
@@ -291,18 +325,21 @@ def _drawn(meta: dict, curves: dict, panels: list[str]) -> list[str]:
     return [v for v in meta["variants"] if v in seen]
 
 
-def curves_figure(meta: dict, summary: pd.DataFrame, curves: dict, panels: list[str], styles: dict, title: str):
-    """Panels stacked in one column, one metric each, one legend under them."""
+def curves_figure(meta: dict, summary: pd.DataFrame, curves: dict, panels: list[str], styles: dict, title: str,
+                  x_axis: dict[str, pd.Series] | None = None):
+    """Panels stacked in one column, one metric each, one legend under them; x: gradient steps, or
+    (x_axis, see samples_axis) responses sampled."""
     order = _drawn(meta, curves, panels)
     rows = _legend_rows(order, COLUMN_IN)
     fig, axes = plt.subplots(len(panels), 1, figsize=(COLUMN_IN, 0.55 + 1.75 * len(panels) + 0.14 * rows),
                              sharex=True, squeeze=False)
     bands = []
     for ax, metric in zip(axes[:, 0], panels):
-        bands.append(draw_curves(ax, curves, metric, order, styles))
+        bands.append(draw_curves(ax, curves, metric, order, styles, x_axis))
         ax.set_ylabel(label(metric))
-    axes[-1, 0].set_xlabel("gradient step")
-    fig.suptitle(f"{meta['name']}: {title}\n{_what(meta, summary)}")
+    axes[-1, 0].set_xlabel("gradient step" if x_axis is None else "responses sampled")
+    fig.suptitle(f"{meta['name']}: {title}\n{_what(meta, summary)}" + ("" if x_axis is None else ", at equal samples"),
+                 wrap=True)  # a long ablation name would run off both edges
     _legend(fig, styles, order, COLUMN_IN)
     return fig, bands
 
@@ -336,7 +373,7 @@ def dot_panels(rows: list[str], panels: list[tuple[str, str, str, dict]], styles
         ax.grid(axis="y", visible=False)
     axes[0, 0].set_yticks(range(len(rows)), rows)
     axes[0, 0].set_ylim(len(rows) - 0.5, -0.5)  # first variant on top
-    fig.suptitle(title)
+    fig.suptitle(title, wrap=True)
     return fig
 
 
@@ -367,7 +404,7 @@ def diagnostics_figure(meta: dict, summary: pd.DataFrame, curves: dict, diag: li
         ax = axes[(len(diag) - 1 - i) // cols, i]
         ax.xaxis.set_tick_params(labelbottom=True)
         ax.set_xlabel("gradient step")
-    fig.suptitle(f"{meta['name']}: training diagnostics, {_what(meta, summary)}")
+    fig.suptitle(f"{meta['name']}: training diagnostics, {_what(meta, summary)}", wrap=True)
     _legend(fig, styles, order, PAGE_IN)
     return fig
 
@@ -472,7 +509,7 @@ def fit_figure(meta: dict, fits: dict, styles: dict):
     declined = [v for v in order if not fits["axes"][axes_[0]][v]["ok"]]
     # the dotted half budget is named in the caption: the title has no room left in one column
     fig.suptitle(f"{meta['name']}: {label(fits['metric'])} against compute\ndots: seed mean; line: fit"
-                 + (f" ({len(declined)} declined)" if declined else ""))
+                 + (f" ({len(declined)} declined)" if declined else ""), wrap=True)
     _legend(fig, styles, order, width)
     return fig
 
@@ -655,6 +692,13 @@ def build_figures(out: str | Path, fits: dict | None = None) -> list[tuple[str, 
         if main:
             fig, bands = curves_figure(meta, summary, curves, main, styles, " and ".join(map(label, main)))
             figures.append(("headline", fig, f"{' and '.join(map(label, main))} over training ({bands[0]})"))
+            x_samples = samples_axis(curves, _drawn(meta, curves, main))
+            if x_samples is not None:  # variants draw different samples per step: compare at equal samples too
+                fig, bands = curves_figure(meta, summary, curves, main, styles, " and ".join(map(label, main)),
+                                           x_samples)
+                figures.append(("headline_samples", fig, f"the same against the responses sampled so far, "
+                                "where variants draw different numbers per gradient step "
+                                f"(dynamic sampling, an on-policy recipe's extra rollouts; {bands[0]})"))
         for _, name, metric in headline:
             if metric in main or points_per_run(curves, metric) < 2:
                 continue  # a single point is not a curve: the final value is in final_values

@@ -317,6 +317,9 @@ def test_twelve_variants_stay_legible_and_bounded(tmp_path):
         if legends:
             lb = legends[0].get_window_extent(renderer)
             assert lb.x0 >= box.x0 - 1 and lb.x1 <= box.x1 + 1 and lb.y0 >= box.y0 - 1, stem
+        if fig._suptitle is not None:  # a title that runs off the edges is cut in the PNG
+            tb = fig._suptitle.get_window_extent(renderer)
+            assert tb.x0 >= box.x0 - 1 and tb.x1 <= box.x1 + 1, (stem, fig._suptitle.get_text())
     # every variant gets its own (colour, dash) pair
     styles = R.variant_styles(names)
     assert len({(s["color"], s["ls"]) for s in styles.values()}) == 12
@@ -1254,3 +1257,37 @@ def test_accuracy_gain_has_no_differences_section_beside_accuracy(tmp_path):
     d = write_results(tmp_path / "lm", ["a", "b"], range(3), LMFull(), LM_FINALS)
     text = R.make_report(d).read_text()
     assert "## Differences in eval accuracy\n" in text and "## Differences in eval accuracy gain" not in text
+
+
+class WithSamples(SortLike):
+    """Variant 1 draws twice the responses per step (dynamic sampling's redraws), the rest as many."""
+
+    metrics = SortLike.metrics + ["samples/total"]
+
+    def __call__(self, metric, i, seed, step):
+        if metric == "samples/total":
+            return 32.0 * (step + 1) * (2 if i == 1 else 1)
+        return super().__call__(metric, i, seed, step)
+
+
+def test_curves_against_samples_when_variants_draw_differently(tmp_path):
+    names = ["a_rather_long_variant_name_for_the_title", "dynamic_sampling", "c"]
+    d = write_results(tmp_path / "a_long_ablation_name_that_fills_the_title", names, range(5), WithSamples(),
+                      SORT_FINALS, name="a_long_ablation_name_that_fills_the_title")
+    figs = all_figures(d)
+    fig = figs["headline_samples"]
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "" and fig.axes[-1].get_xlabel() == "responses sampled"
+    ends = {line.get_gid(): max(line.get_xdata()) for line in ax.get_lines() if line.get_linewidth() > 1}
+    # the same steps, twice the samples: its curve reaches twice as far along the x axis
+    assert ends["dynamic_sampling"] == pytest.approx(2 * ends["c"]) and ends["c"] == pytest.approx(32 * 191)
+    fig.canvas.draw()
+    tb = fig._suptitle.get_window_extent(fig.canvas.get_renderer())
+    assert tb.x0 >= -1 and tb.x1 <= fig.bbox.x1 + 1, fig._suptitle.get_text()   # the title fits
+    for stem, other in figs.items():  # every figure's title fits, the long name wrapped
+        other.canvas.draw()
+        box = other._suptitle.get_window_extent(other.canvas.get_renderer())
+        assert box.x0 >= -1 and box.x1 <= other.bbox.x1 + 1, stem
+    # variants that draw alike: the step axis already says it all, no second figure
+    plain = write_results(tmp_path / "plain", ["a", "c"], range(5), SortLike(), SORT_FINALS)
+    assert "headline_samples" not in all_figures(plain)
