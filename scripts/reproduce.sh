@@ -16,17 +16,18 @@ lm_ablations=(arithmetic_lora)
 claims=(adv_norm dapo_ladder policy_losses kl_gradients length_bias ref_policy)
 wanted=("$@")
 
+# an ablation's name runs all of it; name:setting (e.g. policy_losses:sort) one setting of a claim
 want() { [ ${#wanted[@]} -eq 0 ] || [[ " ${wanted[*]} " == *" $1 "* ]]; }
 timed() { local t0=$SECONDS; "$@"; echo "[reproduce] $* : $((SECONDS - t0)) s" >&2; }
 
 for a in "${sort_ablations[@]}" "${lm_ablations[@]}"; do
   # a run directory of the same config is resumed, not re-run: clear it, the code may have changed
-  want "$a" && rm -rf "results/$a/runs" && timed $PY -m grpo_bench run "ablations/$a.yaml" --no-progress
+  want "$a" && rm -rf "results/$a" && timed $PY -m grpo_bench run "ablations/$a.yaml" --no-progress
 done
 for a in "${claims[@]}"; do
-  want "$a" || continue
   for s in $($PY -c "import yaml,sys; print(' '.join(yaml.safe_load(open(sys.argv[1]))['settings']))" "ablations/$a.yaml"); do
-    rm -rf "results/${a}_$s/runs"
+    want "$a:$s" || want "$a" || continue
+    rm -rf "results/${a}_$s"
     timed $PY -m grpo_bench run "ablations/$a.yaml" --setting "$s" --no-progress
   done
 done
