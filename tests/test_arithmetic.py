@@ -405,3 +405,21 @@ def test_tempered_logprobs_are_the_samplers_fp32_ones():
         want = want.gather(-1, ro.responses.view(-1, t, 1)).view(p, b, g, t)
     on = ro.mask > 0
     torch.testing.assert_close(logp[on], want[on], rtol=0, atol=1e-6)
+
+
+def test_a_bf16_base_keeps_fp32_adapters():
+    # as peft's autocast_adapter_dtype: the trained weights stay fp32 over a bf16 base
+    task, _ = make({"model": {"dtype": "bf16"}})
+    base = [p for p in task.policy.parameters() if not p.requires_grad]
+    assert base and all(p.dtype == torch.bfloat16 for p in base)
+    assert all(layer.A.dtype == layer.B.dtype == torch.float32 for layer in task.layers)
+    perturb_adapter(task)
+    ro = task.rollout(0, 0, 3)
+    logp, _ = task.logprobs(ro)
+    logp[ro.mask > 0].sum().backward()
+    assert all(layer.B.grad is not None and layer.B.grad.dtype == torch.float32 for layer in task.layers)
+    fp32, _ = make({"model": {"dtype": "fp32"}})
+    assert all(p.dtype == torch.float32 for p in fp32.policy.parameters())
+    from grpo_bench.config import ConfigError
+    with pytest.raises(ConfigError, match="task.model.dtype: unknown 'fp8'; valid: auto, fp32, bf16"):
+        make({"model": {"dtype": "fp8"}})

@@ -51,8 +51,10 @@ class StackedLoRA(nn.Module):
             bound = 1.0 / math.sqrt(n_in)
             a = torch.stack([(torch.rand(rank, n_in, generator=g) * 2 - 1) * bound for g in gens])
             b = torch.zeros(len(gens), n_out, rank)
-        self.A = nn.Parameter(a.to(w.device, w.dtype))                            # (P, r, in)
-        self.B = nn.Parameter(b.to(w.device, w.dtype))                            # (P, out, r)
+        # adapters in fp32 over a bf16/fp16 base, as peft keeps them (autocast_adapter_dtype): master weights
+        dtype = torch.float32 if w.dtype in (torch.bfloat16, torch.float16) else w.dtype
+        self.A = nn.Parameter(a.to(w.device, dtype))                              # (P, r, in)
+        self.B = nn.Parameter(b.to(w.device, dtype))                              # (P, out, r)
         self.scale, self.dropout = alpha / rank, dropout
         self.ref_A: Tensor | None = None   # the reference's adapter, once a reference update made one
         self.ref_B: Tensor | None = None

@@ -58,6 +58,9 @@ class ModelSection:
     """tiny-scratch: hidden size (n_embd)."""
     heads: int = 4
     """tiny-scratch: attention heads."""
+    dtype: str = "auto"
+    """Weights and compute of the base model: fp32, bf16, or auto (bf16 on CUDA, fp32 on CPU). LoRA's
+    adapters stay in fp32 either way, as peft keeps them (autocast_adapter_dtype)."""
     cast_lm_head_to_fp32: bool = False
     """The LM head's GEMM in fp32 for the trained log-probs (TRL's option, ScaleRL's fp32 head); changes
     nothing on an fp32 model (CPU), only with bf16 weights (CUDA). Needs a backend other than torch."""
@@ -166,6 +169,8 @@ class ArithmeticConfig:
         for key, value in positive.items():
             if value < 1:
                 raise ValueError(f"{key}: must be >= 1, got {value}")
+        if self.model.dtype not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"model.dtype: unknown {self.model.dtype!r}; valid: auto, fp32, bf16")
         if self.model.cast_lm_head_to_fp32 and run_cfg.backend == "torch":
             raise ValueError("model.cast_lm_head_to_fp32: needs backend chunked, triton or auto (backend torch "
                              "takes the model's own logits)")
@@ -229,10 +234,11 @@ class Arithmetic:
         self.seeds = [c.seed for c in run_configs]
         self.device = models.resolve_device(self.run_cfg.device)
         cfg = task_config
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(cfg.model.dtype)   # auto: by device
         if cfg.warmstart.steps > 0:
-            base, self.tokenizer = models.load(str(warmstart.checkpoint(cfg, self.device)), self.device)
+            base, self.tokenizer = models.load(str(warmstart.checkpoint(cfg, self.device)), self.device, dtype)
         else:
-            base, self.tokenizer = models.starting_model(cfg, self.device)
+            base, self.tokenizer = models.starting_model(cfg, self.device, dtype)
         self.eos = torch.tensor(models.eos_ids(base, self.tokenizer), device=self.device)
         base.generation_config = GenerationConfig(
             eos_token_id=self.eos.tolist(), pad_token_id=self.tokenizer.pad_token_id,
