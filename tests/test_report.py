@@ -122,7 +122,7 @@ def test_no_two_figures_share_a_file_name(sort_dir):
     stems = [s for s, _, _ in figures]
     assert len(stems) == len(set(stems))
     # eval/reward and reward/mean both end in "reward": the old report drew both into reward_curve.png
-    assert "headline" in stems and "curve_eval_accuracy" in stems
+    assert "headline" in stems and "curve_eval_reward" in stems and "curve_eval_accuracy" not in stems
     written = sorted(p.name for p in sort_dir.glob("*.png"))
     assert written == sorted(f"{s}.png" for s in stems)
     report = (sort_dir / "REPORT.md").read_text()
@@ -174,7 +174,7 @@ def test_a_variant_with_one_point_draws_no_line(tmp_path):
     for seeds in (range(2), range(5)):  # seeds as lines, and a band
         d = write_results(tmp_path / f"d{len(seeds)}", ["a", "late", "c"], seeds, OneLate(), SORT_FINALS)
         held_out = all_figures(d)["headline"].axes[1]
-        assert held_out.get_ylabel() == "held-out reward"
+        assert held_out.get_ylabel() == "held-out accuracy"
         assert {ln.get_gid() for ln in held_out.get_lines()} == {"a", "c"}
         assert all(len(ln.get_xdata()) == 3 for ln in held_out.get_lines())
 
@@ -188,8 +188,8 @@ def test_no_line_or_band_leaves_the_metric_range(which, request):
     figs = all_figures(request.getfixturevalue(which))
     metric_of = {ax: ax.get_title().split(",")[0] for ax in figs["diagnostics"].axes}
     metric_of |= {ax: m for ax, m in zip([a for a in figs["headline"].axes if a.get_ylabel()],
-                                         ["reward/mean", "eval/reward"])}
-    metric_of |= {ax: "eval/accuracy" for ax in figs["curve_eval_accuracy"].axes if ax.get_ylabel()}
+                                         ["reward/mean", "eval/accuracy"])}
+    metric_of |= {ax: "eval/reward" for ax in figs["curve_eval_reward"].axes if ax.get_ylabel()}
     checked = 0
     for ax, metric in metric_of.items():
         r = R.metric_range(metric)
@@ -259,7 +259,7 @@ def test_diagnostics_pick_up_new_metric_names():
 
 def test_headline_is_the_tasks_main_metric(sort_dir, tmp_path):
     head = all_figures(sort_dir)["headline"]
-    assert [ax.get_ylabel() for ax in head.axes if ax.get_ylabel()] == ["rollout reward", "held-out reward"]
+    assert [ax.get_ylabel() for ax in head.axes if ax.get_ylabel()] == ["rollout reward", "held-out accuracy"]
     assert "3 variants of loss, 5 seeds" in head._suptitle.get_text()
 
     class LMLike(SortLike):
@@ -642,7 +642,7 @@ def curves_from(rows):
 def test_figures_carry_axis_labels_legends_and_captions(sort_dir, few_seeds_dir):
     figures = {stem: (fig, caption) for stem, fig, caption in R.build_figures(sort_dir)}
     variants = ["loss=naive", "loss=unclipped", "loss=clipped"]
-    for stem in ("headline", "curve_eval_accuracy", "diagnostics"):
+    for stem in ("headline", "curve_eval_reward", "diagnostics"):
         fig = figures[stem][0]
         assert [t.get_text() for t in fig.legends[0].get_texts()] == variants, stem
     head = figures["headline"][0]
@@ -659,8 +659,8 @@ def test_figures_carry_axis_labels_legends_and_captions(sort_dir, few_seeds_dir)
 
 def test_final_values_panels_read_like_a_table(sort_dir):
     fig = all_figures(sort_dir)["final_values"]
-    # the main metrics first (rollout reward, its held-out twin), then the rest
-    assert [ax.get_xlabel() for ax in fig.axes] == ["final reward", "eval reward", "eval accuracy"]
+    # the main metrics first (rollout reward, the held-out accuracy beside it), then the rest
+    assert [ax.get_xlabel() for ax in fig.axes] == ["final reward", "eval accuracy", "eval reward"]
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["loss=naive", "loss=unclipped", "loss=clipped"]
     assert ax.get_ylim() == (2.5, -0.5)  # first variant on top, each row a unit band around its index
@@ -790,7 +790,7 @@ def test_unit_interval_metric_axis_stops_just_past_0_and_1():
 
 def test_headline_metric_with_two_evals_gets_its_curve(tmp_path):
     d = write_results(tmp_path / "d", ["a", "b"], range(2), SortLike(), SORT_FINALS, eval_steps=(100, 199))
-    assert "curve_eval_accuracy" in all_figures(d)
+    assert "curve_eval_reward" in all_figures(d)
 
 
 def test_no_final_columns_no_final_values_figure(tmp_path):
@@ -921,7 +921,7 @@ def test_load_reads_the_runners_summary_of_no_runs(tmp_path):
 def test_two_steps_per_run_make_a_headline_and_diagnostics(tmp_path):
     d = write_results(tmp_path / "d", ["a", "b"], range(2), SortLike(), SORT_FINALS, steps=(0, 10), eval_steps=(0, 199))
     figs = all_figures(d)
-    assert [ax.get_ylabel() for ax in figs["headline"].axes] == ["rollout reward", "held-out reward"]
+    assert [ax.get_ylabel() for ax in figs["headline"].axes] == ["rollout reward", "held-out accuracy"]
     assert "diagnostics" in figs
 
 
