@@ -191,7 +191,8 @@ class ArithmeticConfig:
             shipped.check_compatible(self)
 
 
-EVAL_CHUNK = 64  # held-out problems per generation call, per member
+EVAL_CHUNK = 256    # held-out problems per greedy generation call, per member
+SAMPLE_CHUNK = 64   # per sampled (pass@k) call: k completions each
 
 
 def completion_mask(tokens: Tensor, eos: Tensor) -> tuple[Tensor, Tensor]:
@@ -474,13 +475,12 @@ class Arithmetic:
         p, k = self.size, self.cfg.pass_k
         correct, fmt = self._rewards_mod.correct, self._rewards_mod.scratchpad_format
         names = ["accuracy", "reward", "format"] + (["pass@k", "mean@k"] if k else [])
-        # Chunks of EVAL_CHUNK problems whatever P (each member's k samples of a chunk come from
-        # its stream for that chunk), summed in problem order at the end: a member's numbers
-        # are the ones it has alone.
+        # Chunks of a fixed number of problems whatever P (greedy: EVAL_CHUNK; sampled: SAMPLE_CHUNK,
+        # each chunk's k samples from the member's stream for that chunk), summed in problem order
+        # at the end: a member's numbers are the ones it has alone.
         scores = [[[] for _ in names] for _ in range(p)]
-        chunk = EVAL_CHUNK
-        for start in range(0, len(self.heldout), chunk):
-            batch = self.heldout[start:start + chunk]
+        for start in range(0, len(self.heldout), EVAL_CHUNK):
+            batch = self.heldout[start:start + EVAL_CHUNK]
             n = len(batch)
             answers = [q.answer for q in batch]
             ids, attn = self._prompts(batch)
@@ -491,17 +491,21 @@ class Arithmetic:
                 scores[i][0] += correct([], texts[rows], answer=answers)
                 scores[i][1] += self._score(batch, texts[rows], mask[rows], finished[rows], 1)[0]
                 scores[i][2] += fmt([], texts[rows], finished=finished[rows].tolist())
-            if k:
-                # each problem's k samples from the member's stream of this evaluation and problem:
-                # the same whatever the chunks
-                gens = [rng.stream(s, "eval", self._evals, start) for s in self.seeds]
-                texts, _, _ = self._decode(self._generate(ids.repeat_interleave(k, 0).repeat(p, 1),
-                                                          attn.repeat_interleave(k, 0).repeat(p, 1), gens))
-                for i in range(p):
-                    hits = torch.tensor(correct([], texts[i * n * k:(i + 1) * n * k],
-                                                answer=[a for a in answers for _ in range(k)])).view(n, k)
-                    scores[i][3] += hits.amax(-1).tolist()   # some of the k samples is right
-                    scores[i][4] += hits.mean(-1).tolist()   # the share of them that is: the sampler's accuracy
+        for start in range(0, len(self.heldout), SAMPLE_CHUNK if k else len(self.heldout)):
+            if not k:
+                break
+            batch = self.heldout[start:start + SAMPLE_CHUNK]
+            n = len(batch)
+            answers = [q.answer for q in batch]
+            ids, attn = self._prompts(batch)
+            gens = [rng.stream(s, "eval", self._evals, start) for s in self.seeds]
+            texts, _, _ = self._decode(self._generate(ids.repeat_interleave(k, 0).repeat(p, 1),
+                                                      attn.repeat_interleave(k, 0).repeat(p, 1), gens))
+            for i in range(p):
+                hits = torch.tensor(correct([], texts[i * n * k:(i + 1) * n * k],
+                                            answer=[a for a in answers for _ in range(k)])).view(n, k)
+                scores[i][3] += hits.amax(-1).tolist()   # some of the k samples is right
+                scores[i][4] += hits.mean(-1).tolist()   # the share of them that is: the sampler's accuracy
         totals = torch.tensor([[sum(v) for v in member] for member in scores], dtype=torch.float64)
         base = self._base_accuracy()
         out = []
