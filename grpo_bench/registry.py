@@ -288,4 +288,6 @@ def describe() -> str:
                 lines.append(f"  {'':<24}   params: {params}")
             if e.source:
                 lines.append(f"  {'':<24}   source: {e.source}")
+            if isinstance(e.traits.get("per_member"), str):  # why a population runs it member by member
+                lines.append(f"  {'':<24}   per member: {e.traits['per_member']}")
     return "\n".join(lines)
