@@ -11,19 +11,22 @@ def test_files_match_their_recorded_hashes(which):
 
 
 def test_every_shipped_directory_is_found():
-    assert shipped.DEFAULT in shipped.available()
+    assert {shipped.DEFAULT, "arithmetic_scratchpad"} <= set(shipped.available())
 
 
-def test_heldout_accuracy_is_the_recorded_one(tmp_path, monkeypatch):
+@pytest.mark.parametrize("preset, which", [("arithmetic_tiny", "arithmetic_tiny"),
+                                           ("arithmetic_scratchpad", "arithmetic_scratchpad")])
+def test_heldout_accuracy_is_the_recorded_one(tmp_path, monkeypatch, preset, which):
     monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path))
     from grpo_bench.registry import get
 
-    cfg = resolve_run({"task": "arithmetic_tiny"})
+    cfg = resolve_run({"task": preset})
+    assert shipped.name(cfg.task.model.source) == which
     task = get("task", "arithmetic")(cfg.task, cfg)
-    recorded = shipped.manifest()["heldout_greedy_accuracy"]
-    # greedy decoding of 200 problems: another CPU's rounding may flip a near-tie argmax,
-    # so one problem of slack; anything more means another model or another held-out set
-    assert task._base_accuracy() == pytest.approx(recorded, abs=1 / 200 + 1e-9)
+    recorded = shipped.manifest(which)["heldout_greedy_accuracy"]
+    # greedy decoding: another CPU's rounding may flip a near-tie argmax, so one problem of
+    # slack; anything more means another model or another held-out set
+    assert task._base_accuracy() == pytest.approx(recorded, abs=1 / cfg.task.eval_size + 1e-9)
     assert task.heldout[:3] == get("task", "arithmetic")(cfg.task, cfg).heldout[:3]
 
 
@@ -34,6 +37,10 @@ def test_the_shipped_model_is_the_default_and_guards_its_split():
         resolve_run({"task": {"name": "arithmetic", "eval_size": 100}})
     # a manifest from before `operands` existed was drawn uniformly, and says so
     assert shipped.split(shipped.DEFAULT)["operands"] == "uniform"
+    assert shipped.split("arithmetic_scratchpad")["operands"] == "digits"
+    with pytest.raises(ConfigError) as err:
+        resolve_run({"task": {"name": "arithmetic_scratchpad", "operands": "uniform"}})
+    assert err.value.key == "task.operands"
     with pytest.raises(ConfigError) as err:
         resolve_run({"task": {"name": "arithmetic", "operands": "digits"}})
     assert err.value.key == "task.operands"
@@ -48,4 +55,4 @@ def test_sources_name_shipped_directories():
     assert cfg.task.eval_size == 200
     with pytest.raises(ConfigError) as err:
         resolve_run({"task": {"name": "arithmetic", "model": {"source": "shipped:nope"}}}, "x.yaml")
-    assert err.value.key == "task.model.source" and "valid: tiny, shipped:arithmetic_tiny" in str(err.value)
+    assert err.value.key == "task.model.source" and "valid: tiny, shipped:arithmetic_scratchpad, shipped:arithmetic_tiny" in str(err.value)
