@@ -13,7 +13,7 @@ export OMP_WAIT_POLICY=PASSIVE   # busy-waiting OpenMP threads slow the other wo
 
 sort_ablations=(loss_modes delta_modes kl_estimators ref_refresh recipes)
 lm_ablations=(arithmetic_lora)
-claims=(adv_norm dapo_ladder policy_losses kl_gradients length_bias ref_policy)
+claims=(adv_norm dapo_ladder policy_losses kl_gradients length_bias ref_policy sampler_mismatch aggregation entropy_control fp32_head)
 wanted=("$@")
 
 # an ablation's name runs all of it; name:setting (e.g. policy_losses:sort) one setting of a claim
