@@ -816,7 +816,13 @@ def label_column(column: str) -> str:
 
 
 def _fmt(mean: float, std: float) -> str:
-    return "—" if math.isnan(mean) else f"{mean:.3f} ± {0.0 if math.isnan(std) else std:.3f}"
+    if math.isnan(mean):
+        return "—"
+    std = 0.0 if math.isnan(std) else std
+    if 0 < abs(mean) < 5e-4:
+        # a bf16 sampler's KL (~5e-5) against an fp16 one's (~1e-6) would both print 0.000
+        return f"{mean:.2e} ± {std:.1e}"
+    return f"{mean:.3f} ± {std:.3f}"
 
 
 def _ci(value: float, lo: float, hi: float, signed: bool = False) -> str:

@@ -1291,3 +1291,12 @@ def test_curves_against_samples_when_variants_draw_differently(tmp_path):
     # variants that draw alike: the step axis already says it all, no second figure
     plain = write_results(tmp_path / "plain", ["a", "c"], range(5), SortLike(), SORT_FINALS)
     assert "headline_samples" not in all_figures(plain)
+
+
+def test_small_means_keep_their_digits():
+    # a bf16 sampler's mismatch (~5e-5) and an fp16 one's (~1e-6) must not both read 0.000
+    from grpo_bench.report import _fmt
+    assert _fmt(5.071e-05, 1.2e-05) == "5.07e-05 ± 1.2e-05"
+    assert _fmt(8.2e-07, 3e-07) != _fmt(5.071e-05, 1.2e-05)
+    assert _fmt(0.0, 0.0) == "0.000 ± 0.000" and _fmt(0.0183, 0.008) == "0.018 ± 0.008"
+    assert _fmt(float("nan"), 0.1) == "—"
