@@ -91,7 +91,7 @@ CORE = (
     Metric("kl/seq", tail=True),
     Metric("response/length", tail=True),
     # how far a dialled sampler is from the trainer on what it sampled (a claim is judged on it)
-    Metric("mismatch/k3", tail=True, range=(0, INF), label="sampler-trainer k3 KL",
+    Metric("mismatch/k3", tail=True, range=(0, INF), scale="log", label="sampler-trainer k3 KL",
            summary="sampler mismatch (k3)", higher_is_better=False),
     Metric("mismatch/kl", tail=True, label="sampler-trainer KL (k1)"),
     Metric("mismatch/ratio_*", range=(0, INF), scale="heavy"),
