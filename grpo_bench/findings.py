@@ -157,15 +157,37 @@ def _timing(result: dict) -> str:
     return f"{s['wall_s'] / 60:.1f} min for {s['runs']} runs ({s['where']}, {s['cpu']}, load {s['load_avg_end']})"
 
 
+def _presets(families: dict[str, dict], root: Path) -> dict[str, list[str]]:
+    """setting -> the task presets its results trained on, as their ablation files name them (a resolved
+    config no longer knows the preset it came from)."""
+    import yaml
+    found: dict[str, list[str]] = {}
+    for entry in families.values():
+        for setting, d in entry["settings"].items():
+            source = read_meta(d).get("source") or ""
+            for path in (Path(source), root.parent / source):
+                try:
+                    task = (yaml.safe_load(path.read_text()).get("settings") or {}).get(setting, {}).get("task")
+                except (OSError, yaml.YAMLError, AttributeError):
+                    continue
+                task = task.get("name") if isinstance(task, dict) else task
+                if isinstance(task, str) and task not in found.setdefault(setting, []):
+                    found[setting].append(task)
+                break
+    return found
+
+
 def render(root: Path) -> str:
     families, tasks, order = collect(root)
     called = names(order, tasks)
     name = {s: n for s, (n, _) in called.items()}
+    presets = _presets(families, root)
+    where = " and ".join(f"the {name[s]}" + (f" (`{'`, `'.join(presets[s])}`)" if presets.get(s) else "")
+                         for s in order)
     pairs = list(itertools.combinations(order, 2))  # a τ column per pair of settings: does one predict the other?
     lines = ["# Findings: published claims about GRPO, put to the test", "",
-             "Each row is one claim, tested by the shipped ablation of the same name on the sorting toy "
-             "(`sort_hard`) and on two-digit addition with the embedded tiny GPT-2 and LoRA "
-             "(`arithmetic_tiny`), everything else held fixed; the seeds of each are in its section. The "
+             f"Each row is one claim, tested by the shipped ablation of the same name on {where}, everything "
+             "else held fixed; the settings and seeds of each are in its section. The "
              "metric is each task's main one (final rollout reward on the toy, final held-out greedy accuracy "
              "on the LM) unless the claim names another. Each ordering \"a > b\" the paper reports is tested "
              "on the per-seed final values: seed by seed on the differences a − b where the two variants ran "

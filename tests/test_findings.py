@@ -200,3 +200,18 @@ def test_shipped_claims_run_and_become_findings(name, tmp_path, capsys):
     assert main(["findings", str(tmp_path)]) == 0
     text = (tmp_path / "FINDINGS.md").read_text()
     assert f"| [{name}](#{name}): " in text and f"## {name}" in text
+
+
+def test_findings_name_the_presets_their_ablation_files_set(tmp_path):
+    # a resolved config no longer knows its preset: the intro reads it from the ablation file's settings
+    claim = {"text": "a beats b", "source": "Someone (2025)", "expect": ["a > b"]}
+    (tmp_path / "ablations").mkdir()
+    (tmp_path / "ablations" / "claimx.yaml").write_text(yaml.safe_dump(
+        {"settings": {"sort": {"task": "sort_converge"}, "lm": {"task": {"name": "arithmetic_scratchpad"}}}}))
+    root = tmp_path / "results"
+    write(root / "claimx_sort", "claimx", "sort", {"a": [0.9, 0.91], "b": [0.5, 0.52]}, claim)
+    write(root / "claimx_lm", "claimx", "lm", {"a": [0.3, 0.31], "b": [0.2, 0.22]}, claim, column="final/eval/accuracy")
+    intro = render(root).splitlines()[2]
+    assert "on the sorting toy (`sort_converge`) and the arithmetic LM (`arithmetic_scratchpad`)," in intro
+    (tmp_path / "ablations" / "claimx.yaml").unlink()   # the file gone: the labels alone, no guess
+    assert "on the sorting toy and the arithmetic LM," in render(root).splitlines()[2]
