@@ -485,6 +485,9 @@ def fit_curve(C: np.ndarray, Y: np.ndarray, lo: float = -math.inf, hi: float = m
         out |= {"boot": boot, "ci": ci}
         if ci["A"][1] - ci["A"][0] > abs(A - y[0]):
             reason = "not identifiable: the CI of A is wider than the rise A - R0"
+        elif ci["A"][0] < lo or ci["A"][1] > hi:
+            # an asymptote no run can reach (reward above 1): the curve is still rising at the end
+            reason = f"not identifiable: the CI of A [{ci['A'][0]:.3g}, {ci['A'][1]:.3g}] leaves the metric's range"
     out |= {"ok": reason is None, "reason": reason}
     return out
 

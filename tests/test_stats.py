@@ -394,6 +394,17 @@ def test_a_fit_whose_ci_is_wider_than_the_rise_is_declined():
     assert f["ci"]["A"][1] - f["ci"]["A"][0] > f["A"] - f["r0"] > 0
 
 
+def test_a_fit_whose_ci_of_a_leaves_the_metric_range_is_declined():
+    # a curve that ends near its ceiling: its point A is in range, resampled seeds put A past it
+    Cx, Y = synthetic(A=0.6, noise=0.02)
+    ok = S.fit_curve(Cx, Y, 0, 1)
+    assert ok["ok"] and ok["ci"]["A"][0] < 0.6 < ok["ci"]["A"][1]
+    # the same data judged against a metric whose ceiling sits inside that CI
+    ceiling = (ok["A"] + ok["ci"]["A"][1]) / 2
+    f = S.fit_curve(Cx, Y, 0, ceiling)
+    assert not f["ok"] and "leaves the metric's range" in f["reason"], f["reason"]
+
+
 def test_compare_fits_places_a_difference_in_a_or_in_b():
     idx = np.random.default_rng(0).integers(0, 5, (S.N_BOOT_FIT, 5))
     rng = np.random.default_rng(3)
