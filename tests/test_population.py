@@ -217,14 +217,16 @@ def test_runner_groups_compatible_runs_and_balances_workers():
     assert [len(p) for p in populations(a[:3], size=1, workers=2)] == [1, 1, 1]
 
 
-def test_the_docs_recipe_example_trains_a_policy_of_its_own():
-    """docs/populations.md's loop: the Recipe composition in a trainer that is not grpo_bench's."""
+@pytest.mark.parametrize("page", ["README.md", "docs/populations.md"])
+def test_the_docs_recipe_example_trains_a_policy_of_its_own(page):
+    """The Recipe loop in README and docs/populations.md: the composition in a trainer that is not grpo_bench's."""
     from helpers import ROOT
 
-    text = (ROOT / "docs" / "populations.md").read_text()
+    text = (ROOT / page).read_text()
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.strip().splitlines()) <= 30   # README's short example, not a second trainer
     scope: dict = {}
-    exec(compile(code, "docs/populations.md", "exec"), scope)
+    exec(compile(code, page, "exec"), scope)
     # from a uniform policy (1/5 of positions right) to most of them, with the KL term in the loss
     assert scope["rewards"].mean().item() > 0.6 and scope["stats"]["kl/value"].item() > 0
     assert scope["recipe"].kl_in_loss and scope["loss"].requires_grad
