@@ -1,37 +1,88 @@
 #!/usr/bin/env bash
-# The GPU figures in results/kernels/gpu/: the kernel tests at full size on CUDA, then the
-# benchmarks, on a CUDA machine whose python3 already holds torch and triton.
+# Everything the suite measures on a GPU, in one call, into results/gpu/ (README's GPU tables read it).
 #
-#   bash scripts/gpu_run.sh tests   [OUTDIR]   # kernel, log-prob and property tests on the GPU
-#   bash scripts/gpu_run.sh bench   [OUTDIR]   # log-prob, loss and memory benchmarks -> benchmark.json
-#   bash scripts/gpu_run.sh step    [OUTDIR]   # the full-size GRPO step -> lm_step.json
+#   bash scripts/gpu_run.sh all    [OUTDIR]   # every stage below, each in its own time budget
+#   bash scripts/gpu_run.sh STAGE  [OUTDIR]   # one of: population step tests sweep bench
+#   bash scripts/gpu_run.sh dry    [OUTDIR]   # what `all` would run, without running it (no GPU needed)
 #
-# TRL and Liger are the peers' own code: install trl==1.16.0 and liger-kernel==0.8.5 first
-# (pip install trl==1.16.0 liger-kernel==0.8.5), or their rows skip with that reason.
+# Stages, in the order `all` runs them (most wanted first: a call stopped at its limit keeps
+# what finished, since every stage writes its files as it goes):
+#   population  scripts/gpu_population.py: toy P = 1, 8, 64, 256 and LM P = 1, 8, 32, 64,
+#               runs per GPU-minute, memory per member, member == alone, profiles
+#   step        tests/benchmarks/test_bench_grpo_step.py: logits -> GRPO loss and the fused head,
+#               bf16 fwd+bwd, ours beside TRL 1.16's trl.kernels and Liger 0.8.5's fused GRPO loss
+#   tests       kernel, log-prob, fused-head and population tests on CUDA, full sizes
+#   sweep       policy_losses' LM setting at 10 seeds on the GPU, populations of every seed
+#   bench       log-prob (bf16) and loss benchmarks against TRL's and Liger's own code
+# Budgets (seconds) can be overridden: BUDGET_population=200 bash scripts/gpu_run.sh all.
+# If $TAR_TO is set, OUTDIR is packed there after each stage (a lent machine returns few files).
+#
+# TRL and Liger are the peers' own code: trl==1.16.0 and liger-kernel==0.8.5 must be importable
+# (pip install, or wheels on PYTHONPATH), else their rows skip with that reason.
 set -uo pipefail
-stage=${1:?tests, bench or step}
-out=${2:-results/kernels/gpu}
-mkdir -p "$out"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.."
+stage=${1:?"all, dry, or a stage: population step tests sweep bench"}
+out=${2:-results/gpu}
 py=${PYTHON:-python3}
-
-{
-  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
-  $py -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '| cuda', torch.version.cuda)"
-  $py -c "import trl, liger_kernel; print('trl', trl.__version__, '| liger-kernel', __import__('importlib.metadata').metadata.version('liger-kernel'))" 2>&1 | tail -1
-} > "$out/device.txt"
-cat "$out/device.txt"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+STAGES="population step tests sweep bench"
+declare -A BUDGET=([population]=170 [step]=100 [tests]=80 [sweep]=100 [bench]=90)
+for s in $STAGES; do v="BUDGET_$s"; [ -n "${!v:-}" ] && BUDGET[$s]=${!v}; done
 
 case $stage in
-  tests)
-    $py -m pytest -q -p no:cacheprovider -rs tests/test_kernels_logprob.py tests/test_kernels_loss.py \
-      tests/test_kernels_linear.py tests/test_logprobs.py tests/test_properties.py tests/test_arithmetic_fused.py \
-      tests/benchmarks 2>&1 | tee "$out/tests.log" ;;
-  bench)
-    $py -m pytest -q -p no:cacheprovider -rs tests/benchmarks/test_bench_logprobs.py tests/benchmarks/test_bench_loss.py \
-      tests/benchmarks/test_bench_memory.py --benchmark-only --benchmark-json="$out/benchmark.json" 2>&1 | tee "$out/bench.log" ;;
-  step)
-    $py -m pytest -q -p no:cacheprovider -rs tests/benchmarks/test_bench_lm_step.py --benchmark-only \
-      --benchmark-json="$out/lm_step.json" 2>&1 | tee "$out/step.log" ;;
-  *) echo "unknown stage '$stage': valid: tests, bench, step" >&2; exit 2 ;;
+  all|dry) todo=$STAGES ;;
+  population|step|tests|sweep|bench) todo=$stage ;;
+  *) echo "gpu_run.sh: unknown stage '$stage'; valid: all, dry, $STAGES" >&2; exit 2 ;;
 esac
+
+if [ "$stage" = dry ]; then
+  for s in $todo; do echo "$s: budget ${BUDGET[$s]} s"; done
+  exit 0
+fi
+if ! $py -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu_run.sh: no CUDA device here (torch.cuda.is_available() is False, or $py has no torch); " \
+       "run it on a CUDA machine, or 'gpu_run.sh dry' to see the plan" >&2
+  exit 3
+fi
+
+mkdir -p "$out"
+log=$out/gpu_run.log
+pack() { [ -n "${TAR_TO:-}" ] && tar -czf "$TAR_TO" -C "$(dirname "$out")" "$(basename "$out")"; return 0; }
+{
+  date -u +"%Y-%m-%dT%H:%M:%SZ"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
+  $py -c "import torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '| cuda', torch.version.cuda)"
+  $py -c "import importlib.metadata as m; print(' | '.join(f'{p} {m.version(p)}' for p in ('trl', 'liger-kernel', 'transformers', 'peft')))" 2>&1 | tail -1
+  echo "cpus $(nproc) | load $(cut -d' ' -f1-3 /proc/loadavg)"
+} > "$out/device.txt" 2>&1
+cat "$out/device.txt" | tee -a "$log"
+
+run_stage() {  # name, then the command; killed at the stage's budget
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "== $name (budget ${BUDGET[$name]} s) $(date -u +%H:%M:%S)" | tee -a "$log"
+  timeout -k 10 "${BUDGET[$name]}" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  tail -25 "$out/$name.log" | tee -a "$log"
+  echo "== $name: exit $rc$([ $rc = 124 ] && echo ' (stopped at its budget)') in $((SECONDS - t0)) s" | tee -a "$log"
+  pack
+}
+
+for s in $todo; do
+  case $s in
+    population) run_stage population $py scripts/gpu_population.py "$out" --budget-s "60,$((BUDGET[population] - 90))" ;;
+    step) GRPO_BENCH_JSONL=$out/step.jsonl run_stage step $py -m pytest -q -p no:cacheprovider -rs \
+            tests/benchmarks/test_bench_grpo_step.py --benchmark-only ;;
+    tests) run_stage tests $py -m pytest -q -p no:cacheprovider -rs tests/test_kernels_logprob.py \
+             tests/test_kernels_loss.py tests/test_kernels_linear.py tests/test_logprobs.py tests/test_arithmetic_fused.py \
+             tests/test_population.py ;;
+    sweep) run_stage sweep $py -m grpo_bench run ablations/policy_losses.yaml --setting lm --seeds 10 \
+             --set device=cuda --set backend=torch --workers 1 --population 64 --no-progress \
+             --out "$out/policy_losses_lm" ;;
+    bench) GRPO_BENCH_JSONL=$out/bench.jsonl run_stage bench $py -m pytest -q -p no:cacheprovider -rs \
+             tests/benchmarks/test_bench_logprobs.py tests/benchmarks/test_bench_loss.py -k "bfloat16 or loss_forward" \
+             --benchmark-only ;;
+  esac
+done
+echo "done $(date -u +%H:%M:%S)" | tee -a "$log"
+pack

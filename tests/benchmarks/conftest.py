@@ -102,6 +102,22 @@ class Bench:
             memory_method="cuda.max_memory_allocated" if DEVICE == "cuda" else "torch.profiler CPU allocator",
             **info)
         _MEASURED.append((group, info.get("provider", ""), median * 1e3, peak / 2**20))
+        _append_jsonl(self.benchmark)
+
+
+def _append_jsonl(benchmark) -> None:
+    """One line per finished benchmark in $GRPO_BENCH_JSONL: pytest-benchmark writes its JSON only at
+    the end of the session, and a call stopped at its time limit (scripts/gpu_run.sh) must still
+    return what it measured."""
+    path = os.environ.get("GRPO_BENCH_JSONL")
+    if not path:
+        return
+    import json
+    s = benchmark.stats.stats
+    row = {"name": benchmark.name, "group": benchmark.group, "extra_info": dict(benchmark.extra_info),
+           "stats": {k: getattr(s, k) for k in ("min", "max", "mean", "stddev", "median", "iqr", "rounds")}}
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 _MEASURED: list[tuple[str, str, float, float]] = []  # (group, provider, median ms, peak extra MiB)

@@ -1,0 +1,232 @@
+"""The GRPO hot path from the model's output to the gradient, against the peers' own fused code.
+
+Two groups, forward+backward, bf16 inputs:
+
+logits -> loss: (B*G, T, V) logits to the GRPO loss (clipped 0.2 / 0.28, k3 KL at beta 0.04,
+seq_mean_token_mean, temperature 1) and its gradient on the logits.
+    torch     token_logprobs(backend="torch") then grpo_loss(backend="torch")
+    compile   torch.compile of that composition
+    ours      token_logprobs(backend="triton") then grpo_loss(backend="triton")
+    trl       TRL 1.16's own Triton kernel, trl.kernels.selective_log_softmax_and_entropy (it
+              returns the entropy too), then the same torch loss
+    liger     Liger-Kernel 0.8.5's fused GRPO loss, liger_kernel.transformers.grpo_loss.triton_grpo_loss
+              with loss_type="grpo" (per-response token mean, then the batch mean: our
+              seq_mean_token_mean), reduce=True, inplace=False so the timed logits stay intact
+
+hidden -> log p: the LM head fused with the log-prob, (N, H) hidden states and a (V, H) head,
+no (N, V) logits held.
+    materialised  hidden @ W^T, fp32 log_softmax, gather
+    ours          linear_logprobs(backend="triton") (CUDA) / "chunked" (CPU)
+    trl           TRL 1.16's trl.kernels.ChunkedLogProbFunction (cuBLAS tiles folded by its own
+                  Triton kernel; no optional outputs asked for)
+    liger         Liger's LigerFusedLinearCrossEntropyLoss(reduction="none") = -log p
+
+Every provider is checked before it is timed against fp64 written here: the loss from
+log_softmax in fp64 and the objective of tests/benchmarks/test_bench_loss.reference (the
+papers' formulas), its gradient on a fixed set of rows by the chain rule
+dL/dx = dL/dlogp (onehot - softmax x); the head's log p on every row against fp64 logits.
+A plain pytest run calls every provider once at tiny sizes (Triton in its interpreter).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from benchmarks.test_bench_loss import CONFIG, reference as loss_reference
+from grpo_bench.logprobs import grpo_loss, linear_logprobs, token_logprobs
+
+VOCABS = {50_257: "gpt2", 151_936: "qwen"}
+TRITON = {"ours", "trl", "liger"}
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str      # "loss" (logits -> loss) or "head" (hidden -> log p)
+    provider: str
+    rows: int      # B*G responses (loss) or N tokens (head)
+    t: int         # tokens per response (loss); hidden width (head)
+    v: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.kind}-{self.provider}-{self.rows}x{self.t}-V{self.v}"
+
+    @property
+    def group(self) -> str:
+        name = VOCABS.get(self.v, "tiny")
+        if self.kind == "loss":
+            return f"logits->GRPO loss fwd+bwd {self.rows}x{self.t} V={self.v} ({name}) bf16"
+        return f"fused head fwd+bwd N={self.rows} H={self.t} V={self.v} ({name}) bf16"
+
+
+def cases(full: bool, device: str) -> dict[str, list[Case]]:
+    if not full:
+        loss = [Case("loss", p, 4, 9, 97) for p in ("torch", "ours", "trl", "liger")]
+        head = [Case("head", p, 24, 16, 97) for p in ("materialised", "ours", "trl", "liger")]
+    elif device == "cuda":
+        loss = [Case("loss", p, 32, 512, v) for v in VOCABS for p in ("torch", "compile", "ours", "trl", "liger")]
+        head = [Case("head", p, 16384, 896, v) for v in VOCABS for p in ("materialised", "ours", "trl", "liger")]
+    else:  # CPU: the Triton providers skip (interpreter timings mean nothing)
+        loss = [Case("loss", p, 8, 128, 50_257) for p in ("torch", "compile")]
+        head = [Case("head", p, 1024, 256, 50_257) for p in ("materialised", "ours")]
+    return {"step_case": loss + head}
+
+
+def _peer(module: str, name: str):
+    try:
+        return getattr(__import__(module, fromlist=[name]), name)
+    except (ImportError, AttributeError) as e:
+        pytest.skip(f"{module}.{name} is not importable ({e}); the dev extra pins trl==1.16.0, liger-kernel==0.8.5")
+
+
+_COMPILED: dict = {}
+
+
+def _loss_torch(x, y, old, ref, deltas, mask, backend="torch"):
+    b, t = y.shape[0] // deltas.shape[1], y.shape[1]
+    logp = token_logprobs(x, y, backend=backend)[0].view(b, -1, t)
+    return grpo_loss(logp, old, ref, deltas, mask, backend=backend, **CONFIG)[0]
+
+
+def loss_provider(name: str):
+    """(logits (R, T, V), labels (R, T), old, ref (B, G, T), deltas (B, G), mask (B, G, T)) -> scalar loss."""
+    if name == "torch":
+        return _loss_torch
+    if name == "compile":
+        return _COMPILED.setdefault("loss", torch.compile(_loss_torch, dynamic=False))
+    if name == "ours":
+        return lambda *a: _loss_torch(*a, backend="triton")
+    if name == "trl":
+        fn = _peer("trl.kernels", "selective_log_softmax_and_entropy")
+
+        def trl(x, y, old, ref, deltas, mask):
+            logp = fn(x, y)[0].view(old.shape)
+            return grpo_loss(logp, old, ref, deltas, mask, backend="torch", **CONFIG)[0]
+        return trl
+    if name == "liger":
+        fn = _peer("liger_kernel.transformers.grpo_loss", "triton_grpo_loss")
+
+        def liger(xp, y, old, ref, deltas, mask):
+            r, t = y.shape
+            loss, _ = fn(xp, old.reshape(r, t), ref.reshape(r, t), y, deltas.reshape(r), mask.reshape(r, t),
+                         temperature=1.0, beta=CONFIG["kl_coef"], eps_low=CONFIG["loss"]["clip_low"],
+                         eps_high=CONFIG["loss"]["clip_high"], inplace=False, loss_type="grpo", reduce=True)
+            return loss
+        return liger
+    raise ValueError(name)
+
+
+def head_provider(name: str, device: str):
+    """(hidden (N, H), weight (V, H), labels (N,)) -> fp32 log p (N,)."""
+    if name == "materialised":
+        return lambda h, w, y: token_logprobs(h @ w.T, y, backend="torch")[0]
+    if name == "ours":
+        backend = "triton" if device == "cuda" or not torch.cuda.is_available() else "chunked"
+        return lambda h, w, y: linear_logprobs(h, w, y, backend=backend)[0]
+    if name == "trl":
+        fn = _peer("trl.kernels", "ChunkedLogProbFunction")
+        return lambda h, w, y: fn.apply(h, w, None, y, 1.0, 4096, None, 1.0, ())[0]
+    if name == "liger":
+        flce = _peer("liger_kernel.transformers", "LigerFusedLinearCrossEntropyLoss")(reduction="none")
+        return lambda h, w, y: -flce(w, h, y)
+    raise ValueError(name)
+
+
+def _fp64_logp(x: torch.Tensor, y: torch.Tensor, chunk: int = 1024):
+    """fp64 log p(y) and softmax rows, chunked: the full fp64 logits would not fit beside the inputs."""
+    xf, yf = x.detach().reshape(-1, x.shape[-1]), y.reshape(-1)
+    out = torch.empty(len(yf), dtype=torch.float64, device=x.device)
+    for s in range(0, len(yf), chunk):
+        xs = xf[s:s + chunk].double()
+        out[s:s + chunk] = xs.gather(1, yf[s:s + chunk, None])[:, 0] - torch.logsumexp(xs, -1)
+    return out.view(y.shape)
+
+
+def loss_inputs(case: Case, device: str):
+    gen = torch.Generator(device).manual_seed(0)
+    g = 8 if case.rows % 8 == 0 else case.rows
+    b, t, v = case.rows // g, case.t, case.v
+    x = (2 * torch.randn(case.rows, t, v, generator=gen, device=device)).to(torch.bfloat16)
+    y = torch.randint(0, v, (case.rows, t), generator=gen, device=device)
+    logp = _fp64_logp(x, y).view(b, g, t)
+    old = (logp + 0.2 * torch.randn(logp.shape, generator=gen, device=device, dtype=torch.float64)).float()
+    ref = (logp + 0.2 * torch.randn(logp.shape, generator=gen, device=device, dtype=torch.float64)).float()
+    deltas = torch.randn(b, g, generator=gen, device=device)
+    lengths = torch.randint(1, t + 1, (b, g), generator=gen, device=device)
+    mask = (torch.arange(t, device=device) < lengths.unsqueeze(-1)).float()
+    return x, y, old, ref, deltas, mask, logp
+
+
+def check_loss(case: Case, fn, x, y, old, ref, deltas, mask, logp64, pad=None) -> None:
+    """Loss value against fp64, and the logits gradient on 8 rows by the chain rule."""
+    xin = pad if pad is not None else x
+    xin = xin.detach().requires_grad_()
+    value = fn(xin, y, old, ref, deltas, mask)
+    (grad,) = torch.autograd.grad(value, xin)
+    lp = logp64.detach().clone().requires_grad_()
+    expected = loss_reference(lp, old, ref, deltas, mask)
+    (dlogp,) = torch.autograd.grad(expected, lp)
+    torch.testing.assert_close(value.double(), expected.detach(), rtol=2e-3, atol=2e-4,
+                               msg=lambda m: f"{case.id} loss: {m}")
+    rows = torch.tensor([0, case.rows * case.t // 3, case.rows * case.t - 1], device=x.device)
+    xr = x.reshape(-1, case.v)[rows].double()
+    want = -torch.softmax(xr, -1)
+    want[torch.arange(len(rows)), y.reshape(-1)[rows]] += 1.0
+    want *= dlogp.reshape(-1)[rows, None]
+    got = grad[:, : case.t].reshape(-1, case.v)[rows].double()
+    scale = want.abs().max().item()
+    torch.testing.assert_close(got, want, rtol=3e-2, atol=2e-2 * scale, msg=lambda m: f"{case.id} grad: {m}")
+
+
+def head_inputs(case: Case, device: str):
+    gen = torch.Generator(device).manual_seed(0)
+    n, h, v = case.rows, case.t, case.v
+    hidden = torch.randn(n, h, generator=gen, device=device).to(torch.bfloat16)
+    weight = (torch.randn(v, h, generator=gen, device=device) / h ** 0.5).to(torch.bfloat16)
+    y = torch.randint(0, v, (n,), generator=gen, device=device)
+    ref = torch.cat([torch.log_softmax(hidden[s:s + 1024].double() @ weight.double().T, -1)
+                     .gather(1, y[s:s + 1024, None])[:, 0] for s in range(0, n, 1024)])
+    return hidden, weight, y, ref
+
+
+def test_step(bench, step_case, device):
+    case = step_case
+    if case.provider in TRITON and device != "cuda" and bench.full:
+        pytest.skip(f"{case.provider} is a Triton kernel: off-GPU only its interpreter runs (smoke run)")
+    t0 = time.perf_counter()
+    if case.kind == "loss":
+        fn = loss_provider(case.provider)
+        x, y, old, ref, deltas, mask, logp64 = loss_inputs(case, device)
+        # Liger takes causal-LM logits (R, T+1, V) and skips the last position
+        xp = torch.cat([x, x[:, :1]], 1).contiguous() if case.provider == "liger" else x
+        try:
+            check_loss(case, fn, x, y, old, ref, deltas, mask, logp64, pad=xp if case.provider == "liger" else None)
+        except Exception as e:  # noqa: BLE001 - torch.compile without a working toolchain is skipped
+            if case.provider != "compile" or isinstance(e, AssertionError):
+                raise
+            pytest.skip(f"torch.compile failed here: {type(e).__name__}: {e}"[:300])
+        xg = xp.detach().requires_grad_()
+
+        def step():
+            return torch.autograd.grad(fn(xg, y, old, ref, deltas, mask), xg)[0]
+        n = case.rows * case.t
+        nbytes = 3 * n * case.v * 2 + 4 * 4 * n  # logits read twice, their gradient written; old, ref, mask, logp
+    else:
+        fn = head_provider(case.provider, device)
+        hidden, weight, y, ref = head_inputs(case, device)
+        h = hidden.detach().requires_grad_()
+        w = weight.detach().requires_grad_()
+        out = fn(h, w, y)
+        torch.testing.assert_close(out.detach().double(), ref, rtol=2e-2, atol=5e-2,
+                                   msg=lambda m: f"{case.id} log p: {m}")
+        g = torch.randn(case.rows, generator=torch.Generator(device).manual_seed(1), device=device)
+
+        def step():
+            return torch.autograd.grad(fn(h, w, y), (h, w), g)
+        n = case.rows
+        nbytes = 2 * (case.rows + case.v) * case.t * 2  # read hidden and head, write both gradients
+    bench.run(step, group=case.group, rows=n, nbytes=nbytes, kernel=case.kind, mode="fwd+bwd",
+              provider=case.provider, n=n, v=case.v, dtype="bfloat16", check_s=time.perf_counter() - t0)

@@ -1,0 +1,62 @@
+"""scripts/gpu_run.sh and scripts/gpu_population.py off a GPU: they must fail clearly, not crash,
+and the population measurement's own logic (speed-up, memberwise equality) is checked on CPU."""
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*cmd, **env):
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHON": sys.executable, **env})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
+def test_all_refuses_in_one_line_without_cuda(tmp_path):
+    r = _run("bash", "scripts/gpu_run.sh", "all", str(tmp_path / "gpu"))
+    assert r.returncode == 3
+    assert r.stderr.count("\n") == 1 and "no CUDA device" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "gpu").exists()  # nothing half-written
+
+
+def test_dry_lists_every_stage_with_its_budget_and_overrides():
+    r = _run("bash", "scripts/gpu_run.sh", "dry", BUDGET_sweep="7")
+    assert r.returncode == 0
+    assert r.stdout.splitlines() == ["population: budget 170 s", "step: budget 100 s", "tests: budget 80 s",
+                                     "sweep: budget 7 s", "bench: budget 90 s"]
+
+
+def test_unknown_stage_names_the_valid_ones():
+    r = _run("bash", "scripts/gpu_run.sh", "benchmark")
+    assert r.returncode == 2 and "unknown stage 'benchmark'" in r.stderr and "population step tests sweep bench" in r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
+def test_population_script_refuses_cuda_without_it(tmp_path):
+    r = _run(sys.executable, "scripts/gpu_population.py", str(tmp_path))
+    assert r.returncode == 1 and "torch.cuda.is_available() is False" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_population_script_measures_and_compares_members_on_cpu(tmp_path):
+    r = _run(sys.executable, "scripts/gpu_population.py", str(tmp_path), "--device", "cpu", "--tiny", "--tasks", "toy")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = list(csv.DictReader((tmp_path / "population.csv").open()))
+    assert [int(x["population"]) for x in rows] == [1, 2, 3]
+    assert [int(x["runs"]) for x in rows] == [2, 2, 3]  # P = 1 trains two runs one after the other
+    base = float(rows[0]["s_per_run"])
+    for x in rows:
+        assert float(x["s_per_run"]) == pytest.approx(float(x["wall_s"]) / int(x["runs"]), rel=1e-2, abs=1e-4)
+        assert float(x["speedup"]) == pytest.approx(base / float(x["s_per_run"]), rel=2e-2)
+    assert float(rows[0]["speedup"]) == 1.0
+    eq = list(csv.DictReader((tmp_path / "population_equality.csv").open()))
+    names = {x["metric"] for x in eq}
+    assert {"reward/mean", "loss/total", "eval/accuracy"} <= names and not any(n.startswith("time/") for n in names)
+    # on CPU a member's numbers are bitwise those it has alone (tests/test_population.py); the file says so
+    assert all(int(x["rows"]) > 0 and x["bitwise_equal"] == x["rows"] and float(x["max_abs_diff"]) == 0 for x in eq)
+    assert (tmp_path / "profile_toy_p1.txt").read_text().startswith("toy P=1, ")
