@@ -18,7 +18,7 @@ no (N, V) logits held.
     materialised  hidden @ W^T, fp32 log_softmax, gather
     ours          linear_logprobs(backend="triton") (CUDA) / "chunked" (CPU)
     trl           TRL 1.16's trl.kernels.ChunkedLogProbFunction (cuBLAS tiles folded by its own
-                  Triton kernel; no optional outputs asked for)
+                  Triton kernel; no optional outputs asked for; its trainer's vocabulary tile)
     liger         Liger's LigerFusedLinearCrossEntropyLoss(reduction="none") = -log p
 
 Every provider is checked before it is timed against fp64 written here: the loss from
@@ -128,7 +128,8 @@ def head_provider(name: str, device: str):
         return lambda h, w, y: linear_logprobs(h, w, y, backend=backend)[0]
     if name == "trl":
         fn = _peer("trl.kernels", "ChunkedLogProbFunction")
-        return lambda h, w, y: fn.apply(h, w, None, y, 1.0, 4096, None, 1.0, ())[0]
+        chunk = _peer("trl.trainer.utils", "_CHUNKED_LOGPROB_CHUNK_SIZE")  # the vocabulary tile TRL's trainer uses
+        return lambda h, w, y: fn.apply(h, w, None, y, 1.0, chunk, None, 1.0, ())[0]
     if name == "liger":
         flce = _peer("liger_kernel.transformers", "LigerFusedLinearCrossEntropyLoss")(reduction="none")
         return lambda h, w, y: -flce(w, h, y)
