@@ -100,6 +100,12 @@ class Population:
         from it (clip_cov) draws the same numbers alone as in a population.
         """
         numbers = self.numbers
+        device = next((a.device for a in args if isinstance(a, Tensor) and a.device.type != "cpu"), None)
+        if device is not None:
+            # vmap batches a (P,) tensor into one element per member, which is no longer the 0-dim CPU
+            # scalar that CUDA ops accept beside CUDA tensors: numbers and coefficients go to the device
+            numbers = {k: v.to(device) for k, v in numbers.items()}
+            args = tuple(a.to(device) if isinstance(a, Tensor) else a for a in args)
         if not per_member:
             dims = tuple(None if a is None else 0 for a in args)
             return vmap(lambda nums, *a: fn(*a, numbers=nums), in_dims=(0, *dims))(numbers, *args)

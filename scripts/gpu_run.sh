@@ -2,7 +2,7 @@
 # Everything the suite measures on a GPU, in one call, into results/gpu/ (README's GPU tables read it).
 #
 #   bash scripts/gpu_run.sh all    [OUTDIR]   # every stage below, each in its own time budget
-#   bash scripts/gpu_run.sh STAGE  [OUTDIR]   # one of: population step tests sweep bench
+#   bash scripts/gpu_run.sh STAGES [OUTDIR]   # some of them, comma-separated: population,step,tests,sweep,bench
 #   bash scripts/gpu_run.sh dry    [OUTDIR]   # what `all` would run, without running it (no GPU needed)
 #
 # Stages, in the order `all` runs them (most wanted first: a call stopped at its limit keeps
@@ -31,8 +31,10 @@ for s in $STAGES; do v="BUDGET_$s"; [ -n "${!v:-}" ] && BUDGET[$s]=${!v}; done
 
 case $stage in
   all|dry) todo=$STAGES ;;
-  population|step|tests|sweep|bench) todo=$stage ;;
-  *) echo "gpu_run.sh: unknown stage '$stage'; valid: all, dry, $STAGES" >&2; exit 2 ;;
+  *) todo=${stage//,/ }
+     for s in $todo; do
+       case " $STAGES " in *" $s "*) ;; *) echo "gpu_run.sh: unknown stage '$s'; valid: all, dry, $STAGES" >&2; exit 2 ;; esac
+     done ;;
 esac
 
 if [ "$stage" = dry ]; then
@@ -73,9 +75,8 @@ for s in $todo; do
     population) run_stage population $py scripts/gpu_population.py "$out" --budget-s "60,$((BUDGET[population] - 90))" ;;
     step) GRPO_BENCH_JSONL=$out/step.jsonl run_stage step $py -m pytest -q -p no:cacheprovider -rs \
             tests/benchmarks/test_bench_grpo_step.py --benchmark-only ;;
-    tests) run_stage tests $py -m pytest -q -p no:cacheprovider -rs tests/test_kernels_logprob.py \
-             tests/test_kernels_loss.py tests/test_kernels_linear.py tests/test_logprobs.py tests/test_arithmetic_fused.py \
-             tests/test_population.py ;;
+    tests) run_stage tests $py -m pytest -q -p no:cacheprovider -rs tests/test_population.py tests/test_arithmetic_fused.py \
+             tests/test_kernels_linear.py tests/test_kernels_logprob.py tests/test_kernels_loss.py tests/test_logprobs.py ;;
     sweep) run_stage sweep $py -m grpo_bench run ablations/policy_losses.yaml --setting lm --seeds 10 \
              --set device=cuda --set backend=torch --workers 1 --population 64 --no-progress \
              --out "$out/policy_losses_lm" ;;
