@@ -317,7 +317,12 @@ def _what(meta: dict, summary: pd.DataFrame) -> str:
     n_seeds = len(meta["seeds"])
     axes = [a for a in meta.get("axes") or [] if a != "variant_name"]  # variant_name: a list of named variants
     of = f" of {'/'.join(axes)}" if axes else ""
-    return f"{len(meta['variants'])} variants{of}, {n_seeds} seed{'s' * (n_seeds != 1)}"
+    planned = len(meta["variants"])
+    # a sweep stopped part way has variants with no finished run: the title counts what it drew
+    ok = summary[summary["status"] == "ok"] if "status" in summary else summary
+    ran = ok["variant"].nunique() if "variant" in ok and len(ok) else 0
+    n = f"{ran} of {planned}" if ran < planned else f"{planned}"
+    return f"{n} variants{of}, {n_seeds} seed{'s' * (n_seeds != 1)}"
 
 
 def _drawn(meta: dict, curves: dict, panels: list[str]) -> list[str]:
@@ -504,6 +509,8 @@ def fit_figure(meta: dict, fits: dict, styles: dict):
             ax.axvline(ends[0] / 2, color="#888888", ls=":", lw=0.8)
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda c, _: f"{c:,.0f}"))
+        # under two decades matplotlib labels the minor ticks too ("2 x 10^3"), on top of each other
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xlabel(AXIS_LABEL[axis])
         ax.set_ylabel(label(fits["metric"]))
     declined = [v for v in order if not fits["axes"][axes_[0]][v]["ok"]]

@@ -81,13 +81,25 @@ def run_id(label: str, seed: int, config_hash: str) -> str:
     return f"{slug}-s{seed}-{config_hash}"
 
 
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
 def plan(abl: Ablation, seeds: list[int] | None = None) -> list[RunSpec]:
     """Every variant x seed (abl.seeds unless given) as a run."""
     specs = []
     for label, values, raw in abl.variants:
         for seed in abl.seeds if seeds is None else seeds:
             cfg = dict(raw, seed=seed)
-            h = config_hash(resolve_run(cfg, abl.source))
+            resolved = resolve_run(cfg, abl.source)
+            if resolved.device == "auto" and _cuda():
+                # a CUDA run's numbers are not the CPU's (nor, in a population, the same run's alone):
+                # `auto` on a GPU machine becomes `cuda` in the config, so its run id differs from the
+                # CPU's and a results directory never mixes the two; a CPU machine's ids are unchanged
+                cfg["device"] = "cuda"
+                resolved = resolve_run(cfg, abl.source)
+            h = config_hash(resolved)
             flat = {k: v if isinstance(v, (str, int, float, bool, type(None))) else json.dumps(v) for k, v in values.items()}
             specs.append(RunSpec(run_id(label, seed, h), label, flat, seed, cfg))
     return specs

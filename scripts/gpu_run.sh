@@ -13,7 +13,7 @@
 #               bf16 fwd+bwd, ours beside TRL 1.16's trl.kernels and Liger 0.8.5's fused GRPO loss
 #   tests       kernel, log-prob, fused-head and population tests on CUDA, full sizes
 #   sweep       policy_losses' LM setting at 10 seeds on the GPU, populations of every seed
-#   bench       log-prob (bf16) and loss benchmarks against TRL's and Liger's own code
+#   bench       log-prob (bf16), loss and Qwen-width GRPO-step benchmarks against TRL's and Liger's own code
 # Budgets (seconds) can be overridden: BUDGET_population=200 bash scripts/gpu_run.sh all.
 # If $TAR_TO is set, OUTDIR is packed there after each stage (a lent machine returns few files).
 #
@@ -81,8 +81,8 @@ for s in $todo; do
              --set device=cuda --set backend=torch --workers 1 --population 64 --no-progress \
              --out "$out/policy_losses_lm" ;;
     bench) GRPO_BENCH_JSONL=$out/bench.jsonl run_stage bench $py -m pytest -q -p no:cacheprovider -rs \
-             tests/benchmarks/test_bench_logprobs.py tests/benchmarks/test_bench_loss.py -k "bfloat16 or loss_forward" \
-             --benchmark-only ;;
+             tests/benchmarks/test_bench_logprobs.py tests/benchmarks/test_bench_loss.py tests/benchmarks/test_bench_lm_step.py \
+             -k "bfloat16 or loss_forward or lm_step" --benchmark-only ;;
   esac
 done
 echo "done $(date -u +%H:%M:%S)" | tee -a "$log"

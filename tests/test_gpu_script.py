@@ -60,3 +60,25 @@ def test_population_script_measures_and_compares_members_on_cpu(tmp_path):
     # on CPU a member's numbers are bitwise those it has alone (tests/test_population.py); the file says so
     assert all(int(x["rows"]) > 0 and x["bitwise_equal"] == x["rows"] and float(x["max_abs_diff"]) == 0 for x in eq)
     assert (tmp_path / "profile_toy_p1.txt").read_text().startswith("toy P=1, ")
+
+
+def test_readme_quotes_the_gpu_population_table_as_measured():
+    """README's H100 speed-ups and the goals' verdicts are results/gpu/population.csv's (no drift after a rerun)."""
+    rows = list(csv.DictReader((ROOT / "results/gpu/population.csv").open()))
+    readme = (ROOT / "README.md").read_text()
+    for task, goal, name in (("toy", 50, "sorting toy"), ("lm", 10, "arithmetic LM (LoRA)")):
+        mine = [r for r in rows if r["task"] == task]
+        best = max(mine, key=lambda r: float(r["speedup"]))
+        alone = next(r for r in mine if r["population"] == "1")
+        row = next(line for line in readme.splitlines() if line.startswith(f"| {name} |"))
+        gpu = row.split("|")[3]
+        assert f"**{float(best['speedup']):.1f}x** at P = {best['population']}" in gpu
+        assert f"{float(alone['runs_per_device_minute']):.1f} → {float(best['runs_per_device_minute']):.1f}" in gpu
+        assert f"goal {goal}x: {'met' if float(best['speedup']) >= goal else 'not met'}" in gpu
+    # and results/gpu/README.md, which README links for every P, is gpu_report.py's output of these files
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_report
+
+    text = (ROOT / "results/gpu/README.md").read_text()
+    for line in gpu_report.population_table(gpu_report.pd.read_csv(ROOT / "results/gpu/population.csv")):
+        assert line in text

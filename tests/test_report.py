@@ -1136,6 +1136,10 @@ def test_diagnostics_with_two_and_four_panels(tmp_path):
     assert [ax.get_title() for ax in fig.axes] == ["kl/value", "entropy"]
     assert [ax.get_xlabel() for ax in fig.axes] == ["gradient step"] * 2
     assert fig.get_suptitle() == "two: training diagnostics, 2 variants, 2 seeds"
+    # a sweep stopped part way: b never ran, and the title says so instead of counting the plan
+    summary = pd.read_csv(d / "summary.csv")
+    summary[summary.variant == "a"].to_csv(d / "summary.csv", index=False)
+    assert all_figures(d)["diagnostics"].get_suptitle() == "two: training diagnostics, 1 of 2 variants, 2 seeds"
     d = write_results(tmp_path / "four", ["a", "b"], range(2), Four(), SORT_FINALS, name="four")
     fig = all_figures(d)["diagnostics"]  # two rows of three: the last two panels are spare
     assert [ax.get_title() for ax in fig.axes] == ["kl/value", "entropy", "ratio/max, log scale",
@@ -1216,6 +1220,11 @@ def test_curves_against_compute_in_the_report(tmp_path):
     half = [ln for ln in ax.get_lines() if ln.get_gid() is None]
     assert len(half) == 1 and half[0].get_xdata()[0] == 16 * 800 / 2
     assert "(1 declined)" in fig.get_suptitle() and "![" in text and "](fit.png)" in text
+    # only the major ticks carry labels: over one or two decades matplotlib labels minor ticks too,
+    # and they overlapped the major ones (results/gpu/policy_losses_lm/fit.png, 128 to 3,840 samples)
+    ax.set_xlim(128, 3840)
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()] == []
 
 
 def test_curves_against_steps_where_samples_per_step_differ(tmp_path):

@@ -157,6 +157,21 @@ def test_slug_and_plan(tmp_path):
     assert len({s.run_id for s in specs}) == 4
 
 
+def test_device_auto_on_a_gpu_machine_plans_cuda_runs_with_their_own_ids(tmp_path, monkeypatch):
+    abl = _abl(tmp_path, {"loss": ["naive"]}, base={**TINY, "device": "auto"})
+    cpu = RN.plan(abl)
+    assert all(s.config["device"] == "auto" for s in cpu)  # a CPU machine's ids are unchanged
+    monkeypatch.setattr(RN, "_cuda", lambda: True)
+    gpu = RN.plan(abl)
+    assert [s.config["device"] for s in gpu] == ["cuda", "cuda"]
+    assert not {s.run_id for s in cpu} & {s.run_id for s in gpu}  # never resumed into each other
+    assert [s.run_id.rsplit("-", 1)[0] for s in gpu] == [s.run_id.rsplit("-", 1)[0] for s in cpu]
+    # an explicit device is kept as written
+    (tmp_path / "cpu").mkdir()
+    abl = _abl(tmp_path / "cpu", {"loss": ["naive"]}, base={**TINY, "device": "cpu"})
+    assert all(s.config["device"] == "cpu" for s in RN.plan(abl))
+
+
 def test_train_one_records_a_failure_and_never_raises():
     import torch
     before = torch.get_num_threads()

@@ -1,0 +1,191 @@
+"""results/gpu/README.md and its figures from the files scripts/gpu_run.sh wrote there.
+
+    python scripts/gpu_report.py [results/gpu]
+
+Reads device.txt, population.csv, population_equality.csv, profile_*.txt, step.jsonl and
+bench.jsonl (one line per finished benchmark), and writes README.md (the tables README.md's
+"On a GPU" section quotes), population.png and kernels.png. Nothing here is measured: every
+number comes from those files.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+GOALS = {"toy": 50.0, "lm": 10.0}  # issue 29: runs per GPU-minute over one run per process
+TASK_NAMES = {"toy": "sorting toy (sort_converge, loss=clipped)", "lm": "arithmetic LM (arithmetic_scratchpad, grpo, LoRA)"}
+PEERS = {"trl": "TRL {trl}", "liger": "Liger-Kernel {liger}", "ours": "grpo_bench (Triton)", "torch": "torch eager",
+         "compile": "torch.compile", "materialised": "torch, materialised logits", "naive": "torch eager",
+         "chunked": "grpo_bench (chunked torch)", "triton": "grpo_bench (Triton)", "trl_rows": "TRL {trl}, (N, V) rows",
+         "liger_ce": "Liger-Kernel {liger} cross entropy", "bound": "memory bound (x.sum)"}
+
+
+def versions(device_txt: str) -> dict[str, str]:
+    out = {}
+    for line in device_txt.splitlines():
+        for part in line.split("|"):
+            words = part.split()
+            if len(words) == 2 and words[0] in ("torch", "triton", "cuda", "trl", "liger-kernel", "transformers", "peft"):
+                out[words[0].replace("liger-kernel", "liger")] = words[1]
+    return out
+
+
+def population_table(pop: pd.DataFrame) -> list[str]:
+    lines = ["| task | P | runs | s per run | runs per GPU-minute | speed-up over P = 1 | goal | peak GPU memory (MB) "
+             "| memory per member (MB) |", "|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for task, g in pop.groupby("task", sort=False):
+        top = g.speedup.max()
+        for _, r in g.iterrows():
+            goal = GOALS.get(task)
+            mark = ""
+            if goal and r.speedup == top:
+                mark = f"≥ {goal:.0f}x: {'met' if r.speedup >= goal else 'not met'}"
+            per = "—" if pd.isna(r.mem_per_member_mb) else f"{r.mem_per_member_mb:.1f}"
+            lines.append(f"| {task} | {r.population} | {r.runs} | {r.s_per_run:.3f} | {r.runs_per_device_minute:.1f} "
+                         f"| {r.speedup:.1f}x | {mark} | {r.peak_mem_mb:.0f} | {per} |")
+    return lines
+
+
+def members_per_gpu(pop: pd.DataFrame, total_mb: float) -> dict[str, int]:
+    """Members that fit in the GPU's memory at the measured memory per member (an extrapolation)."""
+    out = {}
+    for task, g in pop.groupby("task", sort=False):
+        per = g.mem_per_member_mb.dropna()
+        if len(per):
+            base = g[g.population == 1].peak_mem_mb.iloc[0]
+            out[task] = int((total_mb - base) // per.iloc[-1])
+    return out
+
+
+def equality_table(eq: pd.DataFrame) -> list[str]:
+    lines = ["| task | metric | rows compared | bitwise equal | largest abs. difference |", "|---|---|---:|---:|---:|"]
+    for _, r in eq.iterrows():
+        lines.append(f"| {r.task} | `{r.metric}` | {r.rows} | {r.bitwise_equal} | {r.max_abs_diff:.3g} |")
+    return lines
+
+
+def bench_rows(path: Path) -> pd.DataFrame:
+    if not path.exists():
+        return pd.DataFrame()
+    rows = []
+    for line in path.read_text().splitlines():
+        d = json.loads(line)
+        e = d["extra_info"]
+        rows.append({"group": e["group"], "provider": e["provider"], "median_ms": d["stats"]["median"] * 1e3,
+                     "iqr_ms": d["stats"]["iqr"] * 1e3, "rounds": d["stats"]["rounds"], "gb_per_s": e["gb_per_s"],
+                     "peak_mem_mb": e["peak_mem_mb"]})
+    return pd.DataFrame(rows)
+
+
+def kernel_table(df: pd.DataFrame, v: dict[str, str]) -> list[str]:
+    lines = ["| case | provider | median ms (IQR) | x fastest | effective GB/s | peak extra memory (MB) |",
+             "|---|---|---:|---:|---:|---:|"]
+    for group, g in df.groupby("group", sort=False):
+        best = g.median_ms.min()
+        for _, r in g.sort_values("median_ms").iterrows():
+            who = PEERS.get(r.provider, r.provider).format(**{"trl": v.get("trl", "?"), "liger": v.get("liger", "?")})
+            lines.append(f"| {group} | {who} | {r.median_ms:.2f} ({r.iqr_ms:.2f}) | {r.median_ms / best:.2f} "
+                         f"| {r.gb_per_s:.0f} | {r.peak_mem_mb:.0f} |")
+    return lines
+
+
+def population_figure(pop: pd.DataFrame, path: Path, device: str) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for task, g in pop.groupby("task", sort=False):
+        axes[0].plot(g.population, g.runs_per_device_minute, "o-", label=TASK_NAMES.get(task, task))
+        axes[1].plot(g.population, g.speedup, "o-", label=TASK_NAMES.get(task, task))
+        if task in GOALS:
+            axes[1].axhline(GOALS[task], ls=":", lw=1, color=axes[1].lines[-1].get_color())
+    for ax, label in zip(axes, ("runs per GPU-minute", "speed-up over one run per process")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("members per population (P)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[1].legend(fontsize=8, loc="upper left")
+    axes[1].set_title("dotted: the goals (toy 50x, LM 10x)", fontsize=9)
+    fig.suptitle(f"Populations on one {device}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def kernels_figure(df: pd.DataFrame, path: Path, v: dict[str, str]) -> None:
+    groups = list(dict.fromkeys(df.group))
+    fig, axes = plt.subplots(len(groups), 1, figsize=(8, 1.3 + 1.1 * len(groups) * 1.6), squeeze=False)
+    for ax, group in zip(axes[:, 0], groups):
+        g = df[df.group == group].sort_values("median_ms", ascending=False)
+        names = [PEERS.get(p, p).format(trl=v.get("trl", "?"), liger=v.get("liger", "?")) for p in g.provider]
+        colors = ["tab:green" if p in ("ours", "triton") else "tab:gray" for p in g.provider]
+        ax.barh(names, g.median_ms, color=colors)
+        for i, ms in enumerate(g.median_ms):
+            ax.text(ms, i, f" {ms:.2f}", va="center", fontsize=7)
+        ax.set_xlim(0, g.median_ms.max() * 1.18)
+        ax.set_title(group, fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel("median ms (lower is better)", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(root: str = "results/gpu") -> str:
+    d = Path(root)
+    device_txt = (d / "device.txt").read_text()
+    v = versions(device_txt)
+    device = device_txt.splitlines()[2].split(",")[0].strip()
+    total_mb = float(device_txt.splitlines()[2].split(",")[1].split()[0])
+    md = [f"# On one {device}", "",
+          f"What `scripts/gpu_run.sh` measured on a lent {device} on {device_txt.splitlines()[0][:10]}: "
+          f"torch {v.get('torch')}, Triton {v.get('triton')}, CUDA {v.get('cuda')}, TRL {v.get('trl')} and "
+          f"Liger-Kernel {v.get('liger')} (the peers' own code, from wheels), transformers {v.get('transformers')}, "
+          f"peft {v.get('peft')} (`device.txt`). Tables and figures: `python scripts/gpu_report.py`.", ""]
+    pop_path = d / "population.csv"
+    if pop_path.exists():
+        pop = pd.read_csv(pop_path)
+        fit = members_per_gpu(pop, total_mb)
+        md += ["## Populations", "",
+               "`scripts/gpu_population.py` (`population.csv`): every population trained in one process after an "
+               "untimed warm-up; P = 1 is two runs one after the other (one run per process, less the process "
+               "start). Budgets cut along the run (" + "; ".join(f"{t}: `{s}`" for t, s in
+                                                              pop.groupby("task", sort=False).settings.first().items())
+               + "), the loss vmapped over members (backend=torch).", "", *population_table(pop), "",
+               "Members per GPU at the measured memory per member (extrapolated, not run): "
+               + ", ".join(f"{t} about {n:,}" for t, n in fit.items()) + f" in {total_mb / 1024:.0f} GiB.", "",
+               "![runs per GPU-minute and speed-up against P](population.png)", ""]
+        population_figure(pop, d / "population.png", device)
+        profiles = sorted(d.glob("profile_*.txt"))
+        if profiles:
+            md += ["Where the time goes (`profile_*.txt`, torch.profiler over 3 epochs):", ""]
+            md += [f"- {p.read_text().splitlines()[0]}" for p in profiles] + [""]
+    eq_path = d / "population_equality.csv"
+    if eq_path.exists():
+        eq = pd.read_csv(eq_path)
+        differ = eq[eq.bitwise_equal < eq.rows]
+        md += ["## A member against the same run alone, on CUDA", "",
+               "Seeds 0 and 1 inside the smallest population against the same runs at P = 1 "
+               f"(`population_equality.csv`): {len(differ)} of {len(eq)} metrics differ somewhere. On a CPU they are "
+               "bitwise equal (tests/test_population.py); on CUDA the batched GEMMs of a population round "
+               "differently from one run's, and the toy's runs then drift apart.", "", *equality_table(eq), ""]
+    for name, title in (("step.jsonl", "The hot path against the peers"), ("bench.jsonl", "Log-prob kernels")):
+        df = bench_rows(d / name)
+        if len(df):
+            md += [f"## {title}", "", f"`{name}`: medians of 20 rounds after a warm-up, bf16 inputs; each provider "
+                   "checked against fp64 before it was timed.", "", *kernel_table(df, v), ""]
+    steps = bench_rows(d / "step.jsonl")
+    if len(steps):
+        kernels_figure(steps, d / "kernels.png", v)
+        md += ["![median time per provider, each case](kernels.png)", ""]
+    (d / "README.md").write_text("\n".join(md))
+    return "\n".join(md)
+
+
+if __name__ == "__main__":
+    print(main(*sys.argv[1:]))
