@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                         "each followed by a group-sequential test of every ordering the ablation asks, until all are "
                         f"decided (an ordering either way, or equivalent within the margin) or CAP seeds ran "
                         f"(default {AUTO_CAP}); see docs/statistics.md")
+    r.add_argument("--include", action="append", default=[], metavar="PATH",
+                   help="a .py file or a directory of them with your own @register'ed parts or tasks "
+                        "(added to the ablation's `include:`)")
     r.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="override a run config key for every variant, e.g. --set epochs=20 --set task.n=6")
     r.add_argument("--executor", choices=["local", "ray"],
@@ -109,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--out", help="output file (default ROOT/FINDINGS.md)")
     g = sub.add_parser("gallery", help="write ROOT/README.md: every ablation's question, headline figure and answer")
     g.add_argument("root", nargs="?", default="results")
-    sub.add_parser("list", help="print every registered part with its parameters, and the task presets")
+    ls = sub.add_parser("list", help="print every registered part with its parameters, and the task presets")
+    ls.add_argument("--include", action="append", default=[], metavar="PATH",
+                    help="also load these .py files or directories of your own parts")
     args = p.parse_args(argv)
     if args.cmd != "run":
         try:
@@ -133,6 +138,8 @@ def _command(args) -> int:
     """Every command but `run`; raises ConfigError or OSError for main to print."""
     if args.cmd == "list":
         from . import presets, registry
+        from .config import load_includes
+        load_includes([str(Path(p).resolve()) for p in args.include], "--include")
         print(registry.describe())
         print(f"presets ({presets.tasks_dir()}):")
         for name in presets.names():
@@ -193,7 +200,8 @@ def _run(args) -> int:
                               "resources (--set resources.cpus=N) decide how many runs share a node")
         # a file with `settings` runs the same variants on each task it names, one results directory each
         settings = args.setting or ablation_settings(args.ablation) or [None]
-        ablations = [load_ablation(args.ablation, seeds=n_seeds, sets=args.sets, setting=s) for s in settings]
+        ablations = [load_ablation(args.ablation, seeds=n_seeds, sets=args.sets, setting=s, include=args.include)
+                     for s in settings]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -127,6 +127,8 @@ class RunConfig:
     """Log-prob / loss implementation: torch, chunked, triton, or auto (triton on CUDA, chunked on CPU)."""
     device: str = "cpu"
     """cpu, cuda, or auto (cuda when available)."""
+    include: list = field(default_factory=list)
+    """The user's Python files or directories (absolute paths) whose `@register`ed parts and tasks this run uses; an ablation's `include:` and `--include` fill it."""
     sampler: SamplerSection = field(default_factory=SamplerSection)
     """Who samples (section): a copy of the policy in another precision and/or some updates old. Its own
     log-probs travel with the rollout (as an inference engine's do), for the corrections and mismatch/* metrics."""
@@ -198,14 +200,33 @@ def _require(cond: bool, source: str, key: str, message: str) -> None:
 
 
 def _check_name(axis: str, name: str, source: str, key: str) -> None:
-    if name not in registry.names(axis):
-        raise ConfigError(source, key, f"unknown {axis} {name!r}; valid: {', '.join(registry.names(axis))}")
+    try:
+        registry.entry(axis, name)  # `module:function` is imported here
+    except registry.UnknownPart:
+        raise ConfigError(source, key, f"unknown {axis} {name!r}; valid: {', '.join(registry.names(axis))} "
+                          "or module:function") from None
+    except registry.IncludeError as e:
+        raise ConfigError(source, key, str(e)) from None
+
+
+def load_includes(paths: Any, source: str) -> None:
+    """The user's modules a config names, loaded before any of its parts is looked up."""
+    if not paths:
+        return
+    _require(isinstance(paths, list) and all(isinstance(p, str) for p in paths), source, "include",
+             f"expected a list of paths to .py files or directories, got {paths!r}")
+    for p in paths:
+        try:
+            registry.include(p)
+        except registry.IncludeError as e:
+            raise ConfigError(source, "include", str(e)) from None
 
 
 def resolve_run(data: dict, source: str = "<config>") -> RunConfig:
     """Build a RunConfig from a plain dict; the task section becomes its task's dataclass,
     every part a mapping with all of its parameters."""
     data = copy.deepcopy(data)
+    load_includes(data.get("include"), source)
     cfg = build_dataclass(RunConfig, data, source)
     task = cfg.task
     if isinstance(task, str):
@@ -220,14 +241,18 @@ def resolve_run(data: dict, source: str = "<config>") -> RunConfig:
     _require(task["name"] in tasks, source, "task.name", f"unknown task {task['name']!r}; valid: {valid}")
     entry = registry.entry("task", task["name"])
     cfg.task = build_dataclass(entry.config, {k: v for k, v in task.items() if k != "name"}, source, "task.")
-    context = run_context(cfg)
+    resolve_parts(cfg, source, run_context(cfg))
+    validate(cfg, source)
+    return cfg
+
+
+def resolve_parts(cfg: RunConfig, source: str, context: dict) -> None:
+    """Every part of cfg, in place, to {name, every parameter}; the run config and the TRL bridge share it."""
     for axis in PART_KEYS:
         setattr(cfg, axis, resolve_part(axis, getattr(cfg, axis), source, axis, context))
     cfg.filters = [resolve_part("filter", f, source, f"filters.{i}", context) for i, f in enumerate(cfg.filters)]
     cfg.corrections = [resolve_part("correction", c, source, f"corrections.{i}", context)
                        for i, c in enumerate(cfg.corrections)]
-    validate(cfg, source)
-    return cfg
 
 
 def run_context(cfg: RunConfig) -> dict:
@@ -321,6 +346,8 @@ def run_dict(cfg: RunConfig) -> dict:
     """Plain, YAML-able form of a resolved config (what is saved beside each run)."""
     d = dataclasses.asdict(cfg)
     d["task"] = {"name": task_name(cfg), **dataclasses.asdict(cfg.task)}
+    if not d["include"]:  # absent, not [], so the ids of runs without user code stay what they were
+        del d["include"]
     return d
 
 
@@ -329,6 +356,8 @@ def config_hash(cfg: RunConfig) -> str:
     weights = shipped.weights_id(cfg.task)  # the weights a run loads are part of what it is
     if weights:
         d["weights"] = weights
+    if cfg.include:  # and so is the user's code: its bytes, not only its path
+        d["include_digest"] = registry.digest(cfg.include)
     blob = json.dumps(d, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
@@ -389,7 +418,8 @@ class Ablation:
     """Which of the file's `settings` this is (the same variants on another task), or None."""
 
 
-ABLATION_KEYS = ("name", "description", "claim", "settings", "base", "grid", "variants", "seeds", "resources")
+ABLATION_KEYS = ("name", "description", "include", "claim", "settings", "base", "grid", "variants", "seeds",
+                 "resources")
 CLAIM_KEYS = ("text", "source", "setting", "expect", "metric", "untestable", "margin")
 RESOURCES = {"cpus": 1, "gpus": 0}
 
@@ -469,7 +499,9 @@ def _claim(value: Any, src: str) -> dict | None:
 
 
 def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | None = None,
-                  setting: str | None = None) -> Ablation:
+                  setting: str | None = None, include: list[str] | None = None) -> Ablation:
+    """`include`: --include paths (from the working directory), added to the file's own `include:`
+    (paths from the file's directory)."""
     path = Path(path)
     src = str(path)
     doc = read_yaml(path)
@@ -481,6 +513,16 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
     base = doc.get("base") or {}
     if not isinstance(base, dict):
         raise ConfigError(src, "base", "expected a mapping of run config keys")
+    own = doc.get("include") or []
+    if isinstance(own, str):
+        own = [own]
+    _require(isinstance(own, list) and all(isinstance(p, str) for p in own), src, "include",
+             f"expected a path or a list of paths to .py files or directories, got {own!r}")
+    paths = [str((path.parent / p).expanduser().resolve()) for p in own]
+    paths += [str(Path(p).expanduser().resolve()) for p in include or []]
+    if paths:
+        base = {**base, "include": list(dict.fromkeys([*base.get("include", []), *paths]))}
+        load_includes(base["include"], "--include" if include and not own else src)
     claim = _claim(doc.get("claim"), src)
     names = ablation_settings(path)
     file_seeds = doc.get("seeds", 3)

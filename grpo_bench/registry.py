@@ -21,6 +21,11 @@ are the part's parameters, set from YAML as `loss: {name: clipped, clip_high: 0.
     task        cls(task_config, run_config) -> a Task (see grpo_bench/tasks/__init__.py); one module of
                   grpo_bench/tasks/ each, found there on first lookup
 
+A user's own parts and tasks join without editing the package: `include: [my_parts.py]` in an
+ablation file (or `--include`) loads the user's modules, whose `@register` calls add to these
+registries; `module:function` names a function on any axis; an installed package names its
+module in the `grpo_bench.parts` entry-point group.
+
 What a part knows about itself travels with its registration (`register(axis, name,
 **traits)`): `needs_group` (a baseline over G >= 2 responses), `needs` (extra inputs the
 trainer must compute, e.g. "greedy"), `stage` (filters), `per_member` (a reason: the part
@@ -33,12 +38,18 @@ their annotations (`Annotated[float, Range(0, 1)]`), so checking a config and pr
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import importlib
+import importlib.metadata
+import importlib.util
 import inspect
 import math
 import pkgutil
+import sys
 import typing
+from pathlib import Path
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Annotated, Any, Callable
 
@@ -69,6 +80,10 @@ TENSOR_AXES = ("delta", "loss", "aggregate", "kl", "correction", "filter")
 _PROVIDERS = {axis: "grpo_bench.algos" for axis in AXES}
 _PROVIDERS["task"] = "grpo_bench.tasks"
 _LOADED: set[str] = set()
+# An installed package adds its parts and tasks by naming a module in this entry-point group
+# (lm-evaluation-harness does the same for tasks): importing the module runs its @register calls.
+ENTRY_POINTS = "grpo_bench.parts"
+_INCLUDED: dict[str, str] = {}   # absolute path of a user's file -> the module name it was loaded as
 
 
 # ------------------------------------------------------------------ constraints
@@ -203,8 +218,96 @@ def _load(axis: str) -> dict[str, Entry]:
         pkg = importlib.import_module(_PROVIDERS[axis])
         for mod in pkgutil.iter_modules(pkg.__path__):
             importlib.import_module(f"{pkg.__name__}.{mod.name}")
+        if not _LOADED:  # once: installed packages' parts, after ours (a clash names theirs)
+            for ep in importlib.metadata.entry_points(group=ENTRY_POINTS):
+                try:
+                    ep.load()
+                except Exception as e:  # noqa: BLE001 - a broken plug-in must say which one it is
+                    raise IncludeError(f"entry point {ep.name} = {ep.value} ({ENTRY_POINTS}): "
+                                       f"{type(e).__name__}: {e}") from None
         _LOADED.add(axis)
     return _REGISTRY[axis]
+
+
+class IncludeError(ValueError):
+    """A user's module could not be loaded: the message names the file and the first line of the error."""
+
+
+def include(path: str | Path) -> list[Path]:
+    """Load a user's Python file, or every `*.py` in a directory (not `_*`), so its `@register`
+    calls fill the registries. Each file is loaded once per process, under a module name of
+    its own; returns the files. Workers call this too: a run's config carries its `include`."""
+    p = Path(path).expanduser().resolve()
+    if not p.exists():
+        raise IncludeError(f"{path}: no such file or directory")
+    files = sorted(f for f in p.glob("*.py") if not f.name.startswith("_")) if p.is_dir() else [p]
+    if p.is_file() and p.suffix != ".py":
+        raise IncludeError(f"{path}: not a Python file (.py) or a directory of them")
+    for f in files:
+        key = str(f)
+        if key in _INCLUDED:
+            continue
+        for axis in AXES:
+            _load(axis)  # ours first, so a user's name that clashes with a shipped part is the one refused
+        name = f"grpo_bench_user.{f.stem}_{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+        spec = importlib.util.spec_from_file_location(name, f)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        _INCLUDED[key] = name
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as e:  # noqa: BLE001 - the user's code: one line naming the file
+            del sys.modules[name], _INCLUDED[key]
+            line = next((str(a) for a in [e] if str(a)), type(e).__name__).splitlines()[0]
+            raise IncludeError(f"{f}: {type(e).__name__}: {line}") from None
+    return files
+
+
+def digest(paths: list[str]) -> str:
+    """sha256 of the included files' bytes, in order: a run's id changes when the user's code does."""
+    h = hashlib.sha256()
+    for path in paths:
+        p = Path(path)
+        for f in (sorted(x for x in p.glob("*.py") if not x.name.startswith("_")) if p.is_dir() else [p]):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _from_module(axis: str, spec: str) -> Entry | None:
+    """`module:function` (or `module:Class` for a task) on any axis: imported (a module beside the
+    task presets first, then by import path) and registered under that string."""
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        return None
+    from . import presets
+    path = presets.tasks_dir() / f"{module}.py"
+    try:
+        if path.is_file():
+            include(path)
+            mod = sys.modules[_INCLUDED[str(path.resolve())]]
+        else:
+            mod = importlib.import_module(module)
+        obj = getattr(mod, attr)
+    except (ImportError, AttributeError) as e:
+        raise IncludeError(f"cannot load {axis} {spec!r}: {e}") from None
+    if spec not in _REGISTRY[axis]:
+        known = next((e for e in _REGISTRY[axis].values() if e.obj is obj), None)
+        if known is not None:   # registered by its own decorator: the same part under a second name
+            _REGISTRY[axis][spec] = dataclasses.replace(known, name=spec)
+        else:
+            register(axis, spec, **({"config": getattr(obj, "config", None)} if axis == "task" else {}))(obj)
+    return _REGISTRY[axis][spec]
+
+
+def origin(e: Entry) -> str:
+    """Where a part was defined, for `list`: empty for the package's own, else its file."""
+    mod = getattr(e.obj, "__module__", "") or ""
+    if mod == "grpo_bench" or mod.startswith("grpo_bench."):
+        return ""
+    try:
+        return inspect.getsourcefile(e.obj) or mod
+    except TypeError:
+        return mod
 
 
 def names(axis: str) -> list[str]:
@@ -213,6 +316,8 @@ def names(axis: str) -> list[str]:
 
 def entry(axis: str, name: str) -> Entry:
     parts = _load(axis)
+    if name not in parts and ":" in name:
+        _from_module(axis, name)
     if name not in parts:
         raise UnknownPart(axis, name)
     return parts[name]
@@ -288,6 +393,8 @@ def describe() -> str:
                 lines.append(f"  {'':<24}   params: {params}")
             if e.source:
                 lines.append(f"  {'':<24}   source: {e.source}")
+            if origin(e):
+                lines.append(f"  {'':<24}   file: {origin(e)}")
             if isinstance(e.traits.get("per_member"), str):  # why a population runs it member by member
                 lines.append(f"  {'':<24}   per member: {e.traits['per_member']}")
     return "\n".join(lines)

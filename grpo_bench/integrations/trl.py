@@ -56,8 +56,8 @@ from torch import Tensor
 from .. import registry
 from ..algos import Batch, masked_mean
 from ..algos.corrections import compose
-from ..config import (PART_KEYS, ConfigError, RunConfig, build_dataclass, load_ablation, read_yaml, resolve_part,
-                      validate)
+from ..config import (ConfigError, RunConfig, build_dataclass, load_ablation, load_includes, read_yaml, resolve_part,
+                      resolve_parts, validate)
 from ..recipe import Recipe
 
 SUPPORTED_TRL = ">=1.16.0,<1.17"
@@ -83,7 +83,7 @@ from trl.trainer.callbacks import SyncRefModelCallback  # noqa: E402
 
 # The run-config keys a variant carries to TRL; the others belong to TRL's own config.
 VARIANT_KEYS = ("delta", "loss", "aggregate", "kl", "kl_coef", "kl_placement", "kl_ctrl", "ref_update",
-                "filters", "backend", "corrections", "entropy_coef", "entropy_ctrl", "nll_coef", "adv_clip")
+                "filters", "backend", "corrections", "entropy_coef", "entropy_ctrl", "nll_coef", "adv_clip", "include")
 TRL_OWNED = {
     "task": "the train_dataset and reward_funcs you pass", "group_size": "GRPOConfig.num_generations",
     "inner_steps": "GRPOConfig.num_iterations", "epochs": "GRPOConfig.max_steps",
@@ -157,16 +157,13 @@ def resolve_variant(data: dict, source: str = "<variant>", *, max_len: int, grou
             raise ConfigError(source, key, f"TRL owns this setting: set {TRL_OWNED[key]}")
         if key not in VARIANT_KEYS:
             raise ConfigError(source, str(key), f"unknown key; valid: {', '.join(VARIANT_KEYS)}")
+    load_includes(data.get("include"), source)
     cfg = build_dataclass(RunConfig, copy.deepcopy(data), source)
     cfg.group_size = group_size
     context = {"max_len": max_len}
     if reward_weights is not None:
         context["reward_weights"] = [float(w) for w in reward_weights]
-    for axis in PART_KEYS:
-        setattr(cfg, axis, resolve_part(axis, getattr(cfg, axis), source, axis, context))
-    cfg.filters = [resolve_part("filter", f, source, f"filters.{i}", context) for i, f in enumerate(cfg.filters)]
-    cfg.corrections = [resolve_part("correction", c, source, f"corrections.{i}", context)
-                       for i, c in enumerate(cfg.corrections)]
+    resolve_parts(cfg, source, context)
     validate(cfg, source)
     if "greedy" in registry.entry("delta", cfg.delta["name"]).traits.get("needs", ()):
         raise ConfigError(source, "delta", f"{cfg.delta['name']!r} needs each prompt's greedy response, "

@@ -1,0 +1,218 @@
+"""A user's own parts and tasks, from their own files, without editing the package.
+
+`include:` in an ablation (paths from the file), `--include` on the CLI, `module:function` on
+any axis, and the `grpo_bench.parts` entry-point group of an installed package. The parts
+written here are checked by the same parameter typing as the package's, run in spawned
+workers (which load the files again from the run's config) and in a population of 4, whose
+members must be bitwise the runs alone (CPU).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from grpo_bench import registry
+from grpo_bench.config import ConfigError, config_hash, load_ablation, resolve_run
+from helpers import ROOT
+
+PARTS = '''
+"""A scratch directory's parts."""
+import torch
+from grpo_bench.registry import Positive, register
+from grpo_bench.tasks.sort import SortConfig, SortTask
+
+
+@register("loss", "scaled_pg")
+def scaled_pg(logp, old_logp, deltas, mask, *, scale: Positive = 1.0):
+    """-scale * ratio * A: the unclipped surrogate, scaled.
+
+    Source: a user's scratch directory.
+    """
+    return -scale * torch.exp(logp - old_logp) * deltas[..., None], {}
+
+
+@register("task", "sort_mine", config=SortConfig)
+class MySort(SortTask):
+    """The sorting toy under a name of the user's."""
+'''
+
+TINY = {"task": {"name": "sort", "prompts": None, "num_prompts": 2, "eval_prompts": 4, "n": 2, "vocab": 3},
+        "epochs": 3, "inner_steps": 2, "group_size": 3, "delta": "zscore"}
+
+
+def _cli(*args, env=None, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "grpo_bench", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+@pytest.fixture(autouse=True)
+def _registry_restored():
+    """Parts registered in this process by a test leave with it (each test's files are its own)."""
+    for axis in registry.AXES:
+        registry.names(axis)
+    saved = {axis: dict(parts) for axis, parts in registry._REGISTRY.items()}
+    included = dict(registry._INCLUDED)
+    yield
+    for axis, parts in saved.items():
+        registry._REGISTRY[axis].clear()
+        registry._REGISTRY[axis].update(parts)
+    registry._INCLUDED.clear()
+    registry._INCLUDED.update(included)
+    sys.modules.pop("my_parts", None)
+
+
+@pytest.fixture
+def user(tmp_path):
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "my_parts.py").write_text(PARTS)
+    return d
+
+
+def _ablation(tmp_path, include, variants, seeds=4, base=TINY):
+    f = tmp_path / "abl.yaml"
+    f.write_text(yaml.safe_dump({"name": "mine", "include": include, "base": base, "variants": variants,
+                                 "seeds": seeds}))
+    return f
+
+
+def test_list_shows_a_users_part_with_its_file_and_parameters(user):
+    r = _cli("list", "--include", str(user))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.strip().startswith("scaled_pg"))
+    assert "params: scale=1.0" in lines[i + 1] and "source: a user's scratch directory." in lines[i + 2]
+    assert lines[i + 3].strip() == f"file: {user / 'my_parts.py'}"
+    assert any(line.strip().startswith("sort_mine") for line in lines)
+    # the package's own parts name no file
+    j = next(k for k, line in enumerate(lines) if line.strip().startswith("clipped "))
+    assert not any("file:" in line for line in lines[j:j + 4])
+
+
+def test_a_users_loss_runs_in_workers_and_in_a_population_as_alone(tmp_path, user):
+    abl = _ablation(tmp_path, ["mine"], {"mine": {"loss": {"name": "scaled_pg", "scale": 0.5}},
+                                         "mine_task": {"task.name": "sort_mine"}, "plain": {}})
+    alone, pop = tmp_path / "alone", tmp_path / "pop"
+    # two spawned workers, one run each: each worker loads the user's file from the run's config
+    r = _cli("run", str(abl), "--workers", "2", "--population", "1", "--out", str(alone), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    r = _cli("run", str(abl), "--workers", "1", "--population", "4", "--out", str(pop), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    a, p = (pd.read_csv(d / "summary.csv").set_index("run") for d in (alone, pop))
+    assert (a.status == "ok").all() and len(a) == 12 and set(p.population) == {4}
+    finals = [c for c in a.columns if c.startswith("final/")]
+    pd.testing.assert_frame_equal(a.loc[p.index, finals], p[finals])   # bitwise: same seeds, same numbers
+    # the user's loss is not the package's unclipped one at scale 1: half the step, other numbers
+    assert not a[a.variant == "mine"]["final/reward"].equals(a[a.variant == "plain"]["final/reward"])
+    # the user's task is the toy under another name: the same numbers as the toy's own runs
+    mine_task = a[a.variant == "mine_task"].set_index("seed")[finals]
+    plain = a[a.variant == "plain"].set_index("seed")[finals]
+    pd.testing.assert_frame_equal(mine_task, plain)
+    saved = yaml.safe_load((alone / "runs" / a.index[0] / "config.yaml").read_text())
+    assert saved["include"] == [str(user)]
+
+
+def test_the_run_id_follows_the_users_code(tmp_path, user):
+    abl = _ablation(tmp_path, ["mine"], {"mine": {"loss": "scaled_pg"}})
+    before = config_hash(resolve_run(load_ablation(abl).variants[0][2]))
+    (user / "my_parts.py").write_text(PARTS.replace("-scale *", "-2 * scale *"))
+    # the changed file is not re-imported in this process, but its bytes are in the hash
+    assert config_hash(resolve_run(load_ablation(abl).variants[0][2])) != before
+
+
+def test_module_function_names_a_part_on_any_axis(tmp_path, user, monkeypatch):
+    monkeypatch.syspath_prepend(str(user))
+    cfg = resolve_run({**TINY, "loss": {"name": "my_parts:scaled_pg", "scale": 2.0}})
+    assert cfg.loss == {"name": "my_parts:scaled_pg", "scale": 2.0}
+    # typed like the package's parts: a bad value names the key
+    with pytest.raises(ConfigError, match=r"loss\.scale"):
+        resolve_run({**TINY, "loss": {"name": "my_parts:scaled_pg", "scale": -1.0}})
+    with pytest.raises(ConfigError, match=r"cannot load loss 'my_parts:nope'"):
+        resolve_run({**TINY, "loss": "my_parts:nope"})
+
+
+def test_an_installed_packages_entry_point_adds_its_parts(tmp_path):
+    site = tmp_path / "site"
+    (site / "plug-0.1.dist-info").mkdir(parents=True)
+    (site / "plug-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: plug\nVersion: 0.1\n")
+    (site / "plug-0.1.dist-info" / "entry_points.txt").write_text("[grpo_bench.parts]\nplug = plug_parts\n")
+    (site / "plug_parts.py").write_text(textwrap.dedent('''
+        from grpo_bench.registry import register
+
+        @register("aggregate", "plug_sum")
+        def plug_sum(per_token, mask):
+            """Sum over every token: an installed package's aggregation."""
+            return (per_token * mask).sum()
+    '''))
+    r = _cli("list", env={"PYTHONPATH": f"{ROOT}{os.pathsep}{site}"})
+    assert r.returncode == 0, r.stderr
+    line = next(line for line in r.stdout.splitlines() if line.strip().startswith("plug_sum"))
+    assert "an installed package's aggregation" in line
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "{d}/nope.py: no such file or directory"),
+    ("raises", "{d}/bad.py: ZeroDivisionError: division by zero"),
+    ("clash", "{d}/clash.py: ValueError: loss 'clipped' registered twice"),
+])
+def test_bad_includes_are_one_line_errors_naming_the_file(tmp_path, case, message):
+    d = tmp_path / "parts"
+    d.mkdir()
+    (d / "bad.py").write_text("x = 1 / 0\n")
+    (d / "clash.py").write_text("from grpo_bench.registry import register\n\n"
+                                "@register('loss', 'clipped')\ndef clipped(logp, old_logp, deltas, mask):\n"
+                                "    return -logp, {}\n")
+    name = {"missing": "nope.py", "raises": "bad.py", "clash": "clash.py"}[case]
+    abl = _ablation(tmp_path, [f"parts/{name}"], {"a": {}}, seeds=1)
+    r = _cli("run", str(abl), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line == f"error: {abl}: include: " + message.format(d=d)
+    assert not (tmp_path / "out").exists()
+
+
+def test_registry_include_loads_a_file_once(user):
+    first = registry.include(user)
+    assert first == [user / "my_parts.py"] and registry.entry("loss", "scaled_pg").name == "scaled_pg"
+    assert registry.include(user / "my_parts.py") == first   # no "registered twice" on a second include
+    assert registry.origin(registry.entry("loss", "scaled_pg")) == str(user / "my_parts.py")
+    assert registry.origin(registry.entry("loss", "clipped")) == ""
+
+
+def test_the_readme_example_runs_a_users_loss_to_a_verdict(tmp_path):
+    """README's "Testing your own variant", at a budget a test can pay (2 seeds, 10 rollouts)."""
+    readme = (ROOT / "README.md").read_text()
+    assert "python -m grpo_bench run examples/my_variant/ablation.yaml --out scratch/my_variant" in readme
+    r = _cli("list", "--include", "examples/my_variant")
+    assert r.returncode == 0 and f"file: {ROOT / 'examples/my_variant/my_loss.py'}" in r.stdout
+    out = tmp_path / "scratch"
+    r = _cli("run", "examples/my_variant/ablation.yaml", "--out", str(out / "my_variant"), "--seeds", "2",
+             "--set", "epochs=10", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    summary = pd.read_csv(out / "my_variant" / "summary.csv")
+    assert sorted(summary.variant.unique()) == ["dapo", "gspo", "soft_clip"] and (summary.status == "ok").all()
+    r = _cli("findings", str(out))
+    assert r.returncode == 0, r.stderr
+    text = (out / "FINDINGS.md").read_text()
+    assert "`soft_clip = dapo`" in text and "`soft_clip > gspo`" in text
+
+
+def test_soft_clip_is_the_formula_it_states():
+    """The example's loss against its docstring, by hand: ratio e^0.1, tau 0.2, A = 2."""
+    import math
+
+    import torch
+
+    registry.include(ROOT / "examples/my_variant")
+    fn = registry.get("loss", "soft_clip")
+    loss, regions = fn(torch.tensor([[[0.1]]]), torch.tensor([[[0.0]]]), torch.tensor([[2.0]]),
+                       torch.ones(1, 1, 1), tau=0.2)
+    assert regions == {}
+    assert loss.item() == pytest.approx(-2 * (1 + 0.2 * math.tanh((math.exp(0.1) - 1) / 0.2)), rel=1e-6)
