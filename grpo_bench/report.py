@@ -742,6 +742,7 @@ def make_report(out: str | Path, fmt: str = "png") -> Path:
     meta, summary, table = load(out)
     ok = summary[summary.status == "ok"]
     fits = curve_fits(meta, by_metric(table))
+    before = _linked_figures(out / "REPORT.md")
     with style():
         figures = [(save(fig, out, stem, fmt), caption) for stem, fig, caption in build_figures(out, fits)]
     text = _markdown(meta, summary, ok, headline_columns(summary, meta), meta["variants"], figures, fits)
@@ -751,7 +752,17 @@ def make_report(out: str | Path, fmt: str = "png") -> Path:
         os.replace(tmp, out / "REPORT.md")
     finally:
         tmp.unlink(missing_ok=True)
+    # a figure the last report drew and this one does not (a metric no longer declared) would stay
+    # beside the results as if current; the report's own figures are the ones its REPORT.md linked
+    for stale in before - {name for name, _ in figures}:
+        (out / stale).unlink(missing_ok=True)
     return out / "REPORT.md"
+
+
+def _linked_figures(report: Path) -> set[str]:
+    if not report.exists():
+        return set()
+    return set(re.findall(r"!\[[^\]]*\]\(([\w.-]+\.(?:png|pdf|svg))\)", report.read_text()))
 
 
 # ----------------------------------------------------------------------- significance

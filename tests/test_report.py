@@ -18,7 +18,9 @@ from PIL import Image
 from scipy import stats
 
 from grpo_bench import compare as C
+from grpo_bench import metrics
 from grpo_bench import report as R
+from grpo_bench.config import load_ablation
 from grpo_bench.__main__ import main
 from helpers import ROOT, cli
 
@@ -1309,3 +1311,47 @@ def test_small_means_keep_their_digits():
     assert _fmt(8.2e-07, 3e-07) != _fmt(5.071e-05, 1.2e-05)
     assert _fmt(0.0, 0.0) == "0.000 ± 0.000" and _fmt(0.0183, 0.008) == "0.018 ± 0.008"
     assert _fmt(float("nan"), 0.1) == "—"
+
+
+def test_a_redraw_removes_the_figures_its_report_no_longer_draws(tmp_path):
+    d = write_results(tmp_path / "r", ["a", "b"], range(2), SortLike(), SORT_FINALS)
+    R.make_report(d)
+    drawn = sorted(p.name for p in d.glob("*.png"))
+    # the last report drew a figure this one does not (a curve no longer declared); a file of the user's stays
+    (d / "curve_eval_old.png").write_bytes((d / "headline.png").read_bytes())
+    (d / "notes.png").write_bytes(b"mine")
+    report = d / "REPORT.md"
+    report.write_text(report.read_text() + "\n![old](curve_eval_old.png)\n")
+    R.make_report(d)
+    assert sorted(p.name for p in d.glob("*.png")) == sorted(drawn + ["notes.png"])
+
+
+def test_committed_results_match_the_code():
+    """Every committed results directory's ablation.json is what its ablation file makes today (description,
+    task, declared curves and metrics, run ids: no retraining needed to check), and its figures are the ones
+    its REPORT.md links. Run ids are planned with the sweep's own --set (results/gpu ran with device=cuda)."""
+    import shlex
+
+    from grpo_bench.runner import plan
+
+    archived = {"headroom_search_start"}  # made by the code of 2026-11-23 (2,309 s of training); ids predate it
+    checked = 0
+    for meta_path in sorted((ROOT / "results").glob("**/ablation.json")):
+        d = meta_path.parent
+        if d.name in archived:
+            continue
+        meta = json.loads(meta_path.read_text())
+        sweep = json.loads((d / "sweep.json").read_text()) if (d / "sweep.json").exists() else {}
+        words = shlex.split(sweep.get("command", ""))
+        sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+        if d.parent.name == "gpu" and not sets:  # a sweep stopped at its budget wrote no sweep.json
+            sets = ["device=cuda", "backend=torch"]
+        abl = load_ablation(ROOT / meta["source"], seeds=len(meta["seeds"]), setting=meta.get("setting"), sets=sets)
+        record = metrics.ablation_record(abl)
+        assert {k: meta.get(k) for k in record} == record, d
+        assert meta["description"] == abl.description, d
+        assert [s.run_id for s in plan(abl, meta["seeds"])] == meta["runs"], d
+        linked = R._linked_figures(d / "REPORT.md")
+        assert linked == {p.name for p in d.glob("*.png")}, d
+        checked += 1
+    assert checked >= 25
