@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import registry
-from .algos.common import masked_mean
+from .algos.common import masked_mean, seq_deltas
 from .algos.corrections import compose
 from .config import BACKENDS
 from .kernels import check_triton
@@ -153,7 +153,8 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
     fixes = list(corrections)
     use_entropy = entropy is not None and not (isinstance(entropy_coef, (int, float)) and entropy_coef == 0)
     use_nll = not (isinstance(nll_coef, (int, float)) and nll_coef == 0)
-    extra = tuple(t for t, on in (("correction", bool(fixes)), ("entropy", use_entropy), ("nll", use_nll)) if on)
+    extra = tuple(t for t, on in (("correction", bool(fixes)), ("entropy", use_entropy), ("nll", use_nll),
+                                  ("token_deltas", deltas.dim() == logp.dim())) if on)
     b = resolve_backend(backend, logp)
     if b == "triton":
         spec = LossSpec(loss_name, tuple(sorted(loss_params.items())), agg_name, tuple(sorted(agg_params.items())),
@@ -197,7 +198,7 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
         if use_entropy:
             value = value - entropy_coef * h
     if use_nll:
-        pos = deltas > 0 if positive is None else positive.to(torch.bool)
+        pos = seq_deltas(deltas, mask) > 0 if positive is None else positive.to(torch.bool)
         nll = masked_mean(-lp, torch.where(pos.unsqueeze(-1), mask, torch.zeros_like(mask)))
         stats["loss/nll"] = nll
         value = value + nll_coef * nll

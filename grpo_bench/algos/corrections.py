@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .. import registry
 from ..registry import Choice, Positive, Range, register
-from .common import masked_mean, masked_sum
+from .common import masked_mean, masked_sum, seq_deltas
 
 Regions = dict[str, Tensor]
 Out = tuple[Tensor, Tensor, Regions]
@@ -198,7 +198,7 @@ def opsm(logp: Tensor, old_logp: Tensor, sampler_logp: Tensor, deltas: Tensor, m
     Source: DeepSeek-V3.2 (2025, arXiv 2512.02556, eq. 9, delta = threshold); TRL off_policy_mask_threshold (get_off_policy_mask).
     """
     kl = masked_mean(sampler_logp - logp.detach(), mask, dim=-1)                 # (B, G)
-    drop = ((deltas < 0) & (kl > threshold)).unsqueeze(-1).expand_as(logp)
+    drop = ((seq_deltas(deltas, mask) < 0) & (kl > threshold)).unsqueeze(-1).expand_as(logp)
     return (~drop).to(logp.dtype), torch.ones_like(drop), {"masked": drop}
 
 

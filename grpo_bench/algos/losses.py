@@ -1,6 +1,6 @@
 """Policy losses: per-token loss to minimise, and where each clip cut in.
 
-    fn(logp, old_logp (B, G, T), deltas (B, G), mask (B, G, T), *, params)
+    fn(logp, old_logp (B, G, T), deltas (B, G) or (B, G, T), mask (B, G, T), *, params)
         -> (per-token loss (B, G, T), {region: bool (B, G, T)})
 
 Masking happens in the aggregation, so a token-level loss never reads the mask;
@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ..registry import Fraction, NonNegative, Positive, Range, register
-from .common import bcast, masked_mean, masked_sum
+from .common import bcast, masked_mean, masked_sum, seq_deltas
 
 Regions = dict[str, Tensor]
 AboveOne = Annotated[float, Range(1, None, lo_open=True)]
@@ -127,7 +127,8 @@ def gmpo(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     # the clipped log-ratio wins the min only where it lowers the objective: PPO's rule in log space
     lr_min = sgn * torch.minimum(sgn * lr, sgn * _clamp(lr, -clip_low, clip_high))
     ratio = torch.exp(masked_mean(lr_min, mask, dim=-1, keepdim=True))  # (B, G, 1)
-    loss = (-deltas.unsqueeze(-1) * ratio).expand_as(logp)
+    # per-token deltas: the sequence's mean delta, as verl's geo_mean takes it
+    loss = (-seq_deltas(deltas, mask).unsqueeze(-1) * ratio).expand_as(logp)
     return loss, {"low": (adv < 0) & (lr < -clip_low), "high": (adv > 0) & (lr > clip_high)}
 
 
@@ -204,7 +205,7 @@ def vespo(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     floor = math.log(1e-8)
     seq = masked_sum((logp - old_logp).clamp(-20.0, 20.0), mask, dim=-1, keepdim=True)
     log_w = seq.clamp(floor, 20.0).detach()                              # (B, G, 1)
-    pos = deltas.unsqueeze(-1) >= 0
+    pos = bcast(deltas, logp) >= 0
     k = torch.where(pos, _full(log_w, k_pos), _full(log_w, k_neg))
     lam = torch.where(pos, _full(log_w, lambda_pos), _full(log_w, lambda_neg)).clamp(min=1e-4)
     phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
