@@ -9,7 +9,9 @@
 
 Every backend is differentiable and returns fp32 log-probs for logits of any float dtype
 and any leading shape (..., V). Labels must lie in [0, V): there is no ignore index, pad
-positions are handled by the loss mask.
+positions are handled by the loss mask. token_sum_pi_squared / linear_sum_pi_squared give
+sum_v pi_v^2 per position (the Optimal Token Baseline's statistic), without gradient, by the
+same paths: chunked rows, never the (N, V) logits, on every backend but torch.
 """
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ from .algos.common import masked_mean, seq_deltas
 from .algos.corrections import compose
 from .config import BACKENDS
 from .kernels import check_triton
-from .kernels.chunked import _LOG_FLOOR, chunked_logprobs
+from .kernels.chunked import _LOG_FLOOR, chunked_logprobs, chunked_sum_pi_squared, rows_sum_pi_squared
 from .kernels.linear import fused_linear_logprobs
+from .kernels.linear import linear_sum_pi_squared as fused_linear_sum_pi_squared
 from .kernels.spec import EXTRA_REGION, LossSpec
 
 
@@ -91,6 +94,28 @@ def linear_logprobs(hidden: Tensor, weight: Tensor, labels: Tensor, backend: str
         return _torch_logprobs(logits, labels, with_entropy)
     return fused_linear_logprobs(hidden, weight, labels, with_entropy, bias, use_triton=b == "triton",
                                  temperature=temperature)
+
+
+def token_sum_pi_squared(logits: Tensor, backend: str = "auto", temperature: float = 1.0) -> Tensor:
+    """logits (..., V) -> sum_v pi_v^2 (...) fp32, pi = softmax(fp32(logits) / temperature), no grad.
+
+    torch materialises the whole softmax; every other backend takes rows in chunks (no Triton
+    kernel: a statistic read once per rollout, without gradient, is not worth one).
+    """
+    with torch.no_grad():
+        if resolve_backend(backend, logits) == "torch":
+            return rows_sum_pi_squared(logits, temperature)   # every row at once
+        return chunked_sum_pi_squared(logits, temperature)
+
+
+def linear_sum_pi_squared(hidden: Tensor, weight: Tensor, backend: str = "auto", bias: Tensor | None = None,
+                          temperature: float = 1.0) -> Tensor:
+    """sum_v pi_v^2 under the LM head, hidden (..., H), weight (V, H) -> (...), no grad: torch materialises
+    hidden @ W^T, the other backends go through it a chunk of rows at a time (kernels/linear.py)."""
+    with torch.no_grad():
+        if resolve_backend(backend, hidden, weight) == "torch":
+            return token_sum_pi_squared(F.linear(hidden, weight, bias), "torch", temperature)
+        return fused_linear_sum_pi_squared(hidden, weight, bias, temperature)
 
 
 def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: Tensor, mask: Tensor, *,
