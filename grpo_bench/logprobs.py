@@ -175,6 +175,9 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
     kl_name, kl_params = kl if use_kl else (None, {})
     if use_kl and ref_logp is None:
         raise ValueError("kl_coef != 0 needs ref_logp")
+    against_ref = loss_needs_ref(loss_name)
+    if against_ref and ref_logp is None:
+        raise ValueError(f"loss {loss_name!r} regresses onto log pi / pi_ref: it needs ref_logp")
     fixes = list(corrections)
     use_entropy = entropy is not None and not (isinstance(entropy_coef, (int, float)) and entropy_coef == 0)
     use_nll = not (isinstance(nll_coef, (int, float)) and nll_coef == 0)
@@ -206,7 +209,8 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
     lp, old = safe(logp), safe(old_logp)
     weight, mask, stats = compose(fixes, lp, old, None if sampler_logp is None else safe(sampler_logp), deltas, mask)
     on = mask > 0
-    pol, regions = loss_fn(lp, old, deltas, mask, **loss_params)
+    # a loss registered needs=("ref_logp",) takes the reference's log-probs where the others take pi_old's
+    pol, regions = loss_fn(lp, safe(ref_logp) if against_ref else old, deltas, mask, **loss_params)
     if weight is not None:
         pol = pol * weight
     if gate is not None:
@@ -237,6 +241,11 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
         if use_kl:
             stats["kl/value"] = masked_mean(kl_tok, mask)
     return value, {k: v.detach() for k, v in stats.items()}
+
+
+def loss_needs_ref(name: str) -> bool:
+    """True for a loss registered needs=("ref_logp",): it is handed pi_ref's log-probs in the place of pi_old's."""
+    return "ref_logp" in registry.entry("loss", name).traits.get("needs", ())
 
 
 def _resolve(axis: str, spec: str | dict, context: dict | None) -> tuple[str, dict]:

@@ -12,13 +12,43 @@ config's `adv_clip`, `clip_deltas` below), as NeMo-RL and ROLL do.
 """
 from __future__ import annotations
 
-from typing import Annotated
+import math
+from typing import Annotated, NamedTuple
 
 import torch
 from torch import Tensor
 
-from ..registry import Choice, Positive, register
-from .common import centre, zero_flat
+from ..registry import Choice, NonNegative, Positive, PositiveInt, register
+from .common import centre, masked_mean, zero_flat
+
+
+class Extra(NamedTuple):
+    """What a delta part registered with needs=(...) asks the trainer for, beyond the rewards.
+
+    A field is None unless the part needs it (the trainer computes nothing it was not
+    asked for); `mask` comes with any of them. The per-token ones are those of the old
+    policy pi_old, the one that sampled, under the sampling temperature.
+    """
+
+    mask: Tensor | None = None         # (B, G, T) 1.0 on the response tokens
+    ids: Tensor | None = None          # (B, G, T) the sampled token ids                        need "ids"
+    logp: Tensor | None = None         # (B, G, T) log pi_old of each sampled token             need "logp"
+    entropy: Tensor | None = None      # (B, G, T) entropy of pi_old at each position           need "entropy"
+    sum_pi_sq: Tensor | None = None    # (B, G, T) sum over the vocabulary of pi_old(v)^2       need "sum_pi_sq"
+    ref_rewards: Tensor | None = None  # (B, N) rewards of N responses per prompt from pi_ref   need "ref_rewards"
+
+
+# the needs an Extra answers (greedy has its own argument)
+EXTRA_NEEDS = ("ids", "logp", "entropy", "sum_pi_sq", "ref_rewards")
+
+
+def _need(extra: Extra | None, part: str, *fields: str) -> Extra:
+    missing = [f for f in ("mask", *fields) if extra is None or getattr(extra, f) is None]
+    if missing:
+        raise ValueError(f"{part} needs extra={{{', '.join(missing)}}} (an algos.deltas.Extra; the trainer fills "
+                         "what a part's registration asks for)")
+    return extra
+
 
 Count = Annotated[str, Choice(("advantage", "reward"))]
 BatchNorm = Annotated[str, Choice(("tokens", "responses", "none"))]
@@ -42,7 +72,7 @@ def _whiten(x: Tensor, w: Tensor, eps: float) -> Tensor:
 
 @register("delta", "raw")
 def raw(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
-        components: Tensor | None = None) -> Tensor:
+        components: Tensor | None = None, extra: Extra | None = None) -> Tensor:
     """r: plain REINFORCE, no baseline.
 
     Source: Williams (1992).
@@ -52,7 +82,7 @@ def raw(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = 
 
 @register("delta", "centered", needs_group=True)
 def centered(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
-             components: Tensor | None = None) -> Tensor:
+             components: Tensor | None = None, extra: Extra | None = None) -> Tensor:
     """r - group mean: unbiased baseline, scale kept.
 
     Source: Dr. GRPO (Liu et al., 2025); TRL scale_rewards="none"; verl grpo with norm_adv_by_std_in_grpo=False; nanochat.
@@ -62,7 +92,7 @@ def centered(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | No
 
 @register("delta", "zscore", needs_group=True)
 def zscore(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
-           components: Tensor | None = None, *, eps: Positive = 1e-6) -> Tensor:
+           components: Tensor | None = None, extra: Extra | None = None, *, eps: Positive = 1e-6) -> Tensor:
     """(r - group mean) / (group std + eps), unbiased std.
 
     Source: DeepSeekMath GRPO (Shao et al., 2024); verl adv_estimator=grpo (eps 1e-6); TRL scale_rewards="group" (eps 1e-4).
@@ -72,7 +102,7 @@ def zscore(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None
 
 @register("delta", "batch_std", needs_group=True)
 def batch_std(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
-              components: Tensor | None = None, *, eps: Positive = 1e-6) -> Tensor:
+              components: Tensor | None = None, extra: Extra | None = None, *, eps: Positive = 1e-6) -> Tensor:
     """(r - group mean) / (std of the whole batch + eps): group baseline, batch scale.
 
     Source: Tricks or Traps? Lite PPO (Liu et al., 2025); TRL scale_rewards="batch" (eps 1e-4).
@@ -82,7 +112,7 @@ def batch_std(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | N
 
 @register("delta", "rloo", needs_group=True)
 def rloo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
-         components: Tensor | None = None) -> Tensor:
+         components: Tensor | None = None, extra: Extra | None = None) -> Tensor:
     """r_i - mean of the other G-1 rewards (leave-one-out baseline).
 
     Source: RLOO (Ahmadian et al., 2024; Kool et al., 2019); verl adv_estimator=rloo.
@@ -93,7 +123,7 @@ def rloo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None =
 
 @register("delta", "max", needs_group=True)
 def best_only(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
-              components: Tensor | None = None) -> Tensor:
+              components: Tensor | None = None, extra: Extra | None = None) -> Tensor:
     """Only the best response(s) of a group keep their reward, the rest get 0.
 
     Source: a best-of-G ablation of this suite (rejection-sampling fine-tuning as a policy gradient).
@@ -104,7 +134,8 @@ def best_only(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | N
 
 @register("delta", "passk", needs_group=True)
 def passk(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
-          components: Tensor | None = None, *, normalize: bool = True, eps: Positive = 1e-6) -> Tensor:
+          components: Tensor | None = None, extra: Extra | None = None, *, normalize: bool = True,
+          eps: Positive = 1e-6) -> Tensor:
     """Pass@k training: only the group's best response learns, from r_max - r_second (/ group std).
 
     Source: Pass@k training (Chen et al., 2025, arXiv 2503.19595); verl adv_estimator=grpo_passk.
@@ -120,7 +151,7 @@ def passk(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None 
 
 @register("delta", "opo", needs_group=True)
 def opo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
-        components: Tensor | None = None) -> Tensor:
+        components: Tensor | None = None, extra: Extra | None = None) -> Tensor:
     """r - length-weighted group mean sum(|o| r) / sum(|o|): the optimal baseline under token-sum losses.
 
     Source: On-Policy RL with Optimal reward baseline, OPO (Hao et al., 2025, arXiv 2505.23585); verl adv_estimator=opo.
@@ -134,7 +165,7 @@ def opo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = 
 
 @register("delta", "reinforce_pp")
 def reinforce_pp(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
-                 components: Tensor | None = None, *, eps: Positive = 1e-8) -> Tensor:
+                 components: Tensor | None = None, extra: Extra | None = None, *, eps: Positive = 1e-8) -> Tensor:
     """Global batch whitening of the rewards, no group baseline (gamma = 1).
 
     Source: REINFORCE++ (Hu, 2025, arXiv 2501.03262); verl adv_estimator=reinforce_plus_plus with outcome rewards.
@@ -144,7 +175,7 @@ def reinforce_pp(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor 
 
 @register("delta", "reinforce_pp_baseline", needs_group=True)
 def reinforce_pp_baseline(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
-                          components: Tensor | None = None, *, eps: Positive = 1e-8) -> Tensor:
+                          components: Tensor | None = None, extra: Extra | None = None, *, eps: Positive = 1e-8) -> Tensor:
     """r - group mean, then whitened over the batch's tokens.
 
     Source: REINFORCE++-baseline (Hu, 2025); verl adv_estimator=reinforce_plus_plus_baseline.
@@ -154,7 +185,7 @@ def reinforce_pp_baseline(rewards: Tensor, lengths: Tensor | None = None, greedy
 
 @register("delta", "gpg", needs_group=True)
 def gpg(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
-        components: Tensor | None = None, *, f_norm: Positive = 1.0, count: Count = "advantage") -> Tensor:
+        components: Tensor | None = None, extra: Extra | None = None, *, f_norm: Positive = 1.0, count: Count = "advantage") -> Tensor:
     """alpha * (r - group mean) / f_norm, alpha = N / #responses that count, undoing the dilution by flat groups.
 
     count="advantage" counts responses with a non-zero advantage (the paper's B / (B - M));
@@ -170,7 +201,7 @@ def gpg(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = 
 
 @register("delta", "remax", needs=("greedy",))
 def remax(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
-          components: Tensor | None = None) -> Tensor:
+          components: Tensor | None = None, extra: Extra | None = None) -> Tensor:
     """r - reward of the prompt's greedy response.
 
     Source: ReMax (Li et al., 2024, arXiv 2310.10505); verl adv_estimator=remax.
@@ -183,7 +214,7 @@ def remax(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None 
 
 @register("delta", "gdpo", needs_group=True)
 def gdpo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
-         components: Tensor | None = None, *, eps: Positive = 1e-6, reward_weights: list | None = None,
+         components: Tensor | None = None, extra: Extra | None = None, *, eps: Positive = 1e-6, reward_weights: list | None = None,
          batch_norm: BatchNorm = "tokens") -> Tensor:
     """Each reward component z-scored within its group, then their weighted sum normalised over the batch.
 
@@ -215,7 +246,7 @@ def gdpo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None =
 
 @register("delta", "maxrl", needs_group=True)
 def maxrl(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
-          components: Tensor | None = None, *, eps: Positive = 1e-6) -> Tensor:
+          components: Tensor | None = None, extra: Extra | None = None, *, eps: Positive = 1e-6) -> Tensor:
     """(r - group mean) / (group mean + eps): the pass rate as the scale, so hard prompts weigh 1/p; 0 where the mean is <= 0.
 
     Meant for rewards in [0, 1] (a pass rate): with binary rewards a correct response gets
