@@ -240,3 +240,19 @@ def test_sum_pi_squared_never_calls_the_head_nor_allocates_logits(wide):
     assert largest(ref) >= logits_bytes                       # the materialised path does make them
     assert largest(fused) <= logits_bytes / 16 + 4096         # one chunk of at most N / 16 rows
 
+
+def test_optimal_token_baseline_short_run_same_metrics_fused_and_materialised():
+    from grpo_bench.trainer import train
+
+    raw = {"task": {"name": "arithmetic_tiny", "prompts_per_step": 4, "pass_k": 0, "sampling": {"temperature": 0.8}},
+           "group_size": 4, "epochs": 2, "eval_every": 0, "optimizer": "sgd", "lr": 0.5,
+           "delta": "optimal_token_baseline"}
+    runs = {}
+    for backend in ("torch", "chunked"):
+        rows = []
+        train(resolve_run(copy.deepcopy({**raw, "backend": backend})), rows=rows)
+        runs[backend] = {(s, m): v for s, m, v in rows if not m.startswith("time/") and "per_s" not in m}
+    assert runs["torch"].keys() == runs["chunked"].keys()
+    for key, value in runs["torch"].items():
+        assert runs["chunked"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    assert any(m == "delta/abs_mean" and v > 1e-3 for (_, m), v in runs["torch"].items())

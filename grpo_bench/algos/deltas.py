@@ -1,11 +1,17 @@
-"""Advantage ("delta") modes: rewards (B, G) -> one advantage per response (B, G).
+"""Advantage ("delta") modes: rewards (B, G) -> one advantage per response (B, G), or per token (B, G, T).
 
-Every mode is outcome-level: one scalar per response, spread over its tokens by the
+Most modes are outcome-level: one scalar per response, spread over its tokens by the
 loss. `lengths` (B, G) are the responses' token counts before any filter; `greedy`
 (B,) is the reward of each prompt's greedy response, computed by the trainer only for
 parts registered with needs=("greedy",); `components` (B, G, C) are the raw scores of
-the task's C reward functions (their weighted sum is `rewards`), read only by gdpo.
-A group whose rewards are all equal gets exactly 0 from every group-centred mode.
+the task's C reward functions (their weighted sum is `rewards`), read only by gdpo;
+`extra` (an Extra, below) carries what the other needs ask the trainer for: per-token
+data of the sampled responses (their ids, the old policy's log-probs, entropy and
+sum of squared probabilities) and the rewards of responses sampled from the reference.
+Parts registered token_level=True return per-token deltas (B, G, T), 0 on masked tokens:
+optimal_token_baseline and gtpo. Every loss takes either shape (algos/losses.py).
+A group whose rewards are all equal gets exactly 0 from every group-centred mode but
+two: optimal_token_baseline gives r * eps / sum W (verl's numbers), gtpo its entropy penalty.
 
 Advantage clipping is not a mode: it applies to any of them after the fact (the run
 config's `adv_clip`, `clip_deltas` below), as NeMo-RL and ROLL do.
@@ -257,6 +263,125 @@ def maxrl(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None 
     """
     mu = rewards.mean(dim=-1, keepdim=True)
     return torch.where(mu > 0, centre(rewards) / (mu + eps), torch.zeros_like(rewards))
+
+
+@register("delta", "optimal_token_baseline", needs=("logp", "sum_pi_sq"), needs_group=True, token_level=True)
+def optimal_token_baseline(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+                           components: Tensor | None = None, extra: Extra | None = None, *,
+                           eps: Positive = 1e-8, zero_tail: bool = True) -> Tensor:
+    """Per-token deltas r - B*_t, B*_t = sum_i r_i W_t^i / (sum_i W_t^i + eps) over the group, W_t the running sum of 1 - 2 pi_t + sum_v pi_v^2.
+
+    1 - 2 pi_t + sum_v pi_v^2 = ||e_y - pi||^2 is the squared norm of the score of the sampled
+    token y in the logits, W_t^i its sum over response i's tokens up to t: the variance-optimal
+    baseline for token t weighs each response's return by how much gradient its path carries.
+    The return of every token is the response's reward (gamma 1, outcome reward). pi and
+    sum_v pi_v^2 are the old policy's (needs logp, sum_pi_sq: the trainer asks the task for the
+    second, from the fused head without the (N, V) logits). zero_tail: where one response of a
+    group is longer than every other, its tokens past the second-longest get baseline 0
+    (verl's handle_zero_tail; alone there, the baseline would be its own reward). verl's
+    tir_optimal_token_baseline differs only for responses with masked holes (tool outputs in
+    multi-turn), which single-turn responses have none of: the same numbers here (tested against
+    both). Not here: verl's W scaled by rho^2 under rollout IS (corrections act in the loss, after the deltas).
+
+    Source: The Optimal Token Baseline (Li et al., 2026, arXiv 2602.07078), its Logit-Gradient Proxy; verl adv_estimator=optimal_token_baseline / tir_optimal_token_baseline (epsilon 1e-8, handle_zero_tail True).
+    """
+    x = _need(extra, "optimal_token_baseline", "logp", "sum_pi_sq")
+    on = x.mask > 0
+    m = on.to(rewards.dtype)
+    w = (1.0 - 2.0 * torch.exp(x.logp) + x.sum_pi_sq).to(rewards.dtype)
+    cum = torch.where(on, w, torch.zeros_like(w)).cumsum(-1) * m         # (B, G, T) W_t, 0 past the response
+    ret = rewards.unsqueeze(-1) * m                                       # G_t = r on the response's tokens
+    if rewards.shape[-1] == 1:                                            # a group of one: no baseline
+        return ret
+    base = ((ret * cum).sum(-2, keepdim=True) / (cum.sum(-2, keepdim=True) + eps)).expand_as(ret)
+    if zero_tail:
+        n = m.sum(-1)                                                     # (B, G)
+        top = n.topk(2, -1).values                                        # longest, second-longest
+        first, second = top[..., :1], top[..., 1:]
+        alone = (n == first) & ((n == first).sum(-1, keepdim=True) == 1) & (first > second)
+        t = torch.arange(m.shape[-1], device=m.device, dtype=m.dtype)
+        tail = alone.unsqueeze(-1) & (t >= second.unsqueeze(-1))
+        base = torch.where(tail, torch.zeros_like(base), base)
+    return (ret - base) * m
+
+
+def _conflicts(ids: Tensor, on: Tensor, pos: Tensor, neg: Tensor) -> Tensor:
+    """(B, G, T) bool: the token opens a run, from the response's first token, of tokens that
+    some positive and some negative response of the group have at the same position."""
+    same = (ids.unsqueeze(-3) == ids.unsqueeze(-2)) & on.unsqueeze(-2)   # (B, G_other, G, T), the other's token real
+    in_pos = (same & pos[..., :, None, None]).any(-3)
+    in_neg = (same & neg[..., :, None, None]).any(-3)
+    hit = in_pos & in_neg & on & (pos | neg).unsqueeze(-1)
+    return hit.to(torch.int64).cumprod(-1).bool()
+
+
+@register("delta", "gtpo", needs=("ids", "entropy"), needs_group=True, token_level=True)
+def gtpo(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+         components: Tensor | None = None, extra: Extra | None = None, *,
+         threshold: Positive = 0.7, gamma: NonNegative = 0.1, conflict_weight: NonNegative = 2.0,
+         eps: Positive = 1e-4) -> Tensor:
+    """Per-token deltas d_i (A_i - gamma <H>_i) lambda_it: conflict tokens protected, responses above an entropy threshold dropped.
+
+    A_i is the group z-score (eps as TRL's and Unsloth's GRPO). Conflict tokens are those a
+    positive and a negative response (A > 0, A < 0) of a group share at the same position, in
+    the run that opens the response, and in the run that closes it (positions counted from
+    each response's end): lambda is conflict_weight on them in positive responses, 0 in
+    negative ones, 1 elsewhere (the two runs' weights multiply). <H>_i is the response's mean
+    entropy under the old policy (need entropy): d_i = 0 when it exceeds threshold (the
+    paper's ln 2; 0.7 in its code), and gamma <H>_i is subtracted from every advantage, so a
+    flat group still gets its entropy penalty. With loss unclipped and aggregate
+    seq_mean_token_mean, no KL: the paper's objective. Not here: the paper's exception for a
+    policy that starts above ln 2 (d_i = 1 throughout: threshold .inf), and its code's division
+    of each response's loss by its number of conflict tokens, which the objective does not have.
+
+    Source: GTPO (Simoni et al., 2025, arXiv 2508.03772) and its code (github.com/winstonsmith1897/GTPO: ENT_THRESHOLD 0.7, ENT_SCALE 0.1, W_RAW 2.0); requested as a TRL loss_type in huggingface/trl#5226 (open).
+    """
+    x = _need(extra, "gtpo", "ids", "entropy")
+    on = x.mask > 0
+    m = on.to(rewards.dtype)
+    adv = zero_flat(rewards, centre(rewards) / (rewards.std(dim=-1, keepdim=True) + eps))
+    pos, neg = adv > 0, adv < 0
+    # the run from the start
+    fwd = _conflicts(x.ids, on, pos, neg)
+    # the run from the end: position k of the reversed response is token n - 1 - k
+    n = on.sum(-1, keepdim=True)                                          # (B, G, 1)
+    t = torch.arange(on.shape[-1], device=on.device)
+    back = (n - 1 - t).clamp(min=0)                                       # (B, G, T)
+    rev_on = t < n
+    bwd_rev = _conflicts(x.ids.gather(-1, back), rev_on, pos, neg)
+    bwd = bwd_rev.gather(-1, back) & on                                   # back to forward positions
+    one = torch.ones_like(m)
+    w_pos = one * conflict_weight
+
+    def weight(c: Tensor) -> Tensor:
+        return torch.where(c, torch.where(pos.unsqueeze(-1), w_pos, torch.zeros_like(m)), one)
+
+    lam = weight(fwd) * weight(bwd)
+    h = masked_mean(x.entropy.to(rewards.dtype), m, dim=-1)               # (B, G)
+    shaped = torch.where(h <= threshold, adv - gamma * h, torch.zeros_like(adv))
+    return shaped.unsqueeze(-1) * lam * m
+
+
+@register("delta", "a2po", needs=("ref_rewards",))
+def a2po(rewards: Tensor, lengths: Tensor | None = None, greedy: Tensor | None = None,
+         components: Tensor | None = None, extra: Extra | None = None, *,
+         beta1: Positive = 0.5, samples: PositiveInt = 8) -> Tensor:
+    """r - V*(x), V*(x) = beta1 * log mean_j exp(r_j / beta1) over `samples` responses of the reference policy.
+
+    The optimal value of the KL-regularised objective, estimated from the reference policy's
+    samples (need ref_rewards: the trainer asks the task for `samples` of them per prompt). TRL
+    estimates V* once per prompt of its fixed dataset before training; here the prompt stream
+    is not a fixed set, so each rollout draws its prompts' reference samples afresh: the same
+    estimator, paid per rollout (a reference updated by ref_update moves V* with it; A*-PO
+    keeps it frozen). Pair with loss a2po, group_size 1 as TRL (no group is compared). Not here:
+    TRL's filter_all_incorrect (prompts no reference sample solved leave its dataset).
+
+    Source: A*-PO (Brantley et al., 2025, arXiv 2505.20686); TRL experimental A2POTrainer (beta1 0.5, num_value_samples 8).
+    """
+    x = _need(extra, "a2po", "ref_rewards")
+    ref = x.ref_rewards.to(rewards.dtype)
+    v_star = beta1 * (torch.logsumexp(ref / beta1, dim=-1, keepdim=True) - math.log(ref.shape[-1]))
+    return rewards - v_star
 
 
 def clip_deltas(deltas: Tensor, clip: float | list | None) -> Tensor:
