@@ -9,7 +9,9 @@
 
 Every backend is differentiable and returns fp32 log-probs for logits of any float dtype
 and any leading shape (..., V). Labels must lie in [0, V): there is no ignore index, pad
-positions are handled by the loss mask.
+positions are handled by the loss mask. token_sum_pi_squared / linear_sum_pi_squared give
+sum_v pi_v^2 per position (the Optimal Token Baseline's statistic), without gradient, by the
+same paths: chunked rows, never the (N, V) logits, on every backend but torch.
 """
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import registry
-from .algos.common import masked_mean
+from .algos.common import masked_mean, seq_deltas
 from .algos.corrections import compose
 from .config import BACKENDS
 from .kernels import check_triton
-from .kernels.chunked import _LOG_FLOOR, chunked_logprobs
+from .kernels.chunked import _LOG_FLOOR, chunked_logprobs, chunked_sum_pi_squared, rows_sum_pi_squared
 from .kernels.linear import fused_linear_logprobs
+from .kernels.linear import linear_sum_pi_squared as fused_linear_sum_pi_squared
 from .kernels.spec import EXTRA_REGION, LossSpec
 
 
@@ -93,6 +96,28 @@ def linear_logprobs(hidden: Tensor, weight: Tensor, labels: Tensor, backend: str
                                  temperature=temperature)
 
 
+def token_sum_pi_squared(logits: Tensor, backend: str = "auto", temperature: float = 1.0) -> Tensor:
+    """logits (..., V) -> sum_v pi_v^2 (...) fp32, pi = softmax(fp32(logits) / temperature), no grad.
+
+    torch materialises the whole softmax; every other backend takes rows in chunks (no Triton
+    kernel: a statistic read once per rollout, without gradient, is not worth one).
+    """
+    with torch.no_grad():
+        if resolve_backend(backend, logits) == "torch":
+            return rows_sum_pi_squared(logits, temperature)   # every row at once
+        return chunked_sum_pi_squared(logits, temperature)
+
+
+def linear_sum_pi_squared(hidden: Tensor, weight: Tensor, backend: str = "auto", bias: Tensor | None = None,
+                          temperature: float = 1.0) -> Tensor:
+    """sum_v pi_v^2 under the LM head, hidden (..., H), weight (V, H) -> (...), no grad: torch materialises
+    hidden @ W^T, the other backends go through it a chunk of rows at a time (kernels/linear.py)."""
+    with torch.no_grad():
+        if resolve_backend(backend, hidden, weight) == "torch":
+            return token_sum_pi_squared(F.linear(hidden, weight, bias), "torch", temperature)
+        return fused_linear_sum_pi_squared(hidden, weight, bias, temperature)
+
+
 def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: Tensor, mask: Tensor, *,
               loss: str | dict = "clipped", aggregate: str | dict = "seq_mean_token_mean",
               kl: str | dict | None = None, kl_coef: float = 0.0, gate: Tensor | None = None,
@@ -150,10 +175,14 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
     kl_name, kl_params = kl if use_kl else (None, {})
     if use_kl and ref_logp is None:
         raise ValueError("kl_coef != 0 needs ref_logp")
+    against_ref = loss_needs_ref(loss_name)
+    if against_ref and ref_logp is None:
+        raise ValueError(f"loss {loss_name!r} regresses onto log pi / pi_ref: it needs ref_logp")
     fixes = list(corrections)
     use_entropy = entropy is not None and not (isinstance(entropy_coef, (int, float)) and entropy_coef == 0)
     use_nll = not (isinstance(nll_coef, (int, float)) and nll_coef == 0)
-    extra = tuple(t for t, on in (("correction", bool(fixes)), ("entropy", use_entropy), ("nll", use_nll)) if on)
+    extra = tuple(t for t, on in (("correction", bool(fixes)), ("entropy", use_entropy), ("nll", use_nll),
+                                  ("token_deltas", deltas.dim() == logp.dim())) if on)
     b = resolve_backend(backend, logp)
     if b == "triton":
         spec = LossSpec(loss_name, tuple(sorted(loss_params.items())), agg_name, tuple(sorted(agg_params.items())),
@@ -180,7 +209,8 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
     lp, old = safe(logp), safe(old_logp)
     weight, mask, stats = compose(fixes, lp, old, None if sampler_logp is None else safe(sampler_logp), deltas, mask)
     on = mask > 0
-    pol, regions = loss_fn(lp, old, deltas, mask, **loss_params)
+    # a loss registered needs=("ref_logp",) takes the reference's log-probs where the others take pi_old's
+    pol, regions = loss_fn(lp, safe(ref_logp) if against_ref else old, deltas, mask, **loss_params)
     if weight is not None:
         pol = pol * weight
     if gate is not None:
@@ -197,7 +227,7 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
         if use_entropy:
             value = value - entropy_coef * h
     if use_nll:
-        pos = deltas > 0 if positive is None else positive.to(torch.bool)
+        pos = seq_deltas(deltas, mask) > 0 if positive is None else positive.to(torch.bool)
         nll = masked_mean(-lp, torch.where(pos.unsqueeze(-1), mask, torch.zeros_like(mask)))
         stats["loss/nll"] = nll
         value = value + nll_coef * nll
@@ -211,6 +241,11 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
         if use_kl:
             stats["kl/value"] = masked_mean(kl_tok, mask)
     return value, {k: v.detach() for k, v in stats.items()}
+
+
+def loss_needs_ref(name: str) -> bool:
+    """True for a loss registered needs=("ref_logp",): it is handed pi_ref's log-probs in the place of pi_old's."""
+    return "ref_logp" in registry.entry("loss", name).traits.get("needs", ())
 
 
 def _resolve(axis: str, spec: str | dict, context: dict | None) -> tuple[str, dict]:

@@ -27,9 +27,9 @@ from torch import Tensor
 
 from . import registry
 from .algos import Batch, masked_mean, masked_sum
-from .algos.deltas import clip_deltas
+from .algos.deltas import EXTRA_NEEDS, Extra, clip_deltas
 from .config import PART_KEYS, RunConfig, run_dict
-from .logprobs import compose_loss
+from .logprobs import compose_loss, loss_needs_ref
 
 Numbers = dict[str, "float | Tensor"]
 # per-member trainer-level numbers: what a population may vary besides the parts' float parameters
@@ -94,12 +94,18 @@ class Recipe:
         self.filters = [Bound("filter", f"filters.{i}", *registry.split_spec(f)) for i, f in enumerate(cfg.filters)]
         self.corrections = [Bound("correction", f"corrections.{i}", *registry.split_spec(c))
                             for i, c in enumerate(cfg.corrections)]
-        self.use_ref = cfg.kl_coef > 0 or cfg.kl_track
+        # a loss registered needs=("ref_logp",) (a2po) regresses onto log pi / pi_ref: it takes the reference
+        self.loss_needs_ref = loss_needs_ref(self.parts["loss"].name)
+        self.use_ref = cfg.kl_coef > 0 or cfg.kl_track or self.loss_needs_ref
         self.use_entropy = cfg.entropy_coef > 0 or self.parts["entropy_ctrl"].name != "fixed"
         self.use_nll = cfg.nll_coef > 0
         self.kl_in_loss = cfg.kl_coef > 0 and cfg.kl_placement == "loss"
         self.kl_in_reward = cfg.kl_coef > 0 and cfg.kl_placement == "reward"
-        self.needs_greedy = "greedy" in self.parts["delta"].entry.traits.get("needs", ())
+        needs = self.parts["delta"].entry.traits.get("needs", ())
+        self.needs_greedy = "greedy" in needs
+        # what else the delta part asks the trainer for (algos.deltas.Extra), and how many reference samples
+        self.extra_needs = tuple(n for n in needs if n in EXTRA_NEEDS)
+        self.ref_samples = self.parts["delta"].params.get("samples") if "ref_rewards" in needs else None
         self.kl_coef = float(cfg.kl_coef)
         # the entropy bonus's controller state and the coefficient it applies now
         self.entropy_state, self.entropy_coef = self.parts["entropy_ctrl"](float(cfg.entropy_coef), None)
@@ -168,10 +174,17 @@ class Recipe:
             metrics |= {f"filter/{f.name}/{k}": v for k, v in effect(before, batch).items()}
         return batch, metrics
 
+    @property
+    def loss_ref(self) -> bool:
+        """Whether the loss reads the reference's log-probs: a KL term in it, or a loss that regresses onto pi_ref."""
+        return self.kl_in_loss or self.loss_needs_ref
+
     def advantages(self, batch: Batch, old_logp: Tensor | None = None, ref_logp: Tensor | None = None,
                    greedy: Tensor | None = None, kl_coef: float | Tensor | None = None,
-                   numbers: Numbers | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-        """Deltas (B, G) of a filtered batch: the KL penalty in the reward (if placed there), then the delta part.
+                   numbers: Numbers | None = None, extra: Extra | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Deltas (B, G), or (B, G, T) from a token-level part, of a filtered batch: the KL penalty in the
+        reward (if placed there), then the delta part. `extra` holds what the part's needs asked for
+        (self.extra_needs, algos.deltas.Extra), its mask that of the filtered batch.
 
         With a reference, also kl/seq (the sampled sequences' summed log-ratio, the same estimator
         whatever the variant's own), kl/coef and kl/observed (the controller's input: the mean over
@@ -193,9 +206,12 @@ class Recipe:
                 rewards = rewards - beta * masked_sum(kl_tok, mask, dim=-1)
                 metrics["reward/penalised"] = rewards.mean()
         lengths = mask.sum(-1)
-        deltas = self.parts["delta"](rewards, lengths, greedy, batch.components, numbers=numbers)
+        if extra is not None:
+            extra = extra._replace(mask=mask)
+        deltas = self.parts["delta"](rewards, lengths, greedy, batch.components, extra, numbers=numbers)
         deltas = clip_deltas(deltas, self.cfg.adv_clip)
-        metrics["delta/abs_mean"] = deltas.abs().mean()
+        # per-token deltas: the mean over the batch's tokens
+        metrics["delta/abs_mean"] = deltas.abs().mean() if deltas.dim() < mask.dim() else masked_mean(deltas.abs(), mask)
         return deltas, metrics
 
     def filter_step(self, batch: Batch, entropy: Tensor | None, numbers: Numbers | None = None
@@ -222,7 +238,7 @@ class Recipe:
         p = self.parts
         beta = self.kl_coef if kl_coef is None else kl_coef
         nums = numbers or {}
-        return compose_loss(logp, old_logp, ref_logp if self.kl_in_loss else None, deltas, mask,
+        return compose_loss(logp, old_logp, ref_logp if self.loss_ref else None, deltas, mask,
                             loss=(p["loss"].name, p["loss"].with_numbers(numbers)),
                             aggregate=(p["aggregate"].name, p["aggregate"].with_numbers(numbers)),
                             kl=(p["kl"].name, p["kl"].with_numbers(numbers)) if self.kl_in_loss else None,

@@ -5,9 +5,9 @@ part of an axis takes the same positional data arguments, so the trainer calls
 them all the same way; its keyword-only arguments (each with a default and a type)
 are the part's parameters, set from YAML as `loss: {name: clipped, clip_high: 0.28}`.
 
-    delta       fn(rewards (B, G), lengths (B, G) | None, greedy (B,) | None, components (B, G, C) | None)
-                  -> deltas (B, G)
-    loss        fn(logp, old_logp (B, G, T), deltas (B, G), mask (B, G, T))
+    delta       fn(rewards (B, G), lengths (B, G) | None, greedy (B,) | None, components (B, G, C) | None,
+                   extra: algos.deltas.Extra | None) -> deltas (B, G), or (B, G, T) for a token_level part
+    loss        fn(logp, old_logp (B, G, T), deltas (B, G) | (B, G, T), mask (B, G, T))
                   -> (per-token loss to minimise (B, G, T), {clip region: bool (B, G, T)})
     aggregate   fn(per_token (B, G, T), mask (B, G, T)) -> scalar
     kl          fn(logp, ref_logp, old_logp | None (B, G, T)) -> per-token estimate of KL(pi || pi_ref)
@@ -28,7 +28,10 @@ module in the `grpo_bench.parts` entry-point group.
 
 What a part knows about itself travels with its registration (`register(axis, name,
 **traits)`): `needs_group` (a baseline over G >= 2 responses), `needs` (extra inputs the
-trainer must compute, e.g. "greedy"), `stage` (filters), `per_member` (a reason: the part
+trainer must compute: a delta's "greedy", or the fields of its Extra -- "ids", "logp",
+"entropy", "sum_pi_sq", "ref_rewards"; a loss's "ref_logp", handed to it in the place of
+old_logp), `token_level` (a delta part that returns per-token deltas), `whole_batch` (a correction whose
+weights depend on the whole batch), `stage` (filters), `per_member` (a reason: the part
 cannot run under torch.func.vmap over a population axis, so a population loops over its
 members for it). A parameter left at None is
 filled from the run's context when the context has a value of that name (the task's
@@ -55,7 +58,7 @@ from typing import Annotated, Any, Callable
 
 # axis -> names of the positional data arguments every part of it takes (None: classes)
 AXES: dict[str, tuple[str, ...] | None] = {
-    "delta": ("rewards", "lengths", "greedy", "components"),
+    "delta": ("rewards", "lengths", "greedy", "components", "extra"),
     "loss": ("logp", "old_logp", "deltas", "mask"),
     "aggregate": ("per_token", "mask"),
     "kl": ("logp", "ref_logp", "old_logp"),

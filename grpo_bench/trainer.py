@@ -8,6 +8,7 @@ Per epoch, for every member at once:
     reference update (Recipe.ref_weight)     when the run has a reference
     rollout -> rollout-stage filters         groups a filter drops are drawn again (up to its cap)
     old and reference log-probs, no grad     K = 1 takes the old ones from the gradient pass itself
+    what the delta part needs, from the task greedy rewards, sum of pi^2, the reference's samples
     KL-in-reward penalty -> deltas           (Recipe.advantages)
     K inner steps: log-probs -> step-stage filters -> Recipe.loss -> per-member clip -> optimiser
     KL controller (Recipe.next_kl_coef)
@@ -48,6 +49,7 @@ from torch.func import vmap
 from . import registry, rng
 from .algos import Batch, masked_mean
 from .algos.corrections import mismatch
+from .algos.deltas import Extra
 from .config import RunConfig, task_name
 from .metrics import tail as tail_metrics
 from .optim import StackedOptimizer, clip_grad_norm
@@ -321,25 +323,28 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
             ref_logp = task.logprobs(ro, reference=True)[0] if recipe.use_ref else None
         if cfg.inner_steps == 1:
             first = task.logprobs(ro)
-            old_logp = first[0].detach()
+            old_logp, old_ent = first[0].detach(), None if first[1] is None else first[1].detach()
         else:
             with torch.no_grad():
                 task.policy.eval()
-                old_logp = task.logprobs(ro)[0]
+                old_logp, old_ent = task.logprobs(ro)
                 task.policy.train()
         greedy = task.greedy_rewards(ro) if recipe.needs_greedy else None
+        extra = _extra(task, ro, recipe, old_logp, old_ent)
         sampler_logp = ro.sampler_logp
         if sampler_logp is not None:  # how far the sampler is from the trainer on what it sampled
             epoch_metrics |= vmap(mismatch)(old_logp, sampler_logp, mask)
         kl_coef = torch.tensor(pop.kl_coef, dtype=torch.float64)
         batch_rewards, lengths, finished = ro.rewards, ro.lengths, ro.finished
 
-        def advantages(rewards, mask_, lengths_, finished_, components, old, ref, greedy_, beta, numbers):
+        def advantages(rewards, mask_, lengths_, finished_, components, old, ref, greedy_, beta, *more, numbers):
+            x = Extra(mask_, *more) if recipe.extra_needs else None
             return recipe.advantages(Batch(rewards, mask_, lengths_, finished_, budget, components=components),
-                                     old, ref, greedy_, kl_coef=beta, numbers=numbers)
+                                     old, ref, greedy_, kl_coef=beta, numbers=numbers, extra=x)
 
         deltas, adv_metrics = pop.map(advantages, batch_rewards, mask, lengths, finished, ro.components, old_logp,
-                                      ref_logp, greedy, kl_coef, per_member=adv_per_member, key=("advantages", epoch))
+                                      ref_logp, greedy, kl_coef, *extra, per_member=adv_per_member,
+                                      key=("advantages", epoch))
         observed = adv_metrics.pop("kl/observed", None)
         epoch_metrics |= adv_metrics
         rollout_s = time.perf_counter() - t0
@@ -368,7 +373,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
                                    entropy_coef=ent_coef, positive=positive, sampler_logp=sampled)
 
             ent_coef = torch.tensor([c for _, c in pop.entropy], dtype=torch.float32)
-            value, stats = pop.map(loss_fn, logp, old_logp, ref_logp if recipe.kl_in_loss else None, deltas, mask,
+            value, stats = pop.map(loss_fn, logp, old_logp, ref_logp if recipe.loss_ref else None, deltas, mask,
                                    gate, kl_coef, entropy if recipe.use_entropy else None, ent_coef,
                                    batch_rewards > 0, sampler_logp, per_member=loss_per_member, key=("loss", step))
             finite = torch.isfinite(value)
@@ -484,6 +489,21 @@ class Sampler:
         self.params = [named[n] for n in self.names]
         self.model.requires_grad_(False)
         self.history = collections.deque(([x[idx] for x in snap] for snap in self.history), maxlen=self.history.maxlen)
+
+
+def _extra(task, ro: Rollout, recipe: Recipe, old_logp: Tensor, old_ent: Tensor | None) -> tuple:
+    """The fields after `mask` of the delta part's algos.deltas.Extra, (P, ...) each: what its needs
+    asked for, None for the rest; () when it needs none of them."""
+    needs = recipe.extra_needs
+    if not needs:
+        return ()
+    if "entropy" in needs and old_ent is None:
+        raise ValueError(f"delta {recipe.parts['delta'].name!r} needs the policy's entropy; the task gave none")
+    with torch.no_grad():
+        return (ro.responses if "ids" in needs else None, old_logp if "logp" in needs else None,
+                old_ent if "entropy" in needs else None,
+                task.sum_pi_squared(ro) if "sum_pi_sq" in needs else None,
+                task.reference_rewards(ro, recipe.ref_samples) if "ref_rewards" in needs else None)
 
 
 def _raised(e: Exception) -> Exception:

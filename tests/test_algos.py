@@ -149,7 +149,10 @@ def test_losses_hand_values():
                                T([[[2 * 4 / 1.05 * sig(1.05 * 0.25), 2 * 4 / 1.05 * sig(-1.05 * 0.5)]]]))
 
 
-ALL_BUT_RANDOM = [n for n in registry.names("loss") if n != "clip_cov"]
+# a2po is a regression onto log pi / pi_ref, not a surrogate of the policy gradient (its gradient at
+# pi = pi_ref is tests/test_parts_v4.py's)
+ALL_BUT_RANDOM = [n for n in registry.names("loss") if n != "clip_cov"
+                  and "ref_logp" not in registry.entry("loss", n).traits.get("needs", ())]
 
 
 @pytest.mark.parametrize("name", ALL_BUT_RANDOM)
@@ -590,7 +593,7 @@ def test_every_part_has_a_description_a_source_and_list_shows_parameters():
 
 
 def test_unknown_part_lists_valid_names():
-    with pytest.raises(KeyError, match="valid: batch_std, centered, gdpo, gpg"):
+    with pytest.raises(KeyError, match="valid: a2po, batch_std, centered, gdpo, gpg"):
         registry.get("delta", "nope")
 
 
@@ -687,6 +690,10 @@ DEFAULTS = {
     ("correction", "opsm"): {"threshold": 0.5}, ("correction", "m2po"): {"threshold": 0.04, "against": "old"},
     ("entropy_ctrl", "adaptive"): {"target": 0.2, "coef_min": 0.0, "coef_max": 1.0, "delta": 0.005},
     ("filter", "no_positive_resample"): {"threshold": 0.9, "pass_reward": 1.0},
+    ("delta", "optimal_token_baseline"): {"eps": 1e-8, "zero_tail": True},
+    ("delta", "gtpo"): {"threshold": 0.7, "gamma": 0.1, "conflict_weight": 2.0, "eps": 1e-4},
+    ("delta", "a2po"): {"beta1": 0.5, "samples": 8}, ("loss", "a2po"): {"beta2": 1e-3},
+    ("correction", "snis"): {"level": "token", "mode": "truncate", "low": None, "high": 2.0},
 }
 
 
@@ -721,7 +728,8 @@ def test_parameter_bounds(axis, name, param, ok, bad):
 
 
 GROUP_PARTS = {("delta", n) for n in ["centered", "zscore", "batch_std", "rloo", "max", "passk", "opo",
-                                      "reinforce_pp_baseline", "gpg", "gdpo", "maxrl"]} | \
+                                      "reinforce_pp_baseline", "gpg", "gdpo", "maxrl", "optimal_token_baseline",
+                                      "gtpo"]} | \
     {("filter", n) for n in ["dynamic_sampling", "zero_variance", "no_positive_resample"]}
 
 
@@ -743,9 +751,13 @@ def test_parts_that_compare_a_group_refuse_one_response():
 @pytest.mark.parametrize("name", registry.names("delta"))
 def test_deltas_never_write_into_the_rewards(name):
     # a caller that edits its advantages in place must not change the rewards it logs
+    from grpo_bench.algos.deltas import Extra
     src = T([[1.0, 0.0, 2.0], [0.5, 0.5, 0.5]])
     keep = src.clone()
-    res = registry.get("delta", name)(src, T([[1, 2, 3]] * 2), T([0.5, 0.0]))
+    tok = torch.full((2, 3, 4), -0.5)
+    extra = Extra(mask=torch.ones(2, 3, 4), ids=torch.zeros(2, 3, 4, dtype=torch.long), logp=tok, entropy=-tok,
+                  sum_pi_sq=-tok, ref_rewards=T([[1.0, 0.0], [0.0, 0.0]]))
+    res = registry.get("delta", name)(src, T([[1, 2, 3]] * 2), T([0.5, 0.0]), None, extra)
     res.add_(100.0)
     assert torch.equal(src, keep), name
 

@@ -194,3 +194,65 @@ def test_short_run_same_metrics_fused_and_materialised():
     # the policy actually moved: the reference's KL to it and the loss are not zero
     assert any(m == "kl/value" and v > 1e-6 for (_, m), v in m_ref.items())
     assert any(m == "loss/policy" and v != 0 for (_, m), v in m_ref.items())
+
+
+# ------------------------------------------------ sum of pi^2 (the Optimal Token Baseline's statistic)
+
+
+@pytest.mark.parametrize("case", ["gpt2-T0.7", "qwen2-151936-T1.5-lora-on-head"])
+def test_sum_pi_squared_fused_equals_materialised_and_the_softmax(case, wide):
+    task = copy.deepcopy(CASES[case])
+    if task.get("model", {}).get("source") == "WIDE":
+        task["model"]["source"] = wide
+    ref, fused, ro = pair(task)
+    on = ro.mask > 0
+    want = ref.sum_pi_squared(ro)
+    got = fused.sum_pi_squared(ro)
+    assert got.shape == ro.responses.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got[on], want[on], rtol=1e-5, atol=1e-7)
+    # the tempered softmax of the model's own logits, in fp64
+    tau = ref.cfg.sampling.temperature
+    with torch.no_grad():
+        p = ref._through_head(*ref._flat(ro), None, lambda logits: torch.softmax(logits.double() / tau, -1))
+    brute = p.square().sum(-1).view(ro.responses.shape)
+    torch.testing.assert_close(got[on].double(), brute[on], rtol=1e-5, atol=1e-7)
+    # a statistic of the whole distribution, not of the sampled token alone
+    with torch.no_grad():
+        lp, _ = ref.logprobs(ro)
+    assert (got[on] >= lp.exp()[on] ** 2 - 1e-6).all() and (got[on] > 1.5 * lp.exp()[on] ** 2).any()
+
+
+def test_sum_pi_squared_never_calls_the_head_nor_allocates_logits(wide):
+    ref, fused, ro = pair({"model": {"source": wide}})
+    p, b, g, t = ro.responses.shape
+    logits_bytes = p * b * g * t * QWEN_VOCAB * 4
+    shapes = []
+    handle = fused.policy.get_output_embeddings().register_forward_hook(lambda m, i, o: shapes.append(o.shape))
+    try:
+        fused.sum_pi_squared(ro)
+    finally:
+        handle.remove()
+    assert shapes == []
+
+    def largest(task):
+        return max(n for n, _ in cpu_allocations(lambda: task.sum_pi_squared(ro)) if n > 0)
+
+    assert largest(ref) >= logits_bytes                       # the materialised path does make them
+    assert largest(fused) <= logits_bytes / 16 + 4096         # one chunk of at most N / 16 rows
+
+
+def test_optimal_token_baseline_short_run_same_metrics_fused_and_materialised():
+    from grpo_bench.trainer import train
+
+    raw = {"task": {"name": "arithmetic_tiny", "prompts_per_step": 4, "pass_k": 0, "sampling": {"temperature": 0.8}},
+           "group_size": 4, "epochs": 2, "eval_every": 0, "optimizer": "sgd", "lr": 0.5,
+           "delta": "optimal_token_baseline"}
+    runs = {}
+    for backend in ("torch", "chunked"):
+        rows = []
+        train(resolve_run(copy.deepcopy({**raw, "backend": backend})), rows=rows)
+        runs[backend] = {(s, m): v for s, m, v in rows if not m.startswith("time/") and "per_s" not in m}
+    assert runs["torch"].keys() == runs["chunked"].keys()
+    for key, value in runs["torch"].items():
+        assert runs["chunked"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    assert any(m == "delta/abs_mean" and v > 1e-3 for (_, m), v in runs["torch"].items())

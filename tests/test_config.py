@@ -114,7 +114,7 @@ def test_part_parameters_are_typed_and_resolved():
     assert resolve_part("loss", "clipped", "f", "loss") == {"name": "clipped", "clip_low": 0.2, "clip_high": 0.2}
     assert resolve_part("loss", {"name": "clipped", "clip_high": 1}, "f", "loss")["clip_high"] == 1.0
     assert resolve_part("aggregate", "seq_mean_token_sum_norm", "f", "aggregate", {"max_len": 7})["max_len"] == 7
-    for value, key, words in [({"clip_high": 0.3}, "loss.name", "missing; valid: cispo"),
+    for value, key, words in [({"clip_high": 0.3}, "loss.name", "missing; valid: a2po, cispo"),
                               (3, "loss", "expected a loss name or a mapping with `name`, got 3"),
                               ({"name": "clipped", "clip_high": "x"}, "loss.clip_high", "expected float, got 'x'"),
                               ({"name": "clipped", "clip_high": -1}, "loss.clip_high", "must be > 0"),

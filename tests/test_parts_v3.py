@@ -418,7 +418,7 @@ def test_list_shows_every_new_part_with_its_source():
         for name in names:
             assert registry.entry(axis, name).source, (axis, name)
             assert f"  {name} " in text
-    assert len(new["correction"]) == 9
+    assert len(new["correction"]) == 10   # nine of registry v3, snis of v4
 
 
 # ================================================================== entropy

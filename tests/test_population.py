@@ -71,6 +71,14 @@ SORT_CASES = {
     # a sampler two updates old, in bf16, and a correction fed by its log-probs
     "stale_bf16_sampler": [{"sampler": {"precision": "bf16", "staleness": 2}, "corrections": ["token_tis"],
                             "lr": 0.01 * (i + 1)} for i in range(3)],
+    # registry v4: per-token deltas from the task's sum of pi^2 and the sampled ids and entropies, the
+    # reference's samples for A*-PO's V*, self-normalised IS weights
+    "optimal_token_baseline": [{"delta": {"name": "optimal_token_baseline", "eps": 1e-8 * (i + 1)}} for i in range(3)],
+    "gtpo": [{"delta": {"name": "gtpo", "threshold": 5.0, "gamma": 0.1 * i}, "loss": "unclipped"} for i in range(3)],
+    "a2po": [{"delta": {"name": "a2po", "samples": 3, "beta1": 0.5 + 0.1 * i}, "loss": "a2po", "group_size": 1}
+             for i in range(3)],
+    "snis": [{"sampler": {"precision": "bf16"}, "corrections": [{"name": "snis", "level": "sequence"}],
+              "lr": 0.01 * (i + 1)} for i in range(3)],
 }
 
 
@@ -92,6 +100,18 @@ def test_lm_population_equals_runs_alone():
     for (res_p, rows_p), (res_a, rows_a) in zip(together, alone):
         assert _untimed(rows_p) == _untimed(rows_a)
         assert res_p == res_a and "final/eval/pass@k" in res_p
+
+
+@pytest.mark.parametrize("over", [{"delta": "optimal_token_baseline"},
+                                  {"delta": {"name": "a2po", "samples": 2}, "loss": "a2po", "group_size": 1}],
+                         ids=["optimal_token_baseline", "a2po"])
+def test_lm_population_equals_runs_alone_with_what_deltas_ask_the_task_for(over):
+    # sum of pi^2 through the fused head, the reference adapter's samples: each member's own, as alone
+    raws = [{**LM, "seed": s, "lr": 0.01 * (i + 1), **over} for i, s in enumerate([2, 0])]
+    together, alone = _both_ways(raws)
+    for (res_p, rows_p), (res_a, rows_a) in zip(together, alone):
+        assert _untimed(rows_p) == _untimed(rows_a)
+        assert res_p == res_a
 
 
 def test_a_non_finite_member_fails_alone_and_the_others_go_on():

@@ -95,7 +95,7 @@ def test_kl_in_the_reward_is_subtracted(monkeypatch):
     seen = []
     raw = registry.entry("delta", "centered")
 
-    def spy(rewards, lengths=None, greedy=None, components=None):
+    def spy(rewards, lengths=None, greedy=None, components=None, extra=None):
         seen.append(rewards.clone())
         return raw.obj(rewards, lengths, greedy)
 
@@ -294,7 +294,7 @@ def test_deltas_see_the_rewards_and_lengths(monkeypatch):
     seen = []
     raw = registry.entry("delta", "centered")
 
-    def spy(rewards, lengths=None, greedy=None, components=None):
+    def spy(rewards, lengths=None, greedy=None, components=None, extra=None):
         seen.append((rewards.clone(), lengths.clone(), greedy))
         return raw.obj(rewards, lengths, greedy)
 
@@ -419,7 +419,7 @@ def test_summary_tails_average_the_last_tenth_of_the_epochs():
 def test_kl_in_the_loss_leaves_the_rewards_alone(monkeypatch):
     seen = []
     raw = registry.entry("delta", "centered")
-    spy = lambda r, n=None, g=None, c=None: seen.append(r.clone()) or raw.obj(r, n, g)  # noqa: E731
+    spy = lambda r, n=None, g=None, c=None, x=None: seen.append(r.clone()) or raw.obj(r, n, g)  # noqa: E731
     monkeypatch.setitem(registry._REGISTRY["delta"], "centered", _spy(raw, spy))
     _, rows = _rows({**RICH, "epochs": 3, "kl_coef": 0.5, "kl": "k2", "lr": 0.1, "kl_placement": "loss"})
     means = [v for _, m, v in rows if m == "reward/mean"]

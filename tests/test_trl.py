@@ -416,7 +416,7 @@ def test_example_script_refuses_dapo_in_one_line(capsys):
 
 
 @pytest.mark.parametrize("variant,message", [
-    ({"loss": "ppo"}, "<variant>: loss: unknown loss 'ppo'; valid: cispo, "),
+    ({"loss": "ppo"}, "<variant>: loss: unknown loss 'ppo'; valid: a2po, cispo, "),
     ({"loss": {"name": "clipped", "tau": 1.0}}, "<variant>: loss.tau: loss 'clipped' has no parameter 'tau'"),
     ({"loss": {"name": "clipped", "clip_low": 1.5}}, "<variant>: loss.clip_low: must be < 1"),
     ({"kl_placement": "advantage"}, "<variant>: kl_placement: unknown 'advantage'; valid: loss, reward"),
@@ -424,6 +424,10 @@ def test_example_script_refuses_dapo_in_one_line(capsys):
     ({"group_size": 8}, "<variant>: group_size: TRL owns this setting: set GRPOConfig.num_generations"),
     ({"clip_high": 0.28}, "<variant>: clip_high: unknown key; valid: delta, loss, "),
     ({"delta": "remax"}, "<variant>: delta: 'remax' needs each prompt's greedy response"),
+    ({"delta": "optimal_token_baseline"}, "<variant>: delta: 'optimal_token_baseline' needs logp, sum_pi_sq from the "
+                                          "trainer, or gives per-token advantages"),
+    ({"delta": "a2po"}, "<variant>: delta: 'a2po' needs ref_rewards from the trainer"),
+    ({"loss": "a2po"}, "<variant>: loss: 'a2po' regresses onto log pi / pi_ref"),
     ({"filters": ["dynamic_sampling"]}, "<variant>: filters.0: 'dynamic_sampling' drops groups and draws replacements"),
     ({"filters": [{"name": "overlong_punish", "cache": 6}]},
      "<variant>: filters.0: overlong_punish: cache (6) must be below"),

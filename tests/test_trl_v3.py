@@ -369,6 +369,14 @@ def test_prompt_mean_is_refused_across_micro_batches(tok, tiny_dir, tmp_path):
     make(GRPOBenchTrainer, tok, tiny_dir, tmp_path, variant={"aggregate": "seq_mean_token_mean"}, **SPLIT)
 
 
+def test_self_normalised_is_is_refused_across_micro_batches(tok, tiny_dir, tmp_path):
+    # registry v4's snis divides by the mean weight of the whole batch, which a micro-batch does not hold
+    with pytest.raises(ConfigError) as e:
+        make(GRPOBenchTrainer, tok, tiny_dir, tmp_path, variant={"corrections": ["snis"]}, **SPLIT)
+    assert str(e.value).startswith("<variant>: corrections: 'snis' divides by a mean over the whole batch")
+    make(GRPOBenchTrainer, tok, tiny_dir, tmp_path, variant={"corrections": ["snis"]})   # one micro-batch
+
+
 def test_entropy_bonus_with_a_step_filter_is_refused_across_micro_batches(tok, tiny_dir, tmp_path):
     variant = {"entropy_coef": 0.01, "filters": [{"name": "top_entropy", "rho": 0.5}]}
     with pytest.raises(ConfigError) as e:

@@ -17,6 +17,7 @@ from torch.func import vmap
 
 from grpo_bench import registry
 from grpo_bench.algos import Batch
+from grpo_bench.algos.deltas import Extra
 
 P = 3
 SHAPES = [(2, 4, 5), (3, 2, 7)]  # (B, G, T)
@@ -65,9 +66,13 @@ def data(shape, seed):
     rewards = components[..., 0] + 0.5 * components[..., 1]
     deltas = torch.randn(P, b, g, generator=gen)
     deltas[:, 0, 0] = 0.0
+    # what a delta part's needs ask for (algos.deltas.Extra): few token ids, so that responses share some
+    ids = torch.randint(0, 2, (P, b, g, t), generator=gen)
+    sum_pi_sq = torch.exp(old) ** 2 + 0.3 * torch.rand(P, b, g, t, generator=gen)
     return dict(logp=logp, old=old, sampler=sampler, ref=ref, mask=mask, rewards=rewards, components=components,
                 deltas=deltas, lengths=mask.sum(-1), greedy=torch.randn(P, b, generator=gen),
-                finished=torch.rand(P, b, g, generator=gen) > 0.3, entropy=2 * torch.rand(P, b, g, t, generator=gen))
+                finished=torch.rand(P, b, g, generator=gen) > 0.3, entropy=2 * torch.rand(P, b, g, t, generator=gen),
+                ids=ids, sum_pi_sq=sum_pi_sq, ref_rewards=torch.randint(0, 2, (P, b, 3), generator=gen).double())
 
 
 def _batch_fn(fn, max_len):
@@ -77,9 +82,17 @@ def _batch_fn(fn, max_len):
     return run
 
 
+def _delta_fn(fn):
+    def run(rewards, lengths, greedy, components, mask, ids, logp, entropy, sum_pi_sq, ref_rewards, **params):
+        return fn(rewards, lengths, greedy, components, Extra(mask, ids, logp, entropy, sum_pi_sq, ref_rewards),
+                  **params)
+    return run
+
+
 # each tensor axis: (the part made a function of tensors only, the member-stacked tensors it takes)
 CALLS = {
-    "delta": lambda fn, d, t: (fn, [d["rewards"], d["lengths"], d["greedy"], d["components"]]),
+    "delta": lambda fn, d, t: (_delta_fn(fn), [d["rewards"], d["lengths"], d["greedy"], d["components"], d["mask"],
+                                               d["ids"], d["old"], d["entropy"], d["sum_pi_sq"], d["ref_rewards"]]),
     "loss": lambda fn, d, t: (fn, [d["logp"], d["old"], d["deltas"], d["mask"]]),
     "aggregate": lambda fn, d, t: (fn, [d["logp"] * d["deltas"].unsqueeze(-1), d["mask"]]),
     "kl": lambda fn, d, t: (fn, [d["logp"], d["ref"], d["old"]]),

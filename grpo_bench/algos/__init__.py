@@ -1,6 +1,6 @@
 """The GRPO parts, one module per axis: the room where users add parts.
 
-    deltas.py     advantage ("delta") modes: group, batch and length-weighted baselines
+    deltas.py     advantage ("delta") modes: group, batch and length-weighted baselines, per-token ones
     losses.py     policy losses: REINFORCE, PPO clip and its variants, sequence-level ratios
     aggregate.py  how per-token losses become one scalar
     kl.py         KL estimators, straight-through and importance-corrected ones
@@ -12,7 +12,7 @@
 Adding a part is one decorated function in the module of its axis, plus its tests:
 
     @register("delta", "my_baseline", needs_group=True)
-    def my_baseline(rewards, lengths=None, greedy=None, components=None, *, eps: Positive = 1e-6):
+    def my_baseline(rewards, lengths=None, greedy=None, components=None, extra=None, *, eps: Positive = 1e-6):
         \"\"\"One line on what it does.
 
         Source: the paper, or the verl/TRL option it corresponds to.

@@ -35,4 +35,15 @@ def centre(rewards: Tensor) -> Tensor:
 
 
 def bcast(deltas: Tensor, like: Tensor) -> Tensor:
+    """Deltas on every token: (B, G) spread over T, or per-token deltas (B, G, T) as they are."""
+    if deltas.dim() == like.dim():
+        return deltas
     return deltas.unsqueeze(-1).expand_as(like)  # (B, G) -> (B, G, T)
+
+
+def seq_deltas(deltas: Tensor, mask: Tensor) -> Tensor:
+    """One delta per response (B, G): per-token deltas (B, G, T) become their mean over the
+    response's tokens (verl's geo_mean takes the sequence advantage so); (B, G) ones are returned."""
+    if deltas.dim() < mask.dim():
+        return deltas
+    return masked_mean(deltas, mask, dim=-1)

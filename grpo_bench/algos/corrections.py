@@ -19,7 +19,8 @@ Several corrections compose: their weights multiply, their keeps are and-ed.
 Log-ratios are clamped to [-20, 20] before exp, as verl does (SAFETY_BOUND): TRL's modes
 differ from these only for |log rho| > 20. Without a separate sampler the trainer passes
 sampler_logp = old_logp: rho is 1 and only the parts that read the current policy (opsm,
-m2po against=current) act, on the inner steps' drift.
+m2po against=current) act, on the inner steps' drift. snis divides the IS weights by their
+batch mean (self-normalised importance sampling).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from torch import Tensor
 
 from .. import registry
 from ..registry import Choice, Positive, Range, register
-from .common import masked_mean, masked_sum
+from .common import masked_mean, masked_sum, seq_deltas
 
 Regions = dict[str, Tensor]
 Out = tuple[Tensor, Tensor, Regions]
@@ -129,6 +130,37 @@ def decoupled(logp: Tensor, old_logp: Tensor, sampler_logp: Tensor, deltas: Tens
     return _mask(old_logp - sampler_logp, mask, None, cap)
 
 
+Mode = Annotated[str, Choice(("truncate", "mask"))]
+IsLevel = Annotated[str, Choice(("token", "sequence"))]
+
+
+@register("correction", "snis", whole_batch=True)
+def snis(logp: Tensor, old_logp: Tensor, sampler_logp: Tensor, deltas: Tensor, mask: Tensor, *,
+         level: IsLevel = "token", mode: Mode = "truncate", low: OptionalPositive = None,
+         high: OptionalPositive = 2.0) -> Out:
+    """Self-normalised IS: the token (or sequence) IS weights, truncated or masked, divided by their batch mean.
+
+    The weights are those of token_tis / seq_tis (mode truncate) or token_mis / seq_mis (mode
+    mask) with the same low and high; their mean is over the batch's tokens (level token) or
+    over its non-empty responses, one weight each (level sequence), and is left alone when it
+    is not above 1e-8, as verl does. The mean is the whole batch's: the trainer takes every
+    step on the whole rollout, as verl computes the weights once before its mini-batches.
+
+    Source: verl rollout_is_batch_normalize (rollout_is token / sequence, rollout_is_threshold 2.0, "low_high" for mask).
+    """
+    fn = {("token", "truncate"): token_tis, ("sequence", "truncate"): seq_tis, ("token", "mask"): token_mis,
+          ("sequence", "mask"): seq_mis}[(level, mode)]
+    weight, keep, regions = fn(logp, old_logp, sampler_logp, deltas, mask, low=low, high=high)
+    if level == "token":
+        mean = masked_mean(weight, mask)
+    else:
+        seq = masked_mean(weight, mask, dim=-1)                                   # (B, G)
+        has = (mask > 0).any(-1)
+        mean = torch.where(has, seq, torch.zeros_like(seq)).sum() / has.sum().clamp(min=1)
+    weight = torch.where(mean > 1e-8, weight / mean.clamp(min=1e-8), weight)
+    return weight, keep, regions
+
+
 def _divergence(name: str, log_ratio: Tensor) -> Tensor:
     """verl's token divergences of log_ratio = log pi_old - log pi_s (clamped): k1 = -log r, k2, k3."""
     lr = log_ratio.clamp(-SAFETY, SAFETY)
@@ -198,7 +230,7 @@ def opsm(logp: Tensor, old_logp: Tensor, sampler_logp: Tensor, deltas: Tensor, m
     Source: DeepSeek-V3.2 (2025, arXiv 2512.02556, eq. 9, delta = threshold); TRL off_policy_mask_threshold (get_off_policy_mask).
     """
     kl = masked_mean(sampler_logp - logp.detach(), mask, dim=-1)                 # (B, G)
-    drop = ((deltas < 0) & (kl > threshold)).unsqueeze(-1).expand_as(logp)
+    drop = ((seq_deltas(deltas, mask) < 0) & (kl > threshold)).unsqueeze(-1).expand_as(logp)
     return (~drop).to(logp.dtype), torch.ones_like(drop), {"masked": drop}
 
 

@@ -1,7 +1,13 @@
 """Policy losses: per-token loss to minimise, and where each clip cut in.
 
-    fn(logp, old_logp (B, G, T), deltas (B, G), mask (B, G, T), *, params)
+    fn(logp, old_logp (B, G, T), deltas (B, G) or (B, G, T), mask (B, G, T), *, params)
         -> (per-token loss (B, G, T), {region: bool (B, G, T)})
+
+Deltas are one per response, or one per token from a token-level delta part (optimal_token_baseline,
+gtpo): every loss takes either, and gives the same numbers for per-token deltas that are
+constant over each response as for the response's delta (tests/test_parts_v4.py).
+A loss registered with needs=("ref_logp",) is handed the reference policy's log-probs in
+the place of old_logp (A*-PO regresses log pi / pi_ref).
 
 Masking happens in the aggregation, so a token-level loss never reads the mask;
 sequence-level ones (GSPO, GMPO, VESPO) and batch-level ones (Clip-Cov, KL-Cov) use it
@@ -26,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..registry import Fraction, NonNegative, Positive, Range, register
-from .common import bcast, masked_mean, masked_sum
+from .common import bcast, masked_mean, masked_sum, seq_deltas
 
 Regions = dict[str, Tensor]
 AboveOne = Annotated[float, Range(1, None, lo_open=True)]
@@ -127,7 +133,8 @@ def gmpo(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     # the clipped log-ratio wins the min only where it lowers the objective: PPO's rule in log space
     lr_min = sgn * torch.minimum(sgn * lr, sgn * _clamp(lr, -clip_low, clip_high))
     ratio = torch.exp(masked_mean(lr_min, mask, dim=-1, keepdim=True))  # (B, G, 1)
-    loss = (-deltas.unsqueeze(-1) * ratio).expand_as(logp)
+    # per-token deltas: the sequence's mean delta, as verl's geo_mean takes it
+    loss = (-seq_deltas(deltas, mask).unsqueeze(-1) * ratio).expand_as(logp)
     return loss, {"low": (adv < 0) & (lr < -clip_low), "high": (adv > 0) & (lr > clip_high)}
 
 
@@ -204,7 +211,7 @@ def vespo(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     floor = math.log(1e-8)
     seq = masked_sum((logp - old_logp).clamp(-20.0, 20.0), mask, dim=-1, keepdim=True)
     log_w = seq.clamp(floor, 20.0).detach()                              # (B, G, 1)
-    pos = deltas.unsqueeze(-1) >= 0
+    pos = bcast(deltas, logp) >= 0
     k = torch.where(pos, _full(log_w, k_pos), _full(log_w, k_neg))
     lam = torch.where(pos, _full(log_w, lambda_pos), _full(log_w, lambda_neg)).clamp(min=1e-4)
     phi = torch.exp(lam + k * log_w - lam * log_w.exp()).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
@@ -247,6 +254,22 @@ def dppo_kl(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     bkl = q * (old_logp - logp) + (1 - q) * torch.log((1.0 - q + 1e-8) / (1.0 - p + 1e-8))
     valid = torch.where(adv > 0, (bkl <= clip_high) | (p <= q), (bkl <= clip_low) | (p >= q))
     return _dppo(logp, old_logp, deltas, valid, clip_c)
+
+
+@register("loss", "a2po", needs=("ref_logp",))
+def a2po(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
+         beta2: Positive = 1e-3) -> tuple[Tensor, Regions]:
+    """A*-PO: (beta2 * log pi(y) / pi_ref(y) - A)^2, the implicit reward regressed onto the optimal advantage (delta a2po).
+
+    Registered needs=("ref_logp",): the trainer hands it the reference policy's log-probs in
+    the place of old_logp. log pi(y) / pi_ref(y) is the sum over the response's tokens; the
+    response's value sits on each of its tokens, so seq_mean_token_mean gives TRL's mean
+    over responses. A regression, not a surrogate: no ratio to pi_old, no clip.
+
+    Source: A*-PO (Brantley et al., 2025, arXiv 2505.20686); TRL experimental A2POTrainer.compute_loss (beta2 1e-3).
+    """
+    implicit = beta2 * masked_sum(logp - old_logp, mask, dim=-1, keepdim=True)      # (B, G, 1)
+    return (implicit - seq_deltas(deltas, mask).unsqueeze(-1)).square().expand_as(logp), {}
 
 
 def _token_cov(logp: Tensor, adv: Tensor, mask: Tensor) -> Tensor:

@@ -165,9 +165,17 @@ def resolve_variant(data: dict, source: str = "<variant>", *, max_len: int, grou
         context["reward_weights"] = [float(w) for w in reward_weights]
     resolve_parts(cfg, source, context)
     validate(cfg, source)
-    if "greedy" in registry.entry("delta", cfg.delta["name"]).traits.get("needs", ()):
+    delta = registry.entry("delta", cfg.delta["name"]).traits
+    if "greedy" in delta.get("needs", ()):
         raise ConfigError(source, "delta", f"{cfg.delta['name']!r} needs each prompt's greedy response, "
                                            "which TRL's GRPOTrainer does not generate")
+    if delta.get("needs") or delta.get("token_level"):
+        raise ConfigError(source, "delta", f"{cfg.delta['name']!r} needs {', '.join(delta.get('needs', ()))} "
+                                           "from the trainer, or gives per-token advantages: neither carries over "
+                                           "to TRL's GRPOTrainer (its advantages are one per completion)")
+    if registry.entry("loss", cfg.loss["name"]).traits.get("needs"):
+        raise ConfigError(source, "loss", f"{cfg.loss['name']!r} regresses onto log pi / pi_ref, which TRL's "
+                                          "GRPOTrainer loss side does not hand over (use TRL's own A2POTrainer)")
     _probe_filters(cfg, source, max_len, group_size)
     return cfg
 
@@ -301,6 +309,11 @@ class GRPOBenchTrainer(GRPOTrainer):
             raise ConfigError(source, "aggregate", f"{self.variant.aggregate['name']!r} weighs each prompt's group "
                                                    "as a whole, and TRL shuffles responses across micro-batches: "
                                                    "use steps_per_generation=1")
+        whole = [c.name for c in self.recipe.corrections if c.entry.traits.get("whole_batch")]
+        if whole and (args.steps_per_generation > 1 or args.world_size > 1):
+            raise ConfigError(source, "corrections", f"{whole[0]!r} divides by a mean over the whole batch, known "
+                                                     "only when one micro-batch on one process holds it: use "
+                                                     "steps_per_generation=1 on one process")
         step = self.recipe.stage("step")
         if self.recipe.use_entropy and step and (args.steps_per_generation > 1 or args.world_size > 1):
             raise ConfigError(source, "entropy_coef", f"the entropy bonus is a token mean over the tokens step filter "

@@ -169,3 +169,30 @@ def chunked_logprobs(logits: Tensor, labels: Tensor, with_entropy: bool = False,
     if with_entropy:
         return out[0].reshape(shape), out[1].reshape(shape)
     return out.reshape(shape), None
+
+
+def rows_sum_pi_squared(x: Tensor, temperature: float = 1.0) -> Tensor:
+    """x (..., V) any float dtype -> sum_v softmax(fp32(x) / T)_v^2 (...) in fp32, no grad.
+
+    exp(logsumexp(2 z) - 2 logsumexp(z)): exact in log space, as verl's
+    calculate_sum_pi_squared_from_logits; -inf logits contribute 0.
+    """
+    z = x.float()
+    if temperature != 1.0:
+        z = z / temperature
+    return torch.exp(torch.logsumexp(2.0 * z, -1) - 2.0 * torch.logsumexp(z, -1))
+
+
+@torch.no_grad()
+def chunked_sum_pi_squared(logits: Tensor, temperature: float = 1.0, rows: int | None = None) -> Tensor:
+    """logits (..., V) -> sum_v pi_v^2 (...) fp32, a few rows at a time: the statistic of the whole
+    distribution that the Optimal Token Baseline needs, with O(rows * V) extra memory."""
+    shape = logits.shape[:-1]
+    x = as_bl(logits)
+    b, l, v = x.shape
+    rows = rows or default_rows(b * l, v, x.device)
+    out = torch.empty(b, l, dtype=torch.float32, device=x.device)
+    for bi, li in row_blocks(b, l, max(1, min(rows, b * l))):
+        out[bi, li] = rows_sum_pi_squared(x[bi, li], temperature)
+    return out.reshape(shape)
+

@@ -120,6 +120,26 @@ class LinearLogProb(torch.autograd.Function):
         return dh, dw, db, None, None, None, None, None
 
 
+@torch.no_grad()
+def linear_sum_pi_squared(hidden: Tensor, weight: Tensor, bias: Tensor | None = None, temperature: float = 1.0,
+                          rows: int | None = None) -> Tensor:
+    """hidden (..., H), weight (V, H) -> sum_v pi_v^2 (...) fp32 under softmax(fp32(hidden @ W^T + bias) / T),
+    one chunk of rows of the logits at a time (the same chunks as the log-probs): never the (N, V) logits.
+    No gradient: the Optimal Token Baseline reads it once per rollout, as a statistic of the old policy."""
+    from .chunked import rows_sum_pi_squared
+
+    shape = hidden.shape[:-1]
+    x = as_bl(hidden)
+    b, l, _ = x.shape
+    v = weight.shape[0]
+    rows = rows or default_rows(b * l, v, x.shape[-1], x.device)
+    out = torch.empty(b, l, dtype=torch.float32, device=x.device)
+    zbuf = torch.empty(rows * v, dtype=hidden.dtype, device=hidden.device)
+    for bi, li in row_blocks(b, l, rows):
+        out[bi, li] = rows_sum_pi_squared(_logits(x[bi, li], weight, bias, zbuf), temperature)
+    return out.reshape(shape)
+
+
 def fused_linear_logprobs(hidden: Tensor, weight: Tensor, labels: Tensor, with_entropy: bool = False,
                           bias: Tensor | None = None, use_triton: bool = False, rows: int | None = None,
                           temperature: float = 1.0) -> tuple[Tensor, Tensor | None]:

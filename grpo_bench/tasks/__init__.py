@@ -101,6 +101,15 @@ class Task(Protocol):
     def greedy_rewards(self, rollout: Rollout) -> Tensor:
         """(P, B) reward of the policy's greedy response to each prompt of the rollout (ReMax's baseline)."""
 
+    def sum_pi_squared(self, rollout: Rollout) -> Tensor:
+        """(P, B, G, T) sum over the vocabulary of pi(v | prefix)^2 at each response position, under the
+        policy (no grad, the sampling temperature): asked only for a delta part that needs "sum_pi_sq"
+        (the Optimal Token Baseline); an LM computes it without the (N, T, V) logits."""
+
+    def reference_rewards(self, rollout: Rollout, n: int) -> Tensor:
+        """(P, B, n) rewards of n responses sampled from the reference policy for each prompt of the
+        rollout (no grad): asked only for a delta part that needs "ref_rewards" (A*-PO's V*)."""
+
     def evaluate(self) -> list[dict[str, float]]:
         """Held-out metrics per member (e.g. {"eval/accuracy": 0.3}); {} if the task has none."""
 

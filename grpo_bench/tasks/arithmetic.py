@@ -264,7 +264,7 @@ class Arithmetic:
         self._exclude = [problems.exclusion(self.heldout) for _ in self.seeds]
         self.rewards = rewards.check(cfg.rewards, "arithmetic")
         self._problems, self._models, self._rewards_mod, self._stacked = problems, models, rewards, stacked
-        self._evals, self._base_acc, self._passes = 0, None, 0
+        self._evals, self._base_acc, self._passes, self._ref_draws = 0, None, 0, 0
         self.residual = 0.0  # relative error of the last soft reference mix's rank cut
         # every prompt is left-padded to one width, the longest the problem space can render:
         # a member's shapes never depend on the other members' prompts
@@ -380,13 +380,11 @@ class Arithmetic:
 
     # ------------------------------------------------------------------ log-probs
 
-    def _forward(self, ids: Tensor, attn: Tensor, responses: Tensor, mask: Tensor, with_entropy: bool):
-        """fp32 log p and entropy (N, T) of responses (N, T) after prompts (N, P), under the sampler's
-        tempered distribution softmax(fp32(logits) / T)."""
-        from ..logprobs import linear_logprobs, token_logprobs
-
+    def _through_head(self, ids: Tensor, attn: Tensor, responses: Tensor, mask: Tensor, on_head, on_logits):
+        """The model's last hidden states of responses (N, T) after prompts (N, P), handed to
+        on_head(hidden, weight, bias, labels) -- once, or per member with an adapter on the head,
+        a list then -- on the fused path; else its (N, T, V) logits to on_logits(logits)."""
         t = responses.shape[1]
-        tau = self.cfg.sampling.temperature
         full = torch.cat([ids, responses], 1)                            # (N, P+T)
         full_mask = torch.cat([attn, mask.to(attn.dtype)], 1)
         inputs = dict(input_ids=full, attention_mask=full_mask, position_ids=self._models.positions(full_mask),
@@ -401,28 +399,76 @@ class Arithmetic:
             # TRL's cast_lm_head_to_fp32: the head's GEMM in fp32 (an exact upcast; only its rounding changes)
             up = (lambda x: None if x is None else x.float()) if self.cfg.model.cast_lm_head_to_fp32 else (lambda x: x)
             if ab is None:  # one head for every member: one call over all rows
-                return linear_logprobs(up(hidden), up(base.weight), responses, backend=self.run_cfg.backend,
-                                       with_entropy=with_entropy, bias=up(base.bias), temperature=tau)
+                return on_head(up(hidden), up(base.weight), up(base.bias), responses)
             # an adapter on the head: W x + s B A x is the GEMM of [x, s A x] and [W, B], member by member
             a, b = ab
             p = a.shape[0]
-            outs = [linear_logprobs(up(torch.cat([h, head.scale * (h @ a[i].T)], -1)),
-                                    up(torch.cat([base.weight, b[i]], 1)), r, backend=self.run_cfg.backend,
-                                    with_entropy=with_entropy, bias=up(base.bias), temperature=tau)
+            return [on_head(up(torch.cat([h, head.scale * (h @ a[i].T)], -1)), up(torch.cat([base.weight, b[i]], 1)),
+                            up(base.bias), r)
                     for i, (h, r) in enumerate(zip(hidden.chunk(p), responses.chunk(p)))]
-            return torch.cat([o[0] for o in outs]), None if outs[0][1] is None else torch.cat([o[1] for o in outs])
         # the materialised reference: the model's own logits, the T that predict response tokens
-        logits = self.policy(**inputs, logits_to_keep=t + 1).logits[:, :t]   # (N, T, V)
-        if tau != 1.0:
-            # in fp32, as the sampler divides: bf16 logits / T would round to other log-probs
-            logits = logits.float() / tau
-        return token_logprobs(logits, responses, backend=self.run_cfg.backend, with_entropy=with_entropy)
+        return on_logits(self.policy(**inputs, logits_to_keep=t + 1).logits[:, :t])   # (N, T, V)
 
-    def logprobs(self, rollout: Rollout, reference: bool = False) -> tuple[Tensor, Tensor | None]:
+    def _forward(self, ids: Tensor, attn: Tensor, responses: Tensor, mask: Tensor, with_entropy: bool):
+        """fp32 log p and entropy (N, T) of responses (N, T) after prompts (N, P), under the sampler's
+        tempered distribution softmax(fp32(logits) / T)."""
+        from ..logprobs import linear_logprobs, token_logprobs
+
+        tau, backend = self.cfg.sampling.temperature, self.run_cfg.backend
+
+        def on_head(hidden, weight, bias, labels):
+            return linear_logprobs(hidden, weight, labels, backend=backend, with_entropy=with_entropy, bias=bias,
+                                   temperature=tau)
+
+        def on_logits(logits):
+            if tau != 1.0:
+                # in fp32, as the sampler divides: bf16 logits / T would round to other log-probs
+                logits = logits.float() / tau
+            return token_logprobs(logits, responses, backend=backend, with_entropy=with_entropy)
+
+        out = self._through_head(ids, attn, responses, mask, on_head, on_logits)
+        if isinstance(out, list):
+            return torch.cat([o[0] for o in out]), None if out[0][1] is None else torch.cat([o[1] for o in out])
+        return out
+
+    def _flat(self, rollout: Rollout) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Prompt ids and mask, responses and their mask of a rollout, one row per response (P B G, ...)."""
         p, b, g, t = rollout.responses.shape
         ids = rollout.extra["prompt_ids"].repeat_interleave(g, 1).view(p * b * g, -1)
         attn = rollout.extra["prompt_mask"].repeat_interleave(g, 1).view(p * b * g, -1)
-        responses, mask = rollout.responses.reshape(-1, t), rollout.mask.reshape(-1, t)
+        return ids, attn, rollout.responses.reshape(-1, t), rollout.mask.reshape(-1, t)
+
+    @torch.no_grad()
+    def sum_pi_squared(self, rollout: Rollout) -> Tensor:
+        """(P, B, G, T) sum_v pi(v | prefix)^2 of the policy at each response position, under the sampling
+        temperature: the fused head's chunks (never the (N, T, V) logits) unless backend is torch."""
+        from ..logprobs import linear_sum_pi_squared, token_sum_pi_squared
+
+        tau, backend = self.cfg.sampling.temperature, self.run_cfg.backend
+        self.policy.eval()
+        out = self._through_head(*self._flat(rollout),
+                                 lambda h, w, bias, _: linear_sum_pi_squared(h, w, backend, bias, tau),
+                                 lambda logits: token_sum_pi_squared(logits, backend, tau))
+        return (torch.cat(out) if isinstance(out, list) else out).view(rollout.responses.shape)
+
+    @torch.no_grad()
+    def reference_rewards(self, rollout: Rollout, n: int) -> Tensor:
+        """(P, B, n) rewards of n responses the reference policy samples for each prompt of the rollout
+        (A*-PO's estimate of V*), from each member's stream of such draws."""
+        p, b = rollout.rewards.shape[:2]
+        ids, attn = rollout.extra["prompt_ids"].view(p * b, -1), rollout.extra["prompt_mask"].view(p * b, -1)
+        self._ref_draws += 1
+        gens = [rng.stream(s, "reference_samples", self._ref_draws) for s in self.seeds]
+        with self._stacked.adapters(self.layers, self._stacked.REFERENCE):
+            tokens = self._generate(ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0), gens)
+        texts, mask, finished = self._decode(tokens)
+        out = [self._score(batch, texts[i * b * n:(i + 1) * b * n], mask[i * b * n:(i + 1) * b * n],
+                           finished[i * b * n:(i + 1) * b * n], n)[0] for i, batch in enumerate(rollout.prompts)]
+        return torch.tensor(out, dtype=torch.float32, device=self.device).view(p, b, n)
+
+    def logprobs(self, rollout: Rollout, reference: bool = False) -> tuple[Tensor, Tensor | None]:
+        p, b, g, t = rollout.responses.shape
+        ids, attn, responses, mask = self._flat(rollout)
         if reference:
             with self._stacked.adapters(self.layers, self._stacked.REFERENCE):
                 logp, ent = self._forward(ids, attn, responses, mask, False)

@@ -178,6 +178,7 @@ class SortTask:
         self.reference = copy.deepcopy(self.policy).requires_grad_(False)
         self.fixed = None if cfg.prompts is None else torch.tensor(cfg.prompts, device=self.device)
         self.retired: list[set[tuple[int, ...]]] = [set() for _ in self.seeds]  # each member's curriculum
+        self._ref_draws = 0  # reference_rewards calls so far: each draws from its own streams
         # The held-out set is the same for every seed, so eval numbers compare across runs.
         g = torch.Generator().manual_seed(12345)
         self.eval_set = torch.randint(0, cfg.vocab, (cfg.eval_prompts, cfg.n), generator=g).to(self.device)
@@ -261,6 +262,24 @@ class SortTask:
         # the floor keeps p log p at 0, not 0 * -inf, where p underflows
         ent = -(lp.exp() * lp.clamp(min=_LOG_FLOOR)).sum(-1)                # (P, B, n)
         return logp, ent.unsqueeze(2).expand_as(logp)
+
+    @torch.no_grad()
+    def sum_pi_squared(self, rollout: Rollout) -> Tensor:
+        """(P, B, G, n) sum_v pi(v)^2 of the policy at each position (the G responses share its distributions)."""
+        s = torch.softmax(self.policy(rollout.prompts).float(), -1).square().sum(-1)   # (P, B, n)
+        return s.unsqueeze(2).expand(rollout.responses.shape)
+
+    @torch.no_grad()
+    def reference_rewards(self, rollout: Rollout, n: int) -> Tensor:
+        """(P, B, n) rewards of n responses the reference policy samples for each prompt, by inverse CDF
+        with each member's own uniforms (its stream of such draws)."""
+        self._ref_draws += 1
+        probs = torch.softmax(self.reference(rollout.prompts).float(), -1).cpu()      # (P, B, npos, V)
+        p, b, npos, v = probs.shape
+        u = torch.stack([torch.rand(b, npos, n, generator=rng.stream(s, "reference_samples", self._ref_draws))
+                         for s in self.seeds])                                       # (P, B, npos, n)
+        draws = torch.searchsorted(probs.cumsum(-1), u).clamp(max=v - 1)
+        return score(self.rewards, rollout.prompts, draws.permute(0, 1, 3, 2).to(self.device))[0]
 
     @torch.no_grad()
     def mix_reference(self, weights: list[float]) -> None:
