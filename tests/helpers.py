@@ -33,3 +33,23 @@ def cpu_allocations(fn) -> list[tuple[int, int]]:
     mem = sorted((e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0),
                  key=lambda e: e["ts"])
     return [(e["args"]["Bytes"], e["args"]["Total Allocated"]) for e in mem]
+
+
+def close(a, b, **kw):
+    """fp64 equality to 1e-12 unless told otherwise: the parts' formula tests."""
+    import torch
+    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
+                               **({"rtol": 1e-12, "atol": 1e-12} | kw))
+
+
+def rand_batch(b=3, g=4, t=6, seed=0, spread=0.3, mismatch_=0.2):
+    """logp, old, sampler log-probs (B, G, T), deltas (B, G) and a ragged mask, in the default dtype."""
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    logp = -3 * torch.rand(b, g, t, generator=gen)
+    old = logp + spread * torch.randn(b, g, t, generator=gen)
+    sampler = old + mismatch_ * torch.randn(b, g, t, generator=gen)
+    lengths = torch.randint(1, t + 1, (b, g), generator=gen)
+    mask = (torch.arange(t) < lengths.unsqueeze(-1)).double()
+    deltas = torch.randn(b, g, generator=gen)
+    return logp, old, sampler, deltas, mask

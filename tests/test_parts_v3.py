@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from helpers import close, rand_batch
 
 from grpo_bench import registry
 from grpo_bench.algos import Batch
@@ -40,20 +41,6 @@ def part(axis, name):
     return registry.get(axis, name)
 
 
-def close(a, b, **kw):
-    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
-                               **({"rtol": 1e-12, "atol": 1e-12} | kw))
-
-
-def rand_batch(b=3, g=4, t=6, seed=0, spread=0.3, mismatch_=0.2):
-    gen = torch.Generator().manual_seed(seed)
-    logp = -3 * torch.rand(b, g, t, generator=gen)
-    old = logp + spread * torch.randn(b, g, t, generator=gen)
-    sampler = old + mismatch_ * torch.randn(b, g, t, generator=gen)
-    lengths = torch.randint(1, t + 1, (b, g), generator=gen)
-    mask = (torch.arange(t) < lengths.unsqueeze(-1)).double()
-    deltas = torch.randn(b, g, generator=gen)
-    return logp, old, sampler, deltas, mask
 
 
 # ================================================================== deltas
