@@ -63,3 +63,23 @@ def test_the_site_builds_with_every_link_and_anchor_valid(tmp_path):
         assert (site / page.stem / "index.html").is_file(), page.name
     # results' per-step tables stay out of the site
     assert not list(site.rglob("metrics.*"))
+
+
+def test_files_map_covers_the_tree():
+    """docs/files.md names every tracked file (or a folder holding it), and nothing that is gone."""
+    import subprocess
+
+    text = (ROOT / "docs" / "files.md").read_text()
+    listed = set(re.findall(r"^(\S+)\s", text, re.M)) - {"#", "```"}
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    if not tracked:
+        pytest.skip("not a git checkout")
+
+    def covered(f: str) -> bool:
+        parts = f.split("/")
+        return f in listed or any("/".join(parts[:i]) + "/" in listed for i in range(1, len(parts)))
+
+    missing = [f for f in tracked if not f.startswith("results/") and not covered(f)]
+    assert not missing, f"docs/files.md lacks: {missing}"
+    gone = [p for p in listed if "<" not in p and not any(f == p or f.startswith(p.rstrip("/") + "/") for f in tracked)]
+    assert not gone, f"docs/files.md names what is not in the tree: {gone}"
