@@ -36,4 +36,5 @@ def on_page_markdown(markdown, page, config, files):
         return re.sub(r"\]\(docs/", "](", markdown)
     if "/" not in page.file.src_uri:    # a page of docs/
         return re.sub(r"\]\(\.\./README\.md", "](index.md", re.sub(r"\]\(\.\./results/", "](results/", markdown))
-    return markdown
+    # a page of results/ linking a page of docs/ (`../docs/statistics.md`): here docs/ is the site's root
+    return re.sub(r"\]\(((?:\.\./)+)docs/", r"](\1", markdown)

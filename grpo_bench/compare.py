@@ -143,7 +143,7 @@ def orderings(sides: list[Side]) -> list[str]:
     for s in sides:
         mine = [(a, b, None) for a, b in pairs if a in s.by_seed and b in s.by_seed
                 and len(s.values[a]) > 1 and len(s.values[b]) > 1]
-        margin, source = stats.claim_margin(s.meta.get("claim"), s.meta.get("setting"), s.column)
+        margin, source = report.column_margin(s.column, s.meta)
         tested.append({(t["a"], t["b"]): t for t in stats.compare_pairs(s.by_seed, mine, margin)})
         lines.append(f"- {_title(s)}: {len(mine)} pairs Holm-corrected together; equivalence margin "
                      + (f"±{margin:g} ({source})." if margin is not None else f"none ({source})."))
@@ -154,6 +154,9 @@ def orderings(sides: list[Side]) -> list[str]:
         for t in (found.get((a, b)) for found in tested):
             if t is None:
                 cells.append("—")
+                continue
+            if t["verdict"] == stats.NOT_TESTABLE:
+                cells.append(stats.verdict_text(t))
                 continue
             cells.append(f"{stats.verdict_text(t)}; Δ {t['diff']:+.3f}; {stats.which_test(t)}; p_holm {t['p_holm']:.2g}; "
                          f"{stats.power_text(t)}; P(a > b) {t['poi']:.2f}")

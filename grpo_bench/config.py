@@ -413,14 +413,17 @@ class Ablation:
     """What one run asks of a Ray node ({cpus, gpus}); not part of the run config or its hash."""
     claim: dict | None = None
     """A published claim the ablation tests (text, source, setting, expect: ["a > b", ...], and optionally
-    metric, untestable, and margin: the equivalence margin in the metric's units, one number or one per setting)."""
+    metric, untestable, margin: the equivalence margin in the metric's units, one number or one per setting,
+    and judge: final (the value at the end of the budget, the default) or area (the mean of the curve over
+    the budget against samples drawn))."""
     setting: str | None = None
     """Which of the file's `settings` this is (the same variants on another task), or None."""
 
 
 ABLATION_KEYS = ("name", "description", "include", "claim", "settings", "base", "grid", "variants", "seeds",
                  "resources")
-CLAIM_KEYS = ("text", "source", "setting", "expect", "metric", "untestable", "margin")
+CLAIM_KEYS = ("text", "source", "setting", "expect", "metric", "untestable", "margin", "judge")
+JUDGE = ("final", "area")  # what a claim is about: the end of the budget, or the whole curve (its speed)
 RESOURCES = {"cpus": 1, "gpus": 0}
 
 
@@ -489,6 +492,8 @@ def _claim(value: Any, src: str) -> dict | None:
                                                for e in expect):
         raise ConfigError(src, "claim.expect", f"expected a list of 'variant > variant' or 'variant = variant', "
                           f"got {expect!r}")
+    if value.get("judge", "final") not in JUDGE:
+        raise ConfigError(src, "claim.judge", f"expected one of {', '.join(JUDGE)}, got {value['judge']!r}")
     margin = value.get("margin")
     for key, m in (margin.items() if isinstance(margin, dict) else [(None, margin)] if "margin" in value else []):
         if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float("inf"):
@@ -568,6 +573,7 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
     axes = list(grid)
     cells = [dict(zip(axes, combo)) for combo in itertools.product(*grid.values())] or [{}]
     named_items = list(named.items()) or [(None, {})]
+    resolved: list[RunConfig] = []  # each variant's run config, in the order of `variants`
     if named:
         axes = ["variant_name"] + axes
     variants = []
@@ -584,7 +590,7 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
             values = ({"variant_name": vname} if vname is not None else {}) | cell
             # fail now, naming the file (or --set, where the bad value came from), rather than inside a worker
             try:
-                resolve_run(run, src)
+                resolved.append(resolve_run(run, src))
             except ConfigError as e:
                 if any(_overlaps(e.key, k) for k, _ in overrides):
                     raise ConfigError("--set", e.key, e.message) from None
@@ -604,8 +610,50 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
             for side in e.replace("=", ">").split(">"):
                 if side.strip() not in labels:
                     raise ConfigError(src, "claim.expect", f"{side.strip()!r} is no variant; valid: {', '.join(labels)}")
+        check_orderings(claim, dict(zip(labels, resolved)), setting, f"{src}: claim of {name}")
     return Ablation(name if setting is None else f"{name}_{setting}", src, str(doc.get("description", "")).strip(),
                     axes, variants, seed_list, resources, claim, setting)
+
+
+def parse_ordering(e: str) -> tuple[str, str, str]:
+    """'a > b' -> (a, b, '>'); 'a = b' -> (a, b, '=')."""
+    kind = "=" if "=" in e and ">" not in e else ">"
+    a, b = (x.strip() for x in e.split(kind, 1))
+    return a, b, kind
+
+
+def check_orderings(claim: dict, configs: dict[str, "RunConfig"] | None, setting: str | None, where: str,
+                    task=None) -> None:
+    """What a claim may not ask, as a one-line ConfigError naming `where` (the file and claim) and the ordering:
+    the same pair of variants twice (in either direction, or as both "=" and ">": Holm's m and the counts
+    would count it twice); two variants that resolve to the same run config (configs: label -> RunConfig;
+    the same runs under two names cannot differ); "a = b" on a metric with no margin (no equivalence
+    test, so it could never hold). task: the metrics.TaskInfo the claim runs on (from configs where None)."""
+    from . import metrics, stats
+
+    seen: dict[frozenset, str] = {}
+    for e in claim["expect"]:
+        a, b, kind = parse_ordering(e)
+        if a == b:
+            raise ConfigError(where, "claim.expect", f"{e!r} compares {a} with itself")
+        pair = frozenset((a, b))
+        if pair in seen:
+            raise ConfigError(where, "claim.expect", f"{e!r} tests the pair {a}, {b} again ({seen[pair]!r} does "
+                              "already); each pair once, or Holm and the counts count it twice")
+        seen[pair] = e
+        if configs and a in configs and b in configs and config_hash(configs[a]) == config_hash(configs[b]):
+            raise ConfigError(where, "claim.expect", f"{e!r}: {a} and {b} resolve to the same run config, so "
+                              "their runs are the same runs; nothing to test")
+        if kind == "=":
+            if task is None and configs:
+                task = metrics.declared_task(task_name(next(iter(configs.values()))))
+            metric = claim.get("metric") or (task.verdict_metric if task else None)
+            if metric is None:
+                continue
+            column = metric if metric.startswith("final/") else metrics.final_column(metric)
+            if stats.claim_margin(claim, setting, column, task)[0] is None:
+                raise ConfigError(where, "claim.expect", f"{e!r}: an '=' needs an equivalence margin and {column} "
+                                  "has none; give claim.margin (in the metric's units, with the reason)")
 
 
 def _fmt(v: Any) -> str:

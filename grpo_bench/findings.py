@@ -2,27 +2,32 @@
 
 An ablation file states its claim (text, source, the paper's setting, and `expect`: the
 orderings the paper reports, as "a > b" between variant labels, or "a = b" for a claimed
-absence of effect; optionally `metric`, the summary column judged, and `margin`, the
-equivalence margin) and usually runs on two `settings`, the sorting toy and the arithmetic
-LM. For every expected ordering and every setting this computes, from the per-seed values
-of the task's main metric (as the task declares it: final rollout reward on the toy, final
-held-out accuracy on the LM), with grpo_bench.stats: the difference of means a - b with its
-95% CI, the test (paired on per-seed differences where the variants share seeds, Welch's t
-where not), Holm's correction over the claim's orderings on that setting, the minimum
-detectable effect, a TOST equivalence test within the margin, and a verdict:
+absence of effect; optionally `metric`, the summary column judged, `margin`, the equivalence
+margin, and `judge`: final or area) and usually runs on two `settings`, the sorting toy and the
+arithmetic LM. Every ordering on every setting is judged on one quantity of one metric:
 
-    agrees                   p_holm < 0.05 and the difference has the paper's sign
-                             (for "a = b": equivalent within the margin)
-    disagrees                p_holm < 0.05 and the opposite sign (for "a = b": a difference
-                             beyond seed noise that TOST does not put within the margin)
-    equivalent within ±δ     not significant, and TOST puts the difference within ±δ
-    undecided                neither: with the seeds per side that would decide it
+    metric    the claim's `metric`, else the task's declared verdict metric (held-out greedy
+              reward on the toy, held-out greedy accuracy on the LM; grpo_bench/tasks/*.py)
+    quantity  final: its value at the end of the budget; area: the mean of its curve over the
+              budget against samples drawn. Both are computed for every ordering; the claim's
+              `judge` (final unless it says area) decides. Where the two variants draw different
+              numbers of samples (dynamic sampling), both are read at the smaller budget.
 
-and Kendall's tau between two settings' orderings of the shared variants (the toy's and the
-LM's) asks whether one predicts the other. A column per setting that any claim ran on, in the
-order the files list them, named by the declaration of the task it trains (grpo_bench/metrics.py).
-Everything is recomputed from the results directories: `python -m grpo_bench findings` rebuilds
-the file without training.
+From the per-seed values of each quantity, with grpo_bench.stats: the difference of means a − b
+(paired on per-seed differences where the variants share seeds, Welch's t where not), Holm's
+correction over the claim's testable orderings on that setting, the minimum detectable effect,
+TOST within the margin (the claim's, else the task's: a stated fraction of what its default
+recipe moves), and one of six outcomes (stats.judge): holds, holds but negligible, equivalent,
+reversed but negligible, reversed, undecided. A claimed "a = b" holds when equivalent or
+negligible. An ordering is *not testable here*, and counted nowhere, when the two variants
+differ only in parts the task declares inert (`inert`), when every paired difference is
+exactly 0, or when its two variants ran the same numbers as an earlier ordering's. A result
+whose seeds `run --seeds auto` chose is judged with the boundaries that chose them, where the
+metric is the one they were chosen on.
+
+Kendall's tau between two settings' orderings of the shared variants asks whether one predicts
+the other. Everything is recomputed from the results directories: `python -m grpo_bench findings`
+rebuilds the file without training.
 """
 from __future__ import annotations
 
@@ -31,61 +36,307 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
 from . import metrics, registry, stats
 from .compare import kendall, load_side
-from .config import ConfigError
-from .report import final_names, label_column, read_meta, read_table
+from .config import ConfigError, check_orderings, load_ablation, parse_ordering, resolve_run, run_dict
+from .report import final_names, label_column, metrics_path, read_meta, read_table
+from .runner import read_metrics_file
 
 # Results written before ablation.json recorded its task and its file's settings: the shipped files'
 # settings, in their order, and the task each trains. A setting added since never needs a line here.
 LEGACY_SETTINGS = {"sort": "sort", "lm": "arithmetic"}
+QUANTITIES = ("final", "area")
+EQUAL_BUDGET = 1.01  # budgets further apart than this ratio are compared at the smaller one
 
 
-def judge_setting(directory: Path, expect: list[str], metric: str | None = None, claim: dict | None = None,
-                  setting: str | None = None) -> dict:
-    """Every expected ordering tested on one results directory (stats.compare_pairs, Holm over them)."""
-    side = load_side(directory, metric)
-    margin, source = stats.claim_margin(claim, setting, side.column)
-    rows, pairs = [], []
-    for e in expect:
-        equal = "=" in e and ">" not in e
-        a, b = (s.strip() for s in e.split("=" if equal else ">"))
-        x, y = side.values.get(a), side.values.get(b)
-        missing = x is None or y is None or len(x) < 2 or len(y) < 2
-        rows.append({"pair": e, "a": a, "b": b, "missing": missing})
-        if not missing:
-            pairs.append((a, b, "=" if equal else ">"))
-    tested = iter(stats.compare_pairs(side.by_seed, pairs, margin))
-    rows = [r if r["missing"] else next(tested) | {"pair": r["pair"], "missing": False} for r in rows]
+# ------------------------------------------------------------------ what a results directory holds
+
+
+def variant_configs(meta: dict, root: Path | None) -> dict:
+    """label -> resolved RunConfig of each variant, from the ablation file the results name (tried as given
+    and beside root); {} where that file is gone or no longer loads."""
+    source, setting = meta.get("source") or "", meta.get("setting")
+    for path in [Path(source)] + ([root.parent / source] if root else []):
+        if path.is_file():
+            try:
+                abl = load_ablation(path, setting=setting)
+            except (ConfigError, OSError, ValueError):
+                return {}
+            return {label: resolve_run(dict(raw, seed=abl.seeds[0]), str(path)) for label, _, raw in abl.variants}
+    return {}
+
+
+def inert_reason(task: metrics.TaskInfo | None, a, b) -> str | None:
+    """Why an ordering between run configs a and b cannot be tested on this task, or None: every key they
+    differ in is an axis whose parts the task declares inert, and the parts swapped are among those."""
+    if task is None or not task.inert or a is None or b is None:
+        return None
+    da, db = run_dict(a), run_dict(b)
+    keys = [k for k in da if k != "seed" and da[k] != db.get(k)]
+    reasons = []
+    for k in keys:
+        if k not in task.inert:
+            return None
+        names, why = task.inert[k]
+        if isinstance(da[k], list):  # a list axis (filters): the parts one has and the other not
+            only = [p for p in da[k] if p not in db[k]] + [p for p in db[k] if p not in da[k]]
+        else:
+            only = [da[k], db[k]]
+        if not all((p.get("name") if isinstance(p, dict) else p) in names for p in only):
+            return None
+        reasons.append(why)
+    return "; ".join(dict.fromkeys(reasons)) or None
+
+
+def run_curves(directory: Path, metric: str) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
+    """(variant, seed) -> (samples drawn at each point, the metric there) of every run, from the results'
+    metrics table. A point's samples: samples/total at its step, interpolated between logged steps; a
+    held-out evaluation at step 0 ran before the first rollout (0 samples)."""
+    path = metrics_path(directory)
+    if path is None:
+        return {}
+    try:
+        table = read_metrics_file(path)
+    except ValueError as e:
+        raise ConfigError(str(path), "<file>", f"{e}: damaged; rerun the sweep to rewrite it") from None
+    if "seed" not in table:
+        return {}
+    table = table[table.metric.isin([metric, "samples/total"])]
+    out = {}
+    for (variant, seed), g in table.groupby(["variant", "seed"], observed=True):
+        y = g[g.metric == metric].drop_duplicates("step", keep="last").sort_values("step")
+        s = g[g.metric == "samples/total"].drop_duplicates("step", keep="last").sort_values("step")
+        if y.empty or s.empty:
+            continue
+        x = np.interp(y.step.to_numpy(float), np.r_[-1.0, s.step.to_numpy(float)], np.r_[0.0, s.value.to_numpy(float)])
+        if metric.startswith("eval/"):
+            x[y.step.to_numpy() == 0] = 0.0
+        out[(str(variant), int(seed))] = (x, y.value.to_numpy(float))
+    return out
+
+
+def at_budget(x: np.ndarray, y: np.ndarray, budget: float) -> tuple[float, float]:
+    """(the curve's value at `budget`, its mean over [x[0], budget]) of y(x), linear between points; x
+    increasing. A budget past the last point reads the last point."""
+    budget = min(budget, float(x[-1]))
+    keep = x <= budget
+    xs, ys = x[keep], y[keep]
+    if xs[-1] < budget:
+        xs, ys = np.r_[xs, budget], np.r_[ys, np.interp(budget, x, y)]
+    value = float(ys[-1])
+    width = xs[-1] - xs[0]
+    area = float(np.sum((ys[1:] + ys[:-1]) / 2 * np.diff(xs)) / width) if width > 0 else value
+    return value, area
+
+
+# ------------------------------------------------------------------------------------ judging
+
+
+def judge_setting(directory: Path, claim: dict, setting: str | None = None, root: Path | None = None) -> dict:
+    """Every expected ordering of a claim judged on one results directory: on both quantities, Holm over
+    the testable orderings of each, the claim's `judge` deciding the verdict."""
+    meta = read_meta(directory)
+    summary = read_table(directory / "summary.csv", ["run", "variant", "status"])
+    task = metrics.task_of(meta, final_names(summary))
+    asked = claim.get("metric") or (task.verdict_metric if task else None)
+    side = load_side(directory, asked)
+    column = side.column
+    margin, source = stats.claim_margin(claim, setting, column, task)
+    judge_on = claim.get("judge", "final")
+    configs = variant_configs(meta, root)
+    where = f"{directory / 'ablation.json'}: claim of {meta.get('name', directory.name)}"
+    check_orderings(claim, configs or None, setting, where, task)
+
+    ok = summary[(summary.status == "ok") & summary[column].notna()]
+    finals = [c for c in ok.columns if c.startswith("final/")]
+    ident = _identities(ok, finals)
+    budgets = ({v: g.set_index("seed")["final/samples"] for v, g in ok.groupby("variant")}
+               if "final/samples" in ok and "seed" in ok else {})
+    metric = metrics.metric_of(column) or column
+    curves = run_curves(directory, metric)
+
+    rows, seen = [], {}
+    for e in claim["expect"]:
+        a, b, kind = parse_ordering(e)
+        row = {"pair": e, "a": a, "b": b, "claim": kind, "why": None, "budget": None}
+        x, y = side.by_seed.get(a), side.by_seed.get(b)
+        row["missing"] = x is None or y is None or len(x) < 2 or len(y) < 2
+        if not row["missing"]:
+            row["why"] = inert_reason(task, configs.get(a), configs.get(b))
+            canon = frozenset((ident.get(a, a), ident.get(b, b)))
+            if row["why"] is None and len(canon) == 2 and canon in seen:
+                twins = [f"`{v}` ran the same numbers as `{ident[v]}`" for v in (a, b) if ident.get(v, v) != v]
+                row["why"] = f"the same runs as `{seen[canon]}` ({'; '.join(twins)})"
+            seen.setdefault(canon, e)
+            row["budget"] = _budget(budgets, a, b)
+        rows.append(row)
+
+    tested = [r for r in rows if not r["missing"] and r["why"] is None]
+    by_quantity = {}
+    for q in QUANTITIES:
+        groups, pairs = {}, []
+        for i, r in enumerate(tested):
+            ga, gb = (f"{i}:a", f"{i}:b")
+            groups[ga] = _values(side.by_seed[r["a"]], r["a"], q, r["budget"], curves)
+            groups[gb] = _values(side.by_seed[r["b"]], r["b"], q, r["budget"], curves)
+            if groups[ga] is None or groups[gb] is None:
+                groups.pop(ga), groups.pop(gb)
+                continue
+            pairs.append((ga, gb, r["claim"]))
+        results = stats.compare_pairs(groups, pairs, margin)
+        by_quantity[q] = {int(t["a"].split(":")[0]): t for t in results}
+    sequential = _sequential(meta, directory, column, margin, judge_on)
+    for i, r in enumerate(tested):
+        r["quantities"] = {}
+        for q in QUANTITIES:
+            t = by_quantity[q].get(i)
+            if t is not None:
+                r["quantities"][q] = t | {"a": r["a"], "b": r["b"], "pair": r["pair"]}
+        if sequential and judge_on in r["quantities"]:
+            _apply_sequential(r["quantities"][judge_on], sequential, side.by_seed)
     sweep = directory / "sweep.json"
     try:
         timing = json.loads(sweep.read_text()) if sweep.is_file() else None
     except (ValueError, UnicodeDecodeError) as e:
         raise ConfigError(str(sweep), "<file>", f"not valid JSON: {str(e).splitlines()[0]}") from None
-    return {"dir": directory, "side": side, "rows": rows, "column": side.column, "margin": margin,
-            "margin_source": source, "sweep": timing}
+    return {"dir": directory, "side": side, "rows": rows, "column": column, "margin": margin, "margin_source": source,
+            "judge": judge_on, "sweep": timing, "task": task, "sequential": sequential,
+            "sampled": _means(ok, "final/reward") if column != "final/reward" else None}
+
+
+def _identities(ok: pd.DataFrame, finals: list[str]) -> dict[str, str]:
+    """variant -> the first variant (in table order) whose every run has the same final values on every
+    final/* column: the same runs under another name (a part whose gradient equals another's)."""
+    if "seed" not in ok or not finals:
+        return {}
+    keyed = {v: g.sort_values("seed")[["seed", *finals]].to_numpy() for v, g in ok.groupby("variant", sort=False)}
+    out, firsts = {}, []
+    for v, arr in keyed.items():
+        twin = next((u for u in firsts if keyed[u].shape == arr.shape
+                     and np.array_equal(keyed[u], arr, equal_nan=True)), None)
+        if twin is None:
+            firsts.append(v)
+        else:
+            out[v] = twin
+    return out
+
+
+def _budget(budgets: dict, a: str, b: str) -> float | None:
+    """The samples budget both are read at when their runs drew different numbers (None when equal)."""
+    if a not in budgets or b not in budgets:
+        return None
+    both = pd.concat([budgets[a], budgets[b]]).to_numpy(float)
+    if not len(both) or both.min() <= 0 or both.max() / both.min() <= EQUAL_BUDGET:
+        return None
+    return float(both.min())
+
+
+def _values(finals: pd.Series, variant: str, quantity: str, budget: float | None, curves: dict) -> pd.Series | None:
+    """Per-seed values of one quantity: the final values themselves, or read from each run's curve (the area,
+    or any quantity at a common budget); None where a run has no curve."""
+    if quantity == "final" and budget is None:
+        return finals
+    out = {}
+    for seed in finals.index:
+        c = curves.get((variant, int(seed)))
+        if c is None:
+            return None
+        x, y = c
+        value, area = at_budget(x, y, x[-1] if budget is None else budget)
+        out[seed] = value if quantity == "final" else area
+    return pd.Series(out, dtype=float)
+
+
+def _means(ok: pd.DataFrame, column: str) -> pd.Series | None:
+    return ok.groupby("variant", sort=False)[column].mean() if column in ok else None
+
+
+# ------------------------------------------------------------------ seeds chosen sequentially
+
+
+def _sequential(meta: dict, directory: Path, column: str, margin: float | None, judge_on: str) -> dict | None:
+    """How `run --seeds auto` chose this result's seeds (ablation.json's `sequential`, sweep.json's looks), and
+    whether its boundaries apply here: the same metric, judged on its final value."""
+    seq = meta.get("sequential")
+    if not seq:
+        return None
+    try:
+        sweep = json.loads((directory / "sweep.json").read_text())
+    except (OSError, ValueError):
+        sweep = {}
+    looks, seeds = sweep.get("looks") or [], sweep.get("seeds") or meta.get("seeds", [])
+    applies = seq.get("metric") == column and judge_on == "final" and bool(looks)
+    margin = sweep.get("margin", margin)  # the margin the looks were decided with
+    return {"cap": seq.get("cap"), "metric": seq.get("metric"), "applies": applies, "margin": margin,
+            "m": seq.get("orderings") or 1,
+            "batches": [seeds[(looks[k - 1] if k else 0):n] for k, n in enumerate(looks)]}
+
+
+def _apply_sequential(t: dict, seq: dict, by_seed: dict) -> None:
+    """Replace a row's fixed-sample outcome by the group-sequential decision that chose its seeds."""
+    if not seq["applies"]:
+        return
+    values = {v: {int(s): float(x) for s, x in by_seed[v].items()} for v in (t["a"], t["b"])}
+    m = seq["m"]  # each ordering was decided at alpha / m (Bonferroni over the sweep's orderings)
+    d = stats.sequential_decision(values, [f"{t['a']} vs {t['b']}"], seq["margin"] or 0.0, seq["cap"],
+                                  seq["batches"], stats.ALPHA / m)["orderings"][0]
+    up = d["outcome"] == f"{t['a']} > {t['b']}"
+    if d["outcome"] is None:
+        outcome = "undecided"
+    elif d["outcome"].startswith("equivalent"):
+        outcome = "equivalent"
+    else:
+        outcome = ("holds" if up else "reversed") + (", negligible" if d.get("negligible") else "")
+    t["outcome"] = outcome
+    t["verdict"] = ({"equivalent": "holds"}.get(outcome, "holds" if "negligible" in outcome else
+                                               "undecided" if outcome == "undecided" else "fails")
+                    if t["claim"] == "=" else outcome)
+    t["sequential"] = d["why"]
+
+
+# -------------------------------------------------------------------------------- writing
+
+
+def counts(rows: list[dict], quantity: str) -> dict[str, int]:
+    """How many of a claim's orderings on one setting hold, are negligible, equivalent, reversed (for
+    "a = b": fail), undecided; not testable ones apart."""
+    out = dict.fromkeys(("hold", "negligible", "equivalent", "reversed", "fail", "undecided", "not testable"), 0)
+    for r in rows:
+        if r["missing"]:
+            continue
+        t = (r.get("quantities") or {}).get(quantity)
+        if r["why"] is not None or t is None or t["verdict"] == stats.NOT_TESTABLE:
+            out["not testable"] += 1
+        elif r["claim"] == "=":
+            out[{"holds": "hold", "fails": "fail"}.get(t["verdict"], "undecided")] += 1
+        else:
+            o = t["outcome"]
+            out["hold" if o == "holds" else "negligible" if o.endswith("negligible") else o] += 1
+    return out
 
 
 def summarise(result: dict | None, reason: str | None) -> str:
+    """A setting's cell in the claims table: a head word and the counts, on the claim's quantity."""
     if result is None:
         return f"not testable: {reason}" if reason else "not run"
-    verdicts = [r["verdict"] for r in result["rows"] if not r["missing"]]
-    if not verdicts:
+    c = counts(result["rows"], result["judge"])
+    n = sum(v for k, v in c.items() if k != "not testable")
+    if not n and not c["not testable"]:
         return "not run"
-    agree, disagree = verdicts.count("agrees"), verdicts.count("disagrees")
-    equivalent, undecided = verdicts.count("equivalent"), verdicts.count("undecided")
-    if disagree:
-        head = "disagrees" if not agree else "mixed"
-    elif agree == len(verdicts):
-        head = "agrees"
-    elif agree:
-        head = "partly agrees"
-    elif equivalent == len(verdicts):
-        head = "no difference beyond the margin"
-    else:
-        head = "undecided at this scale"
-    return (f"{head} ({agree} of {len(verdicts)} orderings hold, {disagree} reversed, {equivalent} equivalent, "
-            f"{undecided} undecided)")
+    where = f"{label_column(result['column'])}, {result['judge']}"
+    if not n:
+        return f"not testable here ({where}: {c['not testable']} of {c['not testable']} orderings)"
+    against = c["reversed"] + c["fail"]
+    head = ("mixed" if against and c["hold"] else "does not hold" if against else "holds" if c["hold"] == n
+            else "partly holds" if c["hold"] else "no difference that matters" if c["negligible"] + c["equivalent"] == n
+            else "undecided at this scale")
+    parts = [f"{c['hold']} of {n} hold"] + [f"{c[k]} {k}" for k in ("negligible", "equivalent", "reversed", "fail",
+                                                                     "undecided") if c[k]]
+    tail = f"; {c['not testable']} not testable here" if c["not testable"] else ""
+    return f"{head} ({where}: {', '.join(parts)}{tail})"
 
 
 def collect(root: Path) -> tuple[dict[str, dict], dict[str, metrics.TaskInfo], list[str]]:
@@ -129,11 +380,38 @@ def names(order: list[str], tasks: dict[str, metrics.TaskInfo]) -> dict[str, tup
     return {s: (f"{n[0]} ({s})", f"{n[1]} ({s})") if labels.count(n[0]) > 1 else n for s, n in plain.items()}
 
 
-def _cell(r: dict) -> str:
+def _quantity(result: dict, r: dict, q: str) -> str:
+    """'eval reward, final' or 'eval reward, area (equal samples: both at 192,000)'."""
+    text = f"{label_column(result['column'])}, {q}"
+    if r["budget"] is not None:
+        text += f" at equal samples drawn (both read at {r['budget']:,.0f})"
+    return text
+
+
+def _cell(result: dict, r: dict) -> str:
     if r["missing"]:
         return "—"
-    return (f"{r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]; {stats.which_test(r)}; p_holm {r['p_holm']:.2g}; "
-            f"P(a > b) {r['poi']:.2f}; {stats.power_text(r)}: **{stats.verdict_text(r)}**")
+    if r["why"] is not None:
+        return f"**not testable here**: {r['why']}"
+    own, parts = result["judge"], []
+    for q in (own, *(x for x in QUANTITIES if x != own)):
+        t = r["quantities"].get(q)
+        if t is None:
+            parts.append(f"{_quantity(result, r, q)}: no curve to read")
+            continue
+        if t["verdict"] == stats.NOT_TESTABLE:
+            parts.append(f"{_quantity(result, r, q)}: **{stats.verdict_text(t)}**" if q == own else
+                         f"{q}: {stats.verdict_text(t)}")
+            continue
+        test = (f"{stats.which_test(t)}; sequential: {t['sequential']}" if t.get("sequential") else
+                f"{stats.which_test(t)}; p_holm {t['p_holm']:.2g}")
+        body = f"Δ {stats.interval_text(t)}; {test}; P(a > b) {t['poi']:.2f}; {stats.power_text(t)}"
+        if q == own:
+            parts.append(f"{_quantity(result, r, q)}: {body}: **{stats.verdict_text(t)}**")
+        else:
+            parts.append(f"{q} (beside; not the claim's quantity): Δ {t['diff']:+.3f}, p_holm {t['p_holm']:.2g}: "
+                         f"{stats.verdict_text(t)}")
+    return "<br>".join(parts)
 
 
 def _tau(results: dict, x: str, y: str) -> str:
@@ -145,14 +423,16 @@ def _tau(results: dict, x: str, y: str) -> str:
 
 
 def _ranking(result: dict) -> str:
-    side = result["side"]
+    side, sampled = result["side"], result["sampled"]
     means = side.means.sort_values(ascending=False)
-    return " > ".join(f"`{v}` {m:.3f} (IQM {stats.iqm(side.values[v]):.3f})" for v, m in means.items())
+    def beside(v: str) -> str:
+        return f"; sampled reward {sampled[v]:.3f}" if sampled is not None and v in sampled else ""
+    return " > ".join(f"`{v}` {m:.3f} (IQM {stats.iqm(side.values[v]):.3f}{beside(v)})" for v, m in means.items())
 
 
 def _timing(result: dict) -> str:
     s = result["sweep"]
-    if not s:
+    if not s or "wall_s" not in s:
         return "not recorded"
     return f"{s['wall_s'] / 60:.1f} min for {s['runs']} runs ({s['where']}, {s['cpu']}, load {s['load_avg_end']})"
 
@@ -177,6 +457,36 @@ def _presets(families: dict[str, dict], root: Path) -> dict[str, list[str]]:
     return found
 
 
+def intro(where: str, tasks: dict[str, metrics.TaskInfo], order: list[str], name: dict) -> str:
+    judged = "; ".join(f"the {name[s]} on {label_column(tasks[s].verdict_metric)}"
+                       + (f", δ ±{tasks[s].margin:g} ({tasks[s].margin_rule})" if tasks[s].margin else "")
+                       for s in order if s in tasks)
+    return (
+        f"Each row is one claim, tested by the shipped ablation of the same name on {where}, everything else held "
+        "fixed; the settings and seeds of each are in its section. Each claim is judged on one quantity of one "
+        "metric, named in every row: the task's held-out verdict metric unless the claim names another "
+        f"({judged}; the sampled training reward is printed beside), and its value at the end of the budget "
+        "(*final*) unless the claim says it is about the speed (*area*: the mean of the curve over the budget "
+        "against samples drawn); both are printed for every ordering and the claim's own decides. Two variants "
+        "that draw different numbers of samples (dynamic sampling) are both read at the smaller budget, and the "
+        "row says so. Each ordering \"a > b\" is tested on per-seed values: seed by seed on a − b where the "
+        f"variants ran the same seeds (paired t below {stats.N_PERM} pairs, a sign-flip permutation test from "
+        f"{stats.N_PERM}; ρ: their correlation across seeds), Welch's t otherwise, Holm-corrected over the "
+        "claim's testable orderings on that task; and by two one-sided tests (TOST, Holm-corrected) within the "
+        "margin δ (the claim's `margin`, else the task's). The two tests together give one of six outcomes: "
+        "*holds* (significant, not within ±δ), *holds, negligible* (significant, but within ±δ), *equivalent* "
+        "(within ±δ, not significant), *reversed, negligible*, *reversed*, or *undecided* (with the MDE — the "
+        "smallest difference the test detects with 80% power at its Holm level — and the seeds that would "
+        "decide it). A claimed \"a = b\" holds when equivalent or negligible, and fails on a significant "
+        "difference not shown within ±δ. The interval printed is the one the outcome used: TOST's (90% where "
+        "Holm adjusts nothing) for an equivalent row, the Holm-adjusted one for every other. An ordering is "
+        "*not testable here*, and in no count, when its variants differ only in parts the task declares inert, "
+        "when every paired difference is exactly 0, or when its variants ran the same numbers as an earlier "
+        "ordering's. Kendall's τ between the toy's and the LM's orderings of the same variants asks whether the "
+        "toy predicts the LM. Generated by `python -m grpo_bench findings` from the results directories: every "
+        "number is recomputed from them (docs/statistics.md has the rules).")
+
+
 def render(root: Path) -> str:
     families, tasks, order = collect(root)
     called = names(order, tasks)
@@ -185,25 +495,7 @@ def render(root: Path) -> str:
     where = " and ".join(f"the {name[s]}" + (f" (`{'`, `'.join(presets[s])}`)" if presets.get(s) else "")
                          for s in order)
     pairs = list(itertools.combinations(order, 2))  # a τ column per pair of settings: does one predict the other?
-    lines = ["# Findings: published claims about GRPO, put to the test", "",
-             f"Each row is one claim, tested by the shipped ablation of the same name on {where}, everything "
-             "else held fixed; the settings and seeds of each are in its section. The "
-             "metric is each task's main one (final rollout reward on the toy, final held-out greedy accuracy "
-             "on the LM) unless the claim names another. Each ordering \"a > b\" the paper reports is tested "
-             "on the per-seed final values: seed by seed on the differences a − b where the two variants ran "
-             f"the same seeds (paired t below {stats.N_PERM} pairs, a sign-flip permutation test from "
-             f"{stats.N_PERM}; ρ: their correlation across seeds), Welch's t otherwise; Holm-corrected over the "
-             "claim's orderings on that task. It *agrees* when a − b > 0 with p_holm < 0.05, *disagrees* when "
-             "significant the other way, is *equivalent within ±δ* when two one-sided tests (TOST, "
-             "Holm-corrected) put the difference within the margin δ (the claim's `margin`, else the "
-             "metric's default: 0.02 reward, 0.03 accuracy), and *undecided* otherwise, with the seeds per "
-             "side that would decide it at 80% power if the difference were as observed. Every non-significant "
-             "ordering carries its MDE: the smallest difference its test detects with 80% power at the level "
-             "Holm compared it with — what \"no difference\" could have seen, at this scale: these seeds and "
-             "this budget, not the paper's. A claimed \"a = b\" agrees when equivalent within δ. Kendall's τ "
-             "between the toy's and the LM's orderings of the same variants asks whether the toy predicts the "
-             "LM. Generated by `python -m grpo_bench findings` from the results directories: every number is "
-             "recomputed from them.", "",
+    lines = ["# Findings: published claims about GRPO, put to the test", "", intro(where, tasks, order, name), "",
              "| " + " | ".join(["claim", "source", *(name[s] for s in order),
                                 *(f"{called[a][1]} ↔ {called[b][1]} τ" for a, b in pairs)]) + " |",
              "|---|---|" + "---|" * (len(order) + len(pairs))]
@@ -211,8 +503,7 @@ def render(root: Path) -> str:
     for family, entry in families.items():
         claim = entry["claim"]
         untestable = claim.get("untestable") or {}
-        results = {s: judge_setting(d, claim["expect"], claim.get("metric"), claim, s)
-                   for s, d in entry["settings"].items()}
+        results = {s: judge_setting(d, claim, s, root) for s, d in entry["settings"].items()}
         cells = [summarise(results.get(s), untestable.get(s)) for s in order]
         row = [f"[{family}](#{family}): {claim['text']}", claim["source"], *cells,
                *(_tau(results, a, b) for a, b in pairs)]
@@ -221,28 +512,39 @@ def render(root: Path) -> str:
         details += [f"## {family}", "", f"**Claim.** {claim['text']}", "", f"**Source.** {claim['source']}", ""]
         if claim.get("setting"):
             details += [f"**Their setting.** {claim['setting']}", ""]
-        if claim.get("metric"):
-            details += [f"**Judged on** `{claim['metric']}` (mean over the last 10% of rollouts).", ""]
+        details += [f"**Judged on** " + "; ".join(
+            f"{name[s]}: `{r['column']}`, {r['judge']}" for s, r in results.items())
+            + (" (the claim's metric; a training metric's final value is its mean over the last 10% of rollouts)"
+               if claim.get("metric") else "") + ".", ""]
         details += [f"**Here.** `{entry['source']}`; " + "; ".join(
             f"{name[s]}: `results/{d.name}`" for s, d in entry["settings"].items()), ""]
         details += ["**Margin δ.** " + "; ".join(f"{name[s]}: " + (f"±{r['margin']:g}" if r["margin"] else "none")
                                                   + f" ({r['margin_source']})" for s, r in results.items()), ""]
-        head = ": Δ = a − b [95% CI]; test; Holm p; P(a > b); detectable effect or margin: verdict"
-        details += ["| ordering (a > b) | " + " | ".join(name[s] + head for s in results) + " |",
+        for s, r in results.items():
+            if r["sequential"]:
+                seq = r["sequential"]
+                details += [f"**Seeds chosen sequentially** on the {name[s]} (`--seeds auto:{seq['cap']}`, on "
+                            f"`{seq['metric']}`): " + ("its verdicts use the O'Brien–Fleming boundaries that chose "
+                                                       "them, not the fixed-sample tests" if seq["applies"] else
+                                                       "judged here on another metric or quantity, with "
+                                                       "fixed-sample tests that ignore that stopping rule") + ".", ""]
+        head = ": quantity: Δ = a − b [interval]; test; P(a > b); detectable effect or margin: verdict"
+        details += ["| ordering | " + " | ".join(name[s] + head for s in results) + " |",
                     "|---|" + "---|" * len(results)]
         for i, e in enumerate(claim["expect"]):
-            details.append(f"| `{e}` | " + " | ".join(_cell(r["rows"][i]) for r in results.values()) + " |")
+            details.append(f"| `{e}` | " + " | ".join(_cell(r, r["rows"][i]) for r in results.values()) + " |")
         details.append("")
         for s, r in results.items():
-            details.append(f"- {name[s]} ({label_column(r['column'])}, {r['side'].seeds} seeds): {_ranking(r)}. "
+            details.append(f"- {name[s]} ({label_column(r['column'])}, final, {r['side'].seeds} seeds): {_ranking(r)}. "
                            f"Time: {_timing(r)}. Command: `python -m grpo_bench run {entry['source']} --setting {s}`.")
         for s, why in untestable.items():
             details.append(f"- {name[s]}: {'not testable here' if s not in results else 'note'}: {why}")
         details.append("")
     if not families:
         lines.append("| (no results with a claim yet) | |")
-    notes = root / "FINDINGS_notes.md"  # commentary written after looking at these results
-    return "\n".join(lines + [""] + details + ([notes.read_text()] if notes.is_file() else []))
+    # the changes since the last version's verdicts, then commentary written after looking at these results
+    extra = [p.read_text() for p in (root / "FINDINGS_changes.md", root / "FINDINGS_notes.md") if p.is_file()]
+    return "\n".join(lines + [""] + details + extra)
 
 
 def write_findings(root: Path, out: Path | None = None) -> Path:

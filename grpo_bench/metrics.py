@@ -14,7 +14,8 @@ declares a metric once with its aggregation and direction:
     higher_is_better  which way "best" reads (None: neither, a length say)
     tail              the trainer writes final/<name>: its mean over the last tenth of the rollouts
                       that logged it (reward/mean's is final/reward, written by the trainer itself)
-    margin            the default equivalence margin of a verdict on its final value
+    margin            an equivalence margin of its own for verdicts on its final value (none of the
+                      core's metrics has one: a task's verdict metric takes the task's margin, below)
     final             its summary column where that is not final/<name>
     offset_of         another metric it is minus a constant (the same for every run): its curve,
                       final values and differences are that metric's again, drawn once
@@ -27,16 +28,21 @@ it knows and a family fills in what it leaves unset. A name means one thing in e
 tasks that declare one name differently are an error.
 
 A task also declares, as class attributes, what results of it are judged on: `label` ("arithmetic
-LM"), `short` ("LM"), `main_metric` (a summary column, "final/eval/accuracy") and `curves` (the
-headline figure's panels: the main metric's curve, then those beside it). The runner records them
-in ablation.json as "task"; results written before it did are known by a metric only their task
-logs (LEGACY).
+LM"), `short` ("LM"), `main_metric` (a summary column, "final/eval/accuracy"), `curves` (the
+headline figure's panels: the main metric's curve, then those beside it), and for verdicts
+(FINDINGS.md, `--seeds auto`): `verdict_metric` (the held-out summary column claims are judged on
+unless they name another), `headroom` (what the default recipe moves it over the task's budget:
+start, end, and where that was measured) and `margin_fraction` (the default margin is that
+fraction of the headroom), and `inert` (axis -> (parts, why): parts that do the same on this task,
+so an ordering that only swaps them is not testable here). The runner records them in
+ablation.json as "task"; results written before it did are known by a metric only their task
+logs (LEGACY); the judging keys come from the task's declaration where it is registered.
 """
 from __future__ import annotations
 
 import fnmatch
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
 from . import registry
@@ -103,9 +109,7 @@ CORE = (
     Metric("kl/old", range=(0, INF), scale="heavy"), Metric("time/*", range=(0, INF), scale="heavy"),
     Metric("entropy", range=(0, INF)), Metric("*/std", range=(0, INF)), Metric("*abs*", range=(0, INF)),
     Metric("response/length*", range=(0, INF)),
-    # Equivalence margins: the resolutions issue 20 asks of the suite (a detectable effect of 3
-    # accuracy points on the LM, 0.02 reward on the toy): below them the suite does not claim to see.
-    Metric("*accuracy*", margin=0.03), Metric("*pass@k", margin=0.03), Metric("*reward*", margin=0.02),
+    # no margins here: a task's margin comes from what its default recipe moves (TaskInfo.margin)
 )
 
 # Results from before ablation.json recorded its task: the task is known by a metric only it logs,
@@ -195,16 +199,43 @@ class TaskInfo:
     name: str
     label: str             # its name in FINDINGS.md's columns ("arithmetic LM")
     short: str             # in a column that pairs two tasks ("toy ↔ LM τ")
-    main_metric: str       # the summary column its ablations are judged on
+    main_metric: str       # the summary column REPORT.md's headline and figures lead with
     curves: tuple[str, ...]  # the headline figure's panels: the main metric's curve, then those beside it
     higher_is_better: bool  # the main metric's direction
+    verdict_metric: str = ""  # the held-out summary column claims are judged on (main_metric where not declared)
+    margin: float | None = None  # the default equivalence margin on the verdict metric
+    margin_rule: str = "no margin declared for this task"  # how the margin follows from the headroom
+    inert: dict = field(default_factory=dict)  # axis -> (parts that act the same here, why)
+
+    def __post_init__(self):
+        if not self.verdict_metric:
+            object.__setattr__(self, "verdict_metric", self.main_metric)
 
     def record(self) -> dict:
         return {"name": self.name, "label": self.label, "short": self.short, "main_metric": self.main_metric,
-                "curves": list(self.curves), "higher_is_better": self.higher_is_better}
+                "curves": list(self.curves), "higher_is_better": self.higher_is_better,
+                "verdict_metric": self.verdict_metric, "margin": self.margin, "margin_rule": self.margin_rule,
+                "inert": {k: [list(v[0]), v[1]] for k, v in self.inert.items()}}
 
 
 TASK_KEYS = {"name": str, "label": str, "short": str, "main_metric": str, "curves": list, "higher_is_better": bool}
+JUDGING = ("verdict_metric", "margin", "margin_rule", "inert")  # from the declaration, where the task is registered
+
+
+def judging(cls: type) -> dict:
+    """A task class's verdict metric, margin (margin_fraction of its headroom, to 3 decimals), the rule in
+    words, and its inert parts."""
+    main = getattr(cls, "main_metric", "final/reward")
+    verdict = getattr(cls, "verdict_metric", main)
+    headroom, fraction = getattr(cls, "headroom", None), getattr(cls, "margin_fraction", None)
+    margin, rule = None, "no margin declared for this task"
+    if headroom is not None and fraction is not None:
+        start, end, _where = headroom
+        margin = round(fraction * abs(end - start), 3)
+        rule = (f"{fraction:.0%} of the {abs(end - start):.3f} its default recipe moves "
+                f"{get(verdict).summary or verdict} ({start:.3f} → {end:.3f})")
+    inert = {k: (tuple(v[0]), v[1]) for k, v in getattr(cls, "inert", {}).items()}
+    return {"verdict_metric": verdict, "margin": margin, "margin_rule": rule, "inert": inert}
 
 
 def declared_task(name: str) -> TaskInfo:
@@ -214,15 +245,24 @@ def declared_task(name: str) -> TaskInfo:
     curves = tuple(getattr(cls, "curves", (metric_of(main) or main,)))
     higher = get(main).higher_is_better
     label = getattr(cls, "label", name)
-    return TaskInfo(name, label, getattr(cls, "short", label), main, curves, True if higher is None else higher)
+    return TaskInfo(name, label, getattr(cls, "short", label), main, curves, True if higher is None else higher,
+                    **judging(cls))
 
 
 def recorded_task(meta: dict | None) -> TaskInfo | None:
-    """ablation.json's "task" (report.read_meta checked its keys), or None where it has none."""
+    """ablation.json's "task" (report.read_meta checked its keys), or None where it has none. How it is judged
+    (JUDGING) is the task's declaration where the task is registered: a rule changed since the runs applies
+    to them; else what the record says, else nothing beyond its main metric."""
     t = (meta or {}).get("task")
     if not isinstance(t, dict):
         return None
-    return TaskInfo(**{k: tuple(t[k]) if k == "curves" else t[k] for k in TASK_KEYS})
+    base = {k: tuple(t[k]) if k == "curves" else t[k] for k in TASK_KEYS}
+    if t["name"] in registry.names("task"):
+        judged = judging(registry.get("task", t["name"]))
+    else:
+        judged = {k: t[k] for k in JUDGING if k in t}
+        judged["inert"] = {k: (tuple(v[0]), v[1]) for k, v in (judged.get("inert") or {}).items()}
+    return TaskInfo(**base, **judged)
 
 
 def task_of(meta: dict | None, metric_names) -> TaskInfo | None:

@@ -781,9 +781,12 @@ def groups_of(summary: pd.DataFrame, column: str, order: list[str]) -> dict[str,
     return out
 
 
-def column_margin(column: str, meta: dict | None = None) -> tuple[float | None, str]:
+def column_margin(column: str, meta: dict | None = None, summary: pd.DataFrame | None = None) -> tuple[float | None, str]:
+    """The equivalence margin of a summary column: the claim's, else the task's on its verdict metric, else
+    the metric's own (stats.claim_margin). summary: to know the task of results that did not record it."""
     meta = meta or {}
-    return stats.claim_margin(meta.get("claim"), meta.get("setting"), column)
+    task = metrics.task_of(meta, final_names(summary) if summary is not None else ())
+    return stats.claim_margin(meta.get("claim"), meta.get("setting"), column, task)
 
 
 def pairwise(summary: pd.DataFrame, column: str, order: list[str], meta: dict | None = None) -> list[dict]:
@@ -791,7 +794,7 @@ def pairwise(summary: pd.DataFrame, column: str, order: list[str], meta: dict | 
     with the margin of the ablation's claim or the metric's default."""
     groups = groups_of(summary, column, order)
     pairs = [(a, b, None) for a, b in itertools.combinations(groups, 2)]
-    return stats.compare_pairs(groups, pairs, column_margin(column, meta)[0])
+    return stats.compare_pairs(groups, pairs, column_margin(column, meta, summary)[0])
 
 
 def answer(summary: pd.DataFrame, column: str, order: list[str], meta: dict | None = None) -> str:
@@ -818,11 +821,14 @@ def answer(summary: pd.DataFrame, column: str, order: list[str], meta: dict | No
         losers = sorted((t["b"] if t["a"] == best else t["a"] for t in beaten), key=order.index)
         line += f", beyond seed noise above {len(beaten)} of {others} others ({', '.join(f'`{v}`' for v in losers)})"
     sig = [t for t in tests if t["significant"]]
-    line += f"; {len(sig)} of {len(tests)} pairs differ beyond seed noise"
+    same = sum(t["verdict"] == stats.NOT_TESTABLE for t in tests)
+    line += f"; {len(sig)} of {len(tests) - same} pairs differ beyond seed noise"
     if 0 < len(sig) <= 3 and len(sig) < len(tests):  # few enough to name, in the ablation's order
         pairs = sorted(((t["a"], t["b"]) if t["mean_a"] > t["mean_b"] else (t["b"], t["a"]) for t in sig),
                        key=lambda p: (order.index(p[0]), order.index(p[1])))
         line += " (" + ", ".join(f"`{hi}` > `{lo}`" for hi, lo in pairs) + ")"
+    if same:
+        line += f"; {same} pair{'s' * (same > 1)} ran the same numbers (not testable)"
     return line + "."
 
 
@@ -854,9 +860,12 @@ def method_text() -> str:
             "Two variants that ran the same seeds are compared seed by seed on the differences a − b (ρ: their "
             f"correlation across seeds): paired t below {stats.N_PERM} pairs, a sign-flip permutation test from "
             f"{stats.N_PERM} (every sign pattern up to {stats.EXACT_MAX} pairs); Welch's t where the seeds differ. "
-            "Δ's CI is the t interval. MDE: the smallest |Δ| the test detects with "
+            "Δ's interval is the one its verdict used: TOST's for an equivalent pair, else the t interval at "
+            "the level Holm adjusted its p to (labelled). MDE: the smallest |Δ| the test detects with "
             f"{stats.POWER:.0%} power at the level Holm compared its p with. *Equivalent*: two one-sided tests "
-            "(TOST, Holm-corrected) put Δ within ± the margin. *Undecided* gives the seeds that would decide it "
+            "(TOST, Holm-corrected) put Δ within ± the margin; a difference beyond seed noise that TOST also puts "
+            "within it is *negligible*. Two variants whose every paired difference is exactly 0 are not "
+            "testable and stay out of Holm. *Undecided* gives the seeds that would decide it "
             f"with {stats.POWER:.0%} power if Δ were as observed, by detecting Δ or by showing it within the margin, "
             "whichever needs fewer. P(a > b): the chance that a seed of a beats a seed of b (ties count ½), "
             "95% bootstrap CI; IQM: the interquartile mean, 95% bootstrap CI (both as rliable defines them).")
@@ -877,13 +886,13 @@ def sequential_text(meta: dict) -> str:
 
 def pair_rows(tests: list[dict], groups: dict) -> list[str]:
     """The pairs table: test, Δ with its CI, Holm p, detectable effect or margin, P(a > b), verdict."""
-    lines = ["| pair | test | Δ = a − b [95% CI] | p_holm | detectable / margin | P(a > b) [95% CI] | verdict |",
-             "|---|---|---|---:|---|---|---|"]
+    lines = ["| pair | test | Δ = a − b [the interval its verdict used] | p_holm | detectable / margin "
+             "| P(a > b) [95% CI] | verdict |", "|---|---|---|---:|---|---|---|"]
     for t in tests:
         poi = stats.prob_improvement_ci(np.asarray(groups[t["a"]], float), np.asarray(groups[t["b"]], float))
-        lines.append(f"| `{t['a']}` vs `{t['b']}` | {stats.which_test(t)} | {_ci(t['diff'], t['lo'], t['hi'], True)} "
-                     f"| {t['p_holm']:.2g} | {stats.power_text(t)} | {_ci(*poi)} "
-                     f"| {stats.verdict_text(t)} |")
+        p = "—" if math.isnan(t["p_holm"]) else f"{t['p_holm']:.2g}"
+        lines.append(f"| `{t['a']}` vs `{t['b']}` | {stats.which_test(t)} | {stats.interval_text(t)} "
+                     f"| {p} | {stats.power_text(t)} | {_ci(*poi)} | {stats.verdict_text(t)} |")
     return lines
 
 
@@ -898,17 +907,21 @@ def variant_rows(groups: dict) -> list[str]:
 def differences_section(summary: pd.DataFrame, column: str, name: str, order: list[str], meta: dict) -> list[str]:
     lines = [f"## Differences in {name}", ""]
     groups = groups_of(summary, column, order)
-    margin, source = column_margin(column, meta)
+    margin, source = column_margin(column, meta, summary)
     tests = pairwise(summary, column, order, meta)
     if not tests:
         return lines + ["Not enough finished runs (two seeds per variant) to compare.", ""]
     within = f"±{margin:g} ({source})" if margin is not None else f"none ({source}): no equivalence test"
     lines += [f"{len(tests)} pair{'s' * (len(tests) != 1)}, Holm-corrected together; equivalence margin {within}.",
               ""] + variant_rows(groups) + [""] + pair_rows(tests, groups)
+    outcomes = [t["outcome"] for t in tests]
     sig = sum(t["significant"] for t in tests)
-    eq = sum(t["verdict"] == "equivalent" for t in tests)
-    lines += ["", f"Beyond seed noise: {sig} of {len(tests)}; equivalent within the margin: {eq}; "
-              f"undecided: {len(tests) - sig - eq}.", ""]
+    small = sum(o.endswith("negligible") for o in outcomes)
+    apart = outcomes.count(stats.NOT_TESTABLE)
+    lines += ["", f"Beyond seed noise: {sig} of {len(tests) - apart}" + (f" ({small} of them negligible: within "
+              "the margin)" if small else "") + f"; equivalent within the margin: {outcomes.count('equivalent')}; "
+              f"undecided: {outcomes.count('undecided')}"
+              + (f"; not testable (every paired difference exactly 0): {apart}" if apart else "") + ".", ""]
     return lines
 
 

@@ -513,12 +513,20 @@ def sequential_orderings(abl: Ablation) -> list[str]:
     return [f"{a} vs {b}" for i, a in enumerate(labels) for b in labels[i + 1:]]
 
 
+def decision_task(abl: Ablation) -> metrics.TaskInfo | None:
+    """The declaration of the task the ablation's variants train (None when they train several)."""
+    record = metrics.ablation_record(abl)["task"]
+    return metrics.recorded_task({"task": record}) if record else None
+
+
 def decision_column(summary: pd.DataFrame, abl: Ablation) -> str:
-    """The summary column --seeds auto decides on: the claim's `metric`, else the task's main metric, the
-    column REPORT.md and FINDINGS.md judge. The one place this choice is made for the runner."""
+    """The summary column --seeds auto decides on: the claim's `metric`, else the task's verdict metric, the
+    column FINDINGS.md judges. The one place this choice is made for the runner."""
     from .compare import resolve_column
 
-    return resolve_column(summary, (abl.claim or {}).get("metric"), abl.source)
+    task = decision_task(abl)
+    return resolve_column(summary, (abl.claim or {}).get("metric") or (task.verdict_metric if task else None),
+                          abl.source)
 
 
 def sequential_look(abl: Ablation, summary: pd.DataFrame, orderings: list[str], batches: list[list[int]]) -> dict:
@@ -532,7 +540,7 @@ def sequential_look(abl: Ablation, summary: pd.DataFrame, orderings: list[str], 
         return {"stopped": "failed", "reason": f"{len(failed)} of {len(summary)} runs failed (errors in summary.csv); "
                 "run the same command again to redo them and go on", **looks}
     column = decision_column(summary, abl)
-    margin, source = stats.claim_margin(abl.claim, abl.setting, column)
+    margin, source = stats.claim_margin(abl.claim, abl.setting, column, decision_task(abl))
     ok = summary[summary[column].notna()]
     values = {v: dict(zip(map(int, g.seed), map(float, g[column]))) for v, g in ok.groupby("variant", sort=False)}
     # no margin: equivalence cannot be shown (TOST within +-0 never passes), only an ordering
@@ -555,6 +563,12 @@ def run_sequential(abl: Ablation, out: Path, orderings: list[str], execute) -> N
     sweep.json and ablation.json's `sequential` are rewritten after every look."""
     batches = [abl.seeds[i:i + BATCH] for i in range(0, len(abl.seeds), BATCH)]
     setup = {"cap": len(abl.seeds), "batch": BATCH, "orderings": len(orderings)}
+    before = _read_json(out / "ablation.json").get("sequential")
+    if isinstance(before, dict) and before.get("cap") not in (None, setup["cap"]):
+        # the looks already made spent alpha at fractions of the old cap: new fractions would spend it again
+        raise ConfigError("--seeds", f"auto:{setup['cap']}", f"{out} was run with --seeds auto:{before['cap']}; "
+                          f"resume it with auto:{before['cap']} (a new cap would test the same seeds at a family-wise "
+                          "error above 0.05), or start a new --out")
     previous = _read_json(out / "sweep.json")
     timing = {k: previous[k] for k in TIMING if k in previous}  # the last sweep that ran something
     ran: list[dict] = []

@@ -6,8 +6,11 @@ What a comparison of two variants on per-seed final values does (docs/statistics
   from N_PERM up (Monte Carlo past EXACT_MAX); Welch's t when the seeds differ;
 - Holm's correction over the orderings asked; each ordering's minimum detectable effect
   (MDE) at 80% power at the level Holm compared its p with; TOST equivalence within a
-  margin; a verdict from four: agrees, disagrees, equivalent within the margin, undecided
-  (with the seeds per side that would decide it);
+  margin; one of six outcomes from the two tests together (`judge`): holds, holds but
+  negligible (inside the margin), equivalent, reversed but negligible, reversed, undecided
+  (with the seeds per side that would decide it); an ordering whose every paired difference
+  is exactly 0 is not testable and stays out of Holm; the interval printed is the one the
+  outcome used (`interval`);
 - robust aggregates as rliable defines them (Agarwal et al. 2021): the interquartile mean
   with a stratified bootstrap CI and the probability of improvement P(X > Y);
 - ScaleRL's saturating curve R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) fitted to a mean
@@ -37,20 +40,26 @@ N_BOOT = 2000    # bootstrap resamples for IQM and P(X > Y)
 MAX_SEEDS = 1000  # "about N seeds" is not worth computing past this
 
 def default_margin(column: str) -> float | None:
-    """The equivalence margin declared for a summary column's metric (grpo_bench/metrics.py), used where
-    the claim states no `margin`; None where none is declared."""
+    """The equivalence margin a metric declares for itself (grpo_bench/metrics.py; none of the core's do),
+    used where neither the claim nor the task says; None where none is declared."""
     return metrics.get(column).margin
 
 
-def claim_margin(claim: dict | None, setting: str | None, column: str) -> tuple[float | None, str]:
-    """(margin, where it comes from): the claim's `margin` (one number, or one per setting), else the metric's."""
+def claim_margin(claim: dict | None, setting: str | None, column: str,
+                 task: "metrics.TaskInfo | None" = None) -> tuple[float | None, str]:
+    """(margin, where it comes from): the claim's `margin` (one number, or one per setting), else the task's
+    own margin when the column is the task's verdict metric (or that less a constant), else the metric's."""
     m = (claim or {}).get("margin")
     if isinstance(m, dict):
         m = m.get(setting)
     if m is not None:
         return float(m), "the claim's margin"
+    offset = metrics.get(column).offset_of  # accuracy gain is accuracy less a constant: the same differences
+    if task is not None and task.margin is not None and task.verdict_metric in (
+            column, offset and metrics.final_column(offset)):
+        return task.margin, f"the task's: {task.margin_rule}"
     m = default_margin(column)
-    return m, ("the default for this metric" if m is not None else "no margin declared for this metric")
+    return m, ("the metric's declared margin" if m is not None else "no margin declared for this metric")
 
 
 # ------------------------------------------------------------------ two-sample tests
@@ -236,38 +245,70 @@ def seeds_for_equivalence(diff: float, sd: float, margin: float, alpha: float, p
 # -------------------------------------------------------------------------- verdicts
 
 
+OUTCOMES = ("holds", "holds, negligible", "equivalent", "reversed, negligible", "reversed", "undecided")
+NOT_TESTABLE = "not testable"
+
+
 def compare_pairs(groups: dict[str, pd.Series | np.ndarray], pairs: list[tuple[str, str, str | None]],
                   margin: float | None, alpha: float = ALPHA) -> list[dict]:
     """Every pair (a, b, claim) tested, Holm-corrected over the list, each with its MDE, TOST and verdict.
 
     claim: ">" (the claim says a beats b), "=" (no difference) or None (a plain pair of an ablation).
     groups: per-seed values by variant; Series indexed by seed pair up where the seeds match.
-    Returns one dict per pair, in the list's order (see `two_sample` and `judge` for the keys).
+    A paired comparison whose every difference is exactly 0 (the two variants ran the same numbers) is
+    not testable: its row says so (`verdict` "not testable", `why`) and it stays out of Holm's m.
+    Returns one dict per pair, in the list's order (see `two_sample`, `judge` and `interval` for the keys).
     """
-    rows = [two_sample(groups[a], groups[b]) | {"a": a, "b": b, "claim": claim} for a, b, claim in pairs]
-    ps = [r["p"] for r in rows]
-    tosts = [tost(r["diff"], r["se"], r["df"], margin) if margin else 1.0 for r in rows]
-    for r, ph, level, pt, pth in zip(rows, holm(ps), holm_levels(ps, alpha), tosts, holm(tosts)):
-        r |= {"p_holm": ph, "level": level, "significant": ph < alpha, "margin": margin, "p_tost": pt,
-              "p_tost_holm": pth, "equivalent": bool(margin) and pth < alpha,
-              "poi": prob_improvement(np.asarray(groups[r["a"]], float), np.asarray(groups[r["b"]], float))}
+    rows = []
+    for a, b, claim in pairs:
+        r = two_sample(groups[a], groups[b]) | {"a": a, "b": b, "claim": claim, "margin": margin, "why": None,
+                                                "poi": prob_improvement(np.asarray(groups[a], float),
+                                                                        np.asarray(groups[b], float))}
+        if r["paired"] and r["diff"] == 0 and r["sd"] == 0:
+            r["why"] = f"every paired difference is exactly 0 ({r['n']} seeds): the two ran the same numbers"
+        rows.append(r)
+    tested = [r for r in rows if r["why"] is None]
+    ps = [r["p"] for r in tested]
+    tosts = [tost(r["diff"], r["se"], r["df"], margin) if margin else 1.0 for r in tested]
+    for r, ph, level, pt, pth in zip(tested, holm(ps), holm_levels(ps, alpha), tosts, holm(tosts)):
+        r |= {"p_holm": ph, "level": level, "significant": ph < alpha, "p_tost": pt,
+              "p_tost_holm": pth, "equivalent": bool(margin) and pth < alpha}
         judge(r)
+        interval(r, alpha, len(tested))
+    for r in rows:
+        if r["why"] is not None:
+            r |= {"p_holm": math.nan, "level": math.nan, "significant": False, "p_tost": math.nan,
+                  "p_tost_holm": math.nan, "equivalent": False, "mde": math.nan, "outcome": NOT_TESTABLE,
+                  "verdict": NOT_TESTABLE, "seeds_needed": None, "seeds_basis": None,
+                  "ci": (r["diff"], r["diff"], math.nan, "no interval: nothing varies")}
     return rows
 
 
 def judge(r: dict) -> dict:
-    """The verdict of one tested pair, from its Holm-adjusted p, its TOST and its power."""
+    """The outcome of one tested pair from its Holm-adjusted difference test and TOST together:
+
+        significant, not equivalent within ±δ   holds (a − b > 0) / reversed (a − b < 0)
+        significant and equivalent               holds, negligible / reversed, negligible
+        equivalent, not significant              equivalent
+        neither                                  undecided (with the seeds that would decide it)
+
+    r["outcome"] is one of OUTCOMES, read along "a > b". r["verdict"] is what the row says of its claim:
+    the outcome itself for "a > b" and for a plain pair (claim None); for "a = b": holds (equivalent, or a
+    negligible difference either way), fails (a difference not shown to be within ±δ) or undecided."""
     paired, level = r["paired"], r["level"]
     r["mde"] = mde(r["sd"], r["n"], level, paired)
-    sig, eq, claim = r["significant"], r["equivalent"], r["claim"]
-    if claim == "=":
-        r["verdict"] = "agrees" if eq else "disagrees" if sig else "undecided"
-    elif sig:
-        r["verdict"] = ("agrees" if r["diff"] > 0 else "disagrees") if claim == ">" else "differs"
+    sig, eq = r["significant"], r["equivalent"]
+    if sig:
+        outcome = ("holds" if r["diff"] > 0 else "reversed") + (", negligible" if eq else "")
     else:
-        r["verdict"] = "equivalent" if eq else "undecided"
+        outcome = "equivalent" if eq else "undecided"
+    r["outcome"] = outcome
+    if r["claim"] == "=":
+        r["verdict"] = "holds" if eq else "fails" if sig else "undecided"
+    else:
+        r["verdict"] = outcome
     r["seeds_needed"], r["seeds_basis"] = None, None
-    if r["verdict"] == "undecided":
+    if outcome == "undecided":
         # the cheaper of the two ways it can be decided, if the observed difference were the true one
         n_sig = seeds_to_detect(r["diff"], r["sd"], level, paired)
         n_eq = seeds_for_equivalence(r["diff"], r["sd"], r["margin"], level, paired) if r["margin"] else MAX_SEEDS + 1
@@ -275,21 +316,76 @@ def judge(r: dict) -> dict:
     return r
 
 
+def _adjusted(alpha: float, p: float, p_holm: float, fallback: float) -> float:
+    """The unadjusted level at which this p passes exactly when its Holm-adjusted p passes alpha:
+    alpha p / p_holm (Holm's p is this p times a factor >= 1, capped at 1)."""
+    return alpha * p / p_holm if p_holm > 0 and p > 0 else fallback
+
+
+def interval(r: dict, alpha: float = ALPHA, m: int = 1) -> dict:
+    """The interval the row's outcome was decided by, r["ci"] = (low, high, confidence, label):
+
+    - an equivalent row: TOST's, diff ± t(1 − a) se at a = alpha p_tost / p_tost_holm, the (1 − 2a)
+      interval (90% when Holm adjusts nothing); it lies inside ±δ exactly when TOST's Holm p < alpha;
+    - every other row: the difference test's, diff ± t(1 − a/2) se at a = alpha p / p_holm, the (1 − a)
+      interval; for a t-test row it excludes 0 exactly when its Holm p < alpha (a sign-flip row's p is the
+      permutation test's, so at the edge the t interval and that test can disagree).
+    m: the number of rows Holm adjusted together; the label says "Holm-adjusted" when it is above 1."""
+    se, df, diff = r["se"], r["df"], r["diff"]
+    if r["outcome"] == "equivalent":
+        a = _adjusted(alpha, r["p_tost"], r["p_tost_holm"], alpha)
+        half = float(st.t.ppf(1 - a, df)) * se if se > 0 else 0.0
+        conf, kind = 1 - 2 * a, "TOST" + (", Holm-adjusted" if m > 1 else "")
+    else:
+        a = _adjusted(alpha, r["p"], r["p_holm"], r["level"])
+        half = float(st.t.ppf(1 - a / 2, df)) * se if se > 0 else 0.0
+        conf, kind = 1 - a, "Holm-adjusted" if m > 1 else ""
+    r["ci"] = (diff - half, diff + half, conf, f"{kind} {_percent(conf)} CI".strip())
+    return r
+
+
+def _percent(x: float) -> str:
+    """0.9 -> '90%', 0.98333 -> '98.3%', 0.99958 -> '99.96%' (never '100%')."""
+    text = f"{100 * x:.1f}".removesuffix(".0")
+    return (f"{100 * x:.2f}" if text == "100" else text) + "%"
+
+
+def interval_text(r: dict) -> str:
+    """'+0.012 [−0.003, +0.027] (Holm-adjusted 98.3% CI)' — the row's Δ and the interval its outcome used."""
+    lo, hi, _, label = r["ci"]
+    if r["verdict"] == NOT_TESTABLE:
+        return f"{r['diff']:+.3f} ({label})"
+    return f"{r['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({label})"
+
+
 def verdict_text(r: dict) -> str:
-    """agrees / disagrees / equivalent within ±δ / undecided (about N seeds ...), or an order for a plain pair."""
-    v = r["verdict"]
-    if v == "differs":
-        return f"`{r['a']}` > `{r['b']}`" if r["diff"] > 0 else f"`{r['b']}` > `{r['a']}`"
-    if v == "equivalent" or (v == "agrees" and r["claim"] == "="):
-        return f"{'agrees: ' if v == 'agrees' else ''}equivalent within ±{r['margin']:g}"
-    if v != "undecided":
-        return v
-    n = r["seeds_needed"]
-    side = "pairs" if r["paired"] else "seeds per side"
-    if n > MAX_SEEDS:
-        return f"undecided (more than {MAX_SEEDS} {side} would be needed)"
-    why = "to detect the observed Δ" if r["seeds_basis"] == "observed" else f"to show it within ±{r['margin']:g}"
-    return f"undecided (about {n} {side} {why})"
+    """The row's verdict in words: six outcomes for "a > b", holds / fails for "a = b", an order for a plain
+    pair; an undecided row with the seeds that would decide it; a not testable one with why."""
+    v, o, a, b = r["verdict"], r.get("outcome"), r["a"], r["b"]
+    if v == NOT_TESTABLE:
+        return f"not testable here: {r['why']}"
+    if o == "undecided":
+        n = r["seeds_needed"]
+        side = "pairs" if r["paired"] else "seeds per side"
+        if n > MAX_SEEDS:
+            return f"undecided (more than {MAX_SEEDS} {side} would be needed)"
+        why = "to detect the observed Δ" if r["seeds_basis"] == "observed" else f"to show it within ±{r['margin']:g}"
+        return f"undecided (about {n} {side} {why})"
+    within = f"within ±{r['margin']:g}" if r["margin"] else ""
+    first, second = (a, b) if r["diff"] > 0 else (b, a)
+    order = f"`{first}` > `{second}`"
+    if r["claim"] == "=":
+        if v == "holds":
+            return (f"holds: equivalent {within}" if o == "equivalent"
+                    else f"holds: {order} by a negligible Δ ({within})")
+        return f"fails: {order}, not shown {within}" if r["margin"] else f"fails: {order}"
+    if r["claim"] is None:
+        if o == "equivalent":
+            return f"equivalent {within}"
+        return order + (f", negligible ({within})" if o.endswith("negligible") else "")
+    if o == "equivalent":
+        return f"equivalent {within}"
+    return o + (f" ({within})" if o.endswith("negligible") else "")
 
 
 def which_test(r: dict) -> str:
@@ -302,8 +398,10 @@ def which_test(r: dict) -> str:
 
 def power_text(r: dict) -> str:
     """The detectable effect at the row's Holm level, or the margin an equivalence was shown within."""
-    if r["verdict"] in ("equivalent",) or (r["claim"] == "=" and r["verdict"] == "agrees"):
-        return f"±{r['margin']:g} (TOST p {r['p_tost_holm']:.2g})"
+    if r["verdict"] == NOT_TESTABLE:
+        return "—"
+    if r["equivalent"]:
+        return f"±{r['margin']:g} (TOST p_holm {r['p_tost_holm']:.2g})"
     return f"MDE {r['mde']:.3f} (α {r['level']:.3g})"
 
 
@@ -553,14 +651,16 @@ def _z_of_t(t: np.ndarray, df: np.ndarray) -> np.ndarray:
         return np.sign(t) * st.norm.isf(st.t.sf(np.abs(t), df))
 
 
-def sequential_paired(D: np.ndarray, looks: list[int], max_seeds: int, margin: float, alpha: float) -> tuple:
+def sequential_paired(D: np.ndarray, looks: list[int], max_seeds: int, margin: float, alpha: float,
+                      negligible: bool = False) -> tuple:
     """Group-sequential decisions on paired differences D (..., N), seeds in the order they ran.
 
     At look k (the first looks[k] seeds) the paired t statistic, turned into z, is compared with
     the two-sided O'Brien-Fleming-type boundary at information fraction n_k / max_seeds (alpha over
     both sides); equivalence within +-margin when both one-sided TOST statistics pass the one-sided
     boundary of level alpha. The first look that decides is final. Returns (outcome, look): outcome
-    +1 (mean of D > 0), -1, 0 (equivalent) or NaN (undecided), and the index of the deciding look (-1).
+    +1 (mean of D > 0), -1, 0 (equivalent) or NaN (undecided), and the index of the deciding look (-1);
+    with `negligible`, a third array: the ordering was decided and at that look equivalence passed too.
     """
     D = np.asarray(D, float)
     looks = [n for n in looks if n >= 3]
@@ -568,6 +668,7 @@ def sequential_paired(D: np.ndarray, looks: list[int], max_seeds: int, margin: f
     eff, eqv = obf_bounds(fr, alpha, True), obf_bounds(fr, alpha, False)
     outcome = np.full(D.shape[:-1], np.nan)
     at = np.full(D.shape[:-1], -1)
+    both = np.zeros(D.shape[:-1], bool)
     for k, n in enumerate(looks):
         x = D[..., :n]
         mean, se, df = x.mean(-1), x.std(-1, ddof=1) / math.sqrt(n), n - 1
@@ -576,10 +677,12 @@ def sequential_paired(D: np.ndarray, looks: list[int], max_seeds: int, margin: f
             zl, zu = _z_of_t((mean + margin) / se, df), _z_of_t((margin - mean) / se, df)
         open_ = np.isnan(outcome)
         sig = open_ & (np.abs(z) >= eff[k])
-        equiv = open_ & ~sig & (zl >= eqv[k]) & (zu >= eqv[k])
+        inside = (zl >= eqv[k]) & (zu >= eqv[k])
+        equiv = open_ & ~sig & inside
+        both = both | (sig & inside)
         outcome = np.where(sig, np.sign(mean), np.where(equiv, 0.0, outcome))
         at = np.where(sig | equiv, k, at)
-    return outcome, at
+    return (outcome, at, both) if negligible else (outcome, at)
 
 
 def sequential_decision(values: dict[str, dict[int, float]], orderings: list[str], margin: float,
@@ -592,7 +695,8 @@ def sequential_decision(values: dict[str, dict[int, float]], orderings: list[str
     this function is one look, after the last batch). Pairs are compared on the seeds both
     variants finished; each ordering is tested at alpha / (number of orderings) (Bonferroni),
     with O'Brien-Fleming-type alpha spending over the looks (see sequential_paired).
-    Returns {"done", "reason", "orderings": [{ordering, a, b, decided, outcome, n, look, why}]}.
+    Returns {"done", "reason", "orderings": [{ordering, a, b, decided, outcome, negligible, n, look, why}]}:
+    negligible, an ordering decided at a look where equivalence within ±margin passed as well.
     """
     rows, m = [], len(orderings)
     for o in orderings:
@@ -607,8 +711,8 @@ def sequential_decision(values: dict[str, dict[int, float]], orderings: list[str
                     d.append(values[a][s] - values[b][s])
             if not looks or len(d) > looks[-1]:
                 looks.append(len(d))
-        out, at = sequential_paired(np.array(d), looks, max_seeds, margin, alpha / m) if len(d) >= 3 \
-            else (np.array(math.nan), np.array(-1))
+        out, at, both = sequential_paired(np.array(d), looks, max_seeds, margin, alpha / m, negligible=True) \
+            if len(d) >= 3 else (np.array(math.nan), np.array(-1), np.array(False))
         n = len(d)
         outcome = {1.0: f"{a} > {b}", -1.0: f"{b} > {a}", 0.0: f"equivalent within ±{margin:g}"}.get(float(out))
         shown = [k for k in looks if k >= 3]
@@ -616,7 +720,7 @@ def sequential_decision(values: dict[str, dict[int, float]], orderings: list[str
                " with O'Brien-Fleming-type spending" if outcome else
                f"undecided after {n} pairs" + (" (the cap)" if n >= max_seeds else f" of at most {max_seeds}"))
         rows.append({"ordering": o, "a": a, "b": b, "decided": outcome is not None, "outcome": outcome,
-                     "n": n, "look": int(at), "why": why})
+                     "negligible": bool(both), "n": n, "look": int(at), "why": why})
     capped = len(set().union(*map(set, batches))) >= max_seeds
     done = all(r["decided"] for r in rows)
     reason = ("every ordering decided" if done else f"cap of {max_seeds} seeds reached" if capped

@@ -270,7 +270,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
     total_steps = cfg.epochs * cfg.inner_steps
     epoch_rewards: list[list[float]] = [[] for _ in cfgs]
     # per-rollout metrics declared `tail` (grpo_bench/metrics.py), summarised as final/<metric> over the
-    # last 10% of epochs (final/reward is reward/mean's): what the claims in results/FINDINGS.md are judged on
+    # last 10% of epochs (final/reward is reward/mean's): what a claim naming a training metric is judged on
     tails: list[dict[str, list[float]]] = [{m: [] for m in tail_metrics(type(task))} for _ in cfgs]
     samples = [0.0] * len(cfgs)
 

@@ -1,5 +1,6 @@
-"""FINDINGS.md from results alone: paired or Welch tests, Holm, MDE, TOST, four verdicts, toy-vs-LM tau;
-ablation settings and claims. The statistics themselves are tested in test_stats.py."""
+"""FINDINGS.md from results alone: paired or Welch tests, Holm, MDE, TOST, six outcomes, not testable orderings,
+final and area at equal samples, sequential results, toy-vs-LM tau; ablation settings and claims and what a claim
+may not ask. The statistics themselves are tested in test_stats.py."""
 import json
 
 import re
@@ -10,40 +11,67 @@ import pytest
 import yaml
 from scipy import stats
 
+from grpo_bench import metrics as M
 from grpo_bench import stats as S
 from grpo_bench.config import ConfigError, ablation_settings, load_ablation
-from grpo_bench.findings import judge_setting, render, summarise
+from grpo_bench.findings import at_budget, counts, judge_setting, render, summarise
+
+SORT, LM = "final/eval/reward", "final/eval/accuracy"   # what each task's claims are judged on
 
 
-def write(path, name, setting, values, claim, column="final/reward", seeds=None):
+def write(path, name, setting, values, claim, column=SORT, seeds=None, extra=None, curves=None, meta=None):
     """A results directory with one summary column: values = {variant: [per-seed values]};
-    seeds = {variant: [its seeds]} where they are not 0, 1, ... for every variant."""
+    seeds = {variant: [its seeds]} where they are not 0, 1, ... for every variant; extra = {column: {variant:
+    [values]}}; curves = {(variant, seed): [(step, samples drawn, value), ...]} of the column's metric."""
     path.mkdir(parents=True)
     seeds = seeds or {}
     rows = [{"run": f"{v}-s{i}", "variant": v, "seed": seeds.get(v, range(len(xs)))[i], "status": "ok", "error": "",
-             "wall_s": 1.0, column: x} for v, xs in values.items() for i, x in enumerate(xs)]
+             "wall_s": 1.0, column: x} | {c: e[v][i] for c, e in (extra or {}).items()}
+            for v, xs in values.items() for i, x in enumerate(xs)]
     pd.DataFrame(rows).to_csv(path / "summary.csv", index=False)
     meta = {"name": f"{name}_{setting}", "source": f"ablations/{name}.yaml", "variants": list(values),
             "seeds": list(range(len(next(iter(values.values()))))), "runs": [r["run"] for r in rows],
-            "claim": claim, "setting": setting}
+            "claim": claim, "setting": setting,
+            "task": M.declared_task({"sort": "sort", "lm": "arithmetic"}.get(setting, "sort")).record()} | (meta or {})
     (path / "ablation.json").write_text(json.dumps(meta))
     (path / "sweep.json").write_text(json.dumps({"wall_s": 90.0, "runs": len(rows), "skipped": 0, "where": "local: 2 workers",
                                                  "threads": 1, "cpus": 2, "cpu": "Test CPU", "load_avg_end": 1.0,
                                                  "command": "run"}))
+    if curves:
+        metric = column.removeprefix("final/")
+        long = [{"run": f"{v}-s{s}", "variant": v, "seed": s, "step": step, "metric": m, "value": val}
+                for (v, s), points in curves.items() for step, drawn, value in points
+                for m, val in ((metric, value), ("samples/total", drawn)) if not (m == "samples/total" and step == 0)]
+        pd.DataFrame(long).to_parquet(path / "metrics.parquet")
 
 
-def test_summaries_count_the_four_verdicts():
-    def result(*verdicts):
-        return {"rows": [{"missing": False, "verdict": v} for v in verdicts] + [{"missing": True}]}
+def test_summaries_count_the_six_outcomes_and_leave_untestable_out():
+    def result(*outcomes, claim=">"):
+        rows = [{"missing": False, "claim": claim, "why": None,
+                 "quantities": {"final": {"outcome": o, "verdict": {"=": {"equivalent": "holds"}.get(o, o)}.get(claim, o)}}}
+                for o in outcomes]
+        return {"rows": rows + [{"missing": True}], "column": SORT, "judge": "final"}
 
-    assert summarise(result("agrees", "agrees"), None) == \
-        "agrees (2 of 2 orderings hold, 0 reversed, 0 equivalent, 0 undecided)"
-    assert summarise(result("agrees", "disagrees", "undecided"), None).startswith("mixed (1 of 3 orderings hold, 1 rev")
-    assert summarise(result("disagrees", "equivalent"), None).startswith("disagrees (0 of 2")
-    assert summarise(result("agrees", "equivalent", "undecided"), None) == \
-        "partly agrees (1 of 3 orderings hold, 0 reversed, 1 equivalent, 1 undecided)"
-    assert summarise(result("equivalent", "equivalent"), None).startswith("no difference beyond the margin (0 of 2")
-    assert summarise(result("equivalent", "undecided"), None).startswith("undecided at this scale (0 of 2")
+    def cell(*outcomes, **kw):
+        return summarise(result(*outcomes, **kw), None)
+
+    assert cell("holds", "holds") == "holds (eval reward, final: 2 of 2 hold)"
+    assert cell("holds", "reversed", "undecided") == "mixed (eval reward, final: 1 of 3 hold, 1 reversed, 1 undecided)"
+    assert cell("reversed", "equivalent") == "does not hold (eval reward, final: 0 of 2 hold, 1 equivalent, 1 reversed)"
+    assert cell("holds", "equivalent", "holds, negligible", "reversed, negligible", "undecided") == \
+        "partly holds (eval reward, final: 1 of 5 hold, 2 negligible, 1 equivalent, 1 undecided)"
+    assert cell("equivalent", "reversed, negligible") == \
+        "no difference that matters (eval reward, final: 0 of 2 hold, 1 negligible, 1 equivalent)"
+    assert cell("equivalent", "undecided").startswith("undecided at this scale (eval reward, final: 0 of 2")
+    # a claimed "a = b": equivalent or negligible holds it, a difference not shown within the margin fails it
+    assert cell("equivalent", "fails", claim="=") == "mixed (eval reward, final: 1 of 2 hold, 1 fail)"
+    # not testable rows are in no count, and a setting with nothing else says so
+    r = result("holds", "equivalent")
+    r["rows"][1]["why"] = "no toy response is cut off"
+    assert summarise(r, None) == "holds (eval reward, final: 1 of 1 hold; 1 not testable here)"
+    assert counts(r["rows"], "final")["not testable"] == 1
+    r["rows"][0]["quantities"]["final"]["verdict"] = S.NOT_TESTABLE
+    assert summarise(r, None) == "not testable here (eval reward, final: 2 of 2 orderings)"
     assert summarise(None, "no such task") == "not testable: no such task" and summarise(None, None) == "not run"
 
 
@@ -56,51 +84,207 @@ def test_findings_from_two_settings(tmp_path):
             "c": 0.5 + 0.01 * rng.standard_normal(5)}
     lm = {"a": 0.2 + 0.01 * rng.standard_normal(3), "b": 0.6 + 0.01 * rng.standard_normal(3),
           "c": 0.61 + 0.05 * rng.standard_normal(3)}
-    write(tmp_path / "claimx_sort", "claimx", "sort", sort, claim)
-    write(tmp_path / "claimx_lm", "claimx", "lm", lm, claim, column="final/eval/accuracy")
+    sampled = {v: list(np.asarray(x) - 0.05) for v, x in sort.items()}
+    write(tmp_path / "claimx_sort", "claimx", "sort", sort, claim, extra={"final/reward": sampled})
+    write(tmp_path / "claimx_lm", "claimx", "lm", lm, claim, column=LM)
     write(tmp_path / "other", "other", None, {"a": [1, 2]}, None)   # no claim: not a finding
     text = render(tmp_path)
     row = next(line for line in text.splitlines() if line.startswith("| [claimx]"))
     assert len(re.findall(r"(?<!\\)\|", row)) == 6 and "1/\\|o\\|" in row   # the claim's pipe is escaped
     sort_cell, lm_cell, tau_cell = row.split(" | ")[2:5]
     # b = c holds on the toy: TOST within the claim's 0.05
-    assert sort_cell == "agrees (3 of 3 orderings hold, 0 reversed, 0 equivalent, 0 undecided)"
+    assert sort_cell == "holds (eval reward, final: 3 of 3 hold)"
     # the LM reverses a > b and a > c; b = c cannot be shown within 0.1 on three noisy seeds
-    assert lm_cell == "disagrees (0 of 3 orderings hold, 2 reversed, 0 equivalent, 1 undecided)"
+    assert lm_cell == "does not hold (eval accuracy, final: 0 of 3 hold, 2 reversed, 1 undecided)"
     # the toy ranks a > b ~ c, the LM b ~ c > a: the orderings disagree
     tau = stats.kendalltau([np.mean(sort[v]) for v in "abc"], [np.mean(lm[v]) for v in "abc"]).statistic
     assert tau_cell.startswith(f"{tau:+.2f}")
     assert "other" not in text.split("## claimx")[0].split("|---|")[1]
     assert "note: (part) a note" in text and "Test CPU" in text and "1.5 min for 15 runs" in text
     assert "**Margin δ.** sorting toy: ±0.05 (the claim's margin); arithmetic LM: ±0.1 (the claim's margin)" in text
-    lm_result = judge_setting(tmp_path / "claimx_lm", claim["expect"], claim=claim, setting="lm")
-    ab, ac, bc = lm_result["rows"]
+    assert "**Judged on** sorting toy: `final/eval/reward`, final; arithmetic LM: `final/eval/accuracy`, final." in text
+    # the sampled reward stands beside the held-out one in the ranking
+    assert f"`a` {sort['a'].mean():.3f} (IQM {stats.trim_mean(sort['a'], 0.25):.3f}; sampled reward " \
+           f"{np.mean(sampled['a']):.3f}) > " in text
+    lm_result = judge_setting(tmp_path / "claimx_lm", claim, "lm")
+    ab, ac, bc = (r["quantities"]["final"] for r in lm_result["rows"])
     # paired on the shared seeds: a - b seed by seed, Holm over the claim's three orderings
     assert ab["paired"] and ab["diff"] == pytest.approx(lm["a"].mean() - lm["b"].mean())
     assert ab["p"] == pytest.approx(stats.ttest_rel(lm["a"], lm["b"]).pvalue)
     assert [r["p_holm"] for r in (ab, ac, bc)] == pytest.approx(S.holm([r["p"] for r in (ab, ac, bc)]))
     assert bc["verdict"] == "undecided" and bc["claim"] == "=" and bc["margin"] == 0.1
-    # each ordering's row: Δ and its CI, the test with ρ, Holm p, its MDE or margin, the verdict
+    # no metrics table here: the area is said to be unreadable, never guessed
+    assert "area" not in lm_result["rows"][0]["quantities"]
+    # each ordering's row names its metric and quantity: Δ with the interval its outcome used, the test with ρ,
+    # Holm p, its MDE or margin, the verdict
     line = next(x for x in text.splitlines() if x.startswith("| `b = c` |"))
     toy, lmc = line.split(" | ")[1:3]
-    assert "paired t, ρ " in toy and "±0.05 (TOST p " in toy and toy.endswith("**agrees: equivalent within ±0.05**")
+    assert toy.startswith("eval reward, final: Δ ") and "(TOST, Holm-adjusted " in toy and "paired t, ρ " in toy
+    assert "±0.05 (TOST p_holm " in toy and "**holds: equivalent within ±0.05**" in toy
+    assert "area: no curve to read" in toy
     u = stats.mannwhitneyu(sort["b"], sort["c"]).statistic
     assert f"; P(a > b) {u / 25:.2f}; " in toy
-    assert f"`a` {sort['a'].mean():.3f} (IQM {stats.trim_mean(sort['a'], 0.25):.3f}) > " in text
     assert f"MDE {bc['mde']:.3f} (α {bc['level']:.3g})" in lmc and f"undecided (about {bc['seeds_needed']} pairs" in lmc
+    lo, hi, conf, label = ab["ci"]
+    ref = stats.ttest_rel(lm["a"], lm["b"]).confidence_interval(conf)
+    assert (lo, hi) == (pytest.approx(ref.low), pytest.approx(ref.high)) and label.startswith("Holm-adjusted")
     (tmp_path / "FINDINGS_notes.md").write_text("## What we make of it\nhand-written\n")
-    assert render(tmp_path).endswith("hand-written\n")
+    (tmp_path / "FINDINGS_changes.md").write_text("## What changed\nmoved\n")
+    assert render(tmp_path).endswith("## What changed\nmoved\n\n## What we make of it\nhand-written\n")
 
 
-def test_findings_fall_back_to_welch_and_default_margins(tmp_path):
-    # b ran other seeds than a: no pairs to form, Welch's t; no claim margin: the metric's default
+def test_findings_fall_back_to_welch_and_take_the_tasks_margin(tmp_path):
+    # b ran other seeds than a: no pairs to form, Welch's t; no claim margin: the task's, on its verdict metric
     claim = {"text": "t", "source": "s", "expect": ["a > b"]}
     values = {"a": [0.50, 0.52, 0.49, 0.51], "b": [0.50, 0.51, 0.50, 0.52]}
-    write(tmp_path / "c_sort", "c", "sort", values, claim, seeds={"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]})
-    (r,) = judge_setting(tmp_path / "c_sort", claim["expect"], claim=claim, setting="sort")["rows"]
-    assert not r["paired"] and r["test"] == "Welch t" and r["margin"] == S.default_margin("final/reward") == 0.02
+    write(tmp_path / "c_sort", "c", "sort", values, claim, seeds={"a": [0, 1, 2, 3], "b": [4, 5, 6, 7]},
+          extra={"final/reward": values})
+    result = judge_setting(tmp_path / "c_sort", claim, "sort")
+    r = result["rows"][0]["quantities"]["final"]
+    assert not r["paired"] and r["test"] == "Welch t" and r["margin"] == 0.044 and result["column"] == SORT
+    assert result["margin_source"].startswith("the task's: 5% of the 0.879 its default recipe moves eval reward")
     assert r["p"] == pytest.approx(stats.ttest_ind(values["a"], values["b"], equal_var=False).pvalue)
     assert "Welch t; p_holm" in render(tmp_path) and "ρ" not in render(tmp_path).split("| `a > b` |")[1]
+
+
+def curve(final, drawn, points=5, start=0.1):
+    """A held-out curve rising linearly from `start` to `final` over `drawn` samples, `points` evaluations."""
+    return [(10 * k, drawn * k / (points - 1), start + (final - start) * k / (points - 1)) for k in range(points)]
+
+
+def test_area_and_equal_samples_read_from_the_curves(tmp_path):
+    # `fast` gets there early, `late` only at the end; `greedy` draws 3x the samples (dynamic sampling) and ends
+    # highest, but at the others' budget it stands where they end
+    claim = {"text": "t", "source": "s", "expect": ["fast > late", "greedy > late"], "judge": "area"}
+    rng = np.random.default_rng(3)
+    n, drawn = 6, 1000.0
+    finals = {"fast": 0.8 + 0.002 * rng.standard_normal(n), "late": 0.8 + 0.002 * rng.standard_normal(n),
+              "greedy": 0.9 + 0.002 * rng.standard_normal(n)}
+    curves, samples = {}, {}
+    for v, xs in finals.items():
+        mult = 3.0 if v == "greedy" else 1.0
+        samples[v] = [drawn * mult] * n
+        for s, f in enumerate(xs):
+            c = curve(f, drawn * mult)
+            if v == "fast":   # most of the rise by the second evaluation
+                c = [(step, x, f if k else 0.1) for k, (step, x, _) in enumerate(c)]
+            curves[(v, s)] = c
+    write(tmp_path / "c_sort", "c", "sort", finals, claim, extra={"final/samples": samples}, curves=curves)
+    result = judge_setting(tmp_path / "c_sort", claim, "sort")
+    fast, greedy = result["rows"]
+    assert fast["budget"] is None and greedy["budget"] == drawn
+    # area by hand: the trapezoid of each run's curve over its budget, divided by the budget
+    area = {(v, s): at_budget(np.array([x for _, x, _ in c]), np.array([y for _, _, y in c]), drawn)
+            for (v, s), c in curves.items()}
+    d = [area[("fast", s)][1] - area[("late", s)][1] for s in range(n)]
+    assert fast["quantities"]["area"]["diff"] == pytest.approx(np.mean(d))
+    assert np.mean(d) == pytest.approx((0.1 + 0.8) / 8 + 0.8 * 3 / 4 - 0.45, abs=0.01)  # 0.7875 - 0.45
+    assert fast["quantities"]["area"]["outcome"] == "holds" and fast["quantities"]["final"]["outcome"] == "equivalent"
+    # greedy read at the others' budget: a third of its way, on its straight line from 0.1 to 0.9
+    g = greedy["quantities"]["final"]
+    at = {s: 0.1 + (finals["greedy"][s] - 0.1) / 3 for s in range(n)}
+    assert g["diff"] == pytest.approx(np.mean([at[s] - finals["late"][s] for s in range(n)]))
+    assert g["outcome"] == "reversed"
+    text = render(tmp_path)
+    line = next(x for x in text.splitlines() if x.startswith("| `greedy > late` |"))
+    assert "eval reward, area at equal samples drawn (both read at 1,000): Δ " in line
+    assert "final (beside; not the claim's quantity): " in line
+    assert "(eval reward, area: 1 of 2 hold, 1 reversed)" in text
+    assert at_budget(np.array([0.0, 2.0]), np.array([0.0, 1.0]), 1.0) == (0.5, 0.25)
+    assert at_budget(np.array([0.0, 2.0]), np.array([0.0, 1.0]), 5.0) == (1.0, 0.5)   # past the end: the end
+
+
+def ablation_file(root, name, variants, claim):
+    (root / "ablations").mkdir(exist_ok=True)
+    doc = {"name": name, "claim": claim, "settings": {"sort": {"task": "sort_hard", "epochs": 2, "seeds": 3}},
+           "base": {"inner_steps": 1}, "variants": variants}
+    (root / "ablations" / f"{name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def test_orderings_that_cannot_differ_are_not_testable_and_not_counted(tmp_path):
+    # `seq` swaps only an aggregation the toy declares inert; `twin` ran the same numbers as `b` (as k3+ does
+    # k2's); `copy` ran `a`'s numbers, so `copy > b` is the same test as `a > b`
+    claim = {"text": "t", "source": "s", "expect": ["a > b", "seq > a", "twin = b", "copy > twin", "a > c"],
+             "margin": 0.02}
+    ablation_file(tmp_path, "c", {"a": {"aggregate": "token_mean"}, "seq": {"aggregate": "seq_mean_token_mean"},
+                                  "b": {"loss": "naive"}, "twin": {"loss": "naive", "lr": 0.002},
+                                  "copy": {"lr": 0.003}, "c": {"lr": 0.0005}}, claim)
+    rng = np.random.default_rng(1)
+    base = rng.normal(0.5, 0.05, 6)
+    values = {"a": base + 0.1, "seq": base + 0.1 + rng.normal(0, 0.001, 6), "b": base, "twin": base,
+              "copy": base + 0.1, "c": base + 0.1 + rng.normal(0, 0.001, 6)}
+    root = tmp_path / "results"
+    write(root / "c_sort", "c", "sort", values, claim)
+    result = judge_setting(root / "c_sort", claim, "sort", root)
+    ab, seq, twin, copy, ac = result["rows"]
+    assert seq["why"] == "every toy response has exactly n tokens, so these aggregations are one average"
+    assert copy["why"] == "the same runs as `a > b` (`copy` ran the same numbers as `a`; `twin` ran the same " \
+        "numbers as `b`)"
+    assert twin["quantities"]["final"]["verdict"] == S.NOT_TESTABLE
+    # Holm over the two orderings that can differ: a > b and a > c
+    tested = [ab["quantities"]["final"], ac["quantities"]["final"]]
+    assert [t["p_holm"] for t in tested] == pytest.approx(S.holm([t["p"] for t in tested]))
+    cell = summarise(result, None)
+    assert cell == "partly holds (eval reward, final: 1 of 2 hold, 1 equivalent; 3 not testable here)"
+    text = render(root)
+    assert "| `seq > a` | **not testable here**: every toy response has exactly n tokens" in text
+    assert "not testable here: every paired difference is exactly 0 (6 seeds)" in text
+
+
+def test_what_a_claim_may_not_ask_is_refused_in_one_line(tmp_path):
+    variants = {"x": {"loss": "naive"}, "y": {"loss": "clipped"}, "z": {"loss": "clipped", "lr": 0.001},
+                "w": {"lr": 0.002}}
+    path = tmp_path / "ablations" / "c.yaml"
+
+    def refused(expect, match, **claim):
+        ablation_file(tmp_path, "c", variants, {"text": "t", "source": "s", "expect": expect} | claim)
+        with pytest.raises(ConfigError, match=match) as e:
+            load_ablation(path, setting="sort")
+        assert str(path) in str(e.value) and "\n" not in str(e.value)
+        assert "claim of c" in str(e.value) or "judge" in claim
+
+    refused(["x > y", "y > x"], r"'y > x' tests the pair y, x again \('x > y' does already\)")
+    refused(["x = y", "x > y"], r"'x > y' tests the pair x, y again")
+    # lr 0.001 is the default: z is y under another name
+    refused(["y > z"], r"'y > z': y and z resolve to the same run config")
+    # kl/seq declares no margin: an "=" on it could never hold
+    refused(["x = y"], r"'x = y': an '=' needs an equivalence margin and final/kl/seq has none", metric="final/kl/seq")
+    refused(["x > y"], r"claim\.judge: expected one of final, area", judge="speed")
+    ablation_file(tmp_path, "c", variants, {"text": "t", "source": "s", "expect": ["x = y"], "metric": "final/kl/seq",
+                                            "margin": 0.5})
+    assert load_ablation(path, setting="sort").claim["margin"] == 0.5
+    # a results directory whose recorded claim asks a pair twice is refused by findings too
+    claim = {"text": "t", "source": "s", "expect": ["x > y", "x = y"]}
+    write(tmp_path / "r" / "d_sort", "d", "sort", {"x": [0.1, 0.2], "y": [0.1, 0.3]}, claim)
+    with pytest.raises(ConfigError, match=r"ablation.json: claim of d_sort: claim.expect: 'x = y' tests the pair"):
+        render(tmp_path / "r")
+
+
+def test_a_sequential_result_is_judged_with_its_boundaries(tmp_path):
+    # seeds chosen by --seeds auto:20 in batches of 5 on the held-out reward: findings replays those looks
+    claim = {"text": "t", "source": "s", "expect": ["a > b"], "margin": 0.02}
+    rng = np.random.default_rng(5)
+    base = rng.normal(0.5, 0.05, 10)
+    values = {"a": base + 0.03 + rng.normal(0, 0.01, 10), "b": base}
+    seq = {"sequential": {"cap": 20, "batch": 5, "orderings": 1, "stopped": "decided", "reason": "r", "metric": SORT}}
+    write(tmp_path / "c_sort", "c", "sort", values, claim, meta=seq)
+    sweep = json.loads((tmp_path / "c_sort" / "sweep.json").read_text())
+    (tmp_path / "c_sort" / "sweep.json").write_text(json.dumps(sweep | {"looks": [5, 10], "seeds": list(range(10)),
+                                                                        "margin": 0.02}))
+    r = judge_setting(tmp_path / "c_sort", claim, "sort")["rows"][0]["quantities"]["final"]
+    ref = S.sequential_decision({v: dict(enumerate(x)) for v, x in values.items()}, ["a > b"], 0.02, 20,
+                                [list(range(5)), list(range(5, 10))])["orderings"][0]
+    assert r["sequential"] == ref["why"] and ref["decided"]
+    assert r["outcome"] == ("holds" if ref["outcome"] == "a > b" else "reversed") + (", negligible" if ref["negligible"] else "")
+    text = render(tmp_path)
+    assert "**Seeds chosen sequentially** on the sorting toy (`--seeds auto:20`, on `final/eval/reward`): its " \
+        "verdicts use the O'Brien–Fleming boundaries" in text
+    assert f"sequential: {ref['why']}" in text
+    # the same result judged on another metric: fixed-sample tests, and it says they ignore the stopping rule
+    claim2 = claim | {"metric": "final/reward"}
+    write(tmp_path / "o" / "c_sort", "c", "sort", values, claim2, meta=seq, extra={"final/reward": values})
+    text = render(tmp_path / "o")
+    assert "fixed-sample tests that ignore that stopping rule" in text and "sequential: " not in text
 
 
 def test_ablation_settings_and_claims(tmp_path):
@@ -124,7 +308,8 @@ def test_ablation_settings_and_claims(tmp_path):
 
 
 def test_settings_and_claims_that_do_not_load(tmp_path):
-    doc = {"name": "c", "base": {"inner_steps": 1}, "variants": {"x": {"loss": "naive"}, "y": {"loss": "clipped"}}}
+    doc = {"name": "c", "base": {"inner_steps": 1}, "variants": {"x": {"loss": "naive"}, "y": {"loss": "clipped"},
+                                                                 "z": {"loss": "clipped", "lr": 0.002}}}
     path = tmp_path / "c.yaml"
 
     def fails(match, setting=None, **over):
@@ -139,10 +324,10 @@ def test_settings_and_claims_that_do_not_load(tmp_path):
         path.write_text(yaml.safe_dump({**doc, "settings": settings}, sort_keys=False))
         with pytest.raises(ConfigError, match="settings: expected a mapping name -> "):
             ablation_settings(path)
-    ok = {"text": "t", "source": "s", "expect": ["x > y", "x = y"]}
+    ok = {"text": "t", "source": "s", "expect": ["x > y", "z = y"]}
     for claim in ({"text": "t", "source": "s"}, ["x > y"]):
         fails(r"claim: expected a mapping with text, source and expect", claim=claim)
-    fails(r"claim\.sauce: unknown key; valid: text, source, setting, expect, metric, untestable, margin$",
+    fails(r"claim\.sauce: unknown key; valid: text, source, setting, expect, metric, untestable, margin, judge$",
           claim={**ok, "sauce": 1})
     for margin, key in ((-0.1, "claim.margin"), (0, "claim.margin"), ("big", "claim.margin"), (True, "claim.margin"),
                         (float("inf"), "claim.margin"), ({"sort": 0}, "claim.margin.sort")):
@@ -155,7 +340,7 @@ def test_settings_and_claims_that_do_not_load(tmp_path):
     for expect in ("x > y", ["x > y", "x >= y"], ["x y"], [["x > y"]]):   # one > or = per comparison
         fails(r"claim\.expect: expected a list of", claim={**ok, "expect": expect})
     path.write_text(yaml.safe_dump({**doc, "claim": ok}, sort_keys=False))
-    assert load_ablation(path).claim["expect"] == ["x > y", "x = y"]
+    assert load_ablation(path).claim["expect"] == ["x > y", "z = y"]
 
 
 @pytest.mark.parametrize("name", ["adv_norm", "dapo_ladder", "policy_losses", "kl_gradients", "length_bias",

@@ -145,7 +145,9 @@ def test_a_task_declared_once_reaches_every_report(bandit, tmp_path, capsys):
     d = tmp_path / "res" / "arms_bandit"
     meta = json.loads((d / "ablation.json").read_text())
     assert meta["task"] == {"name": "bandit", "label": "bandit toy", "short": "bandit", "main_metric": "final/eval/hit",
-                            "curves": ["eval/hit", "bandit/regret"], "higher_is_better": True}
+                            "curves": ["eval/hit", "bandit/regret"], "higher_is_better": True,
+                            "verdict_metric": "final/eval/hit", "margin": None,
+                            "margin_rule": "no margin declared for this task", "inert": {}}
     assert meta["settings"] == ["bandit", "sort"]
     assert json.loads((tmp_path / "res" / "arms_sort" / "ablation.json").read_text())["task"]["name"] == "sort"
 
@@ -161,7 +163,7 @@ def test_a_task_declared_once_reaches_every_report(bandit, tmp_path, capsys):
     # REPORT.md: the task's headline metric is a column and has its differences; the figures its curves
     text = (d / "REPORT.md").read_text()
     assert "| variant | runs ok | final reward | eval hit | wall s / run |" in text
-    assert "## Differences in eval hit" in text and "equivalence margin ±0.05 (the default for this metric)" in text
+    assert "## Differences in eval hit" in text and "equivalence margin ±0.05 (the metric's declared margin)" in text
     figs = {stem: fig for stem, fig, _ in R.build_figures(d)}
     head = figs["headline"]
     assert [ax.get_ylabel() for ax in head.axes if ax.get_ylabel()] == ["held-out hit rate", "regret"]
@@ -172,8 +174,11 @@ def test_a_task_declared_once_reaches_every_report(bandit, tmp_path, capsys):
     assert main(["findings", str(tmp_path / "res")]) == 0
     findings = (tmp_path / "res" / "FINDINGS.md").read_text()
     assert "| claim | source | bandit toy | sorting toy | bandit ↔ toy τ |" in findings
-    assert "- bandit toy (eval hit, 3 seeds): " in findings
-    assert "**Margin δ.** bandit toy: ±0.05 (the default for this metric); sorting toy: ±0.02" in findings
+    assert "- bandit toy (eval hit, final, 3 seeds): " in findings
+    # the bandit's hit rate declares a margin of its own; the toy's is its task's, on its held-out reward
+    assert "**Margin δ.** bandit toy: ±0.05 (the metric's declared margin); sorting toy: ±0.044 (the task's: " \
+        in findings
+    assert "**Judged on** bandit toy: `final/eval/hit`, final; sorting toy: `final/eval/reward`, final." in findings
 
 
 def test_adding_a_task_module_needs_no_registry_edit(tmp_path, monkeypatch):
@@ -216,12 +221,12 @@ def test_the_shipped_tasks_declare_what_they_are_judged_on():
 def test_a_property_comes_from_the_first_declaration_that_sets_it(bandit):
     # a task's declaration comes before the core's family: bandit/std is (0, 0.5), any other */std (0, inf)
     assert M.get("bandit/std").range == (0, 0.5) and M.get("reward/std").range == (0, np.inf)
-    # eval/accuracy_gain: range from the arithmetic task, margin from the core's *accuracy* family
+    # eval/accuracy_gain: range from the arithmetic task, higher_is_better from its own declaration
     m = M.get("final/eval/accuracy_gain")
     assert (m.name, m.range, m.margin, m.label, m.offset_of) == \
-        ("eval/accuracy_gain", (-1, 1), 0.03, "held-out accuracy gain", "eval/accuracy")
-    # reward/format: range from */format, margin from *reward*; an undeclared name has the defaults
-    assert (M.get("reward/format").range, M.get("reward/format").margin) == ((0, 1), 0.02)
+        ("eval/accuracy_gain", (-1, 1), None, "held-out accuracy gain", "eval/accuracy")
+    # reward/format: range from */format (no family sets a margin: a task's comes from its headroom)
+    assert (M.get("reward/format").range, M.get("reward/format").margin) == ((0, 1), None)
     assert M.get("loss/policy") == M.DEFAULT.__class__("loss/policy", range=(-np.inf, np.inf), scale="linear",
                                                        tail=False)
     assert M.metric_of("final/reward") == "reward/mean" and M.final_column("reward/mean") == "final/reward"

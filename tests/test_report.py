@@ -439,8 +439,9 @@ def test_compare_table_and_kendall_tau_by_hand(tmp_path):
     toy, lm, agree = pairs["`x` vs `y`"]
     assert toy.startswith("`y` > `x`; Δ -0.100; paired t, ρ +1.00; p_holm 0; ") and lm.startswith("`x` > `y`; Δ +0.100")
     assert agree == "opposite |" and pairs["`w` vs `z`"][2] == "the same |"
-    assert "- toy: final reward: 6 pairs Holm-corrected together; equivalence margin ±0.02 (the default" in text
-    assert "- lm: eval accuracy: 6 pairs Holm-corrected together; equivalence margin ±0.03 (the default" in text
+    # both directories record a toy task, whose verdict metric (held-out reward) neither column is: no margin
+    assert "- toy: final reward: 6 pairs Holm-corrected together; equivalence margin none (no margin declared" in text
+    assert "- lm: eval accuracy: 6 pairs Holm-corrected together; equivalence margin none (no margin declared" in text
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 0
     assert coloured_share(tmp_path / "cmp" / "compare.png")[1] > 0.001
     tau, p, n = C.kendall(C.load_side(a, None).means, C.load_side(b, None).means)
@@ -594,17 +595,22 @@ def test_report_markdown_by_hand():
     cell = {v: f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" for v, xs in finals.items()}
     assert f"| `a` | 5/5 | {cell['a']} | 2.0 |" in md and f"| `c` | 5/6 | {cell['c']} | 2.0 |" in md
     # b against a and c is beyond noise, a against c is not: paired on seeds 0-4 (c's failed seed 5 drops out)
-    assert "3 pairs, Holm-corrected together; equivalence margin ±0.02 (the default for this metric)." in md
+    assert "3 pairs, Holm-corrected together; equivalence margin none (no margin declared for this metric): no " \
+        "equivalence test." in md
     pairs = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in md if " vs `" in line}
     x = {v: np.array(xs) for v, xs in finals.items()}
     p = [stats.ttest_rel(x["a"], x["b"]).pvalue, stats.ttest_rel(x["a"], x["c"]).pvalue,
          stats.ttest_rel(x["b"], x["c"]).pvalue]
     from statsmodels.stats.multitest import multipletests
     holm = multipletests(p, method="holm")[1]
+    # the interval is the one the verdict used: the t interval at the level Holm adjusted this p to
+    conf = 1 - 0.05 * p[0] / holm[0]
+    ci = stats.ttest_rel(x["a"], x["b"]).confidence_interval(conf)
     assert pairs["`a` vs `b`"][:3] == [f"paired t, ρ {np.corrcoef(x['a'], x['b'])[0, 1]:+.2f}",
-                                       "-0.300 [-0.326, -0.274]", f"{holm[0]:.2g}"]
+                                       f"-0.300 [{ci.low:+.3f}, {ci.high:+.3f}] (Holm-adjusted {100 * conf:.1f}% CI)",
+                                       f"{holm[0]:.2g}"]
     assert pairs["`a` vs `b`"][-1] == "`b` > `a` |" and pairs["`b` vs `c`"][-1] == "`b` > `c` |"
-    assert pairs["`a` vs `c`"][2] == f"{holm[1]:.2g}" == "1" and pairs["`a` vs `c`"][-1].startswith("undecided (about ")
+    assert pairs["`a` vs `c`"][2] == f"{holm[1]:.2g}" == "1" and pairs["`a` vs `c`"][-1].startswith("undecided (")
     u = stats.mannwhitneyu(x["a"], x["c"]).statistic
     assert pairs["`a` vs `c`"][4].startswith(f"{u / 25:.3f} [")
     assert "Beyond seed noise: 2 of 3; equivalent within the margin: 0; undecided: 1." in md
@@ -980,13 +986,14 @@ def test_report_markdown_sections_when_nothing_differs_or_too_few_seeds():
         "| `a` | 2/2 | 0.200 ± 0.141 | 0.500 ± 0.000 | 1.0 |", "| `b` | 2/2 | 0.300 ± 0.141 | 0.600 ± 0.000 | 1.0 |", ""]
     assert md[md.index("## Differences in final reward"):] == [
         "## Differences in final reward", "",
-        "1 pair, Holm-corrected together; equivalence margin ±0.02 (the default for this metric).", "",
+        "1 pair, Holm-corrected together; equivalence margin none (no margin declared for this metric): no "
+        "equivalence test.", "",
         "| variant | seeds | mean [95% CI] | IQM [95% CI] |", "|---|---:|---|---|",
         "| `a` | 2 | 0.200 [-1.071, 1.471] | 0.200 [0.100, 0.300] |",
         "| `b` | 2 | 0.300 [-0.971, 1.571] | 0.300 [0.200, 0.400] |", "",
-        "| pair | test | Δ = a − b [95% CI] | p_holm | detectable / margin | P(a > b) [95% CI] | verdict |",
-        "|---|---|---|---:|---|---|---|",
-        f"| `a` vs `b` | paired t, ρ — | -0.100 [-2.641, +2.441] | {p:.2g} | MDE {11.5499 * 0.2 * math.sqrt(2):.3f} "
+        "| pair | test | Δ = a − b [the interval its verdict used] | p_holm | detectable / margin | P(a > b) [95% CI] "
+        "| verdict |", "|---|---|---|---:|---|---|---|",
+        f"| `a` vs `b` | paired t, ρ — | -0.100 [-2.641, +2.441] (95% CI) | {p:.2g} | MDE {11.5499 * 0.2 * math.sqrt(2):.3f} "
         "(α 0.05) | 0.250 [0.000, 1.000] | undecided (about 65 pairs to detect the observed Δ) |", "",
         "Beyond seed noise: 0 of 1; equivalent within the margin: 0; undecided: 1.", "",
         "## Differences in eval accuracy", "",

@@ -18,6 +18,7 @@ from grpo_bench.config import load_ablation
 
 TINY = {"task": "sort_hard", "epochs": 10, "inner_steps": 4}
 STILL, MOVING, WILD = {"lr": 1.0e-6}, {"lr": 0.003}, {"lr": 0.1}
+TWIN = {"lr": 1.1e-6}  # another config with the same numbers at this budget (a claim may not name one config twice)
 
 
 @pytest.fixture(autouse=True)
@@ -57,14 +58,15 @@ def test_a_clear_difference_stops_before_the_cap(tmp_path, capsys):
     assert decisions(s) == {"still vs moving": ("moving > still", 10, 1)}
     assert s["seeds_per_variant"] == {"still": 10, "moving": 10} and s["sequential"] == {"cap": 40, "batch": 5,
                                                                                        "orderings": 1}
-    assert (s["metric"], s["margin"], s["runs"], s["skipped"]) == ("final/reward", 0.02, 20, 0)
+    # decided on the toy's verdict metric (held-out greedy reward) with its task's margin
+    assert (s["metric"], s["margin"], s["runs"], s["skipped"]) == ("final/eval/reward", 0.044, 20, 0)
     meta = json.loads((out / "ablation.json").read_text())
     assert meta["seeds"] == list(range(10)) and len(meta["runs"]) == 20
     assert meta["sequential"]["stopped"] == "decided"
     summary = pd.read_csv(out / "summary.csv")
     assert len(summary) == 20 and (summary.status == "ok").all() and len(list((out / "runs").iterdir())) == 20
     # the decision is the one stats makes of the summary's values
-    by = {v: dict(zip(g.seed, g["final/reward"])) for v, g in summary.groupby("variant")}
+    by = {v: dict(zip(g.seed, g["final/eval/reward"])) for v, g in summary.groupby("variant")}
     assert min(by["moving"][k] - by["still"][k] for k in range(10)) > 0
     report = (out / "REPORT.md").read_text()
     assert ("Seeds were chosen sequentially (`--seeds auto:40`): after each batch of 5" in report
@@ -79,7 +81,7 @@ def test_identical_variants_are_equivalent_at_the_first_look(tmp_path):
     out = tmp_path / "out"
     s = sweep(write(tmp_path, {"still": STILL, "twin": STILL}), out, 40)
     assert (s["stopped"], s["looks"]) == ("decided", [5])
-    assert decisions(s) == {"still vs twin": ("equivalent within ±0.02", 5, 0)}
+    assert decisions(s) == {"still vs twin": ("equivalent within ±0.044", 5, 0)}
     summary = pd.read_csv(out / "summary.csv")
     a, b = (summary[summary.variant == v].set_index("seed")["final/reward"] for v in ("still", "twin"))
     assert a.equals(b)
@@ -88,7 +90,7 @@ def test_identical_variants_are_equivalent_at_the_first_look(tmp_path):
 def test_a_claim_decides_its_orderings_with_its_margin(tmp_path):
     # `wild` vs anything stays undecided (see test_the_cap); a plain ablation would ask it and run to the cap
     claim = {"text": "t", "source": "s", "expect": ["moving > still", "twin = still"], "margin": 0.01}
-    path = write(tmp_path, {"still": STILL, "twin": STILL, "moving": MOVING, "wild": WILD}, claim)
+    path = write(tmp_path, {"still": STILL, "twin": TWIN, "moving": MOVING, "wild": WILD}, claim)
     s = sweep(path, tmp_path / "out", 40)
     assert (s["stopped"], s["looks"], s["margin"], s["margin_source"]) == ("decided", [5, 10], 0.01, "the claim's margin")
     assert decisions(s) == {"moving > still": ("moving > still", 10, 1), "twin = still": ("equivalent within ±0.01", 10, 0)}
@@ -96,10 +98,12 @@ def test_a_claim_decides_its_orderings_with_its_margin(tmp_path):
 
 
 def test_the_cap(tmp_path):
-    # a cap that is no multiple of the batch: looks at 5 and 7
-    s = sweep(write(tmp_path, {"moving": MOVING, "wild": WILD}), tmp_path / "out", 7)
+    # a cap that is no multiple of the batch: looks at 5 and 7; on the sampled reward (the claim's metric),
+    # where lr 0.003 and 0.1 do not separate
+    claim = {"text": "t", "source": "s", "expect": ["moving > wild"], "metric": "final/reward"}
+    s = sweep(write(tmp_path, {"moving": MOVING, "wild": WILD}, claim), tmp_path / "out", 7)
     assert (s["stopped"], s["reason"], s["looks"], s["seeds"]) == ("cap", "cap of 7 seeds reached", [5, 7], list(range(7)))
-    assert decisions(s) == {"moving vs wild": (None, 7, -1)}
+    assert s["metric"] == "final/reward" and decisions(s) == {"moving > wild": (None, 7, -1)}
     assert s["orderings"][0]["why"] == "undecided after 7 pairs (the cap)"
 
 
@@ -133,9 +137,14 @@ def test_interrupted_sweep_resumes_to_the_same_decision(tmp_path, monkeypatch, c
     # a finished sweep run again runs nothing and replays the same looks; its timing is the sweep's that ran
     again = sweep(path, out, 40)
     assert again == resumed and len(list((out / "runs").iterdir())) == 20
-    # a higher cap goes on from the seeds done (the looks are at other fractions: a new decision)
-    more = sweep(path, out, 60)
-    assert more["runs"] == 2 * (len(more["seeds"]) - 10) and more["skipped"] == 20
+    # another cap is refused: its looks would test the seeds already judged again, at new fractions
+    # (family-wise error 0.078 in simulation); nothing runs and the records stay as they were
+    from grpo_bench.config import ConfigError
+    for cap in (60, 20):
+        with pytest.raises(ConfigError, match=rf"--seeds: auto:{cap}: .*cut was run with --seeds auto:40; resume it "
+                                              "with auto:40"):
+            sweep(path, out, cap)
+    assert json.loads((out / "sweep.json").read_text()) == resumed and len(list((out / "runs").iterdir())) == 20
 
 
 def test_failed_runs_stop_the_sweep(tmp_path, capsys):

@@ -209,6 +209,12 @@ class Arithmetic:
     label, short = "arithmetic LM", "LM"
     main_metric = "final/eval/accuracy"  # held-out greedy accuracy at the end of training
     curves = ("eval/accuracy", "reward/mean")
+    # Claims are judged on the held-out greedy accuracy; a difference within 5% of what the default recipe
+    # gains on it is negligible: 0.05 x 0.538 = 0.027 (declared from the arithmetic_scratchpad runs below)
+    verdict_metric = "final/eval/accuracy"
+    headroom = (0.280, 0.818, "the default recipe (z-score, PPO clip 0.2, per-response mean, no KL) on "
+                "arithmetic_scratchpad, 30 rollouts of 16 prompts x 8, 5 seeds: results/arithmetic_lora `grpo`")
+    margin_fraction = 0.05
     metrics = (
         Metric("eval/accuracy", label="held-out accuracy", summary="eval accuracy", range=(0, 1),
                higher_is_better=True),
@@ -216,8 +222,7 @@ class Arithmetic:
                higher_is_better=True, offset_of="eval/accuracy"),
         Metric("eval/reward", label="held-out reward", summary="eval reward", higher_is_better=True),
         Metric("eval/pass@k", label="held-out pass@k", summary="eval pass@k", range=(0, 1), higher_is_better=True),
-        Metric("eval/mean@k", label="held-out mean@k", summary="eval mean@k", range=(0, 1), higher_is_better=True,
-               margin=0.03),
+        Metric("eval/mean@k", label="held-out mean@k", summary="eval mean@k", range=(0, 1), higher_is_better=True),
         Metric("response/finished", range=(0, 1)),
         # Dr. GRPO's length bias: wrong answers growing longer (ablations/length_bias.yaml)
         Metric("response/length_correct", tail=True),
