@@ -322,6 +322,28 @@ def lock_out(out: Path):
     return lock
 
 
+def check_out(out: Path, abl: Ablation) -> None:
+    """ConfigError when `out` holds results this plan would drop from its summary and report: another
+    ablation's, or runs of this one (a changed config, fewer seeds) that are not in the plan. Resuming,
+    or growing the plan (more seeds, a higher --seeds auto cap), passes."""
+    meta = _read_json(out / "ablation.json")
+    if not meta:
+        return
+    listed = meta.get("runs")
+    runs = [r for r in listed if isinstance(r, str) and (out / "runs" / r).is_dir()] if isinstance(listed, list) else []
+    if not runs:
+        return
+    how = "run again with --force to replace its summary and report (runs/ keeps them), or choose another --out"
+    if meta.get("name") != abl.name:
+        raise ConfigError(str(out), "--out", f"holds {len(runs)} runs of ablation {meta.get('name')!r}, not "
+                          f"{abl.name!r}; not overwritten: {how}")
+    planned = {s.run_id for s in plan(abl)}
+    other = [r for r in runs if r not in planned]
+    if other:
+        raise ConfigError(str(out), "--out", f"holds {len(other)} of {len(runs)} runs that this plan does not have "
+                          f"(a changed config or fewer seeds; e.g. {other[0]}); not overwritten: {how}")
+
+
 def _remove_stale(out: Path) -> None:
     """Temporaries (`.<name>.tmp-<pid>`) whose process is gone: a sweep killed mid-write, or one that hit a
     full disk. A live pid's is left alone (`plot` writes REPORT.md this way without the lock)."""
@@ -397,8 +419,10 @@ def local_results(todo: list[list[RunSpec]], workers: int, threads: int) -> Iter
 def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int | None = None,
                  threads: int | None = None, address: str | None = None, max_retries: int = 3,
                  progress: bool = True, population: int | None = None, log_to: tuple[str, ...] = (),
-                 sequential: bool = False) -> pd.DataFrame:
-    """Run what is not finished yet and collect everything; bad --out or a busy one is a ConfigError.
+                 sequential: bool = False, force: bool = False) -> pd.DataFrame:
+    """Run what is not finished yet and collect everything; bad --out or a busy one is a ConfigError,
+    and so is an `out` that holds another ablation's results or runs this plan does not have (its summary
+    and report would be replaced by fewer or other runs) unless `force` (check_out).
     `log_to` names experiment trackers (grpo_bench.trackers) that each finished run is also logged to.
     `sequential` (`--seeds auto:N`): abl.seeds are candidates, run in batches of BATCH until every ordering
     the ablation asks is decided or all ran (run_sequential); sweep.json records why it stopped."""
@@ -409,6 +433,8 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
     orderings = sequential_orderings(abl) if sequential else []  # a bad plan fails before --out is made
     lock = lock_out(out)
     try:
+        if not force:
+            check_out(out, abl)
         with contextlib.ExitStack() as stack:
             track = stack.enter_context(contextlib.closing(trackers.Trackers(log_to, out, abl.name)))
             session = None  # a Ray cluster, joined when a batch first has runs to do

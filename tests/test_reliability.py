@@ -1,0 +1,68 @@
+"""Reliability v3 (issue 31): the probes on the surfaces added since the battery of tests/test_faults.py.
+
+Each test reproduces one probe (lost or mixed results, a member's error failing its population,
+tracebacks and wrong-but-plausible output of the analysis commands, late errors) and fails
+without its fix. docs/reliability.md lists each with the test that holds it.
+"""
+import json
+
+import pandas as pd
+import pytest
+
+from grpo_bench import runner as RN
+from grpo_bench.config import load_ablation
+from test_faults import TINY, last_line, one_line, run_main, write
+
+
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    import torch
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def _files(out):
+    return {f: (out / f).read_bytes() for f in ("ablation.json", "summary.csv", "metrics.parquet", "REPORT.md")}
+
+
+@pytest.fixture
+def two_runs(tmp_path, capsys):
+    """results of `t` (naive and clipped, seed 0) run through the CLI, and the ablation's file."""
+    path = write(tmp_path, {"name": "t", "base": TINY, "grid": {"loss": ["naive", "clipped"]}, "seeds": 1})
+    out = tmp_path / "o"
+    code, _, err = run_main(capsys, "run", path, "--out", out, "--no-progress")
+    assert code == 0, err
+    return path, out
+
+
+# ------------------------------------------------------------------ (a) lost results
+
+
+@pytest.mark.parametrize("case", ["fewer seeds", "another config", "another ablation"])
+def test_run_never_replaces_other_results_without_force(two_runs, tmp_path, capsys, case):
+    path, out = two_runs
+    before = _files(out)
+    if case == "fewer seeds":
+        doc = {"name": "t", "base": TINY, "grid": {"loss": ["naive"]}, "seeds": 1}
+        args = [write(tmp_path, doc, "fewer.yaml")]
+    elif case == "another config":
+        args = [path, "--set", "epochs=3"]
+    else:
+        args = [write(tmp_path, {"name": "other", "base": TINY, "grid": {"lr": [0.1]}, "seeds": 1}, "other.yaml")]
+    code, _, err = run_main(capsys, "run", *args, "--out", out, "--no-progress")
+    line = one_line(err)
+    assert code == 2 and str(out) in line and "--force" in line, line
+    assert ("'other'" in line) if case == "another ablation" else ("this plan does not have" in line), line
+    assert _files(out) == before                                   # nothing replaced
+    assert len(list((out / "runs").iterdir())) == 2                # nothing mixed in
+    code, _, err = run_main(capsys, "run", *args, "--out", out, "--no-progress", "--force")
+    assert code == 0, err
+
+
+def test_resuming_or_growing_the_plan_needs_no_force(two_runs, capsys):
+    path, out = two_runs
+    for args in ([], ["--seeds", "2"]):
+        code, _, err = run_main(capsys, "run", path, "--out", out, "--no-progress", *args)
+        assert code == 0, err
+    assert len(pd.read_csv(out / "summary.csv")) == 4
