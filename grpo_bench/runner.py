@@ -330,10 +330,16 @@ def check_out(out: Path, abl: Ablation) -> None:
     if not meta:
         return
     listed = meta.get("runs")
-    runs = [r for r in listed if isinstance(r, str) and (out / "runs" / r).is_dir()] if isinstance(listed, list) else []
+    listed = [r for r in listed if isinstance(r, str)] if isinstance(listed, list) else []
+    # results are its run directories, or, where only the tables are kept (results/ in git), summary.csv's rows
+    try:
+        rows = set(pd.read_csv(out / "summary.csv", usecols=["run"]).run.astype(str))
+    except (OSError, ValueError):
+        rows = set()
+    runs = [r for r in listed if r in rows or (out / "runs" / r).is_dir()]
     if not runs:
         return
-    how = "run again with --force to replace its summary and report (runs/ keeps them), or choose another --out"
+    how = "run again with --force to replace its summary and report with this plan's, or choose another --out"
     if meta.get("name") != abl.name:
         raise ConfigError(str(out), "--out", f"holds {len(runs)} runs of ablation {meta.get('name')!r}, not "
                           f"{abl.name!r}; not overwritten: {how}")

@@ -39,11 +39,16 @@ def two_runs(tmp_path, capsys):
 # ------------------------------------------------------------------ (a) lost results
 
 
-@pytest.mark.parametrize("case", ["fewer seeds", "another config", "another ablation"])
+@pytest.mark.parametrize("case", ["fewer seeds", "fewer seeds, tables only", "another config", "another ablation"])
 def test_run_never_replaces_other_results_without_force(two_runs, tmp_path, capsys, case):
     path, out = two_runs
+    if case == "fewer seeds, tables only":   # as results/ are committed: summary, metrics, report, no runs/
+        import shutil
+        shutil.rmtree(out / "runs")
+        (out / "runs").mkdir()
+    n_runs = len(list((out / "runs").iterdir()))
     before = _files(out)
-    if case == "fewer seeds":
+    if case.startswith("fewer seeds"):
         doc = {"name": "t", "base": TINY, "grid": {"loss": ["naive"]}, "seeds": 1}
         args = [write(tmp_path, doc, "fewer.yaml")]
     elif case == "another config":
@@ -55,7 +60,7 @@ def test_run_never_replaces_other_results_without_force(two_runs, tmp_path, caps
     assert code == 2 and str(out) in line and "--force" in line, line
     assert ("'other'" in line) if case == "another ablation" else ("this plan does not have" in line), line
     assert _files(out) == before                                   # nothing replaced
-    assert len(list((out / "runs").iterdir())) == 2                # nothing mixed in
+    assert len(list((out / "runs").iterdir())) == n_runs           # nothing mixed in
     code, _, err = run_main(capsys, "run", *args, "--out", out, "--no-progress", "--force")
     assert code == 0, err
 
