@@ -230,3 +230,103 @@ def test_the_docs_recipe_example_trains_a_policy_of_its_own(page):
     # from a uniform policy (1/5 of positions right) to most of them, with the KL term in the loss
     assert scope["rewards"].mean().item() > 0.6 and scope["stats"]["kl/value"].item() > 0
     assert scope["recipe"].kl_in_loss and scope["loss"].requires_grad
+
+
+# ------------------------------------------------- a member's own error (issue 31)
+
+
+def _prompts(seed, epochs, cfg=SORT):
+    """Every prompt (as a tuple) that `seed` draws in its first draw of each epoch."""
+    from grpo_bench import rng
+    t = cfg["task"]
+    return {e: [tuple(r) for r in torch.randint(0, t["vocab"], (t["num_prompts"], t["n"]),
+                                                 generator=rng.stream(seed, "prompts", e, 0)).tolist()]
+            for e in range(epochs)}
+
+
+def _prompt_only(seed, epoch, others, cfg=SORT):
+    """A prompt that `seed` draws at `epoch` and no seed of `others` draws in any epoch, nor the held-out set."""
+    from grpo_bench.tasks.sort import SortTask
+    task = SortTask(resolve_run({**cfg, "seed": 0}).task, [resolve_run({**cfg, "seed": 0})])
+    taken = {tuple(r) for r in task.eval_set.tolist()}
+    taken |= {p for s in others for ps in _prompts(s, cfg["epochs"], cfg).values() for p in ps}
+    taken |= {p for e, ps in _prompts(seed, cfg["epochs"], cfg).items() if e < epoch for p in ps}
+    return next(p for p in _prompts(seed, epoch + 1, cfg)[epoch] if p not in taken)
+
+
+def _reward_module(tmp_path, monkeypatch, name, body):
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return f"{name}:reward"
+
+
+@pytest.mark.parametrize("what", ["raises", "inf for every completion", "inf for one completion"])
+def test_a_members_reward_error_fails_only_that_member(tmp_path, monkeypatch, what):
+    """A reward that fails on a prompt only seed 1 draws (at epoch 2) fails seed 1 alone, with the error it has
+    alone; the others finish with the numbers they have alone. Before: the whole population failed."""
+    bad = _prompt_only(1, 2, [0, 2, 3])
+    if what == "raises":
+        action = "raise ValueError(f'cannot score {p}')"
+    elif what == "inf for every completion":
+        action = "return [float('inf')] * len(completions)"
+    else:
+        action = "return [float('inf')] + [1.0] * (len(completions) - 1)"
+    name = "member_reward_" + what.replace(" ", "_")
+    spec = _reward_module(tmp_path, monkeypatch, name, f"""
+BAD = {bad!r}
+def reward(prompts, completions, **kw):
+    for p in prompts:
+        if tuple(p) == BAD:
+            {action}
+    return [float(sum(c)) for c in completions]
+""")
+    task = {**SORT["task"], "rewards": {spec: 1.0, "match": 1.0}}
+    raws = [{**SORT, "task": task, "seed": s, "lr": 0.01 * (s + 1)} for s in [0, 1, 2, 3]]
+    together, alone = _both_ways_any(raws)
+    (r1, rows1), (a1, arows1) = together[1], alone[1]
+    kind = ValueError if what == "raises" else FloatingPointError
+    assert isinstance(r1, kind) and isinstance(a1, kind) and str(r1) == str(a1), (r1, a1)
+    assert "cannot score" in str(r1) if what == "raises" else "finite" in str(r1)
+    assert _untimed(rows1) == _untimed(arows1) and max(step for step, _, _ in rows1) < 2 * SORT["inner_steps"] + 1
+    for i in (0, 2, 3):
+        (res, rows), (res_a, rows_a) = together[i], alone[i]
+        assert isinstance(res, dict) and res == res_a and _untimed(rows) == _untimed(rows_a)
+
+
+def _both_ways_any(raws):
+    """_both_ways, where a run alone may raise anything."""
+    cfgs = [resolve_run(copy.deepcopy(r)) for r in raws]
+    rows = [[] for _ in cfgs]
+    together = train_population(cfgs, rows)
+    alone = []
+    for raw in raws:
+        r = []
+        try:
+            out = train(resolve_run(copy.deepcopy(raw)), r)
+        except Exception as e:
+            out = e
+        alone.append((out, r))
+    return list(zip(together, rows)), alone
+
+
+def test_an_lm_members_reward_error_fails_only_that_member(tmp_path, monkeypatch):
+    from grpo_bench.trainer import build_task
+    cfgs = [resolve_run({**LM, "seed": s}) for s in (0, 1, 2)]
+    task = build_task(cfgs)
+    drawn = [[task._render(q) for e in range(LM["epochs"]) for q in task.rollout(e, 0, 2).prompts[i]]
+             for i in range(3)]
+    bad = next(t for t in drawn[1][3:6] if t not in drawn[0] + drawn[2])     # seed 1's, at epoch 1
+    spec = _reward_module(tmp_path, monkeypatch, "lm_member_reward", f"""
+def reward(prompts, completions, **kw):
+    if {bad!r} in prompts:
+        raise ValueError("cannot score this problem")
+    return [0.5] * len(completions)
+""")
+    task_cfg = {**LM["task"], "rewards": {spec: 1.0, "correct": 1.0}}
+    together, alone = _both_ways_any([{**LM, "task": task_cfg, "seed": s} for s in (0, 1, 2)])
+    (r1, rows1), (a1, arows1) = together[1], alone[1]
+    assert isinstance(r1, ValueError) and str(r1) == str(a1) == "cannot score this problem"
+    assert _untimed(rows1) == _untimed(arows1)
+    for i in (0, 2):
+        (res, rows), (res_a, rows_a) = together[i], alone[i]
+        assert isinstance(res, dict) and res == res_a and _untimed(rows) == _untimed(rows_a)
