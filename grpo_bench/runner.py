@@ -188,11 +188,18 @@ def finished(run_dir: Path) -> bool:
     return check_run(run_dir)[0] == "ok"
 
 
-def train_group(specs: list[RunSpec], threads: int = 1) -> list[Result]:
+# summary columns that say how a run was scheduled, not what it gave. A run's numbers are the same, to the
+# bit, in a population of any size and on either executor; on another device or thread count they may not be
+# (collect says so when one directory mixes them).
+SCHEDULE = ("wall_s", "population", "executor", "device", "threads")
+
+
+def train_group(specs: list[RunSpec], threads: int = 1, executor: str = "local") -> list[Result]:
     """Train runs as one population in this process; never raises for a run that fails. Every executor calls this.
 
     The runs must share a population key (see populations()); each gets its own result,
-    failed or not: a non-finite loss ends only its own run, an error outside training all of them.
+    failed or not: a non-finite loss or its own reward's error ends only its own run, an error
+    outside training all of them. Each summary records how it was scheduled (SCHEDULE).
     """
     import torch
 
@@ -218,8 +225,8 @@ def train_group(specs: list[RunSpec], threads: int = 1) -> list[Result]:
             summary |= {"status": "failed", "error": f"{type(out).__name__}: {out}".splitlines()[0], "traceback": trace}
         else:
             summary |= {"status": "ok", "error": ""} | out
-        summary["wall_s"] = wall
-        summary["population"] = len(specs)
+        summary |= {"wall_s": wall, "population": len(specs), "executor": executor, "device": cfgs[0].device,
+                    "threads": threads}
         results.append((cfg_dict, run_rows, summary))
     return results
 
@@ -700,6 +707,21 @@ def _load_run(run_dir: Path) -> tuple[dict | None, pd.DataFrame | None, str]:
     return s, m, ""
 
 
+def _note_mixed_schedules(summary: pd.DataFrame) -> None:
+    """One line on stderr when the finished runs here ran on different devices or thread counts: their
+    numbers are not bitwise those of one schedule (population size and executor never change them)."""
+    cols = [c for c in ("device", "threads") if c in summary.columns]
+    if not cols or "status" not in summary.columns:
+        return
+    ok = summary[(summary.status == "ok") & summary[cols].notna().all(axis=1)]
+    counts = ok.groupby(cols, sort=True).size()
+    if len(counts) > 1:
+        kinds = ", ".join(f"{' x'.join(map(str, k if isinstance(k, tuple) else (k,)))} thread(s): {n} runs"
+                          for k, n in counts.items())
+        print(f"note: the finished runs here ran on different devices or thread counts ({kinds}); their numbers "
+              "differ in the last bits from one schedule's", file=sys.stderr)
+
+
 def collect(out: Path) -> pd.DataFrame:
     """Gather the runs of this ablation's current plan into metrics.parquet and summary.csv.
 
@@ -722,6 +744,7 @@ def collect(out: Path) -> pd.DataFrame:
             ids = {k: s.get(k) for k in ["run", "variant", *meta["axes"], "seed"]}
             frames.append(m.assign(**ids)[[*ids, "step", "metric", "value"]])
     summary = pd.DataFrame(summaries)
+    _note_mixed_schedules(summary)
     metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["run", "variant", *meta["axes"], "seed", "step", "metric", "value"])
     _atomic_parquet(metrics, out / METRICS_FILE)

@@ -71,3 +71,26 @@ def test_resuming_or_growing_the_plan_needs_no_force(two_runs, capsys):
         code, _, err = run_main(capsys, "run", path, "--out", out, "--no-progress", *args)
         assert code == 0, err
     assert len(pd.read_csv(out / "summary.csv")) == 4
+
+
+# ------------------------------------------------------------------ (c, i) the schedule is recorded, not compared
+
+
+def test_a_runs_record_says_how_it_was_scheduled_and_results_do_not_depend_on_it(tmp_path, capsys):
+    abl = load_ablation(write(tmp_path, {"name": "t", "base": TINY, "grid": {"lr": [0.01, 0.02]}, "seeds": 2}))
+    one = RN.run_ablation(abl, tmp_path / "p1", workers=1, progress=False, population=1)
+    four = RN.run_ablation(abl, tmp_path / "p4", workers=1, progress=False, population=4)
+    record = json.loads(next((tmp_path / "p4" / "runs").iterdir()).joinpath("summary.json").read_text())
+    assert {k: record[k] for k in ("population", "executor", "device", "threads")} == \
+        {"population": 4, "executor": "local", "device": "cpu", "threads": 1}
+    assert set(one.population) == {1} and set(four.population) == {4}
+    cols = [c for c in one.columns if c not in RN.SCHEDULE]
+    pd.testing.assert_frame_equal(one[cols], four[cols], check_exact=True)
+    assert "different devices or thread counts" not in capsys.readouterr().err
+    # one run redone at two threads: its numbers may differ in the last bits, and collect says so
+    victim = one.run[0]
+    (tmp_path / "p1" / "runs" / victim / "summary.json").unlink()
+    RN.run_ablation(abl, tmp_path / "p1", workers=1, progress=False, threads=2)
+    err = capsys.readouterr().err
+    assert "note: the finished runs here ran on different devices or thread counts" in err
+    assert "cpu x1 thread(s): 3 runs" in err and "cpu x2 thread(s): 1 runs" in err, err
