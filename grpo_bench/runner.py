@@ -600,8 +600,11 @@ def run_sequential(abl: Ablation, out: Path, orderings: list[str], execute) -> N
             did = execute(seeds, {"sequential": setup}, sum(r["runs"] for r in ran))
             if did:
                 ran.append(did)
-                timing = did | {"wall_s": round(sum(r["wall_s"] for r in ran), 1),
-                                "runs": sum(r["runs"] for r in ran), "skipped": sum(r["skipped"] for r in ran),
+                n_ran = sum(r["runs"] for r in ran)
+                # skipped: the runs of this look's plan finished before this sweep, each counted once (a sum
+                # over the looks counted the first batches' again at every look)
+                timing = did | {"wall_s": round(sum(r["wall_s"] for r in ran), 1), "runs": n_ran,
+                                "skipped": len(seeds) * len(abl.variants) - n_ran,
                                 "populations": [n for r in ran for n in r["populations"]]}
             look = sequential_look(abl, collect(out), orderings, batches[:k])
             record(look)
