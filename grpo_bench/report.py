@@ -465,8 +465,10 @@ def curve_fits(meta: dict, curves: dict) -> dict | None:
         out["axes"][axis] = {}
         for v, (C, Y) in data[axis].items():
             idx = np.random.default_rng(0).integers(0, Y.shape[1], (stats.N_BOOT_FIT, Y.shape[1]))
-            out["axes"][axis][v] = stats.fit_curve(C, Y, r.lo, r.hi, idx=idx)
-    return out
+            fit = stats.fit_curve(C, Y, r.lo, r.hi, idx=idx)
+            if len(fit["C"]):  # a curve whose every value is inf or NaN has nothing to draw or fit
+                out["axes"][axis][v] = fit
+    return out if all(out["axes"].values()) else None
 
 
 AXIS_LABEL = {"samples": "samples drawn", "steps": "gradient steps"}
@@ -499,8 +501,9 @@ def fit_figure(meta: dict, fits: dict, styles: dict):
                 grid = np.geomspace(f["C"][pos][0], f["C"][-1], 200)
                 ax.plot(grid, stats.saturating(grid, f["r0"], f["A"], f["B"], f["C_mid"]), color=st["color"],
                         ls=st["ls"], lw=1.4, gid=v)
-            ends.append(f["C"][-1])
-        if np.allclose(ends, ends[0], rtol=0.01):
+            if len(f["C"]):  # none where every value of the curve is inf or NaN
+                ends.append(f["C"][-1])
+        if ends and np.allclose(ends, ends[0], rtol=0.01):
             ax.axvline(ends[0] / 2, color="#888888", ls=":", lw=0.8)
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda c, _: f"{c:,.0f}"))

@@ -94,3 +94,50 @@ def test_a_runs_record_says_how_it_was_scheduled_and_results_do_not_depend_on_it
     err = capsys.readouterr().err
     assert "note: the finished runs here ran on different devices or thread counts" in err
     assert "cpu x1 thread(s): 3 runs" in err and "cpu x2 thread(s): 1 runs" in err, err
+
+
+# ------------------------------------------------------------------ (d, e) the analysis commands
+
+
+@pytest.fixture
+def swept(tmp_path, capsys):
+    """Three seeds of two variants, long enough for a curve fit, run through the CLI."""
+    path = write(tmp_path, {"name": "t", "base": {**TINY, "epochs": 12}, "grid": {"loss": ["naive", "clipped"]},
+                            "seeds": 3})
+    out = tmp_path / "o"
+    code, _, err = run_main(capsys, "run", path, "--out", out, "--no-progress")
+    assert code == 0, err
+    return out
+
+
+def _copy(out, name):
+    import shutil
+    return shutil.copytree(out, out.parent / name)
+
+
+def test_inf_values_are_reported_not_a_traceback(swept, capsys):
+    """Results whose main metric is inf everywhere (a reward of inf, before rewards had to be finite): the report
+    crashed on an empty curve fit (IndexError), compare in brentq (ValueError)."""
+    import numpy as np
+    d = _copy(swept, "inf")
+    m = pd.read_parquet(d / "metrics.parquet")
+    m.loc[m.metric == "reward/mean", "value"] = np.inf
+    m.to_parquet(d / "metrics.parquet")
+    s = pd.read_csv(d / "summary.csv")
+    s["final/reward"] = np.inf
+    s.to_csv(d / "summary.csv", index=False)
+    code, _, err = run_main(capsys, "plot", d)
+    assert code == 0 and "Traceback" not in err, err
+    assert "undecided (some values are not finite)" in (d / "REPORT.md").read_text()
+    code, out, err = run_main(capsys, "compare", d, swept, "--out", d.parent / "cmp")
+    assert code == 0 and "undecided (some values are not finite)" in out, err
+
+
+def test_seeds_to_detect_and_mde_on_values_that_are_not_finite():
+    import math
+
+    from grpo_bench import stats as S
+    for effect, sd in [(math.nan, 0.1), (math.inf, 0.1), (0.1, math.nan), (math.inf, math.inf)]:
+        assert S.seeds_to_detect(effect, sd, 0.05) == S.MAX_SEEDS + 1
+        assert S.seeds_for_equivalence(effect, sd, 0.02, 0.05) == S.MAX_SEEDS + 1
+    assert math.isnan(S.mde(math.nan, 5, 0.05)) and S.mde(math.inf, 5, 0.05) == math.inf
