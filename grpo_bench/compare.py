@@ -70,6 +70,12 @@ def resolve_column(summary: pd.DataFrame, metric: str | None, source: str, meta:
 def load_side(d: str | Path, metric: str | None) -> Side:
     d = Path(d)
     meta, summary = _read(d)
+    report.check_runs(d, meta, summary, partial=False)
+    if summary.empty:
+        raise ConfigError(str(d / "summary.csv"), "run", "holds no runs: its sweep has not finished one")
+    if not (summary.status == "ok").any():
+        raise ConfigError(str(d / "summary.csv"), "status", f"every one of its {len(summary)} runs failed (their "
+                          "errors are in summary.csv and REPORT.md): nothing to compare")
     column = resolve_column(summary, metric, str(d / "summary.csv"), meta)
     ok = summary[(summary.status == "ok") & summary[column].notna()]
     if ok.empty:

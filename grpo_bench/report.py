@@ -627,6 +627,30 @@ def read_table(path: Path, columns: list[str], dtype: dict | None = None) -> pd.
     return df
 
 
+def check_runs(out: Path, meta: dict, summary: pd.DataFrame, table: pd.DataFrame | None = None,
+               partial: bool = True) -> None:
+    """ConfigError when summary.csv (or the metrics table) holds runs that ablation.json does not plan (another
+    sweep's), or, unless `partial`, lacks runs it plans (rows deleted, or a sweep not finished): its numbers
+    would be read as this plan's, with fewer seeds or unpaired. Silent for an ablation.json without `runs`."""
+    planned = meta.get("runs")
+    if not isinstance(planned, list):
+        return
+    plan = set(map(str, planned))
+    for path, runs in [(out / "summary.csv", summary.run), (metrics_path(out), None if table is None else table.run)]:
+        if runs is None:
+            continue
+        other = sorted(set(runs.astype(str)) - plan)
+        if other:
+            raise ConfigError(str(path), "run", f"holds {len(other)} runs that ablation.json does not plan (e.g. "
+                              f"{other[0]}): another sweep's results; rerun this ablation into its own --out")
+    if not partial:
+        missing = [r for r in planned if r not in set(summary.run.astype(str))]
+        if missing:
+            raise ConfigError(str(out / "summary.csv"), "run", f"has {len(planned) - len(missing)} of the "
+                              f"{len(planned)} runs ablation.json plans (e.g. no {missing[0]}): rows deleted, or "
+                              "the sweep has not finished; run its command again to finish and collect them")
+
+
 def metrics_path(out: Path) -> Path | None:
     """The long metrics table of a results directory: metrics.parquet, or metrics.csv from before it."""
     return next((p for p in (out / "metrics.parquet", out / "metrics.csv") if p.is_file()), None)
@@ -647,14 +671,17 @@ def load(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
         table = read_table(path, columns, names)
     else:
         try:
-            table = read_metrics_file(path).astype(names)
+            table = read_metrics_file(path)
         except ValueError as e:
             raise ConfigError(str(path), "<file>", f"{e}: damaged; rerun the sweep to rewrite it") from None
-        missing = [c for c in columns if c not in table.columns]
+        missing = [c for c in columns if c not in table.columns]  # before the cast, which needs them
         if missing:
-            raise ConfigError(str(path), "<columns>", f"no column {', '.join(missing)}")
+            raise ConfigError(str(path), "<columns>", f"no column {', '.join(missing)}; has "
+                              f"{', '.join(map(str, table.columns))}")
+        table = table.astype(names)
     if len(table) and not (pd.api.types.is_numeric_dtype(table.value) and pd.api.types.is_numeric_dtype(table.step)):
         raise ConfigError(str(path), "value", "holds a step or value that is not a number: damaged")
+    check_runs(out, meta, summary, table)
     return meta, summary, table
 
 

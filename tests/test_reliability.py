@@ -141,3 +141,51 @@ def test_seeds_to_detect_and_mde_on_values_that_are_not_finite():
         assert S.seeds_to_detect(effect, sd, 0.05) == S.MAX_SEEDS + 1
         assert S.seeds_for_equivalence(effect, sd, 0.02, 0.05) == S.MAX_SEEDS + 1
     assert math.isnan(S.mde(math.nan, 5, 0.05)) and S.mde(math.inf, 5, 0.05) == math.inf
+
+
+def test_plot_on_metrics_with_other_columns_or_another_ablations_runs(swept, capsys):
+    d = _copy(swept, "cols")
+    m = pd.read_parquet(d / "metrics.parquet")
+    m.drop(columns=["variant"]).to_parquet(d / "metrics.parquet")   # a run's own table: the cast failed (KeyError)
+    code, _, err = run_main(capsys, "plot", d)
+    line = one_line(err)
+    assert code == 2 and "metrics.parquet" in line and "no column variant" in line, line
+    d = _copy(swept, "other")
+    m = pd.read_parquet(d / "metrics.parquet")
+    m["run"], m["variant"] = "x-" + m["run"].astype(str), "x"          # another ablation's runs
+    m.to_parquet(d / "metrics.parquet")
+    code, _, err = run_main(capsys, "plot", d)
+    line = one_line(err)
+    assert code == 2 and "metrics.parquet" in line and "does not plan" in line, line
+    d = _copy(swept, "other_summary")
+    s = pd.read_csv(d / "summary.csv")
+    s["run"], s["variant"] = "x-" + s["run"], "x"
+    s.to_csv(d / "summary.csv", index=False)
+    code, _, err = run_main(capsys, "plot", d)
+    line = one_line(err)
+    assert code == 2 and "summary.csv" in line and "does not plan" in line, line
+
+
+@pytest.mark.parametrize("cmd", ["compare", "findings"])
+def test_a_summary_that_lost_rows_is_refused_not_read_as_fewer_seeds(swept, tmp_path, capsys, cmd):
+    """compare printed a zero-width CI and tau -1 against the directory's own copy; findings said 3 seeds and went
+    from paired to Welch. Both now check summary.csv against ablation.json's runs."""
+    meta = json.loads((swept / "ablation.json").read_text())
+    meta["claim"] = {"text": "t", "source": "s", "expect": ["loss=naive > loss=clipped"]}
+    (swept / "ablation.json").write_text(json.dumps(meta))
+    s = pd.read_csv(swept / "summary.csv")
+    s.drop(index=[0]).to_csv(swept / "summary.csv", index=False)
+    args = [swept, _copy(swept, "copy")] if cmd == "compare" else [swept.parent]
+    code, _, err = run_main(capsys, cmd, *args)
+    line = one_line(err)
+    assert code == 2 and "summary.csv" in line and "5 of the 6 runs ablation.json plans" in line, line
+    assert s.run[0] in line
+
+
+def test_compare_on_a_directory_where_every_run_failed(swept, capsys):
+    s = pd.read_csv(swept / "summary.csv")
+    s["status"], s["error"] = "failed", "ValueError: boom"
+    s.to_csv(swept / "summary.csv", index=False)
+    code, _, err = run_main(capsys, "compare", swept, swept)
+    line = one_line(err)
+    assert code == 2 and "every one of its 6 runs failed" in line and "summary.csv" in line, line
