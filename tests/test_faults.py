@@ -405,6 +405,9 @@ def test_findings_and_gallery_on_a_bad_root(tmp_path, capsys, cmd, case):
 
 def test_findings_out_unwritable_and_damaged_meta(plotted, tmp_path, capsys):
     root = plotted.parent
+    meta = json.loads((plotted / "ablation.json").read_text())   # a claim: findings has something to judge
+    meta["claim"] = {"text": "t", "source": "s", "expect": ["loss=naive > loss=clipped"]}
+    (plotted / "ablation.json").write_text(json.dumps(meta))
     (tmp_path / "f.txt").write_text("")
     code, _, err = run_main(capsys, "findings", root, "--out", tmp_path / "f.txt" / "FINDINGS.md")
     assert code == 1 and "FINDINGS.md" in one_line(err)

@@ -189,3 +189,24 @@ def test_compare_on_a_directory_where_every_run_failed(swept, capsys):
     code, _, err = run_main(capsys, "compare", swept, swept)
     line = one_line(err)
     assert code == 2 and "every one of its 6 runs failed" in line and "summary.csv" in line, line
+
+
+def test_findings_on_a_directory_without_results_exits_2(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_main(capsys, "findings", tmp_path / "empty")
+    line = one_line(err)
+    assert code == 2 and "no results with a claim" in line and not (tmp_path / "empty" / "FINDINGS.md").exists()
+
+
+def test_findings_command_for_an_ablation_without_settings(swept, capsys):
+    """It added --setting sort (which fails: the file has no settings), dropped --seeds auto:CAP and named
+    results/<name> for a directory elsewhere."""
+    meta = json.loads((swept / "ablation.json").read_text())
+    meta |= {"claim": {"text": "t", "source": "s", "expect": ["loss=naive > loss=clipped"]}, "setting": None,
+             "source": "abl.yaml", "sequential": {"cap": 10, "batch": 5, "orderings": 1}}
+    (swept / "ablation.json").write_text(json.dumps(meta))
+    code, _, err = run_main(capsys, "findings", swept.parent)
+    assert code == 0, err
+    text = (swept.parent / "FINDINGS.md").read_text()
+    assert f"Command: `python -m grpo_bench run abl.yaml --seeds auto:10 --out {swept}`." in text
+    assert "--setting" not in text
