@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
@@ -248,8 +249,9 @@ def gallery_text(root: str | Path) -> str:
     for d in dirs:
         meta, summary = _read(d)
         column = report.main_column(summary, meta)
-        head = next((f"{d.name}/headline.{f}" for f in report.FORMATS if (d / f"headline.{f}").is_file()), None)
-        lines += [f"## [{meta['name']}]({d.name}/REPORT.md)", "",
+        # a link is a URL: a space or a non-ASCII letter in a folder's name is percent-encoded, or Markdown stops there
+        head = next((quote(f"{d.name}/headline.{f}") for f in report.FORMATS if (d / f"headline.{f}").is_file()), None)
+        lines += [f"## [{meta['name']}]({quote(d.name)}/REPORT.md)", "",
                   f"**Question.** {question(meta.get('description', ''))}", ""]
         if head:
             lines += [f"![{meta['name']} headline]({head})", ""]
@@ -261,7 +263,7 @@ def gallery_text(root: str | Path) -> str:
         lines += ["## Other results", ""]
         if findings:
             lines.append("- [FINDINGS.md](FINDINGS.md): the suite's verdict on each published claim it tests")
-        lines += [f"- [{d.name}]({d.name}/COMPARE.md): variants compared across ablations" for d in extras]
+        lines += [f"- [{d.name}]({quote(d.name)}/COMPARE.md): variants compared across ablations" for d in extras]
         if (root / "kernels" / "benchmarks.md").is_file():
             lines.append("- [kernels](kernels/benchmarks.md): log-prob and GRPO-loss kernel benchmarks")
         lines.append("")

@@ -210,3 +210,19 @@ def test_findings_command_for_an_ablation_without_settings(swept, capsys):
     text = (swept.parent / "FINDINGS.md").read_text()
     assert f"Command: `python -m grpo_bench run abl.yaml --seeds auto:10 --out {swept}`." in text
     assert "--setting" not in text
+
+
+def test_gallery_links_are_urls(tmp_path, two_runs, capsys):
+    import shutil
+    import urllib.parse
+    _, out = two_runs
+    root = tmp_path / "root"
+    for name in ("my results", "résultats"):
+        shutil.copytree(out, root / name)
+    code, _, err = run_main(capsys, "gallery", root)
+    assert code == 0, err
+    text = (root / "README.md").read_text()
+    links = [t for t in __import__("re").findall(r"\]\(([^)]*)\)", text)]
+    assert "my%20results/REPORT.md" in links and "r%C3%A9sultats/REPORT.md" in links
+    for link in links:
+        assert " " not in link and link.isascii() and (root / urllib.parse.unquote(link)).exists(), link
