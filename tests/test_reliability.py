@@ -226,3 +226,55 @@ def test_gallery_links_are_urls(tmp_path, two_runs, capsys):
     assert "my%20results/REPORT.md" in links and "r%C3%A9sultats/REPORT.md" in links
     for link in links:
         assert " " not in link and link.isascii() and (root / urllib.parse.unquote(link)).exists(), link
+
+
+# ------------------------------------------------------------------ (f) late errors, found early
+
+
+def _checkpoint(tmp_path, damage=None):
+    """A copy of the shipped tiny checkpoint, damaged by damage(dir)."""
+    import shutil
+
+    from grpo_bench.lm import shipped
+    d = shutil.copytree(shipped.directory(), tmp_path / "model")
+    if damage:
+        damage(d)
+    return d
+
+
+BAD_SOURCES = {
+    "missing path": (lambda t: t / "no" / "such", ["no such directory"]),
+    "empty dir": (lambda t: (t / "empty").mkdir() or t / "empty", ["no config.json"]),
+    "a file": (lambda t: (t / "f.bin").write_bytes(b"x") and t / "f.bin", ["not a directory"]),
+    "no tokenizer": (lambda t: _checkpoint(t, lambda d: [(d / f).unlink() for f in
+                                                        ("tokenizer.json", "tokenizer_config.json")]),
+                     ["no tokenizer"]),
+    "corrupt config.json": (lambda t: _checkpoint(t, lambda d: (d / "config.json").write_text('{"model_type": "gp')),
+                            ["config.json unreadable"]),
+    "truncated weights": (lambda t: _checkpoint(t, lambda d: (d / "model.safetensors").write_bytes(
+        (d / "model.safetensors").read_bytes()[:5000])), ["model.safetensors is cut short"]),
+    "no weights": (lambda t: _checkpoint(t, lambda d: (d / "model.safetensors").unlink()), ["no weights"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SOURCES))
+def test_a_bad_local_model_is_refused_when_the_config_loads(tmp_path, capsys, case):
+    where, words = BAD_SOURCES[case]
+    source = where(tmp_path)
+    doc = {"name": "lm", "base": {"task": {"name": "arithmetic", "model": {"source": str(source)}}, "epochs": 1},
+           "grid": {"lr": [0.01]}, "seeds": 1}
+    code, _, err = run_main(capsys, "run", write(tmp_path, doc), "--out", tmp_path / "o", "--no-progress")
+    line = one_line(err)
+    assert code == 2 and "model.source" in line and str(source) in line, line
+    for w in words:
+        assert w in line, (w, line)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_good_local_model_and_hub_ids_pass_the_check(tmp_path):
+    from grpo_bench.lm.models import check_local_source
+    check_local_source(str(_checkpoint(tmp_path)))
+    for hub in ("gpt2", "Qwen/Qwen2.5-0.5B-Instruct"):
+        check_local_source(hub)
+    with pytest.raises(ValueError, match="neither a local directory nor a hub id"):
+        check_local_source("a b")

@@ -189,6 +189,9 @@ class ArithmeticConfig:
             raise ValueError("warmstart.batch: batch must be >= 1 and warmstart.lr > 0 when warmstart.steps > 0")
         if shipped.name(self.model.source):
             shipped.check_compatible(self)
+        elif self.model.source != shipped.SCRATCH:
+            from ..lm import models
+            models.check_local_source(self.model.source)
 
 
 EVAL_CHUNK = 256    # held-out problems per greedy generation call, per member
