@@ -301,6 +301,9 @@ def write_run(out: Path, spec: RunSpec, result: Result) -> None:
 
 def lock_out(out: Path):
     """Create `out` and hold its lock for this process's lifetime; ConfigError if unusable or held."""
+    if out.is_symlink() and not out.exists():  # mkdir says only "File exists"
+        raise ConfigError("--out", str(out), f"is a symbolic link to {os.readlink(out)}, which does not exist; "
+                          "create that directory or choose another --out")
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = open(out / ".lock", "a+")

@@ -278,3 +278,11 @@ def test_a_good_local_model_and_hub_ids_pass_the_check(tmp_path):
         check_local_source(hub)
     with pytest.raises(ValueError, match="neither a local directory nor a hub id"):
         check_local_source("a b")
+
+
+def test_out_as_a_dangling_symlink_is_one_line(tmp_path, capsys):
+    path = write(tmp_path, {"name": "t", "base": TINY, "grid": {"loss": ["naive"]}, "seeds": 1})
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    code, _, err = run_main(capsys, "run", path, "--out", tmp_path / "link", "--no-progress")
+    line = one_line(err)
+    assert code == 2 and "link" in line and "symbolic link" in line and "gone" in line and "File exists" not in line
