@@ -330,3 +330,24 @@ def reward(prompts, completions, **kw):
     for i in (0, 2):
         (res, rows), (res_a, rows_a) = together[i], alone[i]
         assert isinstance(res, dict) and res == res_a and _untimed(rows) == _untimed(rows_a)
+
+
+def test_a_reward_that_never_returns_times_out_and_fails_only_its_member(tmp_path, monkeypatch):
+    """A reward call waited forever; now it has GRPO_BENCH_REWARD_TIMEOUT seconds, and its run fails alone."""
+    bad = _prompt_only(1, 1, [0, 2])
+    spec = _reward_module(tmp_path, monkeypatch, "member_reward_hangs", f"""
+import time
+BAD = {bad!r}
+def reward(prompts, completions, **kw):
+    if any(tuple(p) == BAD for p in prompts):
+        time.sleep(3600)
+    return [float(sum(c)) for c in completions]
+""")
+    monkeypatch.setenv("GRPO_BENCH_REWARD_TIMEOUT", "0.5")
+    task = {**SORT["task"], "rewards": {spec: 1.0}}
+    together, alone = _both_ways_any([{**SORT, "task": task, "seed": s} for s in [0, 1, 2]])
+    (r1, rows1), (a1, arows1) = together[1], alone[1]
+    assert type(r1).__name__ == "RewardTimeout" and str(r1) == str(a1) and "within 0.5 s" in str(r1)
+    assert _untimed(rows1) == _untimed(arows1)
+    for i in (0, 2):
+        assert isinstance(together[i][0], dict) and together[i][0] == alone[i][0]
