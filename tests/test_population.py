@@ -351,3 +351,86 @@ def reward(prompts, completions, **kw):
     assert _untimed(rows1) == _untimed(arows1)
     for i in (0, 2):
         assert isinstance(together[i][0], dict) and together[i][0] == alone[i][0]
+
+
+# ------------------------------------------- members that differ, against the same runs alone (issue 31)
+
+DIFFER = {
+    # a part run member by member must get its member's numbers: each rho, clip_cov bound and lr is another
+    "top_entropy_clip_cov_dynamic_sampling": [
+        {"filters": [{"name": "dynamic_sampling", "max_draws": 3}, {"name": "top_entropy", "rho": rho}],
+         "loss": {"name": "clip_cov", "clip_cov_ratio": ratio, "clip_cov_lb": lb, "clip_high": 0.1 + 0.05 * i},
+         "lr": 0.002 * (i + 1)}
+        for i, (rho, ratio, lb) in enumerate([(0.2, 0.02, -1.0), (0.5, 0.2, 0.0), (0.9, 0.5, 0.5)])],
+    "kl_cov": [{"loss": {"name": "kl_cov", "kl_cov_ratio": ratio, "ppo_kl_coef": coef}, "lr": 0.003 * (i + 1)}
+               for i, (ratio, coef) in enumerate([(0.05, 0.5), (0.3, 2.0), (0.8, 5.0)])],
+    # each member's adaptive controller sees only its own entropy: other targets, starts and steps
+    "entropy_controller": [{"entropy_coef": c, "entropy_ctrl": {"name": "adaptive", "target": t, "delta": d},
+                            "lr": 0.004 * (i + 1)}
+                           for i, (c, t, d) in enumerate([(0.0, 1.55, 0.01), (0.05, 1.56, 0.02), (0.2, 1.6, 0.05)])],
+}
+
+
+@pytest.mark.parametrize("case", list(DIFFER))
+def test_members_that_differ_get_their_own_numbers(case):
+    raws = [{**SORT, **over, "seed": s} for s, over in zip([2, 0, 1], DIFFER[case])]
+    together, alone = _both_ways(raws)
+    for (res_p, rows_p), (res_a, rows_a) in zip(together, alone):
+        assert isinstance(res_p, dict) and res_p == res_a and _untimed(rows_p) == _untimed(rows_a)
+    # the members did differ: no two share their metric rows
+    untimed = [tuple(_untimed(rows)) for _, rows in together]
+    assert len(set(untimed)) == len(untimed)
+    if case == "entropy_controller":   # the coefficients each controller applied went their own ways
+        coefs = [[v for _, m, v in rows if m == "entropy/coef"] for _, rows in together]
+        assert all(len(c) > 3 for c in coefs) and len({tuple(c) for c in coefs}) == 3
+        # entropies near the targets: a controller that read another member's entropy would switch elsewhere
+        assert any(0.0 in c and max(c) > 0 for c in coefs), coefs
+
+
+def test_a_member_failing_beside_a_lagging_sampler_leaves_the_others_their_numbers():
+    """A sampler two updates old keeps a history per member: after one member fails, the survivors' history
+    must stay theirs."""
+    raws = [{**SORT, "sampler": {"precision": "bf16", "staleness": 2}, "corrections": ["token_tis"],
+             "optimizer": "sgd", "lr": lr, "epochs": 6, "seed": s}
+            for s, lr in [(0, 0.05), (1, 1e30), (2, 0.08)]]
+    together, alone = _both_ways(raws)
+    assert isinstance(together[1][0], NonFiniteLoss) and str(together[1][0]) == str(alone[1][0])
+    assert _untimed(together[1][1]) == _untimed(alone[1][1])
+    for i in (0, 2):
+        (res, rows), (res_a, rows_a) = together[i], alone[i]
+        assert isinstance(res, dict) and res == res_a and _untimed(rows) == _untimed(rows_a)
+
+
+def test_time_per_step_is_the_populations_divided_by_its_members(monkeypatch):
+    """time/step_s is what a step cost each run: the population's wall time over the members alive. A clock that
+    ticks one second a reading makes a population's steps cost what one run's do, P times over."""
+    from grpo_bench import trainer
+
+    class Clock:
+        def __init__(self):
+            self.t = 0.0
+
+        def perf_counter(self):
+            self.t += 1.0
+            return self.t
+
+    def times(raws, together):
+        monkeypatch.setattr(trainer.time, "perf_counter", Clock().perf_counter)
+        if together:
+            rows = [[] for _ in raws]
+            train_population([resolve_run(copy.deepcopy(r)) for r in raws], rows)
+        else:
+            rows = [[]]
+            train(resolve_run(copy.deepcopy(raws[0])), rows[0])
+        return [[(s, v) for s, m, v in r if m == "time/step_s"] for r in rows]
+
+    raws = [{**SORT, "seed": s, "optimizer": "sgd", "lr": lr} for s, lr in [(0, 0.05), (1, 1e30), (2, 0.05), (3, 0.05)]]
+    pop = times(raws, True)
+    one = times(raws[:1], False)[0]
+    assert [s for s, _ in pop[0]] == [s for s, _ in one] and len(one) == SORT["epochs"] * SORT["inner_steps"]
+    failed_at = len(pop[1])   # member 1 diverges early: the step it diverged at was shared by four, later ones by three
+    assert failed_at < len(one)
+    for k, (step, v) in enumerate(one):
+        p = 4 if k <= failed_at else 3
+        for m in (pop[0], pop[2], pop[3]):
+            assert m[k] == (step, pytest.approx(v / p)), (k, step, v, p)
