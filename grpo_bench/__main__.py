@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
                         "experiment tracker: tensorboard, wandb, mlflow or trackio (repeatable); offline, under "
                         "the output directory, unless the tracker's own environment says otherwise "
                         "(WANDB_MODE, MLFLOW_TRACKING_URI, TRACKIO_DIR); each is an extra: pip install -e '.[wandb]'")
+    r.add_argument("--force", action="store_true",
+                   help="run even when the output directory holds another ablation's results or runs this plan "
+                        "does not have (its summary and report are replaced; runs/ keeps the runs)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     pl = sub.add_parser("plot", help="redraw figures and REPORT.md of a results directory from its files")
     pl.add_argument("dir")
@@ -220,7 +223,7 @@ def _run(args) -> int:
             summary = run_ablation(abl, out, executor=args.executor, workers=args.workers, threads=args.threads,
                                    address=args.address, max_retries=args.max_retries, progress=not args.no_progress,
                                    population=args.population, log_to=tuple(args.log_to),
-                                   sequential=sequential)
+                                   sequential=sequential, force=args.force)
             had = finished_in_report(out / "REPORT.md")
             report = make_report(out)
         except ConfigError as e:

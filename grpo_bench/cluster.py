@@ -131,7 +131,7 @@ class Session:
             # named by its first run id: `ray list tasks` and the worker's process title say which runs it holds;
             # max_retries=0: a retry is decided here, where it can be counted, logged and bounded
             return remote.options(name=name(group), num_cpus=resources["cpus"], num_gpus=resources["gpus"],
-                                  max_retries=0, retry_exceptions=False).remote(group, threads)
+                                  max_retries=0, retry_exceptions=False).remote(group, threads, "ray")
 
         queue, pending, lost = deque(todo), {}, {}
         try:

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
@@ -70,6 +71,12 @@ def resolve_column(summary: pd.DataFrame, metric: str | None, source: str, meta:
 def load_side(d: str | Path, metric: str | None) -> Side:
     d = Path(d)
     meta, summary = _read(d)
+    report.check_runs(d, meta, summary, partial=False)
+    if summary.empty:
+        raise ConfigError(str(d / "summary.csv"), "run", "holds no runs: its sweep has not finished one")
+    if not (summary.status == "ok").any():
+        raise ConfigError(str(d / "summary.csv"), "status", f"every one of its {len(summary)} runs failed (their "
+                          "errors are in summary.csv and REPORT.md): nothing to compare")
     column = resolve_column(summary, metric, str(d / "summary.csv"), meta)
     ok = summary[(summary.status == "ok") & summary[column].notna()]
     if ok.empty:
@@ -245,8 +252,9 @@ def gallery_text(root: str | Path) -> str:
     for d in dirs:
         meta, summary = _read(d)
         column = report.main_column(summary, meta)
-        head = next((f"{d.name}/headline.{f}" for f in report.FORMATS if (d / f"headline.{f}").is_file()), None)
-        lines += [f"## [{meta['name']}]({d.name}/REPORT.md)", "",
+        # a link is a URL: a space or a non-ASCII letter in a folder's name is percent-encoded, or Markdown stops there
+        head = next((quote(f"{d.name}/headline.{f}") for f in report.FORMATS if (d / f"headline.{f}").is_file()), None)
+        lines += [f"## [{meta['name']}]({quote(d.name)}/REPORT.md)", "",
                   f"**Question.** {question(meta.get('description', ''))}", ""]
         if head:
             lines += [f"![{meta['name']} headline]({head})", ""]
@@ -258,7 +266,7 @@ def gallery_text(root: str | Path) -> str:
         lines += ["## Other results", ""]
         if findings:
             lines.append("- [FINDINGS.md](FINDINGS.md): the suite's verdict on each published claim it tests")
-        lines += [f"- [{d.name}]({d.name}/COMPARE.md): variants compared across ablations" for d in extras]
+        lines += [f"- [{d.name}]({quote(d.name)}/COMPARE.md): variants compared across ablations" for d in extras]
         if (root / "kernels" / "benchmarks.md").is_file():
             lines.append("- [kernels](kernels/benchmarks.md): log-prob and GRPO-loss kernel benchmarks")
         lines.append("")

@@ -437,6 +437,21 @@ def _timing(result: dict) -> str:
     return f"{s['wall_s'] / 60:.1f} min for {s['runs']} runs ({s['where']}, {s['cpu']}, load {s['load_avg_end']})"
 
 
+def _command(d: Path, source: str) -> str:
+    """The command that made results directory d: its setting (only a file with settings has one), --seeds
+    auto:CAP where its seeds were chosen sequentially, --out where d is not the default results/<name>."""
+    meta = read_meta(d)
+    cmd = f"python -m grpo_bench run {source}"
+    if meta.get("setting"):
+        cmd += f" --setting {meta['setting']}"
+    sequential = meta.get("sequential")
+    if isinstance(sequential, dict) and sequential.get("cap"):
+        cmd += f" --seeds auto:{sequential['cap']}"
+    if Path(d).resolve() != (Path("results") / meta["name"]).resolve():
+        cmd += f" --out {d}"
+    return cmd
+
+
 def _presets(families: dict[str, dict], root: Path) -> dict[str, list[str]]:
     """setting -> the task presets its results trained on, as their ablation files name them (a resolved
     config no longer knows the preset it came from)."""
@@ -536,12 +551,13 @@ def render(root: Path) -> str:
         details.append("")
         for s, r in results.items():
             details.append(f"- {name[s]} ({label_column(r['column'])}, final, {r['side'].seeds} seeds): {_ranking(r)}. "
-                           f"Time: {_timing(r)}. Command: `python -m grpo_bench run {entry['source']} --setting {s}`.")
+                           f"Time: {_timing(r)}. Command: `{_command(r['dir'], entry['source'])}`.")
         for s, why in untestable.items():
             details.append(f"- {name[s]}: {'not testable here' if s not in results else 'note'}: {why}")
         details.append("")
     if not families:
-        lines.append("| (no results with a claim yet) | |")
+        raise ConfigError(str(root), "<dir>", "no results with a claim here (a <dir>/ablation.json with `claim`, "
+                          "written by running an ablation that has one): nothing to judge")
     # the changes since the last version's verdicts, then commentary written after looking at these results
     extra = [p.read_text() for p in (root / "FINDINGS_changes.md", root / "FINDINGS_notes.md") if p.is_file()]
     return "\n".join(lines + [""] + details + extra)

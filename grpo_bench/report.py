@@ -470,8 +470,10 @@ def curve_fits(meta: dict, curves: dict) -> dict | None:
         out["axes"][axis] = {}
         for v, (C, Y) in data[axis].items():
             idx = np.random.default_rng(0).integers(0, Y.shape[1], (stats.N_BOOT_FIT, Y.shape[1]))
-            out["axes"][axis][v] = stats.fit_curve(C, Y, r.lo, r.hi, idx=idx)
-    return out
+            fit = stats.fit_curve(C, Y, r.lo, r.hi, idx=idx)
+            if len(fit["C"]):  # a curve whose every value is inf or NaN has nothing to draw or fit
+                out["axes"][axis][v] = fit
+    return out if all(out["axes"].values()) else None
 
 
 AXIS_LABEL = {"samples": "samples drawn", "steps": "gradient steps"}
@@ -504,8 +506,9 @@ def fit_figure(meta: dict, fits: dict, styles: dict):
                 grid = np.geomspace(f["C"][pos][0], f["C"][-1], 200)
                 ax.plot(grid, stats.saturating(grid, f["r0"], f["A"], f["B"], f["C_mid"]), color=st["color"],
                         ls=st["ls"], lw=1.4, gid=v)
-            ends.append(f["C"][-1])
-        if np.allclose(ends, ends[0], rtol=0.01):
+            if len(f["C"]):  # none where every value of the curve is inf or NaN
+                ends.append(f["C"][-1])
+        if ends and np.allclose(ends, ends[0], rtol=0.01):
             ax.axvline(ends[0] / 2, color="#888888", ls=":", lw=0.8)
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda c, _: f"{c:,.0f}"))
@@ -631,6 +634,30 @@ def read_table(path: Path, columns: list[str], dtype: dict | None = None) -> pd.
     return df
 
 
+def check_runs(out: Path, meta: dict, summary: pd.DataFrame, table: pd.DataFrame | None = None,
+               partial: bool = True) -> None:
+    """ConfigError when summary.csv (or the metrics table) holds runs that ablation.json does not plan (another
+    sweep's), or, unless `partial`, lacks runs it plans (rows deleted, or a sweep not finished): its numbers
+    would be read as this plan's, with fewer seeds or unpaired. Silent for an ablation.json without `runs`."""
+    planned = meta.get("runs")
+    if not isinstance(planned, list):
+        return
+    plan = set(map(str, planned))
+    for path, runs in [(out / "summary.csv", summary.run), (metrics_path(out), None if table is None else table.run)]:
+        if runs is None:
+            continue
+        other = sorted(set(runs.astype(str)) - plan)
+        if other:
+            raise ConfigError(str(path), "run", f"holds {len(other)} runs that ablation.json does not plan (e.g. "
+                              f"{other[0]}): another sweep's results; rerun this ablation into its own --out")
+    if not partial:
+        missing = [r for r in planned if r not in set(summary.run.astype(str))]
+        if missing:
+            raise ConfigError(str(out / "summary.csv"), "run", f"has {len(planned) - len(missing)} of the "
+                              f"{len(planned)} runs ablation.json plans (e.g. no {missing[0]}): rows deleted, or "
+                              "the sweep has not finished; run its command again to finish and collect them")
+
+
 def metrics_path(out: Path) -> Path | None:
     """The long metrics table of a results directory: metrics.parquet, or metrics.csv from before it."""
     return next((p for p in (out / "metrics.parquet", out / "metrics.csv") if p.is_file()), None)
@@ -651,14 +678,17 @@ def load(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
         table = read_table(path, columns, names)
     else:
         try:
-            table = read_metrics_file(path).astype(names)
+            table = read_metrics_file(path)
         except ValueError as e:
             raise ConfigError(str(path), "<file>", f"{e}: damaged; rerun the sweep to rewrite it") from None
-        missing = [c for c in columns if c not in table.columns]
+        missing = [c for c in columns if c not in table.columns]  # before the cast, which needs them
         if missing:
-            raise ConfigError(str(path), "<columns>", f"no column {', '.join(missing)}")
+            raise ConfigError(str(path), "<columns>", f"no column {', '.join(missing)}; has "
+                              f"{', '.join(map(str, table.columns))}")
+        table = table.astype(names)
     if len(table) and not (pd.api.types.is_numeric_dtype(table.value) and pd.api.types.is_numeric_dtype(table.step)):
         raise ConfigError(str(path), "value", "holds a step or value that is not a number: damaged")
+    check_runs(out, meta, summary, table)
     return meta, summary, table
 
 

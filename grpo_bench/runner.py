@@ -200,11 +200,18 @@ def finished(run_dir: Path) -> bool:
     return check_run(run_dir)[0] == "ok"
 
 
-def train_group(specs: list[RunSpec], threads: int = 1) -> list[Result]:
+# summary columns that say how a run was scheduled, not what it gave. A run's numbers are the same, to the
+# bit, in a population of any size and on either executor; on another device or thread count they may not be
+# (collect says so when one directory mixes them).
+SCHEDULE = ("wall_s", "population", "executor", "device", "threads")
+
+
+def train_group(specs: list[RunSpec], threads: int = 1, executor: str = "local") -> list[Result]:
     """Train runs as one population in this process; never raises for a run that fails. Every executor calls this.
 
     The runs must share a population key (see populations()); each gets its own result,
-    failed or not: a non-finite loss ends only its own run, an error outside training all of them.
+    failed or not: a non-finite loss or its own reward's error ends only its own run, an error
+    outside training all of them. Each summary records how it was scheduled (SCHEDULE).
     """
     import torch
 
@@ -230,8 +237,8 @@ def train_group(specs: list[RunSpec], threads: int = 1) -> list[Result]:
             summary |= {"status": "failed", "error": f"{type(out).__name__}: {out}".splitlines()[0], "traceback": trace}
         else:
             summary |= {"status": "ok", "error": ""} | out
-        summary["wall_s"] = wall
-        summary["population"] = len(specs)
+        summary |= {"wall_s": wall, "population": len(specs), "executor": executor, "device": cfgs[0].device,
+                    "threads": threads}
         results.append((cfg_dict, run_rows, summary))
     return results
 
@@ -306,6 +313,9 @@ def write_run(out: Path, spec: RunSpec, result: Result) -> None:
 
 def lock_out(out: Path):
     """Create `out` and hold its lock for this process's lifetime; ConfigError if unusable or held."""
+    if out.is_symlink() and not out.exists():  # mkdir says only "File exists"
+        raise ConfigError("--out", str(out), f"is a symbolic link to {os.readlink(out)}, which does not exist; "
+                          "create that directory or choose another --out")
     try:
         out.mkdir(parents=True, exist_ok=True)
         lock = open(out / ".lock", "a+")
@@ -332,6 +342,34 @@ def lock_out(out: Path):
         raise ConfigError("--out", str(out), f"output directory is not writable: {e.strerror or e}") from None
     _remove_stale(out)
     return lock
+
+
+def check_out(out: Path, abl: Ablation) -> None:
+    """ConfigError when `out` holds results this plan would drop from its summary and report: another
+    ablation's, or runs of this one (a changed config, fewer seeds) that are not in the plan. Resuming,
+    or growing the plan (more seeds, a higher --seeds auto cap), passes."""
+    meta = _read_json(out / "ablation.json")
+    if not meta:
+        return
+    listed = meta.get("runs")
+    listed = [r for r in listed if isinstance(r, str)] if isinstance(listed, list) else []
+    # results are its run directories, or, where only the tables are kept (results/ in git), summary.csv's rows
+    try:
+        rows = set(pd.read_csv(out / "summary.csv", usecols=["run"]).run.astype(str))
+    except (OSError, ValueError):
+        rows = set()
+    runs = [r for r in listed if r in rows or (out / "runs" / r).is_dir()]
+    if not runs:
+        return
+    how = "run again with --force to replace its summary and report with this plan's, or choose another --out"
+    if meta.get("name") != abl.name:
+        raise ConfigError(str(out), "--out", f"holds {len(runs)} runs of ablation {meta.get('name')!r}, not "
+                          f"{abl.name!r}; not overwritten: {how}")
+    planned = {s.run_id for s in plan(abl)}
+    other = [r for r in runs if r not in planned]
+    if other:
+        raise ConfigError(str(out), "--out", f"holds {len(other)} of {len(runs)} runs that this plan does not have "
+                          f"(a changed config or fewer seeds; e.g. {other[0]}); not overwritten: {how}")
 
 
 def _remove_stale(out: Path) -> None:
@@ -409,8 +447,10 @@ def local_results(todo: list[list[RunSpec]], workers: int, threads: int) -> Iter
 def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int | None = None,
                  threads: int | None = None, address: str | None = None, max_retries: int = 3,
                  progress: bool = True, population: int | None = None, log_to: tuple[str, ...] = (),
-                 sequential: bool = False) -> pd.DataFrame:
-    """Run what is not finished yet and collect everything; bad --out or a busy one is a ConfigError.
+                 sequential: bool = False, force: bool = False) -> pd.DataFrame:
+    """Run what is not finished yet and collect everything; bad --out or a busy one is a ConfigError,
+    and so is an `out` that holds another ablation's results or runs this plan does not have (its summary
+    and report would be replaced by fewer or other runs) unless `force` (check_out).
     `log_to` names experiment trackers (grpo_bench.trackers) that each finished run is also logged to.
     `sequential` (`--seeds auto:N`): abl.seeds are candidates, run in batches of BATCH until every ordering
     the ablation asks is decided or all ran (run_sequential); sweep.json records why it stopped."""
@@ -421,6 +461,8 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
     orderings = sequential_orderings(abl) if sequential else []  # a bad plan fails before --out is made
     lock = lock_out(out)
     try:
+        if not force:
+            check_out(out, abl)
         with contextlib.ExitStack() as stack:
             track = stack.enter_context(contextlib.closing(trackers.Trackers(log_to, out, abl.name)))
             session = None  # a Ray cluster, joined when a batch first has runs to do
@@ -587,8 +629,11 @@ def run_sequential(abl: Ablation, out: Path, orderings: list[str], execute) -> N
             did = execute(seeds, {"sequential": setup}, sum(r["runs"] for r in ran))
             if did:
                 ran.append(did)
-                timing = did | {"wall_s": round(sum(r["wall_s"] for r in ran), 1),
-                                "runs": sum(r["runs"] for r in ran), "skipped": sum(r["skipped"] for r in ran),
+                n_ran = sum(r["runs"] for r in ran)
+                # skipped: the runs of this look's plan finished before this sweep, each counted once (a sum
+                # over the looks counted the first batches' again at every look)
+                timing = did | {"wall_s": round(sum(r["wall_s"] for r in ran), 1), "runs": n_ran,
+                                "skipped": len(seeds) * len(abl.variants) - n_ran,
                                 "populations": [n for r in ran for n in r["populations"]]}
             look = sequential_look(abl, collect(out), orderings, batches[:k])
             record(look)
@@ -694,6 +739,21 @@ def _load_run(run_dir: Path) -> tuple[dict | None, pd.DataFrame | None, str]:
     return s, m, ""
 
 
+def _note_mixed_schedules(summary: pd.DataFrame) -> None:
+    """One line on stderr when the finished runs here ran on different devices or thread counts: their
+    numbers are not bitwise those of one schedule (population size and executor never change them)."""
+    cols = [c for c in ("device", "threads") if c in summary.columns]
+    if not cols or "status" not in summary.columns:
+        return
+    ok = summary[(summary.status == "ok") & summary[cols].notna().all(axis=1)]
+    counts = ok.groupby(cols, sort=True).size()
+    if len(counts) > 1:
+        kinds = ", ".join(f"{' x'.join(map(str, k if isinstance(k, tuple) else (k,)))} thread(s): {n} runs"
+                          for k, n in counts.items())
+        print(f"note: the finished runs here ran on different devices or thread counts ({kinds}); their numbers "
+              "differ in the last bits from one schedule's", file=sys.stderr)
+
+
 def collect(out: Path) -> pd.DataFrame:
     """Gather the runs of this ablation's current plan into metrics.parquet and summary.csv.
 
@@ -716,6 +776,7 @@ def collect(out: Path) -> pd.DataFrame:
             ids = {k: s.get(k) for k in ["run", "variant", *meta["axes"], "seed"]}
             frames.append(m.assign(**ids)[[*ids, "step", "metric", "value"]])
     summary = pd.DataFrame(summaries)
+    _note_mixed_schedules(summary)
     metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["run", "variant", *meta["axes"], "seed", "step", "metric", "value"])
     _atomic_parquet(metrics, out / METRICS_FILE)

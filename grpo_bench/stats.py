@@ -194,6 +194,8 @@ def mde(sd: float, n: int, alpha: float, paired: bool = True, target: float = PO
     """Smallest difference the two-sided t-test detects with probability `target` (same units as sd)."""
     if sd == 0:
         return 0.0
+    if not math.isfinite(sd):  # an inf or NaN value among the seeds: no difference is detectable
+        return math.nan if math.isnan(sd) else math.inf
     f = lambda e: power(e, n, alpha, paired) - target  # noqa: E731
     if f(1e3) < 0:  # two seeds at a tiny level: nothing short of a huge effect
         return math.inf
@@ -202,7 +204,10 @@ def mde(sd: float, n: int, alpha: float, paired: bool = True, target: float = PO
 
 
 def seeds_to_detect(effect: float, sd: float, alpha: float, paired: bool = True, target: float = POWER) -> int:
-    """Pairs (paired) or seeds per side (unpaired) for the t-test to detect `effect` at `target` power."""
+    """Pairs (paired) or seeds per side (unpaired) for the t-test to detect `effect` at `target` power;
+    MAX_SEEDS + 1 where no number would (an effect or sd that is not finite included)."""
+    if not (math.isfinite(effect) and math.isfinite(sd)):
+        return MAX_SEEDS + 1
     if sd == 0 or effect == 0:
         return 2 if sd == 0 and effect != 0 else MAX_SEEDS + 1
     f = lambda n: power(abs(effect) / sd, n, alpha, paired) - target  # noqa: E731
@@ -232,7 +237,7 @@ def tost_power(diff: float, sd: float, n: float, margin: float, alpha: float, pa
 
 def seeds_for_equivalence(diff: float, sd: float, margin: float, alpha: float, paired: bool = True,
                           target: float = POWER) -> int:
-    if abs(diff) >= margin:
+    if not (math.isfinite(diff) and math.isfinite(sd)) or abs(diff) >= margin:
         return MAX_SEEDS + 1
     if sd == 0:
         return 2
@@ -365,6 +370,8 @@ def verdict_text(r: dict) -> str:
     if v == NOT_TESTABLE:
         return f"not testable here: {r['why']}"
     if o == "undecided":
+        if not (math.isfinite(r["diff"]) and math.isfinite(r.get("sd", 0.0))):
+            return "undecided (some values are not finite)"
         n = r["seeds_needed"]
         side = "pairs" if r["paired"] else "seeds per side"
         if n > MAX_SEEDS:

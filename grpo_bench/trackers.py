@@ -15,8 +15,10 @@ Offline by default, everything under the output directory OUT:
     trackio       OUT/trackio/<name>.db    TRACKIO_DIR=OUT/trackio trackio show  (TRACKIO_DIR set: that store)
 
 MLflow's file store (./mlruns) is refused by MLflow 3 unless opted into, so its local
-store here is the SQLite one MLflow now recommends. A tracker that fails on a run prints
-one line and the sweep goes on: the run's own files are already written.
+store here is the SQLite one MLflow now recommends. A tracker that fails on a run, or has not
+finished logging it after TIMEOUT_S seconds (GRPO_BENCH_TRACKER_TIMEOUT; an unreachable MLflow
+server retries for ~4 minutes, W&B's init waits 90 s), prints one line and is switched off for
+the rest of the sweep, which goes on: the runs' own files are already written.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -223,30 +226,72 @@ def _trackio_child(project: str) -> None:
 BACKENDS = {"tensorboard": TensorBoard, "wandb": WandB, "mlflow": MLflow, "trackio": Trackio}
 
 
+TIMEOUT_S = 120.0  # one run's logging, per tracker; GRPO_BENCH_TRACKER_TIMEOUT overrides
+
+
+def timeout_s() -> float:
+    text = os.environ.get("GRPO_BENCH_TRACKER_TIMEOUT")
+    try:
+        return TIMEOUT_S if text is None else float(text)
+    except ValueError:
+        raise ConfigError("GRPO_BENCH_TRACKER_TIMEOUT", text, "expected seconds") from None
+
+
+def _bounded(fn, seconds: float):
+    """fn() in a daemon thread; its exception raised here, TimeoutError if it has not returned after `seconds`
+    (the thread is left to finish or to die with the process: a tracker's network wait cannot be cut)."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:
+            box["error"] = e
+
+    t = threading.Thread(target=target, daemon=True, name="grpo_bench-tracker")
+    t.start()
+    t.join(seconds if seconds > 0 else None)
+    if t.is_alive():
+        raise TimeoutError(f"no answer within {seconds:g} s (GRPO_BENCH_TRACKER_TIMEOUT sets the limit)")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
 class Trackers:
-    """The trackers one ablation logs to; `log(result)` after each run directory is written."""
+    """The trackers one ablation logs to; `log(result)` after each run directory is written. A tracker that
+    fails or times out on a run is switched off for the rest of the sweep (`off`: its name -> that run)."""
 
     def __init__(self, names, out: Path, project: str):
         self.backends = {n: BACKENDS[n](Path(out), project) for n in dict.fromkeys(names)}
         self.logged = dict.fromkeys(self.backends, 0)
+        self.off: dict[str, str] = {}
+        self.timeout = timeout_s()
 
     def log(self, result) -> None:
         cfg, rows, summary = result
         for name, b in self.backends.items():
+            if name in self.off:
+                continue
             try:
-                b.log(summary["run"], summary["variant"], cfg, rows, summary)
+                _bounded(lambda: b.log(summary["run"], summary["variant"], cfg, rows, summary), self.timeout)
                 self.logged[name] += 1
             except Exception as e:  # the run's files are written; a tracker's failure must not end the sweep
+                self.off[name] = summary["run"]
                 tqdm.write(f"warning: --log-to {name}: run {summary['run']} not logged: "
-                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr)
+                           f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; {name} is off for "
+                           "the rest of this sweep", file=sys.stderr)
 
     def close(self) -> None:
         for name, b in self.backends.items():
             try:
                 if hasattr(b, "close"):
-                    b.close()
+                    _bounded(b.close, self.timeout)
                 if self.logged[name]:
                     print(f"{name}: {self.logged[name]} runs logged; view: {b.where()}", file=sys.stderr)
+                if name in self.off:
+                    print(f"{name}: off since run {self.off[name]}: the runs after it are in runs/ only",
+                          file=sys.stderr)
             except Exception as e:
                 print(f"warning: --log-to {name}: {type(e).__name__}: {e}", file=sys.stderr)
 

@@ -18,7 +18,9 @@ member by member for parts registered per_member (they cannot be vmapped). Adam,
 and SGD are elementwise and the gradient norm is clipped per member (optim.py), so a
 member's numbers are those it would have alone: tests/test_population.py holds every
 metric row of a run inside a population of 8 equal, to the bit, to the same run alone.
-A member whose loss goes non-finite is recorded as failed; the others go on.
+A member whose loss goes non-finite, or whose own reward raises or is not finite on one of
+its prompts (the task records it in task.failed), is recorded as failed with the error it
+has alone; the others go on. A run's status never depends on its population.
 
 With K = 1 the update is exactly on-policy: old log-probs are the detached log-probs of the
 same forward pass, so the ratio is 1 to the last bit (as TRL does) even with dropout, and
@@ -133,13 +135,15 @@ def _rollout_metrics(ro: Rollout) -> dict[str, Tensor]:
 
 
 def sample(task, pop: Population, epoch: int, group_size: int, budget: int,
-           sampler: torch.nn.Module | None = None) -> tuple[Rollout, dict[str, Tensor]]:
-    """Every member's batch for this epoch, through its rollout-stage filters, and its sampling metrics.
+           sampler: torch.nn.Module | None = None) -> tuple[Rollout, dict[str, Tensor], dict[int, Exception]]:
+    """Every member's batch for this epoch, through its rollout-stage filters, its sampling metrics, and the
+    members whose own rollout raised (task.failed: a reward on one of its prompts), by index.
 
     A filter that marks groups as not kept (batch.keep) has them replaced, member by member,
     by groups of further draws, up to batch.max_draws draws; if the cap is reached the batch
     is filled with dropped groups in draw order and filter/capped is 1. A member's draw d
-    is the same whether or not others needed it, so it draws exactly what it would alone.
+    is the same whether or not others needed it, so it draws exactly what it would alone; an error in
+    a draw that a member did not need is not its failure, and a failed member needs no more draws.
     """
     filters = pop.head.stage("rollout")
     per_member = _per_member_parts(filters)
@@ -168,6 +172,7 @@ def sample(task, pop: Population, epoch: int, group_size: int, budget: int,
     draw = (lambda d: task.rollout(epoch, d, group_size)) if sampler is None else \
         (lambda d: task.rollout(epoch, d, group_size, sampler=sampler))
     first = draw(0)
+    failed = _take_failed(task)
     metrics = _rollout_metrics(first)
     ro, keep, fm = run(first, 0)
     metrics |= fm
@@ -177,9 +182,12 @@ def sample(task, pop: Population, epoch: int, group_size: int, budget: int,
     if keep is not None:
         parts, keeps = [ro], [keep]
         n_kept = keep.sum(1)
-        while (n_kept < b).any() and len(parts) < max_draws:
-            need = n_kept < b
+        while ((n_kept < b) & ~_mask(failed, p)).any() and len(parts) < max_draws:
+            need = (n_kept < b) & ~_mask(failed, p)
             more, more_keep, _ = run(draw(len(parts)), len(parts))
+            for i, e in _take_failed(task).items():
+                if need[i]:
+                    failed.setdefault(i, e)
             parts.append(more)
             keeps.append(more_keep & need.unsqueeze(1))  # a member that is full takes nothing more
             draws += need.float()
@@ -196,7 +204,21 @@ def sample(task, pop: Population, epoch: int, group_size: int, budget: int,
         metrics["filter/draws"] = draws
         metrics["filter/capped"] = (n_kept < b).float()
     metrics["samples/responses"] = draws * b * group_size
-    return ro, metrics
+    return ro, metrics, failed
+
+
+def _take_failed(task) -> dict[int, Exception]:
+    """The members whose own call on the task raised since the last look (task.failed), emptied."""
+    failed = dict(getattr(task, "failed", None) or {})
+    if failed:
+        task.failed.clear()
+    return failed
+
+
+def _mask(failed: dict[int, Exception], p: int) -> Tensor:
+    out = torch.zeros(p, dtype=torch.bool)
+    out[list(failed)] = True
+    return out
 
 
 def _step_metrics(logp: Tensor, old_logp: Tensor, mask: Tensor, entropy: Tensor | None) -> dict[str, Tensor]:
@@ -278,9 +300,15 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
         for m, d in zip(alive, per_member):
             rows[m].extend((step, k, v) for k, v in d.items())
 
-    def evaluate(step: int) -> None:
+    def evaluate(step: int) -> list[dict[str, float]]:
+        """Held-out metrics of every member alive after it; a member whose own evaluation raised fails."""
         task.policy.eval()
-        log(step, task.evaluate())
+        evals = task.evaluate()
+        failed = _take_failed(task)
+        log(step, [{} if i in failed else d for i, d in enumerate(evals)])  # as alone: it raised before logging
+        if failed:
+            fail(list(failed), list(failed.values()))
+        return [d for i, d in enumerate(evals) if i not in failed]
 
     def fail(bad: list[int], errors: list[Exception]) -> None:
         nonlocal params, max_norm
@@ -310,8 +338,19 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
                 task.mix_reference(w)
         t0 = time.perf_counter()
         task.policy.eval()  # sampling and old log-probs without dropout
-        ro, epoch_metrics = sample(task, pop, epoch, cfg.group_size, budget,
-                                   None if sampler is None else sampler.load(params))
+        ro, epoch_metrics, failed = sample(task, pop, epoch, cfg.group_size, budget,
+                                           None if sampler is None else sampler.load(params))
+        greedy = task.greedy_rewards(ro) if recipe.needs_greedy else None
+        failed |= {i: e for i, e in _take_failed(task).items() if i not in failed}
+        if failed:  # a member's own rollout raised (its reward, on its prompt): it fails, the others go on
+            keep = [i for i in range(p) if i not in failed]
+            fail(list(failed), list(failed.values()))
+            if not alive:
+                break
+            p = len(alive)
+            ro = _narrow(ro, keep)
+            epoch_metrics = {k: v[keep] for k, v in epoch_metrics.items()}
+            greedy = None if greedy is None else greedy[keep]
         responses = epoch_metrics.pop("samples/responses").tolist()
         for i, m in enumerate(alive):
             samples[m] += responses[i]
@@ -329,7 +368,6 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
                 task.policy.eval()
                 old_logp, old_ent = task.logprobs(ro)
                 task.policy.train()
-        greedy = task.greedy_rewards(ro) if recipe.needs_greedy else None
         extra = _extra(task, ro, recipe, old_logp, old_ent)
         sampler_logp = ro.sampler_logp
         if sampler_logp is not None:  # how far the sampler is from the trainer on what it sampled
@@ -433,9 +471,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
             evaluate(step)
 
     if alive:
-        task.policy.eval()
-        final_evals = task.evaluate()
-        log(total_steps - 1, final_evals)
+        final_evals = evaluate(total_steps - 1)
         for m, evals in zip(alive, final_evals):
             rewards = epoch_rewards[m]
             tail = max(1, len(rewards) // 10)
@@ -519,7 +555,9 @@ def _narrow(ro: Rollout, keep: list[int]) -> Rollout:
     pick = lambda x: x[keep] if isinstance(x, Tensor) else [x[i] for i in keep]  # noqa: E731
     return ro.replace(prompts=pick(ro.prompts), responses=pick(ro.responses), mask=pick(ro.mask),
                       rewards=pick(ro.rewards), finished=pick(ro.finished), lengths=pick(ro.lengths),
-                      extra={k: pick(v) for k, v in ro.extra.items()}, metrics={})
+                      extra={k: pick(v) for k, v in ro.extra.items()}, metrics={},
+                      components=None if ro.components is None else pick(ro.components),
+                      sampler_logp=None if ro.sampler_logp is None else pick(ro.sampler_logp))
 
 
 def _triton(cfg: RunConfig) -> bool:

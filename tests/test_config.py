@@ -48,15 +48,19 @@ def test_dotted_set_reaches_the_task_of_every_variant(tmp_path, task):
     assert sorted(c.task.vocab for c in resolved(load_ablation(path)).values()) == [5, 5, 6, 6]
 
 
-def test_dotted_set_reaches_nested_task_sections():
+def test_dotted_set_reaches_nested_task_sections(tmp_path):
     # README: `--set task.model.source=DIR` runs arithmetic_lora.yaml unchanged on another checkpoint
+    import shutil
+
+    from grpo_bench.lm import shipped
+    elsewhere = str(shutil.copytree(shipped.directory(), tmp_path / "gpt2"))  # a local model is checked at load
     abl = load_ablation(ROOT / "ablations" / "arithmetic_lora.yaml",
-                        sets=["task.model.source=/elsewhere/gpt2", "task.sampling.temperature=0.5", "lr=0.003"])
+                        sets=[f"task.model.source={elsewhere}", "task.sampling.temperature=0.5", "lr=0.003"])
     for cfg in resolved(abl).values():
-        assert cfg.task.model.source == "/elsewhere/gpt2" and cfg.task.sampling.temperature == 0.5
+        assert cfg.task.model.source == elsewhere and cfg.task.sampling.temperature == 0.5
         assert cfg.lr == 0.003
     default = resolved(load_ablation(ROOT / "ablations" / "arithmetic_lora.yaml"))
-    assert {c.task.model.source for c in default.values()} != {"/elsewhere/gpt2"}
+    assert {c.task.model.source for c in default.values()} != {elsewhere}
     assert len({c.task.sampling.temperature for c in default.values()}) > 1   # cold/hot sampling variants
 
 

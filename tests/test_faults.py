@@ -379,9 +379,9 @@ def test_plot_never_shrinks_a_report_without_saying_so(plotted, capsys):
 
 
 def test_run_says_when_its_report_has_fewer_runs(plotted, tmp_path, capsys):
-    # the same directory with fewer seeds: a smaller plan, so a smaller report, and one line that says so
+    # the same directory with fewer seeds, forced (without --force it is refused: test_reliability.py)
     path = write(tmp_path, {"name": "t", "base": TINY, "grid": {"loss": ["naive"]}, "seeds": 1}, "fewer.yaml")
-    code, out, err = run_main(capsys, "run", path, "--out", plotted, "--no-progress")
+    code, out, err = run_main(capsys, "run", path, "--out", plotted, "--no-progress", "--force")
     assert code == 0, err
     assert "REPORT.md now has 1 finished runs (it had 2)" in err
 
@@ -405,6 +405,9 @@ def test_findings_and_gallery_on_a_bad_root(tmp_path, capsys, cmd, case):
 
 def test_findings_out_unwritable_and_damaged_meta(plotted, tmp_path, capsys):
     root = plotted.parent
+    meta = json.loads((plotted / "ablation.json").read_text())   # a claim: findings has something to judge
+    meta["claim"] = {"text": "t", "source": "s", "expect": ["loss=naive > loss=clipped"]}
+    (plotted / "ablation.json").write_text(json.dumps(meta))
     (tmp_path / "f.txt").write_text("")
     code, _, err = run_main(capsys, "findings", root, "--out", tmp_path / "f.txt" / "FINDINGS.md")
     assert code == 1 and "FINDINGS.md" in one_line(err)

@@ -250,3 +250,207 @@ def test_the_docs_recipe_example_trains_a_policy_of_its_own(page):
     # from a uniform policy (1/5 of positions right) to most of them, with the KL term in the loss
     assert scope["rewards"].mean().item() > 0.6 and scope["stats"]["kl/value"].item() > 0
     assert scope["recipe"].kl_in_loss and scope["loss"].requires_grad
+
+
+# ------------------------------------------------- a member's own error (issue 31)
+
+
+def _prompts(seed, epochs, cfg=SORT):
+    """Every prompt (as a tuple) that `seed` draws in its first draw of each epoch."""
+    from grpo_bench import rng
+    t = cfg["task"]
+    return {e: [tuple(r) for r in torch.randint(0, t["vocab"], (t["num_prompts"], t["n"]),
+                                                 generator=rng.stream(seed, "prompts", e, 0)).tolist()]
+            for e in range(epochs)}
+
+
+def _prompt_only(seed, epoch, others, cfg=SORT):
+    """A prompt that `seed` draws at `epoch` and no seed of `others` draws in any epoch, nor the held-out set."""
+    from grpo_bench.tasks.sort import SortTask
+    task = SortTask(resolve_run({**cfg, "seed": 0}).task, [resolve_run({**cfg, "seed": 0})])
+    taken = {tuple(r) for r in task.eval_set.tolist()}
+    taken |= {p for s in others for ps in _prompts(s, cfg["epochs"], cfg).values() for p in ps}
+    taken |= {p for e, ps in _prompts(seed, cfg["epochs"], cfg).items() if e < epoch for p in ps}
+    return next(p for p in _prompts(seed, epoch + 1, cfg)[epoch] if p not in taken)
+
+
+def _reward_module(tmp_path, monkeypatch, name, body):
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return f"{name}:reward"
+
+
+@pytest.mark.parametrize("what", ["raises", "inf for every completion", "inf for one completion"])
+def test_a_members_reward_error_fails_only_that_member(tmp_path, monkeypatch, what):
+    """A reward that fails on a prompt only seed 1 draws (at epoch 2) fails seed 1 alone, with the error it has
+    alone; the others finish with the numbers they have alone. Before: the whole population failed."""
+    bad = _prompt_only(1, 2, [0, 2, 3])
+    if what == "raises":
+        action = "raise ValueError(f'cannot score {p}')"
+    elif what == "inf for every completion":
+        action = "return [float('inf')] * len(completions)"
+    else:
+        action = "return [float('inf')] + [1.0] * (len(completions) - 1)"
+    name = "member_reward_" + what.replace(" ", "_")
+    spec = _reward_module(tmp_path, monkeypatch, name, f"""
+BAD = {bad!r}
+def reward(prompts, completions, **kw):
+    for p in prompts:
+        if tuple(p) == BAD:
+            {action}
+    return [float(sum(c)) for c in completions]
+""")
+    task = {**SORT["task"], "rewards": {spec: 1.0, "match": 1.0}}
+    raws = [{**SORT, "task": task, "seed": s, "lr": 0.01 * (s + 1)} for s in [0, 1, 2, 3]]
+    together, alone = _both_ways_any(raws)
+    (r1, rows1), (a1, arows1) = together[1], alone[1]
+    kind = ValueError if what == "raises" else FloatingPointError
+    assert isinstance(r1, kind) and isinstance(a1, kind) and str(r1) == str(a1), (r1, a1)
+    assert "cannot score" in str(r1) if what == "raises" else "finite" in str(r1)
+    assert _untimed(rows1) == _untimed(arows1) and max(step for step, _, _ in rows1) < 2 * SORT["inner_steps"] + 1
+    for i in (0, 2, 3):
+        (res, rows), (res_a, rows_a) = together[i], alone[i]
+        assert isinstance(res, dict) and res == res_a and _untimed(rows) == _untimed(rows_a)
+
+
+def _both_ways_any(raws):
+    """_both_ways, where a run alone may raise anything."""
+    cfgs = [resolve_run(copy.deepcopy(r)) for r in raws]
+    rows = [[] for _ in cfgs]
+    together = train_population(cfgs, rows)
+    alone = []
+    for raw in raws:
+        r = []
+        try:
+            out = train(resolve_run(copy.deepcopy(raw)), r)
+        except Exception as e:
+            out = e
+        alone.append((out, r))
+    return list(zip(together, rows)), alone
+
+
+def test_an_lm_members_reward_error_fails_only_that_member(tmp_path, monkeypatch):
+    from grpo_bench.trainer import build_task
+    cfgs = [resolve_run({**LM, "seed": s}) for s in (0, 1, 2)]
+    task = build_task(cfgs)
+    drawn = [[task._render(q) for e in range(LM["epochs"]) for q in task.rollout(e, 0, 2).prompts[i]]
+             for i in range(3)]
+    bad = next(t for t in drawn[1][3:6] if t not in drawn[0] + drawn[2])     # seed 1's, at epoch 1
+    spec = _reward_module(tmp_path, monkeypatch, "lm_member_reward", f"""
+def reward(prompts, completions, **kw):
+    if {bad!r} in prompts:
+        raise ValueError("cannot score this problem")
+    return [0.5] * len(completions)
+""")
+    task_cfg = {**LM["task"], "rewards": {spec: 1.0, "correct": 1.0}}
+    together, alone = _both_ways_any([{**LM, "task": task_cfg, "seed": s} for s in (0, 1, 2)])
+    (r1, rows1), (a1, arows1) = together[1], alone[1]
+    assert isinstance(r1, ValueError) and str(r1) == str(a1) == "cannot score this problem"
+    assert _untimed(rows1) == _untimed(arows1)
+    for i in (0, 2):
+        (res, rows), (res_a, rows_a) = together[i], alone[i]
+        assert isinstance(res, dict) and res == res_a and _untimed(rows) == _untimed(rows_a)
+
+
+def test_a_reward_that_never_returns_times_out_and_fails_only_its_member(tmp_path, monkeypatch):
+    """A reward call waited forever; now it has GRPO_BENCH_REWARD_TIMEOUT seconds, and its run fails alone."""
+    bad = _prompt_only(1, 1, [0, 2])
+    spec = _reward_module(tmp_path, monkeypatch, "member_reward_hangs", f"""
+import time
+BAD = {bad!r}
+def reward(prompts, completions, **kw):
+    if any(tuple(p) == BAD for p in prompts):
+        time.sleep(3600)
+    return [float(sum(c)) for c in completions]
+""")
+    monkeypatch.setenv("GRPO_BENCH_REWARD_TIMEOUT", "0.5")
+    task = {**SORT["task"], "rewards": {spec: 1.0}}
+    together, alone = _both_ways_any([{**SORT, "task": task, "seed": s} for s in [0, 1, 2]])
+    (r1, rows1), (a1, arows1) = together[1], alone[1]
+    assert type(r1).__name__ == "RewardTimeout" and str(r1) == str(a1) and "within 0.5 s" in str(r1)
+    assert _untimed(rows1) == _untimed(arows1)
+    for i in (0, 2):
+        assert isinstance(together[i][0], dict) and together[i][0] == alone[i][0]
+
+
+# ------------------------------------------- members that differ, against the same runs alone (issue 31)
+
+DIFFER = {
+    # a part run member by member must get its member's numbers: each rho, clip_cov bound and lr is another
+    "top_entropy_clip_cov_dynamic_sampling": [
+        {"filters": [{"name": "dynamic_sampling", "max_draws": 3}, {"name": "top_entropy", "rho": rho}],
+         "loss": {"name": "clip_cov", "clip_cov_ratio": ratio, "clip_cov_lb": lb, "clip_high": 0.1 + 0.05 * i},
+         "lr": 0.002 * (i + 1)}
+        for i, (rho, ratio, lb) in enumerate([(0.2, 0.02, -1.0), (0.5, 0.2, 0.0), (0.9, 0.5, 0.5)])],
+    "kl_cov": [{"loss": {"name": "kl_cov", "kl_cov_ratio": ratio, "ppo_kl_coef": coef}, "lr": 0.003 * (i + 1)}
+               for i, (ratio, coef) in enumerate([(0.05, 0.5), (0.3, 2.0), (0.8, 5.0)])],
+    # each member's adaptive controller sees only its own entropy: other targets, starts and steps
+    "entropy_controller": [{"entropy_coef": c, "entropy_ctrl": {"name": "adaptive", "target": t, "delta": d},
+                            "lr": 0.004 * (i + 1)}
+                           for i, (c, t, d) in enumerate([(0.0, 1.55, 0.01), (0.05, 1.56, 0.02), (0.2, 1.6, 0.05)])],
+}
+
+
+@pytest.mark.parametrize("case", list(DIFFER))
+def test_members_that_differ_get_their_own_numbers(case):
+    raws = [{**SORT, **over, "seed": s} for s, over in zip([2, 0, 1], DIFFER[case])]
+    together, alone = _both_ways(raws)
+    for (res_p, rows_p), (res_a, rows_a) in zip(together, alone):
+        assert isinstance(res_p, dict) and res_p == res_a and _untimed(rows_p) == _untimed(rows_a)
+    # the members did differ: no two share their metric rows
+    untimed = [tuple(_untimed(rows)) for _, rows in together]
+    assert len(set(untimed)) == len(untimed)
+    if case == "entropy_controller":   # the coefficients each controller applied went their own ways
+        coefs = [[v for _, m, v in rows if m == "entropy/coef"] for _, rows in together]
+        assert all(len(c) > 3 for c in coefs) and len({tuple(c) for c in coefs}) == 3
+        # entropies near the targets: a controller that read another member's entropy would switch elsewhere
+        assert any(0.0 in c and max(c) > 0 for c in coefs), coefs
+
+
+def test_a_member_failing_beside_a_lagging_sampler_leaves_the_others_their_numbers():
+    """A sampler two updates old keeps a history per member: after one member fails, the survivors' history
+    must stay theirs."""
+    raws = [{**SORT, "sampler": {"precision": "bf16", "staleness": 2}, "corrections": ["token_tis"],
+             "optimizer": "sgd", "lr": lr, "epochs": 6, "seed": s}
+            for s, lr in [(0, 0.05), (1, 1e30), (2, 0.08)]]
+    together, alone = _both_ways(raws)
+    assert isinstance(together[1][0], NonFiniteLoss) and str(together[1][0]) == str(alone[1][0])
+    assert _untimed(together[1][1]) == _untimed(alone[1][1])
+    for i in (0, 2):
+        (res, rows), (res_a, rows_a) = together[i], alone[i]
+        assert isinstance(res, dict) and res == res_a and _untimed(rows) == _untimed(rows_a)
+
+
+def test_time_per_step_is_the_populations_divided_by_its_members(monkeypatch):
+    """time/step_s is what a step cost each run: the population's wall time over the members alive. A clock that
+    ticks one second a reading makes a population's steps cost what one run's do, P times over."""
+    from grpo_bench import trainer
+
+    class Clock:
+        def __init__(self):
+            self.t = 0.0
+
+        def perf_counter(self):
+            self.t += 1.0
+            return self.t
+
+    def times(raws, together):
+        monkeypatch.setattr(trainer.time, "perf_counter", Clock().perf_counter)
+        if together:
+            rows = [[] for _ in raws]
+            train_population([resolve_run(copy.deepcopy(r)) for r in raws], rows)
+        else:
+            rows = [[]]
+            train(resolve_run(copy.deepcopy(raws[0])), rows[0])
+        return [[(s, v) for s, m, v in r if m == "time/step_s"] for r in rows]
+
+    raws = [{**SORT, "seed": s, "optimizer": "sgd", "lr": lr} for s, lr in [(0, 0.05), (1, 1e30), (2, 0.05), (3, 0.05)]]
+    pop = times(raws, True)
+    one = times(raws[:1], False)[0]
+    assert [s for s, _ in pop[0]] == [s for s, _ in one] and len(one) == SORT["epochs"] * SORT["inner_steps"]
+    failed_at = len(pop[1])   # member 1 diverges early: the step it diverged at was shared by four, later ones by three
+    assert failed_at < len(one)
+    for k, (step, v) in enumerate(one):
+        p = 4 if k <= failed_at else 3
+        for m in (pop[0], pop[2], pop[3]):
+            assert m[k] == (step, pytest.approx(v / p)), (k, step, v, p)

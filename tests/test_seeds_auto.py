@@ -185,3 +185,12 @@ def test_one_variant_has_nothing_to_decide(tmp_path, capsys):
     assert code == 2 and err == (f"error: --seeds: auto: {path} has one variant: there is no ordering for more "
                                  "seeds to decide; give a number of seeds")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_resumed_sweep_counts_each_skipped_run_once(tmp_path):
+    # issue 31: auto:5 resumed as auto:15 ran two looks; the 10 runs of the first sweep were counted at both
+    path, out = write(tmp_path, {"moving": MOVING, "wild": WILD}), tmp_path / "out"
+    sweep(path, out, 5)
+    s = sweep(path, out, 15)
+    assert s["looks"] == [5, 10, 15] and s["stopped"] == "cap"
+    assert (s["runs"], s["skipped"]) == (20, 10)

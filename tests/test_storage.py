@@ -121,7 +121,13 @@ def test_compare_gallery_findings_read_either_era(both, tmp_path, capsys):
     orderings = [line.split(" | ") for line in text.split("## Orderings")[1].splitlines() if line.startswith("| `loss=")]
     assert len(orderings) == 1 and orderings[0][1] == orderings[0][2]
     for root in (new.parent, old.parent):
-        assert main(["gallery", str(root)]) == 0 and main(["findings", str(root)]) == 0
+        assert main(["gallery", str(root)]) == 0
+        # findings judges claims: a copy with one (the ablation has none; its grid labels hold an `=`)
+        d = shutil.copytree(root / "t", tmp_path / root.name / "t")
+        meta = json.loads((d / "ablation.json").read_text())
+        meta["claim"] = {"text": "t", "source": "s", "expect": ["loss=naive > loss=clipped"]}
+        (d / "ablation.json").write_text(json.dumps(meta))
+        assert main(["findings", str(d.parent)]) == 0
     assert (new.parent / "README.md").read_text() == (old.parent / "README.md").read_text().replace("old/", "new/")
 
 

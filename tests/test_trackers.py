@@ -10,6 +10,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -332,4 +333,48 @@ def test_a_tracker_failure_is_one_line_and_the_sweep_goes_on(tmp_path, capsys):
     t.backends, t.logged = {"wandb": Broken(tmp_path, "p")}, {"wandb": 0}
     t.log(RESULTS[0])
     t.close()
-    assert capsys.readouterr().err == f"warning: --log-to wandb: run {RESULTS[0][2]['run']} not logged: OSError: disk full\n"
+    run = RESULTS[0][2]['run']
+    assert capsys.readouterr().err == (f"warning: --log-to wandb: run {run} not logged: OSError: disk full; wandb is "
+                                       f"off for the rest of this sweep\nwandb: off since run {run}: the runs after "
+                                       "it are in runs/ only\n")
+
+
+@pytest.mark.parametrize("how", ["raises", "hangs"])
+def test_a_failing_tracker_is_tried_once_and_switched_off(tmp_path, capsys, monkeypatch, how):
+    """An unreachable MLflow server cost ~4 minutes a run, W&B ~90 s, and a failed tracker was tried again on
+    every run: now one bounded try, then off; the sweep's other trackers go on."""
+    import threading
+    calls, release = [], threading.Event()
+
+    class Bad:
+        def log(self, run, *a):
+            calls.append(run)
+            if how == "raises":
+                raise ConnectionError("server unreachable")
+            release.wait(30)     # a tracker stuck on the network
+
+    class Good:
+        def __init__(self):
+            self.runs = []
+
+        def log(self, run, *a):
+            self.runs.append(run)
+
+        def where(self):
+            return "here"
+
+    monkeypatch.setenv("GRPO_BENCH_TRACKER_TIMEOUT", "0.5")
+    t = T.Trackers([], tmp_path, "p")
+    good = Good()
+    t.backends, t.logged = {"mlflow": Bad(), "tensorboard": good}, {"mlflow": 0, "tensorboard": 0}
+    start = time.perf_counter()
+    for result in RESULTS * 3:
+        t.log(result)
+    t.close()
+    release.set()
+    assert time.perf_counter() - start < 10           # one timeout, not one a run
+    assert calls == [RESULTS[0][2]["run"]] and len(good.runs) == 3 * len(RESULTS)
+    err = capsys.readouterr().err
+    why = "ConnectionError: server unreachable" if how == "raises" else "TimeoutError: no answer within 0.5 s"
+    assert f"run {RESULTS[0][2]['run']} not logged: {why}" in err and "mlflow is off for the rest of this sweep" in err
+    assert f"tensorboard: {3 * len(RESULTS)} runs logged; view: here" in err

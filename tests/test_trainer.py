@@ -38,7 +38,7 @@ def _sample(over, seed=0):
     """One run's first batch and its sampling metrics, without the population axis."""
     cfg = resolve_run({**COIN, **over, "seed": seed})
     task = registry.get("task", "sort")(cfg.task, [cfg])
-    ro, m = sample(task, Population([cfg]), 0, cfg.group_size, cfg.task.generation_budget)
+    ro, m, _ = sample(task, Population([cfg]), 0, cfg.group_size, cfg.task.generation_budget)
     return ro.replace(rewards=ro.rewards[0], responses=ro.responses[0], mask=ro.mask[0]), _floats(m)
 
 
@@ -501,7 +501,7 @@ def _scripted_sample(rewards, max_draws):
     cfg = resolve_run({**COIN, "filters": [{"name": "dynamic_sampling", "max_draws": max_draws}]})
     cfgs = [resolve_run({**COIN, "filters": cfg.filters, "seed": s}) for s in range(len(rewards))]
     task = _Scripted(rewards)
-    ro, m = sample(task, Population(cfgs), 0, cfg.group_size, cfg.task.generation_budget)
+    ro, m, _ = sample(task, Population(cfgs), 0, cfg.group_size, cfg.task.generation_budget)
     return ro, {k: v.tolist() for k, v in m.items()}, task
 
 

@@ -9,12 +9,22 @@ with the same keyword arguments, so a function takes what it needs and **kwargs:
     sort        prompts, completions: lists of n token ids
     arithmetic  prompts, completions: text; answer (exact result), finished (ended with
                 EOS), completion_lengths (tokens, EOS included), max_new_tokens
+
+Every call goes through `call`: a score that is not finite is an error (NonFiniteReward),
+never a reward, and a `module:function` call that has not returned after REWARD_TIMEOUT_S
+seconds (environment GRPO_BENCH_REWARD_TIMEOUT; 0: none) raises RewardTimeout. The tasks
+call rewards member by member, so either error fails only the run whose prompt it was.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import math
+import os
+import signal
 import sys
+import threading
 from typing import Callable
 
 from .. import presets
@@ -22,6 +32,66 @@ from ..lm.rewards import extract_answer, is_answer, is_bare_int
 from ..registry import entry, names, register
 
 RewardFn = Callable[..., list]
+
+
+class NonFiniteReward(FloatingPointError):
+    pass
+
+
+class RewardTimeout(TimeoutError):
+    pass
+
+
+REWARD_TIMEOUT_S = 300.0  # a user reward scores one member's batch; GRPO_BENCH_REWARD_TIMEOUT overrides
+
+
+def timeout_s() -> float:
+    """Seconds a `module:function` reward call may take (GRPO_BENCH_REWARD_TIMEOUT; 0 or less: no limit)."""
+    text = os.environ.get("GRPO_BENCH_REWARD_TIMEOUT")
+    try:
+        return REWARD_TIMEOUT_S if text is None else float(text)
+    except ValueError:
+        raise ValueError(f"GRPO_BENCH_REWARD_TIMEOUT: expected seconds, got {text!r}") from None
+
+
+@contextlib.contextmanager
+def _deadline(spec: str, seconds: float):
+    """RewardTimeout in this (main) thread after `seconds`, by SIGALRM; no limit off the main thread, or
+    where a timer is already running (it is not ours to replace)."""
+    if not (seconds > 0 and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+            and signal.getitimer(signal.ITIMER_REAL)[0] == 0):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise RewardTimeout(f"reward {spec!r} did not return within {seconds:g} s "
+                            "(GRPO_BENCH_REWARD_TIMEOUT sets the limit)")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def call(spec: str, fn: RewardFn, prompts: list, completions: list, **kwargs) -> list[float]:
+    """fn's scores of the completions as floats (None, TRL's "does not apply", is 0); ValueError when it
+    returns another number of them, NonFiniteReward for inf or NaN, RewardTimeout past the limit."""
+    if ":" in spec:  # a user's function: bounded
+        with _deadline(spec, timeout_s()):
+            scores = fn(prompts, completions, **kwargs)
+    else:
+        scores = fn(prompts, completions, **kwargs)
+    if len(scores) != len(completions):
+        raise ValueError(f"reward {spec!r} returned {len(scores)} scores for {len(completions)} completions")
+    out = [0.0 if s is None else float(s) for s in scores]
+    for j, s in enumerate(out):
+        if not math.isfinite(s):
+            raise NonFiniteReward(f"reward {spec!r} returned {s} for a completion of prompt {prompts[j]!r}; "
+                                  "a reward must be a finite number")
+    return out
 
 
 @register("reward", "match", task="sort")
@@ -153,11 +223,7 @@ def combine(fns: dict[str, tuple[RewardFn, float]], prompts: list, completions: 
     total = [0.0] * len(completions)
     parts = {}
     for spec, (fn, weight) in fns.items():
-        scores = fn(prompts, completions, **kwargs)
-        if len(scores) != len(completions):
-            raise ValueError(f"reward {spec!r} returned {len(scores)} scores for {len(completions)} completions")
-        # TRL lets a function return None for "does not apply"; it counts as 0 here
-        scores = [0.0 if s is None else float(s) for s in scores]
+        scores = call(spec, fn, prompts, completions, **kwargs)
         parts[metric_name(spec)] = scores
         total = [t + weight * s for t, s in zip(total, scores)]
     return total, parts

@@ -113,6 +113,71 @@ def quiet_progress():
             hf_logging.enable_progress_bar()
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "vocab.txt",
+                   "spiece.model")
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def check_local_source(source: str) -> None:
+    """ValueError("model.source: ...") when `source` is meant as a local directory and cannot be loaded as one:
+    missing, not a directory, without a readable config.json (with model_type), tokenizer files or weights, or a
+    safetensors file shorter than its header says. Found when the config loads, not when every run has failed
+    with transformers' `Repo id must be in the form ...`. A hub id (`name` or `namespace/name`) is left to
+    transformers: it may need the network."""
+    import json
+    import re
+
+    path = Path(source).expanduser()
+    as_path = source.startswith(("/", ".", "~")) or source.count("/") > 1 or path.exists()
+    if not as_path:
+        if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", source):
+            raise ValueError(f"model.source: {source!r} is neither a local directory nor a hub id (namespace/name)")
+        return
+    where = f"model.source: {source}"
+    if not path.exists():
+        raise ValueError(f"{where}: no such directory; give tiny, tiny-scratch, shipped:<dir>, a hub id or a "
+                         "local directory saved with save_pretrained")
+    if not path.is_dir():
+        raise ValueError(f"{where}: not a directory (a save_pretrained directory holds config.json, the "
+                         "tokenizer and the weights)")
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{where}: no config.json: not a save_pretrained model directory") from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{where}: config.json unreadable ({str(e).splitlines()[0]})") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ValueError(f"{where}: config.json has no model_type")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ValueError(f"{where}: no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    weights = [w for pattern in WEIGHT_FILES for w in sorted(path.glob(pattern))]
+    if not weights:
+        raise ValueError(f"{where}: no weights (model.safetensors or pytorch_model.bin)")
+    for w in weights:
+        if w.suffix == ".safetensors":
+            _check_safetensors(w, where)
+
+
+def _check_safetensors(path: Path, where: str) -> None:
+    """A safetensors file is an 8-byte header length, a JSON header and the tensors' bytes it lays out."""
+    import json
+    import struct
+
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n)) if 8 + n <= size else None
+    except (OSError, ValueError, struct.error):
+        header = None
+    if not isinstance(header, dict):
+        raise ValueError(f"{where}: {path.name} is damaged (no readable safetensors header)")
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)),
+              default=0)
+    if 8 + n + end > size:
+        raise ValueError(f"{where}: {path.name} is cut short ({size} bytes, its header lays out {8 + n + end})")
+
+
 def load(model_id: str, device: torch.device, dtype: torch.dtype | None = None):
     """(model, tokenizer) from a hub id or a `save_pretrained` directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

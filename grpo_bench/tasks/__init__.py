@@ -9,6 +9,12 @@ never depend on the other members: its random draws come from streams named by i
 seed (grpo_bench/rng.py), and every per-member computation has the shapes it would have
 alone. P = 1 is a single run, through the same code.
 
+A member's own failure (its reward raising on one of its prompts, a non-finite reward) must
+not end the others: a task runs such code member by member through `guarded`, which records
+the exception in `task.failed` (member index -> exception) and goes on with a stand-in;
+the trainer takes `failed` after each call and fails those members alone, as each would
+have failed alone.
+
 The trainer (grpo_bench/trainer.py) only ever calls the methods of `Task` below;
 everything model- or data-specific, the reference policy included, lives in the task.
 A task config has a `generation_budget` property: the most tokens a response may have.
@@ -77,8 +83,19 @@ class Rollout:
             sampler_logp=None if first.sampler_logp is None else join([p.sampler_logp for p in parts]))
 
 
+def guarded(failed: dict[int, Exception], member: int, fn, stand_in):
+    """fn() for member `member`; if it raises, the exception is that member's failure (the first one kept)
+    and `stand_in` is returned, so the other members' call goes on with numbers that no one will use."""
+    try:
+        return fn()
+    except Exception as e:
+        failed.setdefault(member, e)
+        return stand_in
+
+
 class Task(Protocol):
     policy: nn.Module  # its parameters with requires_grad are what the optimiser trains, each (P, ...)
+    failed: dict[int, Exception]  # members whose own call raised since the trainer last took them (`guarded`)
 
     def rollout(self, epoch: int, draw: int, group_size: int, sampler: nn.Module | None = None) -> Rollout:
         """Draw each member's prompts and sample group_size responses each (no grad), scored. `draw`

@@ -29,7 +29,7 @@ from torch import Tensor
 from .. import rng
 from ..metrics import Metric
 from ..registry import register
-from . import Rollout
+from . import Rollout, guarded
 
 
 def _default_ops() -> dict:
@@ -189,6 +189,9 @@ class ArithmeticConfig:
             raise ValueError("warmstart.batch: batch must be >= 1 and warmstart.lr > 0 when warmstart.steps > 0")
         if shipped.name(self.model.source):
             shipped.check_compatible(self)
+        elif self.model.source != shipped.SCRATCH:
+            from ..lm import models
+            models.check_local_source(self.model.source)
 
 
 EVAL_CHUNK = 256    # held-out problems per greedy generation call, per member
@@ -267,6 +270,7 @@ class Arithmetic:
         self.heldout = problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed, cfg.operands)
         # what each member's training stream never shows: the held-out set, and what its curriculum retired
         self._exclude = [problems.exclusion(self.heldout) for _ in self.seeds]
+        self.failed: dict[int, Exception] = {}
         self.rewards = rewards.check(cfg.rewards, "arithmetic")
         self._problems, self._models, self._rewards_mod, self._stacked = problems, models, rewards, stacked
         self._evals, self._base_acc, self._passes, self._ref_draws = 0, None, 0, 0
@@ -337,6 +341,13 @@ class Arithmetic:
             finished=finished.tolist(), completion_lengths=mask.sum(-1).long().tolist(),
             max_new_tokens=self.cfg.sampling.max_new_tokens)
 
+    def _member_score(self, member: int, batch: list, texts: list[str], mask: Tensor, finished: Tensor, n: int):
+        """_score of one member's completions; a reward that raises (or is not finite) fails that member
+        alone (self.failed) and scores it 0."""
+        zeros = [0.0] * (len(batch) * n)
+        stand_in = (zeros, {self._rewards_mod.metric_name(spec): zeros for spec in self.rewards})
+        return guarded(self.failed, member, lambda: self._score(batch, texts, mask, finished, n), stand_in)
+
     def rollout(self, epoch: int, draw: int, group_size: int, sampler=None) -> Rollout:
         p, g, b = self.size, group_size, self.cfg.prompts_per_step
         batches = [self._problems.train_batch(self.cfg.ops, b, random.Random(rng.stream_seed(s, "prompts", epoch, draw)),
@@ -352,7 +363,7 @@ class Arithmetic:
         right = torch.zeros(p * n, dtype=torch.bool)
         for i, batch in enumerate(batches):
             rows = slice(i * n, (i + 1) * n)
-            total, parts = self._score(batch, texts[rows], mask[rows], finished[rows], g)
+            total, parts = self._member_score(i, batch, texts[rows], mask[rows], finished[rows], g)
             rewards.append(total)
             components.append(self._rewards_mod.components(parts, b, g, self.device))
             for name, v in parts.items():
@@ -504,8 +515,8 @@ class Arithmetic:
         p, b = rollout.rewards.shape[:2]
         ids, attn = rollout.extra["prompt_ids"].view(p * b, -1), rollout.extra["prompt_mask"].view(p * b, -1)
         texts, mask, finished = self._decode(self._generate(ids, attn, None))
-        out = [self._score(batch, texts[i * b:(i + 1) * b], mask[i * b:(i + 1) * b], finished[i * b:(i + 1) * b], 1)[0]
-               for i, batch in enumerate(rollout.prompts)]
+        out = [self._member_score(i, batch, texts[i * b:(i + 1) * b], mask[i * b:(i + 1) * b],
+                                  finished[i * b:(i + 1) * b], 1)[0] for i, batch in enumerate(rollout.prompts)]
         return torch.tensor(out, dtype=torch.float32, device=self.device)
 
     def keep(self, idx: list[int]) -> None:
@@ -540,7 +551,7 @@ class Arithmetic:
                 rows = slice(i * n, (i + 1) * n)
                 # exact correctness whatever the training rewards, so reward mixes stay comparable
                 scores[i][0] += correct([], texts[rows], answer=answers)
-                scores[i][1] += self._score(batch, texts[rows], mask[rows], finished[rows], 1)[0]
+                scores[i][1] += self._member_score(i, batch, texts[rows], mask[rows], finished[rows], 1)[0]
                 scores[i][2] += fmt([], texts[rows], finished=finished[rows].tolist())
         for start in range(0, len(self.heldout), SAMPLE_CHUNK if k else len(self.heldout)):
             if not k:

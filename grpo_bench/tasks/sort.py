@@ -26,7 +26,7 @@ from ..algos import rewards as algos_rewards
 from ..kernels.chunked import _LOG_FLOOR
 from ..metrics import Metric
 from ..registry import register
-from . import Rollout
+from . import Rollout, guarded
 
 LECTURE_PROMPTS = [[1, 0, 2], [3, 2, 4], [1, 2, 3]]
 
@@ -125,12 +125,15 @@ def _inclusion_order(prompts: Tensor, responses: Tensor) -> Tensor:
 TENSOR_REWARDS = {algos_rewards.match: _match, algos_rewards.inclusion_order: _inclusion_order}
 
 
-def score(fns: dict, prompts: Tensor, responses: Tensor) -> tuple[Tensor, dict[str, Tensor], Tensor]:
-    """prompts (..., B, n), responses (..., B, G, n) -> total rewards (..., B, G), each reward's mean (...),
-    and the raw scores (..., B, G, C) of the C reward functions (their weighted sum is the total).
+def score(fns: dict, prompts: Tensor, responses: Tensor,
+          failed: dict[int, Exception] | None = None) -> tuple[Tensor, dict[str, Tensor], Tensor]:
+    """prompts (P, ..., B, n), responses (P, ..., B, G, n) -> total rewards (P, ..., B, G), each reward's
+    mean (P, ...), and the raw scores (P, ..., B, G, C) of the C reward functions (their weighted sum is the total).
 
     The weighted sum is taken in float64, in the order of the reward mapping, as
-    rewards.combine sums it, then rounded to fp32 once.
+    rewards.combine sums it, then rounded to fp32 once. A `module:function` reward is called member by
+    member (the leading axis): one that raises for member p, or scores it inf or NaN, records the error
+    in `failed[p]` and scores it 0 (without `failed`, it raises).
     """
     *lead, g, n = responses.shape
     total = torch.zeros(responses.shape[:-1], dtype=torch.float64, device=responses.device)
@@ -140,12 +143,14 @@ def score(fns: dict, prompts: Tensor, responses: Tensor) -> tuple[Tensor, dict[s
         if fast is not None:
             scores = fast(prompts, responses)
         else:
-            flat_p = [row for row in prompts.reshape(-1, n).tolist() for _ in range(g)]
-            raw = fn(flat_p, responses.reshape(-1, n).tolist())
-            if len(raw) != len(flat_p):
-                raise ValueError(f"reward {spec!r} returned {len(raw)} scores for {len(flat_p)} completions")
-            scores = torch.tensor([0.0 if s is None else float(s) for s in raw], dtype=torch.float64,
-                                  device=responses.device).view(responses.shape[:-1])
+            def member(p_prompts, p_responses):
+                flat_p = [row for row in p_prompts.reshape(-1, n).tolist() for _ in range(g)]
+                return algos_rewards.call(spec, fn, flat_p, p_responses.reshape(-1, n).tolist())
+            per = responses[0].shape[:-1].numel()
+            rows = [member(prompts[i], responses[i]) if failed is None else
+                    guarded(failed, i, lambda i=i: member(prompts[i], responses[i]), [0.0] * per)
+                    for i in range(responses.shape[0])]
+            scores = torch.tensor(rows, dtype=torch.float64, device=responses.device).view(responses.shape[:-1])
         total = total + weight * scores
         columns.append(scores)
         means[f"reward/{algos_rewards.metric_name(spec)}"] = scores.flatten(len(lead) - 1).mean(-1)
@@ -190,6 +195,7 @@ class SortTask:
         self.fixed = None if cfg.prompts is None else torch.tensor(cfg.prompts, device=self.device)
         self.retired: list[set[tuple[int, ...]]] = [set() for _ in self.seeds]  # each member's curriculum
         self._ref_draws = 0  # reference_rewards calls so far: each draws from its own streams
+        self.failed: dict[int, Exception] = {}
         # The held-out set is the same for every seed, so eval numbers compare across runs.
         g = torch.Generator().manual_seed(12345)
         self.eval_set = torch.randint(0, cfg.vocab, (cfg.eval_prompts, cfg.n), generator=g).to(self.device)
@@ -243,7 +249,7 @@ class SortTask:
                          for s in self.seeds])                                  # (P, B, n, G)
         draws = torch.searchsorted(probs.cumsum(-1), u).clamp(max=v - 1)       # (P, B, n, G)
         responses = draws.permute(0, 1, 3, 2).to(self.device)                  # (P, B, G, n)
-        rewards, metrics, components = score(self.rewards, prompts, responses)
+        rewards, metrics, components = score(self.rewards, prompts, responses, self.failed)
         solved = (responses == prompts.sort(-1).values.unsqueeze(2)).all(-1).float()
         metrics["reward/solved"] = solved.flatten(1).mean(-1)
         sampler_logp = None
@@ -301,7 +307,7 @@ class SortTask:
     @torch.no_grad()
     def greedy_rewards(self, rollout: Rollout) -> Tensor:
         greedy = self.policy(rollout.prompts).argmax(-1).unsqueeze(2)  # (P, B, 1, n)
-        return score(self.rewards, rollout.prompts, greedy)[0].squeeze(2)
+        return score(self.rewards, rollout.prompts, greedy, self.failed)[0].squeeze(2)
 
     @torch.no_grad()
     def evaluate(self) -> list[dict[str, float]]:
@@ -314,7 +320,7 @@ class SortTask:
             greedy = self.policy(prompts).argmax(-1).unsqueeze(2)      # (P, B, 1, n)
             target = prompts.sort(-1).values.unsqueeze(2)
             out[f"{prefix}/accuracy"] = (greedy == target).all(-1).float().flatten(1).mean(-1)
-            out[f"{prefix}/reward"] = score(self.rewards, prompts, greedy)[0].flatten(1).mean(-1)
+            out[f"{prefix}/reward"] = score(self.rewards, prompts, greedy, self.failed)[0].flatten(1).mean(-1)
         names, values = list(out), torch.stack(list(out.values()), 1).tolist()
         return [dict(zip(names, row)) for row in values]
 

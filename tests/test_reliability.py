@@ -1,0 +1,288 @@
+"""Reliability v3 (issue 31): the probes on the surfaces added since the battery of tests/test_faults.py.
+
+Each test reproduces one probe (lost or mixed results, a member's error failing its population,
+tracebacks and wrong-but-plausible output of the analysis commands, late errors) and fails
+without its fix. docs/reliability.md lists each with the test that holds it.
+"""
+import json
+
+import pandas as pd
+import pytest
+
+from grpo_bench import runner as RN
+from grpo_bench.config import load_ablation
+from test_faults import TINY, last_line, one_line, run_main, write
+
+
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    import torch
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def _files(out):
+    return {f: (out / f).read_bytes() for f in ("ablation.json", "summary.csv", "metrics.parquet", "REPORT.md")}
+
+
+@pytest.fixture
+def two_runs(tmp_path, capsys):
+    """results of `t` (naive and clipped, seed 0) run through the CLI, and the ablation's file."""
+    path = write(tmp_path, {"name": "t", "base": TINY, "grid": {"loss": ["naive", "clipped"]}, "seeds": 1})
+    out = tmp_path / "o"
+    code, _, err = run_main(capsys, "run", path, "--out", out, "--no-progress")
+    assert code == 0, err
+    return path, out
+
+
+# ------------------------------------------------------------------ (a) lost results
+
+
+@pytest.mark.parametrize("case", ["fewer seeds", "fewer seeds, tables only", "another config", "another ablation"])
+def test_run_never_replaces_other_results_without_force(two_runs, tmp_path, capsys, case):
+    path, out = two_runs
+    if case == "fewer seeds, tables only":   # as results/ are committed: summary, metrics, report, no runs/
+        import shutil
+        shutil.rmtree(out / "runs")
+        (out / "runs").mkdir()
+    n_runs = len(list((out / "runs").iterdir()))
+    before = _files(out)
+    if case.startswith("fewer seeds"):
+        doc = {"name": "t", "base": TINY, "grid": {"loss": ["naive"]}, "seeds": 1}
+        args = [write(tmp_path, doc, "fewer.yaml")]
+    elif case == "another config":
+        args = [path, "--set", "epochs=3"]
+    else:
+        args = [write(tmp_path, {"name": "other", "base": TINY, "grid": {"lr": [0.1]}, "seeds": 1}, "other.yaml")]
+    code, _, err = run_main(capsys, "run", *args, "--out", out, "--no-progress")
+    line = one_line(err)
+    assert code == 2 and str(out) in line and "--force" in line, line
+    assert ("'other'" in line) if case == "another ablation" else ("this plan does not have" in line), line
+    assert _files(out) == before                                   # nothing replaced
+    assert len(list((out / "runs").iterdir())) == n_runs           # nothing mixed in
+    code, _, err = run_main(capsys, "run", *args, "--out", out, "--no-progress", "--force")
+    assert code == 0, err
+
+
+def test_resuming_or_growing_the_plan_needs_no_force(two_runs, capsys):
+    path, out = two_runs
+    for args in ([], ["--seeds", "2"]):
+        code, _, err = run_main(capsys, "run", path, "--out", out, "--no-progress", *args)
+        assert code == 0, err
+    assert len(pd.read_csv(out / "summary.csv")) == 4
+
+
+# ------------------------------------------------------------------ (c, i) the schedule is recorded, not compared
+
+
+def test_a_runs_record_says_how_it_was_scheduled_and_results_do_not_depend_on_it(tmp_path, capsys):
+    abl = load_ablation(write(tmp_path, {"name": "t", "base": TINY, "grid": {"lr": [0.01, 0.02]}, "seeds": 2}))
+    one = RN.run_ablation(abl, tmp_path / "p1", workers=1, progress=False, population=1)
+    four = RN.run_ablation(abl, tmp_path / "p4", workers=1, progress=False, population=4)
+    record = json.loads(next((tmp_path / "p4" / "runs").iterdir()).joinpath("summary.json").read_text())
+    assert {k: record[k] for k in ("population", "executor", "device", "threads")} == \
+        {"population": 4, "executor": "local", "device": "cpu", "threads": 1}
+    assert set(one.population) == {1} and set(four.population) == {4}
+    cols = [c for c in one.columns if c not in RN.SCHEDULE]
+    pd.testing.assert_frame_equal(one[cols], four[cols], check_exact=True)
+    assert "different devices or thread counts" not in capsys.readouterr().err
+    # one run redone at two threads: its numbers may differ in the last bits, and collect says so
+    victim = one.run[0]
+    (tmp_path / "p1" / "runs" / victim / "summary.json").unlink()
+    RN.run_ablation(abl, tmp_path / "p1", workers=1, progress=False, threads=2)
+    err = capsys.readouterr().err
+    assert "note: the finished runs here ran on different devices or thread counts" in err
+    assert "cpu x1 thread(s): 3 runs" in err and "cpu x2 thread(s): 1 runs" in err, err
+
+
+# ------------------------------------------------------------------ (d, e) the analysis commands
+
+
+@pytest.fixture
+def swept(tmp_path, capsys):
+    """Three seeds of two variants, long enough for a curve fit, run through the CLI."""
+    path = write(tmp_path, {"name": "t", "base": {**TINY, "epochs": 12}, "grid": {"loss": ["naive", "clipped"]},
+                            "seeds": 3})
+    out = tmp_path / "o"
+    code, _, err = run_main(capsys, "run", path, "--out", out, "--no-progress")
+    assert code == 0, err
+    return out
+
+
+def _copy(out, name):
+    import shutil
+    return shutil.copytree(out, out.parent / name)
+
+
+def test_inf_values_are_reported_not_a_traceback(swept, capsys):
+    """Results whose main metric is inf everywhere (a reward of inf, before rewards had to be finite): the report
+    crashed on an empty curve fit (IndexError), compare in brentq (ValueError)."""
+    import numpy as np
+    d = _copy(swept, "inf")
+    m = pd.read_parquet(d / "metrics.parquet")
+    m.loc[m.metric == "reward/mean", "value"] = np.inf
+    m.to_parquet(d / "metrics.parquet")
+    s = pd.read_csv(d / "summary.csv")
+    s["final/reward"] = np.inf
+    s.to_csv(d / "summary.csv", index=False)
+    code, _, err = run_main(capsys, "plot", d)
+    assert code == 0 and "Traceback" not in err, err
+    assert "undecided (some values are not finite)" in (d / "REPORT.md").read_text()
+    code, out, err = run_main(capsys, "compare", d, swept, "--out", d.parent / "cmp")
+    assert code == 0 and "undecided (some values are not finite)" in out, err
+
+
+def test_seeds_to_detect_and_mde_on_values_that_are_not_finite():
+    import math
+
+    from grpo_bench import stats as S
+    for effect, sd in [(math.nan, 0.1), (math.inf, 0.1), (0.1, math.nan), (math.inf, math.inf)]:
+        assert S.seeds_to_detect(effect, sd, 0.05) == S.MAX_SEEDS + 1
+        assert S.seeds_for_equivalence(effect, sd, 0.02, 0.05) == S.MAX_SEEDS + 1
+    assert math.isnan(S.mde(math.nan, 5, 0.05)) and S.mde(math.inf, 5, 0.05) == math.inf
+
+
+def test_plot_on_metrics_with_other_columns_or_another_ablations_runs(swept, capsys):
+    d = _copy(swept, "cols")
+    m = pd.read_parquet(d / "metrics.parquet")
+    m.drop(columns=["variant"]).to_parquet(d / "metrics.parquet")   # a run's own table: the cast failed (KeyError)
+    code, _, err = run_main(capsys, "plot", d)
+    line = one_line(err)
+    assert code == 2 and "metrics.parquet" in line and "no column variant" in line, line
+    d = _copy(swept, "other")
+    m = pd.read_parquet(d / "metrics.parquet")
+    m["run"], m["variant"] = "x-" + m["run"].astype(str), "x"          # another ablation's runs
+    m.to_parquet(d / "metrics.parquet")
+    code, _, err = run_main(capsys, "plot", d)
+    line = one_line(err)
+    assert code == 2 and "metrics.parquet" in line and "does not plan" in line, line
+    d = _copy(swept, "other_summary")
+    s = pd.read_csv(d / "summary.csv")
+    s["run"], s["variant"] = "x-" + s["run"], "x"
+    s.to_csv(d / "summary.csv", index=False)
+    code, _, err = run_main(capsys, "plot", d)
+    line = one_line(err)
+    assert code == 2 and "summary.csv" in line and "does not plan" in line, line
+
+
+@pytest.mark.parametrize("cmd", ["compare", "findings"])
+def test_a_summary_that_lost_rows_is_refused_not_read_as_fewer_seeds(swept, tmp_path, capsys, cmd):
+    """compare printed a zero-width CI and tau -1 against the directory's own copy; findings said 3 seeds and went
+    from paired to Welch. Both now check summary.csv against ablation.json's runs."""
+    meta = json.loads((swept / "ablation.json").read_text())
+    meta["claim"] = {"text": "t", "source": "s", "expect": ["loss=naive > loss=clipped"]}
+    (swept / "ablation.json").write_text(json.dumps(meta))
+    s = pd.read_csv(swept / "summary.csv")
+    s.drop(index=[0]).to_csv(swept / "summary.csv", index=False)
+    args = [swept, _copy(swept, "copy")] if cmd == "compare" else [swept.parent]
+    code, _, err = run_main(capsys, cmd, *args)
+    line = one_line(err)
+    assert code == 2 and "summary.csv" in line and "5 of the 6 runs ablation.json plans" in line, line
+    assert s.run[0] in line
+
+
+def test_compare_on_a_directory_where_every_run_failed(swept, capsys):
+    s = pd.read_csv(swept / "summary.csv")
+    s["status"], s["error"] = "failed", "ValueError: boom"
+    s.to_csv(swept / "summary.csv", index=False)
+    code, _, err = run_main(capsys, "compare", swept, swept)
+    line = one_line(err)
+    assert code == 2 and "every one of its 6 runs failed" in line and "summary.csv" in line, line
+
+
+def test_findings_on_a_directory_without_results_exits_2(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_main(capsys, "findings", tmp_path / "empty")
+    line = one_line(err)
+    assert code == 2 and "no results with a claim" in line and not (tmp_path / "empty" / "FINDINGS.md").exists()
+
+
+def test_findings_command_for_an_ablation_without_settings(swept, capsys):
+    """It added --setting sort (which fails: the file has no settings), dropped --seeds auto:CAP and named
+    results/<name> for a directory elsewhere."""
+    meta = json.loads((swept / "ablation.json").read_text())
+    meta |= {"claim": {"text": "t", "source": "s", "expect": ["loss=naive > loss=clipped"]}, "setting": None,
+             "source": "abl.yaml", "sequential": {"cap": 10, "batch": 5, "orderings": 1}}
+    (swept / "ablation.json").write_text(json.dumps(meta))
+    code, _, err = run_main(capsys, "findings", swept.parent)
+    assert code == 0, err
+    text = (swept.parent / "FINDINGS.md").read_text()
+    assert f"Command: `python -m grpo_bench run abl.yaml --seeds auto:10 --out {swept}`." in text
+    assert "--setting" not in text
+
+
+def test_gallery_links_are_urls(tmp_path, two_runs, capsys):
+    import shutil
+    import urllib.parse
+    _, out = two_runs
+    root = tmp_path / "root"
+    for name in ("my results", "résultats"):
+        shutil.copytree(out, root / name)
+    code, _, err = run_main(capsys, "gallery", root)
+    assert code == 0, err
+    text = (root / "README.md").read_text()
+    links = [t for t in __import__("re").findall(r"\]\(([^)]*)\)", text)]
+    assert "my%20results/REPORT.md" in links and "r%C3%A9sultats/REPORT.md" in links
+    for link in links:
+        assert " " not in link and link.isascii() and (root / urllib.parse.unquote(link)).exists(), link
+
+
+# ------------------------------------------------------------------ (f) late errors, found early
+
+
+def _checkpoint(tmp_path, damage=None):
+    """A copy of the shipped tiny checkpoint, damaged by damage(dir)."""
+    import shutil
+
+    from grpo_bench.lm import shipped
+    d = shutil.copytree(shipped.directory(), tmp_path / "model")
+    if damage:
+        damage(d)
+    return d
+
+
+BAD_SOURCES = {
+    "missing path": (lambda t: t / "no" / "such", ["no such directory"]),
+    "empty dir": (lambda t: (t / "empty").mkdir() or t / "empty", ["no config.json"]),
+    "a file": (lambda t: (t / "f.bin").write_bytes(b"x") and t / "f.bin", ["not a directory"]),
+    "no tokenizer": (lambda t: _checkpoint(t, lambda d: [(d / f).unlink() for f in
+                                                        ("tokenizer.json", "tokenizer_config.json")]),
+                     ["no tokenizer"]),
+    "corrupt config.json": (lambda t: _checkpoint(t, lambda d: (d / "config.json").write_text('{"model_type": "gp')),
+                            ["config.json unreadable"]),
+    "truncated weights": (lambda t: _checkpoint(t, lambda d: (d / "model.safetensors").write_bytes(
+        (d / "model.safetensors").read_bytes()[:5000])), ["model.safetensors is cut short"]),
+    "no weights": (lambda t: _checkpoint(t, lambda d: (d / "model.safetensors").unlink()), ["no weights"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SOURCES))
+def test_a_bad_local_model_is_refused_when_the_config_loads(tmp_path, capsys, case):
+    where, words = BAD_SOURCES[case]
+    source = where(tmp_path)
+    doc = {"name": "lm", "base": {"task": {"name": "arithmetic", "model": {"source": str(source)}}, "epochs": 1},
+           "grid": {"lr": [0.01]}, "seeds": 1}
+    code, _, err = run_main(capsys, "run", write(tmp_path, doc), "--out", tmp_path / "o", "--no-progress")
+    line = one_line(err)
+    assert code == 2 and "model.source" in line and str(source) in line, line
+    for w in words:
+        assert w in line, (w, line)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_good_local_model_and_hub_ids_pass_the_check(tmp_path):
+    from grpo_bench.lm.models import check_local_source
+    check_local_source(str(_checkpoint(tmp_path)))
+    for hub in ("gpt2", "Qwen/Qwen2.5-0.5B-Instruct"):
+        check_local_source(hub)
+    with pytest.raises(ValueError, match="neither a local directory nor a hub id"):
+        check_local_source("a b")
+
+
+def test_out_as_a_dangling_symlink_is_one_line(tmp_path, capsys):
+    path = write(tmp_path, {"name": "t", "base": TINY, "grid": {"loss": ["naive"]}, "seeds": 1})
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    code, _, err = run_main(capsys, "run", path, "--out", tmp_path / "link", "--no-progress")
+    line = one_line(err)
+    assert code == 2 and "link" in line and "symbolic link" in line and "gone" in line and "File exists" not in line
