@@ -347,7 +347,8 @@ def collect(root: Path) -> tuple[dict[str, dict], dict[str, metrics.TaskInfo], l
     families: dict[str, dict] = {}
     tasks: dict[str, metrics.TaskInfo] = {}
     listed: list[str] = []
-    for meta_file in sorted(root.glob("*/ablation.json")):
+    # results/<name>/ and one level down (results/gpu/<name>/: the same claims run on another device)
+    for meta_file in sorted([*root.glob("*/ablation.json"), *root.glob("*/*/ablation.json")]):
         d = meta_file.parent
         meta = read_meta(d)
         claim, setting = meta.get("claim"), meta.get("setting")
@@ -356,11 +357,18 @@ def collect(root: Path) -> tuple[dict[str, dict], dict[str, metrics.TaskInfo], l
         task = metrics.task_of(meta, () if meta.get("task") else final_names(read_table(d / "summary.csv", ["run"])))
         family = meta["name"].removesuffix(f"_{setting}") if setting else meta["name"]
         setting = setting or (task.name if task else d.name)  # a file without settings: its task's name
-        entry = families.setdefault(family, {"claim": claim, "source": meta.get("source", ""), "settings": {}})
-        entry["settings"][setting] = d
+        entry = families.setdefault(family, {"claim": claim, "source": meta.get("source", ""), "settings": {},
+                                             "others": {}})
+        if setting in entry["settings"]:  # two runs of one claim on one task: the complete one with more seeds
+            keep, other = sorted([entry["settings"][setting], d], key=_completeness, reverse=True)
+            entry["settings"][setting] = keep
+            entry["others"].setdefault(setting, []).append(other)
+        else:
+            entry["settings"][setting] = d
         listed += [s for s in meta.get("settings") or [] if s not in listed]
         if task is not None:
             tasks.setdefault(setting, task)
+    families = dict(sorted(families.items()))  # by name, wherever the directories lie (results/gpu/ too)
     seen = {s for e in families.values() for s in [*e["settings"], *(e["claim"].get("untestable") or {})]}
     known = registry.names("task")
     for s, task in LEGACY_SETTINGS.items():
@@ -370,6 +378,28 @@ def collect(root: Path) -> tuple[dict[str, dict], dict[str, metrics.TaskInfo], l
     for entry in families.values():
         entry["settings"] = dict(sorted(entry["settings"].items(), key=lambda kv: order.index(kv[0])))
     return families, tasks, order
+
+
+def _completeness(d: Path) -> tuple[bool, int]:
+    """(every planned run finished, seeds): which of two results directories of one claim and task to judge."""
+    meta = read_meta(d)
+    summary = read_table(d / "summary.csv", ["run", "status"])
+    done = set(summary.loc[summary.status == "ok", "run"])
+    return set(meta["runs"]) <= done, len(meta["seeds"])
+
+
+def device(d: Path) -> str:
+    """Where a results directory's runs trained, from its sweep.json: the GPU's name, else the CPU's."""
+    sweep = d / "sweep.json"
+    try:
+        s = json.loads(sweep.read_text()) if sweep.is_file() else {}
+    except (ValueError, UnicodeDecodeError):
+        s = {}
+    if s.get("gpu"):
+        return s["gpu"]
+    if "cuda" in read_meta(d).get("device", "cpu"):  # a sweep stopped at its limit wrote no sweep.json
+        return "CUDA"
+    return f"CPU ({s['cpu']})" if s.get("cpu") else "CPU"
 
 
 def names(order: list[str], tasks: dict[str, metrics.TaskInfo]) -> dict[str, tuple[str, str]]:
@@ -441,6 +471,13 @@ def _command(d: Path, source: str) -> str:
     """The command that made results directory d: its setting (only a file with settings has one), --seeds
     auto:CAP where its seeds were chosen sequentially, --out where d is not the default results/<name>."""
     meta = read_meta(d)
+    sweep = d / "sweep.json"
+    try:
+        recorded = json.loads(sweep.read_text()).get("command") if sweep.is_file() else None
+    except (ValueError, UnicodeDecodeError):
+        recorded = None
+    if recorded and recorded.startswith("run "):  # the command that made it, as it was typed
+        return f"python -m grpo_bench {recorded}"
     cmd = f"python -m grpo_bench run {source}"
     if meta.get("setting"):
         cmd += f" --setting {meta['setting']}"
@@ -519,7 +556,9 @@ def render(root: Path) -> str:
         claim = entry["claim"]
         untestable = claim.get("untestable") or {}
         results = {s: judge_setting(d, claim, s, root) for s, d in entry["settings"].items()}
-        cells = [summarise(results.get(s), untestable.get(s)) for s in order]
+        cells = [summarise(results.get(s), untestable.get(s))
+                 + ("" if s not in results or device(entry["settings"][s]).startswith("CPU")
+                    else f"; {results[s]['side'].seeds} seeds on {device(entry['settings'][s])}") for s in order]
         row = [f"[{family}](#{family}): {claim['text']}", claim["source"], *cells,
                *(_tau(results, a, b) for a, b in pairs)]
         # a claim's own text may hold a pipe (1/|o|), which would split the table's cell
@@ -532,7 +571,9 @@ def render(root: Path) -> str:
             + (" (the claim's metric; a training metric's final value is its mean over the last 10% of rollouts)"
                if claim.get("metric") else "") + ".", ""]
         details += [f"**Here.** `{entry['source']}`; " + "; ".join(
-            f"{name[s]}: `results/{d.name}`" for s, d in entry["settings"].items()), ""]
+            f"{name[s]}: `{_shown(d, root)}` on {device(d)}" for s, d in entry["settings"].items())
+            + "".join(f"; not judged: `{_shown(o, root)}` on {device(o)} ({_why_not(o)})"
+                      for s, others in entry.get("others", {}).items() for o in others), ""]
         details += ["**Margin δ.** " + "; ".join(f"{name[s]}: " + (f"±{r['margin']:g}" if r["margin"] else "none")
                                                   + f" ({r['margin_source']})" for s, r in results.items()), ""]
         for s, r in results.items():
@@ -561,6 +602,16 @@ def render(root: Path) -> str:
     # the changes since the last version's verdicts, then commentary written after looking at these results
     extra = [p.read_text() for p in (root / "FINDINGS_changes.md", root / "FINDINGS_notes.md") if p.is_file()]
     return "\n".join(lines + [""] + details + extra)
+
+
+def _shown(d: Path, root: Path) -> str:
+    """results/<...> as a reader finds it from the repository's root."""
+    return f"{root.name}/{d.relative_to(root).as_posix()}"
+
+
+def _why_not(d: Path) -> str:
+    complete, seeds = _completeness(d)
+    return f"{seeds} seeds" + ("" if complete else ", not every planned run finished")
 
 
 def write_findings(root: Path, out: Path | None = None) -> Path:

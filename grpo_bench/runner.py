@@ -511,7 +511,7 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
                 # how long this sweep took, where: FINDINGS.md quotes it
                 return {"wall_s": round(time.perf_counter() - started, 1), "runs": len(todo), "skipped": skipped,
                         "where": where(), "threads": n_threads, "populations": [len(g) for g in groups],
-                        "cpus": os.cpu_count(), "cpu": cpu_name(),
+                        "cpus": os.cpu_count(), "cpu": cpu_name(), **gpu_record(todo),
                         "load_avg_end": round(os.getloadavg()[0], 2), "command": " ".join(sys.argv[1:])}
 
             if sequential:
@@ -530,6 +530,8 @@ def write_meta(out: Path, abl: Ablation, seeds: list[int], specs: list[RunSpec],
     meta = {"name": abl.name, "source": abl.source, "description": abl.description, "axes": abl.axes,
             "variants": [label for label, _, _ in abl.variants], "seeds": seeds,
             "runs": [s.run_id for s in specs], "claim": abl.claim, "setting": abl.setting,
+            # where the runs train (cpu, cuda): results of two devices are not the same numbers
+            "device": "/".join(sorted({str(s.config.get("device", "cpu")) for s in specs})) or "cpu",
             **metrics.ablation_record(abl)} | extra
     ids = meta["runs"]
     if len(set(ids)) < len(ids):  # two runs writing one directory would lose one of them
@@ -541,7 +543,8 @@ def write_meta(out: Path, abl: Ablation, seeds: list[int], specs: list[RunSpec],
 # ------------------------------------------------------------------ seeds on demand
 
 BATCH = 5  # seeds per look of --seeds auto; fixed, so the looks (and the decisions) do not depend on --population
-TIMING = ("wall_s", "runs", "skipped", "where", "threads", "populations", "cpus", "cpu", "load_avg_end", "command")
+TIMING = ("wall_s", "runs", "skipped", "where", "threads", "populations", "cpus", "cpu", "gpu", "load_avg_end",
+          "command")
 
 
 def sequential_orderings(abl: Ablation) -> list[str]:
@@ -673,6 +676,14 @@ def default_population(todo: list[RunSpec]) -> int:
     cfg = resolve_run(todo[0].config, todo[0].run_id)
     task = registry.get("task", task_name(cfg))
     return max(1, min(MAX_POPULATION, MEMORY_BUDGET // max(task.member_bytes(cfg), 1), task.population_cap(cfg)))
+
+
+def gpu_record(specs: list[RunSpec]) -> dict:
+    """{"gpu": its name} when the runs trained on CUDA (FINDINGS names the device each claim ran on)."""
+    if not any(s.config.get("device") in ("cuda", "auto") for s in specs):
+        return {}
+    import torch
+    return {"gpu": torch.cuda.get_device_name()} if torch.cuda.is_available() else {}
 
 
 def cpu_name() -> str:

@@ -400,3 +400,31 @@ def test_findings_name_the_presets_their_ablation_files_set(tmp_path):
     assert "on the sorting toy (`sort_converge`) and the arithmetic LM (`arithmetic_scratchpad`)," in intro
     (tmp_path / "ablations" / "claimx.yaml").unlink()   # the file gone: the labels alone, no guess
     assert "on the sorting toy and the arithmetic LM," in render(root).splitlines()[2]
+
+
+def test_the_complete_run_with_more_seeds_is_judged_and_its_device_named(tmp_path):
+    """A claim run twice on one task (results/<name>/ on a CPU, results/gpu/<name>/ on a GPU): the directory
+    whose planned runs all finished and that has more seeds is judged, its device named; the other is listed."""
+    claim = {"text": "a beats b", "source": "Someone (2025)", "expect": ["a > b"], "margin": {"lm": 0.01}}
+    rng = np.random.default_rng(1)
+    five = {"a": 0.6 + 0.01 * rng.standard_normal(5), "b": 0.5 + 0.01 * rng.standard_normal(5)}
+    ten = {"a": 0.5 + 0.01 * rng.standard_normal(10), "b": 0.6 + 0.01 * rng.standard_normal(10)}
+    write(tmp_path / "claimx_lm", "claimx", "lm", five, claim, column=LM)
+    write(tmp_path / "gpu" / "claimx_lm", "claimx", "lm", ten, claim, column=LM)
+    sweep = tmp_path / "gpu" / "claimx_lm" / "sweep.json"
+    sweep.write_text(json.dumps(json.loads(sweep.read_text()) | {"gpu": "Test GPU",
+                                                                 "command": "run x.yaml --set device=cuda"}))
+    text = render(tmp_path)
+    row = next(line for line in text.splitlines() if line.startswith("| [claimx]"))
+    # the ten GPU seeds reverse what the five CPU seeds would say
+    assert "0 of 1 hold, 1 reversed" in row and "10 seeds on Test GPU" in row
+    assert ("arithmetic LM: `" + tmp_path.name + "/gpu/claimx_lm` on Test GPU; not judged: `"
+            + tmp_path.name + "/claimx_lm` on CPU (Test CPU) (5 seeds)") in text
+    assert "Command: `python -m grpo_bench run x.yaml --set device=cuda`." in text
+    # a run that did not finish every planned run loses to a complete one, however many seeds it planned
+    summary = pd.read_csv(tmp_path / "gpu" / "claimx_lm" / "summary.csv")
+    summary.loc[0, "status"] = "failed"
+    summary.to_csv(tmp_path / "gpu" / "claimx_lm" / "summary.csv", index=False)
+    text = render(tmp_path)
+    assert "arithmetic LM: `" + tmp_path.name + "/claimx_lm` on CPU (Test CPU)" in text
+    assert "(10 seeds, not every planned run finished)" in text
