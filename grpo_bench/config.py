@@ -488,10 +488,14 @@ def _claim(value: Any, src: str) -> dict | None:
         if key not in CLAIM_KEYS:
             raise ConfigError(src, f"claim.{key}", "unknown key; valid: " + ", ".join(CLAIM_KEYS))
     expect = value["expect"]
-    if not isinstance(expect, list) or not all(isinstance(e, str) and (e.count(">") + e.count("=")) == 1
-                                               for e in expect):
+    if not isinstance(expect, list) or not expect or not all(isinstance(e, str) for e in expect):
         raise ConfigError(src, "claim.expect", f"expected a list of 'variant > variant' or 'variant = variant', "
                           f"got {expect!r}")
+    for e in expect:
+        try:
+            parse_ordering(e)
+        except ValueError as err:
+            raise ConfigError(src, "claim.expect", str(err)) from None
     if value.get("judge", "final") not in JUDGE:
         raise ConfigError(src, "claim.judge", f"expected one of {', '.join(JUDGE)}, got {value['judge']!r}")
     margin = value.get("margin")
@@ -607,18 +611,21 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
                 raise ConfigError(src, f"claim.margin.{key}", f"unknown setting; valid: {', '.join(names) or 'none'}")
         labels = [label for label, _, _ in variants]
         for e in claim["expect"]:
-            for side in e.replace("=", ">").split(">"):
-                if side.strip() not in labels:
-                    raise ConfigError(src, "claim.expect", f"{side.strip()!r} is no variant; valid: {', '.join(labels)}")
+            for side in parse_ordering(e)[:2]:
+                if side not in labels:
+                    raise ConfigError(src, "claim.expect", f"{side!r} is no variant; valid: {', '.join(labels)}")
         check_orderings(claim, dict(zip(labels, resolved)), setting, f"{src}: claim of {name}")
     return Ablation(name if setting is None else f"{name}_{setting}", src, str(doc.get("description", "")).strip(),
                     axes, variants, seed_list, resources, claim, setting)
 
 
 def parse_ordering(e: str) -> tuple[str, str, str]:
-    """'a > b' -> (a, b, '>'); 'a = b' -> (a, b, '=')."""
-    kind = "=" if "=" in e and ">" not in e else ">"
-    a, b = (x.strip() for x in e.split(kind, 1))
+    """'a > b' -> (a, b, '>'); 'a = b' -> (a, b, '='); grid labels with spaces around the sign
+    ('lr=0.001 > lr=0.002'). ValueError for anything else."""
+    from .stats import split_ordering
+    a, b, kind = split_ordering(e)
+    if kind == "vs":
+        raise ValueError(f"{e!r}: expected 'a > b' or 'a = b' in a claim ('vs' is a plain pair's)")
     return a, b, kind
 
 

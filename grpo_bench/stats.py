@@ -22,6 +22,7 @@ Powers, MDEs and TOST are computed here and checked against statsmodels in the t
 from __future__ import annotations
 
 import math
+import re
 from functools import lru_cache
 
 import numpy as np
@@ -361,6 +362,21 @@ def interval_text(r: dict) -> str:
     if r["verdict"] == NOT_TESTABLE:
         return f"{r['diff']:+.3f} ({label})"
     return f"{r['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}] ({label})"
+
+
+def split_ordering(o: str) -> tuple[str, str, str]:
+    """'a > b', 'a = b' or 'a vs b' -> (a, b, '>' | '=' | 'vs'). With spaces around the sign a label may hold
+    '=' itself, as grid labels do ('lr=0.001 > lr=0.002'); without them, one sign and nothing else."""
+    m = re.fullmatch(r"\s*(\S.*?)\s+(>|=|vs)\s+(\S.*?)\s*", o)
+    if m and not re.search(r"\s(?:>|=|vs)\s", m.group(3)):   # one sign: 'a > b > c' is no ordering
+        return m.group(1), m.group(3), m.group(2)
+    if not m and o.count(">") + o.count("=") == 1:
+        kind = ">" if ">" in o else "="
+        a, b = (x.strip() for x in o.split(kind, 1))
+        if a and b:
+            return a, b, kind
+    raise ValueError(f"{o!r}: expected 'a > b' or 'a = b' (a label that holds '=', as grid labels do, "
+                     "needs spaces around the sign)")
 
 
 def verdict_text(r: dict) -> str:
@@ -707,9 +723,7 @@ def sequential_decision(values: dict[str, dict[int, float]], orderings: list[str
     """
     rows, m = [], len(orderings)
     for o in orderings:
-        # " vs " first: grid labels hold "=" (loss=naive), claims never do (config.py checks it)
-        sep = next(s for s in (" vs ", ">", "=") if s in o)
-        a, b = (s.strip() for s in o.split(sep, 1))
+        a, b, _ = split_ordering(o)
         seen, looks, d = set(), [], []
         for batch in batches:
             for s in batch:

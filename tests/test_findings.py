@@ -337,8 +337,10 @@ def test_settings_and_claims_that_do_not_load(tmp_path):
           claim={**ok, "margin": {"lm": 0.03}})
     path.write_text(yaml.safe_dump({**doc, "claim": {**ok, "margin": 0.03}}, sort_keys=False))
     assert load_ablation(path).claim["margin"] == 0.03
-    for expect in ("x > y", ["x > y", "x >= y"], ["x y"], [["x > y"]]):   # one > or = per comparison
+    for expect in ("x > y", [["x > y"]], []):
         fails(r"claim\.expect: expected a list of", claim={**ok, "expect": expect})
+    for bad in ("x >= y", "x y", "x > y > z", "x vs y"):   # one > or = per comparison, named in the error
+        fails(rf"claim\.expect: '{bad}': expected 'a > b' or 'a = b'", claim={**ok, "expect": ["x > y", bad]})
     path.write_text(yaml.safe_dump({**doc, "claim": ok}, sort_keys=False))
     assert load_ablation(path).claim["expect"] == ["x > y", "z = y"]
 

@@ -658,3 +658,14 @@ def test_sequential_decision_stops_when_decided_or_capped():
     # a seed that failed for one variant drops out of that pair only
     del noisy["b"][3]
     assert S.sequential_decision(noisy, ["a > b"], 0.01, 10, [seeds])["orderings"][0]["n"] == 9
+
+
+def test_orderings_split_on_one_sign_and_grid_labels_may_hold_equals():
+    assert S.split_ordering("dapo > gspo") == ("dapo", "gspo", ">")
+    assert S.split_ordering("a=b") == ("a", "b", "=") and S.split_ordering("a>b") == ("a", "b", ">")
+    assert S.split_ordering("lr=0.001 > lr=0.002") == ("lr=0.001", "lr=0.002", ">")
+    assert S.split_ordering("loss=clipped,kl=k3 = loss=naive") == ("loss=clipped,kl=k3", "loss=naive", "=")
+    assert S.split_ordering("loss=naive vs loss=clipped") == ("loss=naive", "loss=clipped", "vs")
+    for bad in ("a >= b", "a b", "a > b > c", "lr=0.001>lr=0.002", " > b"):
+        with pytest.raises(ValueError, match="expected 'a > b' or 'a = b'"):
+            S.split_ordering(bad)
