@@ -38,6 +38,8 @@ def test_builds_the_checkpoint_and_a_manifest_that_holds_it(tmp_path, capsys):
     assert m["steps"] == 2 and [c["step"] for c in m["checks"]] == [2]   # no criterion: the first check stops
     assert m["command"] == f"python -m grpo_bench build-start {path}" and m["criterion_met"]
     assert 0 <= m["heldout_greedy_accuracy"] <= m["heldout_pass@k"] <= 1
+    import importlib.metadata
+    assert m["built_with"]["reasoning_gym"] == importlib.metadata.version("reasoning-gym") and m["built_with"]["threads"] == 1
     # the same preset again: the same bytes (one thread, seeded data and weights)
     first = m["files"]
     assert main(["build-start", str(path), "--out", str(tmp_path / "again")]) == 0

@@ -95,3 +95,19 @@ def test_refusals_name_the_key_and_the_valid_choices(task, key, words):
         resolve_run({"task": merge(SMALL, task)})
     assert e.value.key == key and "\n" not in str(e.value)
     assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_the_countdown_start_scores_what_its_manifest_says():
+    from grpo_bench.lm import shipped
+    cfg = resolve_run({"task": "countdown"})
+    m = shipped.manifest("countdown")
+    assert m["criterion_met"] and 0.2 <= m["heldout_greedy_accuracy"] <= 0.4
+    assert m["heldout_pass@k"] >= 2 * m["heldout_greedy_accuracy"]
+    task = get("task", "gym")(cfg.task, cfg)
+    assert len(task.heldout) == 1000 == len({e.question for e in task.heldout})
+    # greedy decoding: another CPU's rounding may flip a near-tie argmax, so a few problems of slack
+    assert task._base_accuracy() == pytest.approx(m["heldout_greedy_accuracy"], abs=3 / 1000)
+    # its split is guarded: another held-out set would score problems it trained on
+    with pytest.raises(ConfigError) as e:
+        resolve_run({"task": {"name": "countdown", "eval_seed": 1}})
+    assert e.value.key == "task.eval_seed"

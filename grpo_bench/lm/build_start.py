@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import platform
 import shlex
@@ -200,10 +201,9 @@ def versions() -> dict:
     import transformers
 
     out = {"torch": torch.__version__, "transformers": transformers.__version__}
-    try:
-        import reasoning_gym
-        out["reasoning_gym"] = getattr(reasoning_gym, "__version__", "0.1.25")
-    except ImportError:
+    try:   # the distribution's version: reasoning_gym.__version__ of 0.1.25 still says 0.1.19
+        out["reasoning_gym"] = importlib.metadata.version("reasoning-gym")
+    except importlib.metadata.PackageNotFoundError:
         pass
     return out
 
