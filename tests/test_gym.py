@@ -111,3 +111,23 @@ def test_the_countdown_start_scores_what_its_manifest_says():
     with pytest.raises(ConfigError) as e:
         resolve_run({"task": {"name": "countdown", "eval_seed": 1}})
     assert e.value.key == "task.eval_seed"
+
+
+def test_a_chat_model_reads_the_datasets_own_question(tmp_path):
+    from grpo_bench.lm import models
+    from grpo_bench.lm.tokenizer import CHARS, build_char_tokenizer
+
+    # every character countdown's questions use, and a chat template
+    tok = build_char_tokenizer(CHARS + gym.CHARS_EXTRA + "\n'*/.,:()FPU")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    models.build_tiny(tok, n_layer=1, n_embd=32, n_head=2, seed=0, n_positions=1024).save_pretrained(tmp_path / "chat")
+    tok.save_pretrained(tmp_path / "chat")
+    t = make({"model": {"source": str(tmp_path / "chat")}, "eval_size": 4})
+    assert t.template == "chat"
+    e = t.heldout[0]
+    assert t._render(e) == f"<|im_start|>user\n{e.question}<|im_end|>\n<|im_start|>assistant\n"
+    meta = e.data["metadata"]
+    assert str(meta["target"]) in e.question and "expression" in e.question and e.compact() not in t._render(e)
