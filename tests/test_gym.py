@@ -66,11 +66,25 @@ def test_heldout_is_distinct_and_never_trained_on(monkeypatch):
     t = make(task={"config": {"min_numbers": 3, "max_numbers": 3, "min_value": 1, "max_value": 3, "min_target": 1,
                               "max_target": 9}, "eval_size": 10})
     held = {e.question for e in t.heldout}
-    assert len(held) == 10
-    seen = [e.question for draw in range(30) for e in t._train_batch(t.seeds[0], t._exclude[0], 0, draw)]
+    problems = {e.problem() for e in t.heldout}
+    assert len(held) == len(problems) == 10
+    batches = [t._train_batch(t.seeds[0], t._exclude[0], 0, draw) for draw in range(30)]
+    seen = [e.question for batch in batches for e in batch]
     assert held.isdisjoint(seen)
+    # nor the same numbers and target in another order or wording (twins)
+    assert problems.isdisjoint(e.problem() for batch in batches for e in batch)
     # a space this small repeats questions, so the split is what kept them apart
     assert len(set(seen)) < len(seen)
+
+
+def test_twins_differ_in_wording_so_the_split_is_by_problem_too():
+    ds = gym.dataset("countdown", {"min_numbers": 3, "max_numbers": 3, "max_value": 3, "min_target": 1,
+                                   "max_target": 9}, 5)
+    by_problem = {}
+    for i in range(300):
+        e = gym.Entry(ds[i])
+        by_problem.setdefault(e.problem(), set()).add(e.question)
+    assert any(len(qs) > 1 for qs in by_problem.values())   # one problem, several question texts
 
 
 def test_rollout_rewards_are_the_verifiers():

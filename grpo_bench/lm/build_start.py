@@ -149,7 +149,7 @@ def build_gym(task: dict, start: StartSection, out: Path, log=print) -> tuple[di
     tokenizer = gym.tokenizer()
     model = models.build_tiny(tokenizer, start.layers, start.width, start.heads, seed=start.seed, n_positions=128)
     models.disable_dropout(model)
-    held = {e.question for e in gym.heldout(cfg.dataset, cfg.config, cfg.eval_size, cfg.eval_seed)}
+    held = gym.exclusion(gym.heldout(cfg.dataset, cfg.config, cfg.eval_size, cfg.eval_seed))
     torch.manual_seed(start.seed)
     opt, sched = warmstart.optimizer(model, start.lr, start.steps)
     checks = []

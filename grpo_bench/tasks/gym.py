@@ -46,6 +46,10 @@ def _spell_backward(meta: dict) -> str:
 # dataset -> its compact rendering from the entry's metadata; the answer is the dataset's own
 # (countdown: an expression over the numbers, spell_backward: the reversed word)
 RENDER = {"countdown": _countdown, "spell_backward": _spell_backward}
+# dataset -> what makes two entries one problem: a question's wording is drawn from several templates
+# and countdown shuffles its numbers, so `6 61 94 4 -> 309` and `61 6 4 94 -> 309` (the twins of
+# arithmetic's commutative ones) have other question texts; the split keeps both out of training
+PROBLEM = {"countdown": lambda m: (tuple(sorted(m["numbers"])), m["target"]), "spell_backward": lambda m: m["word"]}
 
 
 def supported() -> list[str]:
@@ -92,6 +96,10 @@ class Entry:
     def compact(self) -> str:
         return RENDER[self.name](self.data["metadata"])
 
+    def problem(self):
+        """The problem whatever its wording (PROBLEM)."""
+        return PROBLEM[self.name](self.data["metadata"])
+
 
 def extract(completion: str) -> str:
     """The answer a completion gives: inside <answer>...</answer> when it has the tags (the chat
@@ -112,23 +120,28 @@ def score(entries: list[Entry], completions: list[str]) -> list[float]:
 
 
 def heldout(name: str, config: dict, size: int, seed: int) -> list[Entry]:
-    """The first `size` entries with distinct question text of the generator seeded by `seed`."""
+    """The first `size` entries of the generator seeded by `seed` that are distinct problems (Entry.problem)."""
     ds, seen = dataset(name, config, seed), {}
     for idx in range(50 * size):
-        e = ds[idx]
-        seen.setdefault(e["question"], Entry(e))
+        e = Entry(ds[idx])
+        seen.setdefault(e.problem(), e)
         if len(seen) == size:
             return list(seen.values())
     raise ValueError(f"eval_size: the generator gave only {len(seen)} distinct questions in {50 * size} draws; "
                      "ask for fewer or widen the dataset's config")
 
 
+def exclusion(entries: list[Entry]) -> set:
+    """What a training stream must never show of these entries: their question texts and their problems."""
+    return {e.question for e in entries} | {e.problem() for e in entries}
+
+
 def train_batch(name: str, config: dict, n: int, seed: int, exclude: set[str], fits=lambda e: True) -> list[Entry]:
-    """n entries of the generator seeded by `seed` whose question is not in `exclude` and that `fits`."""
+    """n entries of the generator seeded by `seed` whose question and problem are not in `exclude`, and that `fits`."""
     ds, out = dataset(name, config, seed), []
     for idx in range(1000 * n):
         e = Entry(ds[idx])
-        if e.question not in exclude and fits(e):
+        if e.question not in exclude and e.problem() not in exclude and fits(e):
             out.append(e)
             if len(out) == n:
                 return out
@@ -276,7 +289,7 @@ class Gym(Arithmetic):
         self.template = "chat" if cfg.template == "chat" or (
             cfg.template == "auto" and getattr(self.tokenizer, "chat_template", None)) else "plain"
         self.heldout = heldout(cfg.dataset, cfg.config, cfg.eval_size, cfg.eval_seed)
-        self._exclude = [{e.question for e in self.heldout} for _ in self.seeds]
+        self._exclude = [exclusion(self.heldout) for _ in self.seeds]
         # one prompt width for every member: the held-out set's longest; longer training entries are skipped
         self.width = max(self._length(e) for e in self.heldout)
 
@@ -308,7 +321,7 @@ class Gym(Arithmetic):
             completion_lengths=mask.sum(-1).long().tolist(), max_new_tokens=self.cfg.sampling.max_new_tokens)
 
     def retire(self, member: int, prompts: list) -> None:
-        self._exclude[member].update(e.question for e in prompts)
+        self._exclude[member].update(exclusion(prompts))
 
 
 def sft_text(entry: Entry) -> str:
