@@ -1,4 +1,4 @@
-"""Command line: `python -m grpo_bench {run,plot,compare,gallery,findings,list}`.
+"""Command line: `python -m grpo_bench {run,plot,compare,gallery,findings,list,build-start}`.
 
 Bad input (unknown part, key, type or value; a damaged results file) ends with exit
 code 2 and one line naming the file, the key and the valid choices, never a traceback.
@@ -118,6 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     ls = sub.add_parser("list", help="print every registered part with its parameters, and the task presets")
     ls.add_argument("--include", action="append", default=[], metavar="PATH",
                     help="also load these .py files or directories of your own parts")
+    bs = sub.add_parser("build-start", help="build a preset's shipped start: a fresh tiny GPT-2 trained by supervised "
+                        "steps on the generator's reference answers until held-out greedy accuracy and pass@k meet "
+                        "the preset's `start:` criterion; writes <dir>/checkpoint/ and <dir>/manifest.json",
+                        description="Build the start model a preset names (task.model.source: shipped:<dir>) as its "
+                        "`start:` section says (grpo_bench/lm/build_start.py), on one CPU thread, into <dir>/ beside "
+                        "the preset: the checkpoint and manifest.json (file hashes, held-out split, accuracies, "
+                        "this command, machine). Commit them together.")
+    bs.add_argument("preset", help="the preset YAML, e.g. tasks/countdown.yaml")
+    bs.add_argument("--out", help="write <OUT>/<dir>/ instead of beside the preset")
     args = p.parse_args(argv)
     if args.cmd != "run":
         try:
@@ -175,6 +184,15 @@ def _command(args) -> int:
     if args.cmd == "findings":
         from .findings import write_findings
         print(write_findings(Path(args.root), Path(args.out) if args.out else None))
+        return 0
+    if args.cmd == "build-start":
+        from .lm.build_start import build
+        try:
+            build(Path(args.preset), Path(args.out) if args.out else None, argv=[args.preset] + (["--out", args.out] if args.out else []))
+        except ValueError as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(args.preset, "start", str(e).removeprefix("start: ")) from None
         return 0
     if args.cmd == "gallery":
         from .compare import gallery

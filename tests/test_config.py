@@ -158,7 +158,7 @@ def test_resolved_run_holds_every_parameter():
     ({"eval_every": -1}, "eval_every", "must be >= 0"),
     ({"task": {"name": "sort", "n": 0}}, "task.n", "must be >= 1"),
     ({"task": {"name": "sort", "n": "3"}}, "task.n", "expected int"),
-    ({"task": {"n": 3}}, "task.name", "missing; valid: arithmetic, sort"),
+    ({"task": {"n": 3}}, "task.name", "missing; valid: arithmetic, gym, sort"),
     ({"task": "chess"}, "task.name", "unknown task 'chess'"),
 ])
 def test_bad_values_name_their_key(over, key, words):

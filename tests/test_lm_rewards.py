@@ -151,7 +151,7 @@ def test_presets_resolve_and_merge_overrides():
     assert cfg.task.lora.rank == 4 and cfg.task.rewards == {"correct": 1.0, "format": 0.1}
     lecture = resolve_run({"task": "sort_lecture"})
     assert lecture.task == resolve_run({"task": "sort"}).task   # the lecture's setting is the sort default
-    with pytest.raises(ConfigError, match="unknown task 'sort_easy'; valid: arithmetic, sort .*sort_hard"):
+    with pytest.raises(ConfigError, match="unknown task 'sort_easy'; valid: arithmetic, gym, sort .*sort_hard"):
         resolve_run({"task": "sort_easy"}, "x.yaml")
 
 

@@ -9,6 +9,8 @@ with the same keyword arguments, so a function takes what it needs and **kwargs:
     sort        prompts, completions: lists of n token ids
     arithmetic  prompts, completions: text; answer (exact result), finished (ended with
                 EOS), completion_lengths (tokens, EOS included), max_new_tokens
+    gym         as arithmetic, answer being the dataset's reference answer (text), and
+                entry: the reasoning-gym entries (grpo_bench/tasks/gym.py Entry)
 
 Every call goes through `call`: a score that is not finite is an error (NonFiniteReward),
 never a reward, and a `module:function` call that has not returned after REWARD_TIMEOUT_S
@@ -161,6 +163,21 @@ def length_penalty(prompts: list, completions: list, completion_lengths: list | 
         completion_lengths = [len(c) if isinstance(c, str) else 0 for c in completions]
     cap = max_new_tokens or max(max(completion_lengths, default=1), 1)
     return [-min(n, cap) / cap for n in completion_lengths]
+
+
+@register("reward", "score", task="gym")
+def gym_score(prompts: list, completions: list, entry: list | None = None, **kwargs) -> list[float]:
+    """The reasoning-gym dataset's own verifier, score_answer(answer, entry), in [0, 1].
+
+    The answer is the completion's <answer>...</answer> if it has the tags, else the whole completion stripped.
+
+    Source: reasoning-gym's procedural datasets (open-thought/reasoning-gym), each with its verifier.
+    """
+    if entry is None:
+        return [0.0] * len(completions)
+    from ..tasks.gym import score
+
+    return score(entry, completions)
 
 
 def resolve(spec: str, task: str) -> RewardFn:

@@ -111,11 +111,17 @@ def _sequences(tokenizer, batch: list[problems.Problem], template: str, eos: int
                scratchpad: list[bool] | None = None):
     """Left-padded prompt+answer+EOS ids, attention mask, and labels (-100 outside the answer);
     scratchpad[i] writes the i-th answer out column by column (Problem.scratchpad)."""
-    chat = template == "chat"
+    prompts = [problems.render(p, template, tokenizer) for p in batch]
+    answers = [p.scratchpad() if scratchpad and scratchpad[i] else str(p.answer) for i, p in enumerate(batch)]
+    return sequences(tokenizer, prompts, answers, template != "chat", eos, device)
+
+
+def sequences(tokenizer, prompts: list[str], answers: list[str], special: bool, eos: int, device: torch.device):
+    """Left-padded prompt+answer+EOS ids, attention mask, and labels (-100 outside the answer) of texts;
+    special: the tokenizer adds its special tokens (BOS) to the prompt (not to a chat template's)."""
     rows, label_rows = [], []
-    for i, p in enumerate(batch):
-        prompt = tokenizer(problems.render(p, template, tokenizer), add_special_tokens=not chat).input_ids
-        text = p.scratchpad() if scratchpad and scratchpad[i] else str(p.answer)
+    for prompt_text, text in zip(prompts, answers):
+        prompt = tokenizer(prompt_text, add_special_tokens=special).input_ids
         answer = tokenizer(text, add_special_tokens=False).input_ids + [eos]
         rows.append(prompt + answer)
         label_rows.append([-100] * len(prompt) + answer)
@@ -127,6 +133,30 @@ def _sequences(tokenizer, batch: list[problems.Problem], template: str, eos: int
     return ids, mask, labels
 
 
+def optimizer(model, lr: float, steps: int):
+    """AdamW without weight decay, a linear warm-up over a tenth of `steps`, then constant: the phase
+    is stopped mid-learning on purpose, and a decayed rate would leave the model stuck just before
+    the jump in accuracy."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 10)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+
+
+def step(model, opt, sched, ids, mask, labels) -> float:
+    """One supervised step on (ids, mask, labels); the token accuracy of the batch before it."""
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=models.positions(mask)).logits[:, :-1]
+    target = labels[:, 1:]
+    loss = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), target, ignore_index=-100)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    with torch.no_grad():
+        counted = target != -100
+        return ((logits.argmax(-1) == target) & counted).sum().item() / max(counted.sum().item(), 1)
+
+
 def sft(model, tokenizer, cfg, device: torch.device) -> float:
     """Train on prompt -> answer for cfg.warmstart.steps batches; returns token accuracy of the last batch."""
     template = problems.resolve_template(cfg.template, tokenizer)
@@ -135,28 +165,13 @@ def sft(model, tokenizer, cfg, device: torch.device) -> float:
     rng = random.Random(cfg.warmstart.seed)
     torch.manual_seed(cfg.warmstart.seed)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.warmstart.lr, weight_decay=0.0)
-    warmup = max(1, cfg.warmstart.steps // 10)
-    # Warm-up, then constant: the phase is stopped mid-learning on purpose, and a
-    # decayed rate would leave the model stuck just before the jump in accuracy.
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    opt, sched = optimizer(model, cfg.warmstart.lr, cfg.warmstart.steps)
     accuracy = 0.0
     for _ in range(cfg.warmstart.steps):
         batch = problems.train_batch(cfg.ops, cfg.warmstart.batch, rng, exclude, cfg.operands)
         # drawn only when asked for, so a run without scratchpads sees the data it always saw
         pads = [rng.random() < cfg.warmstart.scratchpad for _ in batch] if cfg.warmstart.scratchpad else None
-        ids, mask, labels = _sequences(tokenizer, batch, template, eos, device, pads)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=models.positions(mask)).logits[:, :-1]
-        target = labels[:, 1:]
-        loss = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), target, ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        with torch.no_grad():
-            counted = target != -100
-            accuracy = ((logits.argmax(-1) == target) & counted).sum().item() / max(counted.sum().item(), 1)
+        accuracy = step(model, opt, sched, *_sequences(tokenizer, batch, template, eos, device, pads))
     model.eval()
     return accuracy
 

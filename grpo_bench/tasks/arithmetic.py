@@ -236,7 +236,7 @@ class Arithmetic:
         from transformers import GenerationConfig
 
         from ..algos import rewards
-        from ..lm import models, problems, stacked, warmstart
+        from ..lm import models, problems, stacked
 
         run_configs = run_configs if isinstance(run_configs, list) else [run_configs]
         self.cfg, self.run_cfg = task_config, run_configs[0]
@@ -244,10 +244,7 @@ class Arithmetic:
         self.device = models.resolve_device(self.run_cfg.device)
         cfg = task_config
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(cfg.model.dtype)   # auto: by device
-        if cfg.warmstart.steps > 0:
-            base, self.tokenizer = models.load(str(warmstart.checkpoint(cfg, self.device)), self.device, dtype)
-        else:
-            base, self.tokenizer = models.starting_model(cfg, self.device, dtype)
+        base, self.tokenizer = self._starting_model(dtype)
         self.eos = torch.tensor(models.eos_ids(base, self.tokenizer), device=self.device)
         base.generation_config = GenerationConfig(
             eos_token_id=self.eos.tolist(), pad_token_id=self.tokenizer.pad_token_id,
@@ -266,19 +263,49 @@ class Arithmetic:
             warnings.warn(f"model type {base.config.model_type!r} is not one whose logits are known to be "
                           f"lm_head(final hidden state) ({', '.join(models.PLAIN_HEADS)}): its log-probs "
                           "go through the materialised (N, T, V) logits", stacklevel=2)
+        self._problems, self._models, self._rewards_mod, self._stacked = problems, models, rewards, stacked
+        self.rewards = rewards.check(cfg.rewards, self.reward_task)
+        self.failed: dict[int, Exception] = {}  # members whose own reward raised since the trainer last looked
+        self._evals, self._base_acc, self._passes, self._ref_draws = 0, None, 0, 0
+        self.residual = 0.0  # relative error of the last soft reference mix's rank cut
+        self._setup_problems()
+
+    # the hooks a task on other problems (tasks/gym.py) replaces: the model it starts from, its
+    # problems, how a batch is drawn, and what counts as right
+
+    reward_task = "arithmetic"  # the rewards registered for this task (traits task=...)
+
+    def _starting_model(self, dtype):
+        from ..lm import models, warmstart
+
+        if self.cfg.warmstart.steps > 0:
+            return models.load(str(warmstart.checkpoint(self.cfg, self.device)), self.device, dtype)
+        return models.starting_model(self.cfg, self.device, dtype)
+
+    def _setup_problems(self) -> None:
+        """The template, the held-out set, each member's exclusions, and the prompt width."""
+        cfg, problems = self.cfg, self._problems
         self.template = problems.resolve_template(cfg.template, self.tokenizer)
         self.heldout = problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed, cfg.operands)
         # what each member's training stream never shows: the held-out set, and what its curriculum retired
         self._exclude = [problems.exclusion(self.heldout) for _ in self.seeds]
-        self.failed: dict[int, Exception] = {}
-        self.rewards = rewards.check(cfg.rewards, "arithmetic")
-        self._problems, self._models, self._rewards_mod, self._stacked = problems, models, rewards, stacked
-        self._evals, self._base_acc, self._passes, self._ref_draws = 0, None, 0, 0
-        self.residual = 0.0  # relative error of the last soft reference mix's rank cut
         # every prompt is left-padded to one width, the longest the problem space can render:
         # a member's shapes never depend on the other members' prompts
         self.width = max(len(self.tokenizer(self._render(q), add_special_tokens=self.template != "chat")["input_ids"])
                          for q in problems.extremes(cfg.ops) + self.heldout)
+
+    def _train_batch(self, seed: int, exclude: set, epoch: int, draw: int) -> list:
+        """prompts_per_step training problems of the member with this seed, from its stream for (epoch, draw)."""
+        return self._problems.train_batch(self.cfg.ops, self.cfg.prompts_per_step,
+                                          random.Random(rng.stream_seed(seed, "prompts", epoch, draw)), exclude,
+                                          self.cfg.operands)
+
+    def _correct(self, batch: list, texts: list[str], n: int = 1) -> list[float]:
+        """1.0 per completion (n per problem of batch) that answers exactly, else 0.0."""
+        return self._rewards_mod.correct([], texts, answer=[q.answer for q in batch for _ in range(n)])
+
+    def _format(self, texts: list[str], finished: list[bool]) -> list[float]:
+        return self._rewards_mod.scratchpad_format([], texts, finished=finished)
 
     @staticmethod
     def member_bytes(run_cfg) -> int:
@@ -350,8 +377,7 @@ class Arithmetic:
 
     def rollout(self, epoch: int, draw: int, group_size: int, sampler=None) -> Rollout:
         p, g, b = self.size, group_size, self.cfg.prompts_per_step
-        batches = [self._problems.train_batch(self.cfg.ops, b, random.Random(rng.stream_seed(s, "prompts", epoch, draw)),
-                                              exclude, self.cfg.operands) for s, exclude in zip(self.seeds, self._exclude)]
+        batches = [self._train_batch(s, exclude, epoch, draw) for s, exclude in zip(self.seeds, self._exclude)]
         ids, attn = self._prompts([q for batch in batches for q in batch])          # (P B, L)
         gens = [rng.stream(s, "sample", epoch, draw) for s in self.seeds]
         out = self._generate(ids.repeat_interleave(g, 0), attn.repeat_interleave(g, 0), gens, sampler,
@@ -368,9 +394,7 @@ class Arithmetic:
             components.append(self._rewards_mod.components(parts, b, g, self.device))
             for name, v in parts.items():
                 metrics.setdefault(f"reward/{name}", []).append(sum(v) / len(v))
-            right[rows] = torch.tensor(self._rewards_mod.correct([], texts[rows], answer=[q.answer for q in batch
-                                                                                          for _ in range(g)]),
-                                       dtype=torch.bool)
+            right[rows] = torch.tensor(self._correct(batch, texts[rows], g), dtype=torch.bool)
         metrics = {k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}
         metrics["response/finished"] = finished.float().view(p, n).mean(1)
         # Dr. GRPO's length bias shows as wrong answers growing longer: lengths split by exact correctness
@@ -535,7 +559,6 @@ class Arithmetic:
         # so that how often a run is evaluated never changes its training.
         self._evals += 1
         p, k = self.size, self.cfg.pass_k
-        correct, fmt = self._rewards_mod.correct, self._rewards_mod.scratchpad_format
         names = ["accuracy", "reward", "format"] + (["pass@k", "mean@k"] if k else [])
         # Chunks of a fixed number of problems whatever P (greedy: EVAL_CHUNK; sampled: SAMPLE_CHUNK,
         # each chunk's k samples from the member's stream for that chunk), summed in problem order
@@ -544,28 +567,25 @@ class Arithmetic:
         for start in range(0, len(self.heldout), EVAL_CHUNK):
             batch = self.heldout[start:start + EVAL_CHUNK]
             n = len(batch)
-            answers = [q.answer for q in batch]
             ids, attn = self._prompts(batch)
             texts, mask, finished = self._decode(self._generate(ids.repeat(p, 1), attn.repeat(p, 1), None))
             for i in range(p):
                 rows = slice(i * n, (i + 1) * n)
                 # exact correctness whatever the training rewards, so reward mixes stay comparable
-                scores[i][0] += correct([], texts[rows], answer=answers)
+                scores[i][0] += self._correct(batch, texts[rows])
                 scores[i][1] += self._member_score(i, batch, texts[rows], mask[rows], finished[rows], 1)[0]
-                scores[i][2] += fmt([], texts[rows], finished=finished[rows].tolist())
+                scores[i][2] += self._format(texts[rows], finished[rows].tolist())
         for start in range(0, len(self.heldout), SAMPLE_CHUNK if k else len(self.heldout)):
             if not k:
                 break
             batch = self.heldout[start:start + SAMPLE_CHUNK]
             n = len(batch)
-            answers = [q.answer for q in batch]
             ids, attn = self._prompts(batch)
             gens = [rng.stream(s, "eval", self._evals, start) for s in self.seeds]
             texts, _, _ = self._decode(self._generate(ids.repeat_interleave(k, 0).repeat(p, 1),
                                                       attn.repeat_interleave(k, 0).repeat(p, 1), gens))
             for i in range(p):
-                hits = torch.tensor(correct([], texts[i * n * k:(i + 1) * n * k],
-                                            answer=[a for a in answers for _ in range(k)])).view(n, k)
+                hits = torch.tensor(self._correct(batch, texts[i * n * k:(i + 1) * n * k], k)).view(n, k)
                 scores[i][3] += hits.amax(-1).tolist()   # some of the k samples is right
                 scores[i][4] += hits.mean(-1).tolist()   # the share of them that is: the sampler's accuracy
         totals = torch.tensor([[sum(v) for v in member] for member in scores], dtype=torch.float64)
@@ -586,6 +606,6 @@ class Arithmetic:
                     batch = self.heldout[start:start + 256]
                     ids, attn = self._prompts(batch)
                     texts, _, _ = self._decode(self._generate(ids, attn, None))
-                    hits += sum(self._rewards_mod.correct([], texts, answer=[q.answer for q in batch]))
+                    hits += sum(self._correct(batch, texts))
             self._base_acc = hits / len(self.heldout)
         return self._base_acc

@@ -57,7 +57,7 @@ def main() -> None:
     accuracy = heldout_accuracy(out)
     manifest = {
         "files": shipped.file_hashes(out),
-        "task": {k: TASK[k] for k in shipped.SPLIT_KEYS} | {"template": "plain"},
+        "task": {k: TASK[k] for k in shipped.SPLIT_KEYS if k in TASK} | {"template": "plain"},
         "recipe": {k: TASK[k] for k in ("model", "warmstart")},
         "heldout_greedy_accuracy": accuracy,
         "last_batch_token_accuracy": token_accuracy,

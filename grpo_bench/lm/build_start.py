@@ -1,0 +1,255 @@
+"""Build a start with headroom: `python -m grpo_bench build-start tasks/<preset>.yaml`.
+
+A preset that ships its start model names it (`task.model.source: shipped:<dir>`, or `tiny`)
+and says how to build it in a `start:` section:
+
+    start:
+      layers: 2            # the embedded GPT-2 over the character tokenizer, fresh weights (seed)
+      width: 128
+      heads: 4
+      batch: 64            # supervised steps on the generator's reference answers
+      lr: 3.0e-3           # AdamW, linear warm-up over a tenth of `steps`, then constant
+      seed: 0
+      steps: 3000          # the most steps
+      check_every: 100     # held-out greedy accuracy and pass@k every so many steps
+      greedy: [0.2, 0.4]   # stop at the first check with greedy accuracy in [lo, hi] ...
+      pass_ratio: 2.0      # ... and pass@k at least this times greedy (null: no criterion)
+
+The gym task (tasks/gym.py) trains on the compact rendering of training entries (never a
+held-out question) answered with the dataset's reference answer (countdown: an expression) and
+stops at the first check that meets the criterion; none met by `steps` is an error and writes
+nothing. The arithmetic task's start is its cached warm-start (lm/warmstart.py) for exactly
+`steps` (what tasks/arithmetic_*/build.py ran), the criterion checked afterwards. Either way
+the model is built on one CPU thread and written to <dir>/checkpoint/ beside the preset with
+<dir>/manifest.json: each file's SHA-256, the held-out split, the accuracies, the exact
+command, the machine and the preset's own hash.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import platform
+import shlex
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..config import ConfigError, read_yaml, resolve_run
+
+
+@dataclass
+class StartSection:
+    """How a preset's shipped start is built (the preset's `start:`)."""
+
+    layers: int = 2
+    """Transformer blocks of the embedded GPT-2."""
+    width: int = 128
+    """Hidden size."""
+    heads: int = 4
+    """Attention heads."""
+    batch: int = 64
+    """SFT batch size."""
+    lr: float = 3e-3
+    """SFT peak learning rate."""
+    seed: int = 0
+    """Seed of the initial weights and of the SFT data."""
+    steps: int = 2000
+    """gym: the most SFT steps; arithmetic: exactly this many."""
+    check_every: int = 100
+    """gym: steps between held-out checks."""
+    greedy: list | None = field(default_factory=lambda: [0.2, 0.4])
+    """Held-out greedy accuracy [lo, hi] a start stops in; null: no criterion."""
+    pass_ratio: float = 2.0
+    """pass@k of the start at least this times its greedy accuracy (k: the task's pass_k)."""
+    scratchpad: float = 0.0
+    """arithmetic: share of SFT answers worked out column by column (warmstart.scratchpad)."""
+
+
+def read(path: Path) -> tuple[dict, StartSection, str]:
+    """(task section, start section, shipped directory name) of a preset, or ConfigError naming the key."""
+    from . import shipped
+
+    doc = read_yaml(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("task"), dict):
+        raise ConfigError(str(path), "task", "a preset needs `description`, `task: {name: ...}` and `start:`")
+    raw = doc.get("start")
+    if not isinstance(raw, dict):
+        raise ConfigError(str(path), "start", "missing: say how the start is built (layers, width, heads, batch, "
+                          "lr, seed, steps, check_every, greedy, pass_ratio)")
+    known = {f.name: f for f in dataclasses.fields(StartSection)}
+    for key, value in raw.items():
+        if key not in known:
+            raise ConfigError(str(path), f"start.{key}", f"unknown key; valid: {', '.join(known)}")
+    start = StartSection(**raw)
+    if start.greedy is not None and not (isinstance(start.greedy, list) and len(start.greedy) == 2
+                                         and 0 <= start.greedy[0] <= start.greedy[1] <= 1):
+        raise ConfigError(str(path), "start.greedy", f"expected [lo, hi] in [0, 1] or null, got {start.greedy!r}")
+    for key in ("layers", "width", "heads", "batch", "steps", "check_every"):
+        if not isinstance(getattr(start, key), int) or getattr(start, key) < 1:
+            raise ConfigError(str(path), f"start.{key}", f"must be an integer >= 1, got {getattr(start, key)!r}")
+    task = doc["task"]
+    which = shipped.name(str(task.get("model", {}).get("source", shipped.TINY if task.get("name") == "arithmetic"
+                                                       else "")))
+    if not which:
+        raise ConfigError(str(path), "task.model.source", "must name the start this builds: shipped:<dir>")
+    if task.get("name") not in ("gym", "arithmetic"):
+        raise ConfigError(str(path), "task.name", f"build-start builds gym and arithmetic starts, got {task.get('name')!r}")
+    return task, start, which
+
+
+def _scratch_task(task: dict, start: StartSection) -> dict:
+    model = {**task.get("model", {}), "source": "tiny-scratch", "layers": start.layers, "width": start.width,
+             "heads": start.heads}
+    return {**task, "model": model}
+
+
+def evaluate(task_section: dict, directory: Path) -> dict:
+    """Held-out greedy accuracy, pass@k and mean@k of the model saved in `directory`, as the task measures them."""
+    from ..registry import get
+
+    section = {**task_section, "model": {**task_section.get("model", {}), "source": str(directory)}}
+    if section["name"] == "arithmetic":
+        section["warmstart"] = {"steps": 0}
+    cfg = resolve_run({"task": section})
+    task = get("task", section["name"])(cfg.task, cfg)
+    out = task.evaluate()[0]   # the adapters start at zero: the base model's numbers
+    return {"greedy": out["eval/accuracy"], "pass@k": out.get("eval/pass@k"), "mean@k": out.get("eval/mean@k")}
+
+
+def meets(start: StartSection, acc: dict) -> bool:
+    if start.greedy is None:
+        return True
+    lo, hi = start.greedy
+    return lo <= acc["greedy"] <= hi and (acc["pass@k"] or 0) >= start.pass_ratio * acc["greedy"]
+
+
+def _save(model, tokenizer, out: Path) -> None:
+    from . import models
+
+    shutil.rmtree(out, ignore_errors=True)
+    with models.quiet_progress():
+        model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def build_gym(task: dict, start: StartSection, out: Path, log=print) -> tuple[dict, list[dict], int]:
+    """SFT of a fresh tiny model on the generator's reference answers, checked every check_every steps;
+    (accuracies at the stop, every check, steps) once a check meets the criterion, else ValueError."""
+    from .. import rng
+    from ..tasks import gym
+    from . import models, warmstart
+
+    cfg = resolve_run({"task": _scratch_task(task, start)}).task
+    tokenizer = gym.tokenizer()
+    model = models.build_tiny(tokenizer, start.layers, start.width, start.heads, seed=start.seed, n_positions=128)
+    models.disable_dropout(model)
+    held = gym.exclusion(gym.heldout(cfg.dataset, cfg.config, cfg.eval_size, cfg.eval_seed))
+    torch.manual_seed(start.seed)
+    opt, sched = warmstart.optimizer(model, start.lr, start.steps)
+    checks = []
+    for s in range(1, start.steps + 1):
+        model.train()
+        batch = gym.train_batch(cfg.dataset, cfg.config, start.batch, rng.stream_seed(start.seed, "build", s), held)
+        seqs = warmstart.sequences(tokenizer, [e.compact() for e in batch], [e.answer for e in batch], True,
+                                   tokenizer.eos_token_id, torch.device("cpu"))
+        token_acc = warmstart.step(model, opt, sched, *seqs)
+        if s % start.check_every and s != start.steps:
+            continue
+        model.eval()
+        _save(model, tokenizer, out)
+        acc = evaluate(task, out) | {"step": s, "token_accuracy": token_acc}
+        checks.append(acc)
+        log(f"step {s}: greedy {acc['greedy']:.3f}, pass@k {acc['pass@k']:.3f}, token accuracy {token_acc:.3f}")
+        if meets(start, acc):
+            return acc, checks, s
+        if start.greedy is not None and acc["greedy"] > start.greedy[1]:
+            break   # past the window: later checks only climb further
+    raise ValueError(f"start: no check met greedy in {start.greedy} with pass@k >= {start.pass_ratio} x greedy "
+                     f"(last: step {checks[-1]['step']}, greedy {checks[-1]['greedy']:.3f}, pass@k "
+                     f"{checks[-1]['pass@k']:.3f}); change lr, batch, steps or check_every")
+
+
+def build_arithmetic(task: dict, start: StartSection, out: Path, log=print) -> tuple[dict, list[dict], int]:
+    """The arithmetic task's warm-start (warmstart._build, one thread) for exactly start.steps steps."""
+    from . import warmstart
+
+    section = _scratch_task(task, start) | {"warmstart": {"steps": start.steps, "batch": start.batch, "lr": start.lr,
+                                                          "seed": start.seed, "scratchpad": start.scratchpad}}
+    cfg = resolve_run({"task": section}).task
+    model, tokenizer, token_acc = warmstart._build(cfg, torch.device("cpu"))
+    _save(model, tokenizer, out)
+    acc = evaluate(task, out) | {"step": start.steps, "token_accuracy": token_acc}
+    log(f"step {start.steps}: greedy {acc['greedy']:.3f}, pass@k {acc['pass@k']}, token accuracy {token_acc:.3f}")
+    return acc, [acc], start.steps
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def versions() -> dict:
+    import transformers
+
+    out = {"torch": torch.__version__, "transformers": transformers.__version__}
+    try:   # the distribution's version: reasoning_gym.__version__ of 0.1.25 still says 0.1.19
+        out["reasoning_gym"] = importlib.metadata.version("reasoning-gym")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return out
+
+
+def build(preset: Path, out_root: Path | None = None, argv: list[str] | None = None, log=print) -> Path:
+    """Build the preset's start into <out_root or the preset's directory>/<dir>/; returns that directory."""
+    from . import shipped
+
+    task, start, which = read(preset)
+    root = (out_root or preset.parent) / which
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # the stopping point of an unfinished SFT depends on float sums' order
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp) / "checkpoint"
+            builder = build_gym if task["name"] == "gym" else build_arithmetic
+            acc, checks, steps = builder(task, start, work, log)
+            if task["name"] == "arithmetic" and not meets(start, acc):
+                log(f"note: greedy {acc['greedy']:.3f}, pass@k {acc['pass@k']} miss the criterion {start.greedy} "
+                    f"with pass@k >= {start.pass_ratio} x greedy")
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(root / "checkpoint", ignore_errors=True)
+            shutil.copytree(work, root / "checkpoint")
+    finally:
+        torch.set_num_threads(threads)
+    split = shipped.SPLIT_KEYS if task["name"] == "arithmetic" else ("dataset", "config", "eval_size", "eval_seed")
+    resolved = resolve_run({"task": _scratch_task(task, start)}).task
+    manifest = {
+        "files": shipped.file_hashes(root / "checkpoint"),
+        "task": {k: getattr(resolved, k) for k in split} | {"template": "plain" if task["name"] == "arithmetic"
+                                                             else "compact"},
+        "recipe": {"model": {"source": "tiny-scratch", "layers": start.layers, "width": start.width,
+                             "heads": start.heads}, "start": dataclasses.asdict(start)},
+        "heldout_greedy_accuracy": acc["greedy"],
+        "heldout_pass@k": acc["pass@k"],
+        "heldout_mean@k": acc["mean@k"],
+        "pass_k": resolved.pass_k,
+        "criterion_met": meets(start, acc),
+        "steps": steps,
+        "last_batch_token_accuracy": acc["token_accuracy"],
+        "checks": [{k: c[k] for k in ("step", "greedy", "pass@k", "mean@k")} for c in checks],
+        "command": "python -m grpo_bench build-start " + " ".join(shlex.quote(a) for a in (argv or [str(preset)])),
+        "preset": {"file": preset.name, "sha256": hashlib.sha256(preset.read_bytes()).hexdigest()},
+        "built_with": versions() | {"cpu": cpu_name(), "threads": 1, "python": sys.version.split()[0]},
+    }
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    shipped.manifest.cache_clear()
+    log(f"held-out greedy {acc['greedy']:.3f}, pass@k {acc['pass@k']}; wrote {root / 'checkpoint'} and manifest.json")
+    return root

@@ -1,0 +1,330 @@
+"""Tasks from reasoning-gym's procedural datasets on a causal LM with LoRA, scored by the dataset's own verifier.
+
+    task: {name: gym, dataset: countdown, config: {min_numbers: 4, max_numbers: 4}}
+
+Everything but the problems is the arithmetic task's (tasks/arithmetic.py: models, LoRA
+adapters, sampling, log-probs, held-out greedy accuracy, pass@k): this class replaces only
+its problem hooks. A prompt is an entry of the dataset's seeded generator: member with run
+seed s draws the batch of (epoch, draw) from a generator seeded by the stream
+(s, "prompts", epoch, draw) (grpo_bench/rng.py), so every variant with seed s sees the same
+prompts and other seeds others. The held-out set is the first `eval_size` distinct
+questions of the generator seeded by `eval_seed`; the training stream skips every entry
+whose question text is one of them. The reward is the dataset's `score_answer`
+(reward `score`, TRL's signature), held-out accuracy its score being exactly 1.
+
+Two renderings, declared per dataset in RENDER: the embedded tiny models' compact one, built
+from the entry's metadata (countdown: `6 61 94 4 -> 309:`, answered `94*4 - 61 - 6`), and a
+chat model's, the dataset's own question through its chat template. A dataset this module
+cannot render compactly is refused with the list of those it can. reasoning-gym is an extra
+(`pip install -e '.[gym]'`), imported only when a gym task is checked or built.
+"""
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from .. import rng
+from ..registry import register
+from .arithmetic import Arithmetic, LoraSection, ModelSection, SamplingSection
+
+INSTALL = "pip install -e '.[gym]' (reasoning-gym==0.1.25)"
+TEMPLATES = ("auto", "compact", "chat")
+# the tiny models' characters: the arithmetic tokenizer's, then '>' and capitals, appended so that
+# the arithmetic ids stay what they were
+CHARS_EXTRA = ">" + string.ascii_uppercase
+
+
+def _countdown(meta: dict) -> str:
+    return " ".join(map(str, meta["numbers"])) + f" -> {meta['target']}:"
+
+
+def _spell_backward(meta: dict) -> str:
+    return f"{meta['word']}:"
+
+
+# dataset -> its compact rendering from the entry's metadata; the answer is the dataset's own
+# (countdown: an expression over the numbers, spell_backward: the reversed word)
+RENDER = {"countdown": _countdown, "spell_backward": _spell_backward}
+# dataset -> what makes two entries one problem: a question's wording is drawn from several templates
+# and countdown shuffles its numbers, so `6 61 94 4 -> 309` and `61 6 4 94 -> 309` (the twins of
+# arithmetic's commutative ones) have other question texts; the split keeps both out of training
+PROBLEM = {"countdown": lambda m: (tuple(sorted(m["numbers"])), m["target"]), "spell_backward": lambda m: m["word"]}
+
+
+def supported() -> list[str]:
+    return sorted(RENDER)
+
+
+def _gym():
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise ValueError(f"dataset: needs reasoning-gym: {INSTALL}") from None
+    return reasoning_gym
+
+
+@lru_cache(maxsize=64)
+def _dataset(name: str, config: tuple, seed: int):
+    # reasoning-gym seeds entry idx with Random(seed + idx); size only bounds iteration
+    return _gym().create_dataset(name, seed=seed, size=1 << 30, **dict(config))
+
+
+def dataset(name: str, config: dict, seed: int):
+    """The reasoning-gym dataset `name` with these config keys and seed (a 32-bit reduction of it)."""
+    return _dataset(name, tuple(sorted(config.items())), seed % (1 << 32))
+
+
+@dataclass(frozen=True, eq=False)
+class Entry:
+    """One generated problem: the dataset's question, reference answer and metadata (the dict it scores with)."""
+
+    data: dict
+
+    @property
+    def question(self) -> str:
+        return self.data["question"]
+
+    @property
+    def answer(self) -> str:
+        return self.data["answer"]
+
+    @property
+    def name(self) -> str:
+        return self.data["metadata"]["source_dataset"]
+
+    def compact(self) -> str:
+        return RENDER[self.name](self.data["metadata"])
+
+    def problem(self):
+        """The problem whatever its wording (PROBLEM)."""
+        return PROBLEM[self.name](self.data["metadata"])
+
+
+def extract(completion: str) -> str:
+    """The answer a completion gives: inside <answer>...</answer> when it has the tags (the chat
+    models' convention of reasoning-gym), else the whole completion, stripped."""
+    from reasoning_gym.utils import extract_answer
+
+    tagged = extract_answer(completion) if isinstance(completion, str) else None
+    return tagged if tagged is not None else (completion.strip() if isinstance(completion, str) else "")
+
+
+def score(entries: list[Entry], completions: list[str]) -> list[float]:
+    """The dataset's own verifier, score_answer(extract(completion), entry), per completion."""
+    out = []
+    for e, c in zip(entries, completions):
+        ds = dataset(e.name, {}, 0)  # score_answer reads the entry, not the dataset's seed or config
+        out.append(float(ds.score_answer(extract(c), e.data)))
+    return out
+
+
+def heldout(name: str, config: dict, size: int, seed: int) -> list[Entry]:
+    """The first `size` entries of the generator seeded by `seed` that are distinct problems (Entry.problem)."""
+    ds, seen = dataset(name, config, seed), {}
+    for idx in range(50 * size):
+        e = Entry(ds[idx])
+        seen.setdefault(e.problem(), e)
+        if len(seen) == size:
+            return list(seen.values())
+    raise ValueError(f"eval_size: the generator gave only {len(seen)} distinct questions in {50 * size} draws; "
+                     "ask for fewer or widen the dataset's config")
+
+
+def exclusion(entries: list[Entry]) -> set:
+    """What a training stream must never show of these entries: their question texts and their problems."""
+    return {e.question for e in entries} | {e.problem() for e in entries}
+
+
+def train_batch(name: str, config: dict, n: int, seed: int, exclude: set[str], fits=lambda e: True) -> list[Entry]:
+    """n entries of the generator seeded by `seed` whose question and problem are not in `exclude`, and that `fits`."""
+    ds, out = dataset(name, config, seed), []
+    for idx in range(1000 * n):
+        e = Entry(ds[idx])
+        if e.question not in exclude and e.problem() not in exclude and fits(e):
+            out.append(e)
+            if len(out) == n:
+                return out
+    raise RuntimeError(f"{name}: no {n} training entries outside the held-out set in {1000 * n} draws")
+
+
+def _default_rewards() -> dict:
+    return {"score": 1.0}
+
+
+def _default_sampling() -> SamplingSection:
+    return SamplingSection(max_new_tokens=32)
+
+
+@dataclass
+class GymModelSection(ModelSection):
+    """The arithmetic task's model section; its default is a fresh tiny model, since `tiny` is the arithmetic start."""
+
+    source: str = "tiny-scratch"
+    """`tiny-scratch` (the embedded GPT-2 with the character tokenizer, fresh weights: layers, width,
+    heads), `shipped:<dir>` (a start built by `python -m grpo_bench build-start`), a hub id or a directory."""
+
+
+@dataclass
+class GymConfig:
+    """A reasoning-gym dataset answered by a causal LM trained through a LoRA adapter."""
+
+    dataset: str = "countdown"
+    """The reasoning-gym dataset (supported: countdown, spell_backward)."""
+    config: dict = field(default_factory=dict)
+    """Its generator's settings (reasoning-gym's config keys, e.g. countdown's min_numbers, max_target)."""
+    model: GymModelSection = field(default_factory=GymModelSection)
+    """The causal LM (section): tiny-scratch, shipped:<dir> (a start built by `build-start`), a hub id or directory."""
+    lora: LoraSection = field(default_factory=LoraSection)
+    """The adapter (section)."""
+    sampling: SamplingSection = field(default_factory=_default_sampling)
+    """Rollout sampling (section)."""
+    template: str = "auto"
+    """Prompt: `compact` (from the entry's metadata, for the character tokenizer), `chat` (the dataset's
+    question through the tokenizer's chat template), `auto` (chat if the tokenizer has one)."""
+    prompts_per_step: int = 32
+    """B: training problems per rollout batch (each gets group_size completions)."""
+    rewards: dict = field(default_factory=_default_rewards)
+    """Reward -> weight (registry axis `reward`): score (the dataset's verifier), or `module:function`."""
+    eval_size: int = 200
+    """Held-out problems: distinct questions, never trained on."""
+    eval_seed: int = 1234
+    """Seed of the held-out generator; the same for every run so variants are compared on the same problems."""
+    pass_k: int = 8
+    """k of eval/pass@k and eval/mean@k; 0 skips both."""
+
+    @property
+    def generation_budget(self) -> int:
+        return self.sampling.max_new_tokens
+
+    def check(self, run_cfg) -> None:
+        from ..algos import rewards
+
+        if self.dataset not in RENDER:
+            raise ValueError(f"dataset: {self.dataset!r} is not supported (it needs a download or has no compact "
+                             f"rendering here); valid: {', '.join(supported())}")
+        _gym()
+        try:
+            ds = dataset(self.dataset, self.config, self.eval_seed)
+            ds[0]
+        except (TypeError, ValueError, AssertionError) as e:
+            raise ValueError(f"config: {self.dataset} refuses it: {' '.join(str(e).split())}") from None
+        if self.template not in TEMPLATES:
+            raise ValueError(f"template: unknown {self.template!r}; valid: {', '.join(TEMPLATES)}")
+        if self.eval_size < 1:
+            raise ValueError(f"eval_size: must be >= 1, got {self.eval_size}")
+        rewards.check(self.rewards, "gym")
+        for key, value in {"prompts_per_step": self.prompts_per_step,
+                           "sampling.max_new_tokens": self.sampling.max_new_tokens, "lora.rank": self.lora.rank,
+                           "lora.alpha": self.lora.alpha}.items():
+            if value < 1:
+                raise ValueError(f"{key}: must be >= 1, got {value}")
+        if self.pass_k < 0:
+            raise ValueError(f"pass_k: must be >= 0, got {self.pass_k}")
+        if self.sampling.temperature <= 0:
+            raise ValueError(f"sampling.temperature: must be > 0, got {self.sampling.temperature}")
+        if self.model.dtype not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"model.dtype: unknown {self.model.dtype!r}; valid: auto, fp32, bf16")
+        _check_shipped(self)
+
+
+SPLIT_KEYS = ("dataset", "config", "eval_size", "eval_seed")
+
+
+def _check_shipped(cfg) -> None:
+    """A shipped start (build-start) was trained outside one held-out split: a config must keep it."""
+    from ..lm import shipped
+
+    if cfg.model.source == shipped.TINY:
+        raise ValueError("model.source: tiny is the arithmetic start; give tiny-scratch, shipped:<dir> (build-start), "
+                         "a hub id or a directory")
+    which = shipped.name(cfg.model.source)
+    if not which:
+        return
+    if which not in shipped.available() or not (shipped.directory(which) / "config.json").is_file():
+        raise ValueError(f"model.source: no shipped checkpoint {cfg.model.source!r}; valid: "
+                         + ", ".join(shipped.PREFIX + n for n in shipped.available()))
+    try:
+        shipped.verify_cached(which)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"model.source: {e}") from None
+    want = shipped.manifest(which)["task"]
+    for key in SPLIT_KEYS:
+        if want.get(key) != getattr(cfg, key):
+            raise ValueError(f"{key}: model.source {cfg.model.source} was built with {key} {want.get(key)!r}; "
+                             f"with {getattr(cfg, key)!r} it would be scored on problems it may have trained on")
+
+
+def tokenizer():
+    """The tiny models' character tokenizer, with the characters the compact renderings need."""
+    from ..lm.models import prepare_tokenizer
+    from ..lm.tokenizer import CHARS, build_char_tokenizer
+
+    return prepare_tokenizer(build_char_tokenizer(CHARS + CHARS_EXTRA))
+
+
+@register("task", "gym", config=GymConfig)
+class Gym(Arithmetic):
+    __doc__ = (f"A reasoning-gym dataset on a causal LM with LoRA, scored by the dataset's verifier; offline: "
+               f"{', '.join(supported())}.")
+
+    label, short = "reasoning-gym LM", "gym"
+    reward_task = "gym"
+
+    def _starting_model(self, dtype):
+        from ..lm import models, shipped
+
+        source = self.cfg.model.source
+        if source == shipped.SCRATCH:
+            m = self.cfg.model
+            tok = tokenizer()
+            model = models.build_tiny(tok, m.layers, m.width, m.heads, seed=0, n_positions=128)
+            return model.to(self.device, dtype or models.dtype_for(self.device)), tok
+        if shipped.name(source):
+            return models.load(str(shipped.verify(shipped.name(source))), self.device, dtype)
+        return models.load(source, self.device, dtype)
+
+    def _setup_problems(self) -> None:
+        cfg = self.cfg
+        self.template = "chat" if cfg.template == "chat" or (
+            cfg.template == "auto" and getattr(self.tokenizer, "chat_template", None)) else "plain"
+        self.heldout = heldout(cfg.dataset, cfg.config, cfg.eval_size, cfg.eval_seed)
+        self._exclude = [exclusion(self.heldout) for _ in self.seeds]
+        # one prompt width for every member: the held-out set's longest; longer training entries are skipped
+        self.width = max(self._length(e) for e in self.heldout)
+
+    def _length(self, entry: Entry) -> int:
+        return len(self.tokenizer(self._render(entry), add_special_tokens=self.template != "chat")["input_ids"])
+
+    def _render(self, entry: Entry) -> str:
+        if self.template == "plain":
+            return entry.compact()
+        return self.tokenizer.apply_chat_template([{"role": "user", "content": entry.question}], tokenize=False,
+                                                  add_generation_prompt=True)
+
+    def _train_batch(self, seed: int, exclude: set, epoch: int, draw: int) -> list:
+        return train_batch(self.cfg.dataset, self.cfg.config, self.cfg.prompts_per_step,
+                           rng.stream_seed(seed, "prompts", epoch, draw), exclude,
+                           lambda e: self._length(e) <= self.width)
+
+    def _correct(self, batch: list, texts: list[str], n: int = 1) -> list[float]:
+        return [float(s == 1.0) for s in score([e for e in batch for _ in range(n)], texts)]
+
+    def _format(self, texts: list[str], finished: list[bool]) -> list[float]:
+        return [float(bool(f) and bool(t.strip())) for t, f in zip(texts, finished)]
+
+    def _score(self, batch: list, texts: list[str], mask, finished, n: int):
+        prompts = [self._render(e) for e in batch for _ in range(n)]
+        return self._rewards_mod.combine(
+            self.rewards, prompts, texts, entry=[e for e in batch for _ in range(n)],
+            answer=[e.answer for e in batch for _ in range(n)], finished=finished.tolist(),
+            completion_lengths=mask.sum(-1).long().tolist(), max_new_tokens=self.cfg.sampling.max_new_tokens)
+
+    def retire(self, member: int, prompts: list) -> None:
+        self._exclude[member].update(exclusion(prompts))
+
+
+def sft_text(entry: Entry) -> str:
+    """What a warm-start trains the tiny model to answer: the dataset's reference answer (countdown: an expression)."""
+    return entry.answer
+

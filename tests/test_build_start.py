@@ -1,0 +1,65 @@
+"""build-start: a preset's start built from its `start:` section, its manifest, its refusals."""
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from grpo_bench.__main__ import main
+from grpo_bench.lm import shipped
+
+pytest.importorskip("reasoning_gym")
+
+TASK = {"name": "gym", "dataset": "countdown", "config": {"min_numbers": 3, "max_numbers": 3, "max_value": 9},
+        "model": {"source": "shipped:cd_test"}, "eval_size": 16, "pass_k": 2, "sampling": {"max_new_tokens": 12}}
+START = {"layers": 1, "width": 32, "heads": 2, "batch": 8, "lr": 3.0e-3, "seed": 0, "steps": 4, "check_every": 2}
+
+
+def preset(tmp_path, start, task=TASK):
+    path = tmp_path / "cd_test.yaml"
+    path.write_text(yaml.safe_dump({"description": "a test start", "task": task, "start": start}))
+    return path
+
+
+def test_help_names_the_preset():
+    out = subprocess.run([sys.executable, "-m", "grpo_bench", "build-start", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "preset" in out.stdout and "manifest.json" in out.stdout
+
+
+def test_builds_the_checkpoint_and_a_manifest_that_holds_it(tmp_path, capsys):
+    path = preset(tmp_path, START | {"greedy": None})
+    assert main(["build-start", str(path)]) == 0
+    root = tmp_path / "cd_test"
+    m = json.loads((root / "manifest.json").read_text())
+    assert m["files"] == shipped.file_hashes(root / "checkpoint") and "model.safetensors" in m["files"]
+    assert m["task"] == {"dataset": "countdown", "config": TASK["config"], "eval_size": 16, "eval_seed": 1234,
+                         "template": "compact"}
+    assert m["steps"] == 2 and [c["step"] for c in m["checks"]] == [2]   # no criterion: the first check stops
+    assert m["command"] == f"python -m grpo_bench build-start {path}" and m["criterion_met"]
+    assert 0 <= m["heldout_greedy_accuracy"] <= m["heldout_pass@k"] <= 1
+    import importlib.metadata
+    assert m["built_with"]["reasoning_gym"] == importlib.metadata.version("reasoning-gym") and m["built_with"]["threads"] == 1
+    # the same preset again: the same bytes (one thread, seeded data and weights)
+    first = m["files"]
+    assert main(["build-start", str(path), "--out", str(tmp_path / "again")]) == 0
+    assert json.loads((tmp_path / "again" / "cd_test" / "manifest.json").read_text())["files"] == first
+
+
+def test_a_criterion_never_met_writes_nothing_and_says_so(tmp_path, capsys):
+    path = preset(tmp_path, START | {"greedy": [0.9, 1.0]})
+    assert main(["build-start", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "start: no check met greedy in [0.9, 1.0]" in err and "\n" not in err
+    assert not (tmp_path / "cd_test").exists()
+
+
+@pytest.mark.parametrize("start, task, key", [
+    (START | {"depth": 3}, TASK, "start.depth"),
+    (START | {"greedy": [0.5, 0.2]}, TASK, "start.greedy"),
+    (None, TASK, "start"),
+    (START, TASK | {"model": {"source": "tiny-scratch"}}, "task.model.source"),
+])
+def test_bad_presets_are_refused_by_key(tmp_path, capsys, start, task, key):
+    assert main(["build-start", str(preset(tmp_path, start, task))]) == 2
+    assert f": {key}: " in capsys.readouterr().err

@@ -1,0 +1,147 @@
+"""The reasoning-gym task: prompts per seed, the disjoint held-out split, the verifier as reward, refusals."""
+import pytest
+
+pytest.importorskip("reasoning_gym")
+
+from grpo_bench.config import ConfigError, resolve_run  # noqa: E402
+from grpo_bench.registry import get  # noqa: E402
+from grpo_bench.tasks import gym  # noqa: E402
+
+SMALL = {"name": "gym", "dataset": "countdown", "config": {"min_numbers": 4, "max_numbers": 4},
+         "model": {"layers": 1, "width": 32, "heads": 2}, "prompts_per_step": 4, "eval_size": 20, "pass_k": 2}
+
+
+def make(task=None, seed=0):
+    from grpo_bench.presets import merge
+    cfg = resolve_run({"task": merge(SMALL, task or {}), "group_size": 2, "seed": seed})
+    return get("task", "gym")(cfg.task, cfg)
+
+
+@pytest.mark.parametrize("name", gym.supported())
+def test_reference_answers_score_one_and_corrupted_ones_less(name):
+    entries = gym.heldout(name, {}, 60, seed=7)
+    assert gym.score(entries, [e.answer for e in entries]) == [1.0] * len(entries)
+    # the completion as the tiny model writes it: answer then EOS already cut, maybe stray spaces
+    assert gym.score(entries, [f" {e.answer} " for e in entries]) == [1.0] * len(entries)
+    # through the reward axis, with TRL's signature
+    from grpo_bench.algos.rewards import gym_score
+    assert gym_score([""] * len(entries), [e.answer for e in entries], entry=entries) == [1.0] * len(entries)
+
+    def corrupt(a: str) -> str:  # another number, or another letter: never the right answer
+        if name == "countdown":
+            return a.replace("+", "-", 1) if "+" in a else a + " + 1"
+        return a[::-1] if a[::-1] != a else a + "x"
+    bad = gym.score(entries, [corrupt(e.answer) for e in entries])
+    assert all(s < 1 for s in bad), [(e.answer, s) for e, s in zip(entries, bad) if s >= 1]
+    assert all(s < 1 for s in gym.score(entries, ["", "7"] * 30))
+
+
+def test_tagged_answers_are_extracted_for_chat_models():
+    e = gym.heldout("countdown", {}, 1, seed=3)[0]
+    assert gym.score([e], [f"I think so.\n<answer>{e.answer}</answer>"]) == [1.0]
+    assert gym.score([e], [f"<answer>{e.answer} + 0 * 1</answer>"]) != [1.0]
+
+
+def test_compact_rendering_from_metadata_and_every_character_known():
+    e = gym.heldout("countdown", {"min_numbers": 4, "max_numbers": 4}, 1, seed=1)[0]
+    meta = e.data["metadata"]
+    assert e.compact() == " ".join(map(str, meta["numbers"])) + f" -> {meta['target']}:"
+    tok = gym.tokenizer()
+    for name in gym.supported():
+        for e in gym.heldout(name, {}, 200, seed=2):
+            ids = tok(e.compact() + e.answer)["input_ids"]
+            assert tok.unk_token_id not in ids, (name, e.compact(), e.answer)
+
+
+def test_same_seed_same_prompts_other_seed_others():
+    a, b, c = make(seed=0), make(seed=0, task={"lora": {"rank": 4}}), make(seed=1)
+    q = lambda t, epoch, draw: [e.question for e in t._train_batch(t.seeds[0], t._exclude[0], epoch, draw)]  # noqa: E731
+    assert q(a, 0, 0) == q(b, 0, 0)          # another variant, the same seed: the same prompts
+    assert q(a, 0, 0) != q(c, 0, 0)          # another seed: others
+    assert q(a, 0, 0) != q(a, 1, 0) != q(a, 1, 1)
+    assert [e.question for e in a.heldout] == [e.question for e in c.heldout]  # one held-out set for all
+
+
+def test_heldout_is_distinct_and_never_trained_on(monkeypatch):
+    t = make(task={"config": {"min_numbers": 3, "max_numbers": 3, "min_value": 1, "max_value": 3, "min_target": 1,
+                              "max_target": 9}, "eval_size": 10})
+    held = {e.question for e in t.heldout}
+    problems = {e.problem() for e in t.heldout}
+    assert len(held) == len(problems) == 10
+    batches = [t._train_batch(t.seeds[0], t._exclude[0], 0, draw) for draw in range(30)]
+    seen = [e.question for batch in batches for e in batch]
+    assert held.isdisjoint(seen)
+    # nor the same numbers and target in another order or wording (twins)
+    assert problems.isdisjoint(e.problem() for batch in batches for e in batch)
+    # a space this small repeats questions, so the split is what kept them apart
+    assert len(set(seen)) < len(seen)
+
+
+def test_twins_differ_in_wording_so_the_split_is_by_problem_too():
+    ds = gym.dataset("countdown", {"min_numbers": 3, "max_numbers": 3, "max_value": 3, "min_target": 1,
+                                   "max_target": 9}, 5)
+    by_problem = {}
+    for i in range(300):
+        e = gym.Entry(ds[i])
+        by_problem.setdefault(e.problem(), set()).add(e.question)
+    assert any(len(qs) > 1 for qs in by_problem.values())   # one problem, several question texts
+
+
+def test_rollout_rewards_are_the_verifiers():
+    t = make()
+    r = t.rollout(0, 0, 2)
+    texts, _, _ = t._decode(r.responses.view(-1, r.responses.shape[-1]))
+    want = gym.score([e for e in r.prompts[0] for _ in range(2)], texts)
+    assert r.rewards.flatten().tolist() == pytest.approx(want)
+    assert set(t.evaluate()[0]) >= {"eval/accuracy", "eval/pass@k", "eval/mean@k"}
+
+
+@pytest.mark.parametrize("task, key, words", [
+    ({"dataset": "gsm_symbolic"}, "task.dataset", ["countdown", "spell_backward"]),
+    ({"config": {"no_such_key": 1}}, "task.config", ["countdown refuses"]),
+    ({"template": "plain"}, "task.template", ["compact"]),
+    ({"model": {"source": "tiny"}}, "task.model.source", ["arithmetic start"]),
+    ({"rewards": {"correct": 1.0}}, "task.rewards", ["score"]),
+])
+def test_refusals_name_the_key_and_the_valid_choices(task, key, words):
+    from grpo_bench.presets import merge
+    with pytest.raises(ConfigError) as e:
+        resolve_run({"task": merge(SMALL, task)})
+    assert e.value.key == key and "\n" not in str(e.value)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_the_countdown_start_scores_what_its_manifest_says():
+    from grpo_bench.lm import shipped
+    cfg = resolve_run({"task": "countdown"})
+    m = shipped.manifest("countdown")
+    assert m["criterion_met"] and 0.2 <= m["heldout_greedy_accuracy"] <= 0.4
+    assert m["heldout_pass@k"] >= 2 * m["heldout_greedy_accuracy"]
+    task = get("task", "gym")(cfg.task, cfg)
+    assert len(task.heldout) == 1000 == len({e.question for e in task.heldout})
+    # greedy decoding: another CPU's rounding may flip a near-tie argmax, so a few problems of slack
+    assert task._base_accuracy() == pytest.approx(m["heldout_greedy_accuracy"], abs=3 / 1000)
+    # its split is guarded: another held-out set would score problems it trained on
+    with pytest.raises(ConfigError) as e:
+        resolve_run({"task": {"name": "countdown", "eval_seed": 1}})
+    assert e.value.key == "task.eval_seed"
+
+
+def test_a_chat_model_reads_the_datasets_own_question(tmp_path):
+    from grpo_bench.lm import models
+    from grpo_bench.lm.tokenizer import CHARS, build_char_tokenizer
+
+    # every character countdown's questions use, and a chat template
+    tok = build_char_tokenizer(CHARS + gym.CHARS_EXTRA + "\n'*/.,:()FPU")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    models.build_tiny(tok, n_layer=1, n_embd=32, n_head=2, seed=0, n_positions=1024).save_pretrained(tmp_path / "chat")
+    tok.save_pretrained(tmp_path / "chat")
+    t = make({"model": {"source": str(tmp_path / "chat")}, "eval_size": 4})
+    assert t.template == "chat"
+    e = t.heldout[0]
+    assert t._render(e) == f"<|im_start|>user\n{e.question}<|im_end|>\n<|im_start|>assistant\n"
+    meta = e.data["metadata"]
+    assert str(meta["target"]) in e.question and "expression" in e.question and e.compact() not in t._render(e)
