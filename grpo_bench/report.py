@@ -322,7 +322,7 @@ def _what(meta: dict, summary: pd.DataFrame) -> str:
     ok = summary[summary["status"] == "ok"] if "status" in summary else summary
     ran = ok["variant"].nunique() if "variant" in ok and len(ok) else 0
     n = f"{ran} of {planned}" if ran < planned else f"{planned}"
-    return f"{n} variants{of}, {n_seeds} seed{'s' * (n_seeds != 1)}"
+    return f"{n} variant{'s' * (planned != 1)}{of}, {n_seeds} seed{'s' * (n_seeds != 1)}"
 
 
 def _drawn(meta: dict, curves: dict, panels: list[str]) -> list[str]:
