@@ -614,6 +614,14 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
             for side in parse_ordering(e)[:2]:
                 if side not in labels:
                     raise ConfigError(src, "claim.expect", f"{side!r} is no variant; valid: {', '.join(labels)}")
+        if claim.get("metric"):  # named in the file, found now: not after the first batch of --seeds auto
+            from . import metrics
+            cls = registry.get("task", task_name(resolved[0]))
+            asked = claim["metric"]
+            column = asked if asked.startswith("final/") else metrics.final_column(asked)
+            if not metrics.final_known(cls, column):
+                raise ConfigError(src, "claim.metric", f"{asked!r}: no run of task {task_name(resolved[0])} writes "
+                                  f"{column}; valid: {', '.join(metrics.final_columns(cls))}")
         check_orderings(claim, dict(zip(labels, resolved)), setting, f"{src}: claim of {name}")
     return Ablation(name if setting is None else f"{name}_{setting}", src, str(doc.get("description", "")).strip(),
                     axes, variants, seed_list, resources, claim, setting)

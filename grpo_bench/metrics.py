@@ -174,6 +174,25 @@ def tail(task_cls: type) -> tuple[str, ...]:
     return tuple(dict.fromkeys(m.name for m in CORE + own if m.tail and not _pattern(m.name)))
 
 
+def final_columns(task_cls: type) -> list[str]:
+    """The summary columns every run of this task has: the rollout reward's, the tail metrics' and the
+    held-out metrics it declares by name (what a claim's `metric` may name)."""
+    own = tuple(getattr(task_cls, "metrics", ()))
+    evals = [m.name for m in own if m.name.startswith("eval/") and not _pattern(m.name)]
+    return list(dict.fromkeys(["final/reward", "final/reward_first", "final/samples",
+                               *(final_column(m) for m in tail(task_cls)), *(f"final/{m}" for m in evals)]))
+
+
+def final_known(task_cls: type, column: str) -> bool:
+    """Whether a run of this task writes `column`; a held-out metric the task logs without declaring it
+    (eval/format) counts where a declared pattern covers it."""
+    if column in final_columns(task_cls):
+        return True
+    name = column.removeprefix("final/")
+    patterns = [m.name for m in CORE + tuple(getattr(task_cls, "metrics", ())) if _pattern(m.name)]
+    return name.startswith("eval/") and any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
 def _pattern(name: str) -> bool:
     return any(c in name for c in "*?[")
 

@@ -430,3 +430,18 @@ def test_the_complete_run_with_more_seeds_is_judged_and_its_device_named(tmp_pat
     text = render(tmp_path)
     assert "arithmetic LM: `" + tmp_path.name + "/claimx_lm` on CPU (Test CPU)" in text
     assert "(10 seeds, not every planned run finished)" in text
+
+
+def test_a_claim_on_a_metric_no_run_writes_is_refused_when_the_file_loads(tmp_path):
+    """Not after the first batch of --seeds auto, and not blaming --metric: the file and claim.metric."""
+    doc = {"name": "c", "base": {"task": "sort_lecture", "epochs": 2},
+           "variants": {"x": {}, "y": {"lr": 0.01}},
+           "claim": {"text": "t", "source": "s", "expect": ["x > y"], "metric": "final/eval/acuracy"}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"claim\.metric: 'final/eval/acuracy': no run of task sort writes "
+                                          r"final/eval/acuracy; valid: final/reward, .*final/eval/accuracy"):
+        load_ablation(path)
+    for ok in ("final/eval/accuracy", "eval/reward", "final/kl/seq", "final/response/length", "reward/mean"):
+        path.write_text(yaml.safe_dump({**doc, "claim": {**doc["claim"], "metric": ok}}))
+        assert load_ablation(path).claim["metric"] == ok
