@@ -454,3 +454,34 @@ def test_time_per_step_is_the_populations_divided_by_its_members(monkeypatch):
         p = 4 if k <= failed_at else 3
         for m in (pop[0], pop[2], pop[3]):
             assert m[k] == (step, pytest.approx(v / p)), (k, step, v, p)
+
+
+def test_lm_sampling_and_pass_at_k_noise_is_the_seeds_and_shared_across_variants():
+    """Common random numbers on the LM beyond the prompts: the sampled completions of a rollout and the k
+    samples behind pass@k come from the seed's streams, so two variants of one seed draw the same ones (the
+    same untrained policy here: lr does not act before a step) and two seeds draw others."""
+    from grpo_bench.trainer import build_task
+
+    def draws(seed, lr):
+        cfg = resolve_run({**LM, "seed": seed, "lr": lr, "task": {**LM["task"], "eval_size": 40, "pass_k": 4,
+                                                                   "sampling": {"max_new_tokens": 6}}})
+        task = build_task([cfg])
+        ro = task.rollout(0, 0, cfg.group_size)
+        task.policy.eval()
+        sampled, generate = [], task._generate
+
+        def spy(ids, attn, gens, *args, **kw):   # what evaluate samples for pass@k (gens: the k samples' streams)
+            out = generate(ids, attn, gens, *args, **kw)
+            if gens is not None:
+                sampled.append(out.clone())
+            return out
+
+        task._generate = spy
+        task.evaluate()
+        return ro.responses, torch.cat(sampled)
+
+    a_resp, a_eval = draws(0, 1e-3)
+    b_resp, b_eval = draws(0, 1e-1)   # another variant, same seed
+    c_resp, c_eval = draws(1, 1e-3)   # same variant, another seed
+    assert torch.equal(a_resp, b_resp) and torch.equal(a_eval, b_eval)
+    assert not torch.equal(a_resp, c_resp) and not torch.equal(a_eval, c_eval)
