@@ -206,12 +206,13 @@ def finished(run_dir: Path) -> bool:
 SCHEDULE = ("wall_s", "population", "executor", "device", "threads")
 
 
-def train_group(specs: list[RunSpec], threads: int = 1, executor: str = "local") -> list[Result]:
+def train_group(specs: list[RunSpec], threads: int = 1, executor: str = "local", progress=None) -> list[Result]:
     """Train runs as one population in this process; never raises for a run that fails. Every executor calls this.
 
     The runs must share a population key (see populations()); each gets its own result,
     failed or not: a non-finite loss or its own reward's error ends only its own run, an error
-    outside training all of them. Each summary records how it was scheduled (SCHEDULE).
+    outside training all of them. Each summary records how it was scheduled (SCHEDULE). progress: (queue, key)
+    or a callable; after each epoch it gets (key, members that trained it) put on it, or is called with them.
     """
     import torch
 
@@ -224,7 +225,13 @@ def train_group(specs: list[RunSpec], threads: int = 1, executor: str = "local")
     rows: list[list] = [[] for _ in specs]
     t0 = time.perf_counter()
     try:
-        outcomes = train_population(cfgs, rows)
+        if isinstance(progress, tuple):
+            queue, key = progress
+            queue = queue or _EPOCHS   # None: this pool worker's own (_die_with_parent)
+            tick = (lambda n: queue.put((key, n))) if queue is not None else None  # noqa: E731
+        else:
+            tick = progress
+        outcomes = train_population(cfgs, rows, on_epoch=tick)
     except Exception as e:  # recorded, not raised: one bad population must not end the sweep
         outcomes = [e] * len(specs)
         tb = traceback.format_exc(limit=-3)
@@ -405,36 +412,48 @@ class WorkerLost(RuntimeError):
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _die_with_parent(parent: int) -> None:
+_EPOCHS = None  # in a pool worker: the queue its populations report their epochs on (local_results)
+
+
+def _die_with_parent(parent: int, epochs=None) -> None:
     """Worker initializer: the kernel SIGKILLs this worker when its parent dies, even by SIGKILL, which no
-    handler in the parent can see (its workers, ~450 MB each, and the resource tracker would live on)."""
+    handler in the parent can see (its workers, ~450 MB each, and the resource tracker would live on).
+    epochs: the queue for progress, handed over here because a pool's tasks cannot carry one."""
+    global _EPOCHS
+    _EPOCHS = epochs
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != parent:  # the parent died before prctl took hold
             os._exit(1)
 
 
-def local_results(todo: list[list[RunSpec]], workers: int, threads: int) -> Iterator[tuple[RunSpec, Result]]:
-    """Populations on a pool of `workers` processes here; each run's result as its population finishes."""
+def local_results(todo: list[list[RunSpec]], workers: int, threads: int,
+                  tick=None) -> Iterator[tuple[RunSpec, Result]]:
+    """Populations on a pool of `workers` processes here; each run's result as its population finishes.
+    tick(population index, members): called here, in this process, after each epoch a population trains."""
     if workers == 1:
-        for group in todo:
-            yield from zip(group, train_group(group, threads))
+        for i, group in enumerate(todo):
+            yield from zip(group, train_group(group, threads, progress=lambda n, i=i: tick(i, n)) if tick
+                           else train_group(group, threads))
         return
     # spawn, not fork: the parent may hold threads (tqdm, torch) that fork would copy half-alive
-    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_die_with_parent,
-                                initargs=(os.getpid(),)) as pool:
-        futures = {pool.submit(train_group, g, threads): g for g in todo}
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue() if tick else None
+
+    def drain() -> None:
+        while queue is not None and not queue.empty():
+            tick(*queue.get())
+
+    with cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_die_with_parent,
+                                initargs=(os.getpid(), queue)) as pool:
+        futures = {pool.submit(train_group, g, threads, "local", None if queue is None else (None, i)): g
+                   for i, g in enumerate(todo)}
         try:
-            for fut in cf.as_completed(futures):
-                group = futures[fut]
-                try:
-                    results = fut.result()
-                except cf.process.BrokenProcessPool:
-                    raise WorkerLost("a worker process died (killed, or out of memory?)") from None
-                except Exception as e:  # raised outside training (train_group records what training raises)
-                    results = [failed_result(s, f"{type(e).__name__}: {e}", traceback.format_exc(limit=-3))
-                               for s in group]
-                yield from zip(group, results)
+            pending = set(futures)
+            while pending:  # wake twice a second for the epochs the workers report
+                done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
+                drain()
+                yield from _finished(done, futures)
         finally:  # Ctrl-C, SIGTERM or a lost worker: drop what has not started, end what has
             for f in futures:
                 f.cancel()
@@ -442,6 +461,19 @@ def local_results(todo: list[list[RunSpec]], workers: int, threads: int) -> Iter
                 # nobody will collect these runs, and leaving the pool waits for them to finish
                 for p in list((pool._processes or {}).values()):
                     p.kill()
+
+
+def _finished(done, futures) -> Iterator[tuple[RunSpec, Result]]:
+    for fut in done:
+        group = futures[fut]
+        try:
+            results = fut.result()
+        except cf.process.BrokenProcessPool:
+            raise WorkerLost("a worker process died (killed, or out of memory?)") from None
+        except Exception as e:  # raised outside training (train_group records what training raises)
+            results = [failed_result(s, f"{type(e).__name__}: {e}", traceback.format_exc(limit=-3))
+                       for s in group]
+        yield from zip(group, results)
 
 
 def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int | None = None,
@@ -489,6 +521,8 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
                     n_workers = max(1, min(workers or (os.cpu_count() or 1) // n_threads or 1, len(todo) or 1))
                     where = lambda: f"local: {n_workers} worker{'s' * (n_workers > 1)}"  # noqa: E731
                 with tqdm(total=len(specs), initial=len(specs) - len(todo), desc=f"{abl.name} [{where()}]", unit="run",
+                          # the count moves by epochs (_Progress): runs' worth of training, to the nearest run
+                          bar_format="{l_bar}{bar}| {n:.0f}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]",
                           disable=not progress, dynamic_ncols=True) as bar:
                     if skipped:
                         bar.write(f"{skipped} of {len(specs)} runs already finished in {out}; running the other {len(todo)}", file=sys.stderr)
@@ -497,15 +531,16 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
                     if on_ray:
                         results = session.results(groups, n_threads, abl.resources, max_retries,
                                                   log=lambda msg: bar.write(msg, file=sys.stderr))
-                    else:
-                        results = local_results(groups, n_workers, n_threads)
+                    advance = _Progress(bar, groups)
+                    if not on_ray:
+                        results = local_results(groups, n_workers, n_threads, tick=advance.tick if progress else None)
                     started = time.perf_counter()
                     with contextlib.closing(results):
                         for spec, result in results:
                             write_run(out, spec, result)
                             track.log(result)
                             bar.set_description(f"{abl.name} [{where()}]", refresh=False)  # a cluster grows and shrinks
-                            _report(bar, result[2])
+                            _report(bar, result[2], advance.finished(spec))
                 if not todo:
                     return None
                 # how long this sweep took, where: FINDINGS.md quotes it
@@ -694,8 +729,32 @@ def cpu_name() -> str:
         return "unknown CPU"
 
 
-def _report(bar, summary: dict) -> None:
-    bar.update(1)
+class _Progress:
+    """The bar counts runs, advanced by the epochs each population reports (a run of E epochs: 1/E an
+    epoch), so the count and its ETA move with training instead of jumping when a population of 30
+    finishes at once. A run's last share lands with its result, which also settles a run that failed early."""
+
+    def __init__(self, bar, groups: list[list[RunSpec]]):
+        self.bar = bar
+        self.size = [len(g) for g in groups]
+        self.epochs = [max(1, resolve_run(g[0].config, g[0].run_id).epochs) for g in groups]
+        self.shown = [0.0] * len(groups)     # runs' worth shown for each population so far
+        self.of = {s.run_id: i for i, g in enumerate(groups) for s in g}
+
+    def tick(self, i: int, members: int) -> None:
+        step = min(members / self.epochs[i], 0.99 * self.size[i] - self.shown[i])
+        if step > 0:
+            self.shown[i] += step
+            self.bar.update(step)
+
+    def finished(self, spec: RunSpec) -> float:
+        """What is left of this run's share of the bar."""
+        i = self.of.get(spec.run_id)
+        return 1.0 if i is None else 1.0 - self.shown[i] / self.size[i]
+
+
+def _report(bar, summary: dict, amount: float = 1.0) -> None:
+    bar.update(amount)
     if summary["status"] != "ok":
         bar.write(f"run {summary['run']} failed: {summary['error']}", file=sys.stderr)
     else:

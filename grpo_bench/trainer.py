@@ -265,9 +265,11 @@ def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
     return result
 
 
-def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None) -> list[dict | Exception]:
+def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
+                     on_epoch=None) -> list[dict | Exception]:
     """Train P runs as one population; rows[p] receives run p's metrics; returns each run's
-    final/* summary, or the exception that ended it (a non-finite loss ends only its run)."""
+    final/* summary, or the exception that ended it (a non-finite loss ends only its run).
+    on_epoch(members): called after each epoch with how many members trained it (a progress bar's tick)."""
     rows = [[] for _ in cfgs] if rows is None else rows
     for c in cfgs:
         if c.device == "auto":
@@ -469,6 +471,8 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None)
             pop.kl_coef = [r.next_kl_coef(o, n, kl_coef=c) for r, o, c in zip(pop.recipes, obs, pop.kl_coef)]
         if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0 and epoch + 1 < cfg.epochs:
             evaluate(step)
+        if on_epoch is not None:
+            on_epoch(len(alive))
 
     if alive:
         final_evals = evaluate(total_steps - 1)
