@@ -14,7 +14,8 @@ import sys
 import threading
 from pathlib import Path
 
-from .config import ConfigError, ablation_settings, load_ablation
+from .errors import ConfigError
+from .config.ablation import ablation_settings, load_ablation
 
 
 class Terminated(KeyboardInterrupt):
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                         "steps on the generator's reference answers until held-out greedy accuracy and pass@k meet "
                         "the preset's `start:` criterion; writes <dir>/checkpoint/ and <dir>/manifest.json",
                         description="Build the start model a preset names (task.model.source: shipped:<dir>) as its "
-                        "`start:` section says (grpo_bench/lm/build_start.py), on one CPU thread, into <dir>/ beside "
+                        "`start:` section says (grpo_bench/tasks/lm/build_start.py), on one CPU thread, into <dir>/ beside "
                         "the preset: the checkpoint and manifest.json (file hashes, held-out split, accuracies, "
                         "this command, machine). Commit them together.")
     bs.add_argument("preset", help="the preset YAML, e.g. tasks/countdown.yaml")
@@ -149,17 +150,20 @@ def main(argv: list[str] | None = None) -> int:
 def _command(args) -> int:
     """Every command but `run`; raises ConfigError or OSError for main to print."""
     if args.cmd == "list":
-        from . import presets, registry
-        from .config import load_includes
+        from .config import presets
+        from . import registry
+        from .config.run import load_includes
         load_includes([str(Path(p).resolve()) for p in args.include], "--include")
-        print(registry.describe())
-        print(f"presets ({presets.tasks_dir()}):")
+        from .numerics.kernels.spec import fused_names
+        print(registry.describe(fused_names))
+        print(f"presets ({registry.tasks_dir()}):")
         for name in presets.names():
             first = presets.description(name).split(". ")[0].rstrip(".")
             print(f"  {name:<24} [{presets.section(name)['name']}] {first}.")
         return 0
     if args.cmd == "plot":
-        from .report import FORMATS, finished_in_report, load, make_report, metrics_path
+        from .analysis.report import FORMATS, make_report
+        from .store.rundir import finished_in_report, load, metrics_path
         d = Path(args.dir)
         for f in ["ablation.json", "summary.csv"]:
             if not (d / f).is_file():
@@ -177,16 +181,16 @@ def _command(args) -> int:
         print(make_report(d, fmt=args.format))
         return 0
     if args.cmd == "compare":
-        from .compare import compare
+        from .analysis.compare import compare
         path, text = compare(args.dirs, args.metric or None, args.out, args.format)
         print(text + f"\nwritten: {path}")
         return 0
     if args.cmd == "findings":
-        from .findings import write_findings
+        from .analysis.findings import write_findings
         print(write_findings(Path(args.root), Path(args.out) if args.out else None))
         return 0
     if args.cmd == "build-start":
-        from .lm.build_start import build
+        from .tasks.lm.build_start import build
         try:
             build(Path(args.preset), Path(args.out) if args.out else None, argv=[args.preset] + (["--out", args.out] if args.out else []))
         except ValueError as e:
@@ -195,7 +199,7 @@ def _command(args) -> int:
             raise ConfigError(args.preset, "start", str(e).removeprefix("start: ")) from None
         return 0
     if args.cmd == "gallery":
-        from .compare import gallery
+        from .analysis.compare import gallery
         print(gallery(args.root))
         return 0
 
@@ -211,7 +215,7 @@ def _run(args) -> int:
             raise ConfigError("--threads", "threads", f"must be >= 1, got {args.threads}")
         if args.max_retries < 0:
             raise ConfigError("--max-retries", "max_retries", f"must be >= 0, got {args.max_retries}")
-        from .trackers import check_installed
+        from .sweep.trackers import check_installed
         check_installed(args.log_to)
         if args.address and args.executor == "local":
             raise ConfigError("--address", args.address, "is for --executor ray")
@@ -227,8 +231,10 @@ def _run(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    from .report import finished_in_report, make_report
-    from .runner import WorkerLost, run_ablation
+    from .analysis.report import make_report
+    from .store.rundir import finished_in_report
+    from .sweep.worker import WorkerLost
+    from .sweep.runner import run_ablation
 
     any_failed = False
     for abl in ablations:

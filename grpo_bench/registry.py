@@ -52,8 +52,9 @@ import math
 import pkgutil
 import sys
 import typing
-from pathlib import Path
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Annotated, Any, Callable
 
 # axis -> names of the positional data arguments every part of it takes (None: classes)
@@ -80,8 +81,11 @@ TENSOR_AXES = ("delta", "loss", "aggregate", "kl", "correction", "filter")
 # Packages whose modules' import fills the registries; imported on first lookup so that
 # `from grpo_bench import registry` stays cheap and import cycles cannot bite. Every module of
 # grpo_bench/tasks/ is a task's: a new task is a new module there, and nothing here changes.
-_PROVIDERS = {axis: "grpo_bench.algos" for axis in AXES}
-_PROVIDERS["task"] = "grpo_bench.tasks"
+# the packages whose modules register each axis's parts, found by name (so no import goes upward): a task's
+# own reward (gym's `score`) is registered beside its task
+_PROVIDERS = {axis: ("grpo_bench.algos",) for axis in AXES}
+_PROVIDERS["task"] = ("grpo_bench.tasks",)
+_PROVIDERS["reward"] = ("grpo_bench.algos", "grpo_bench.tasks")
 _LOADED: set[str] = set()
 # An installed package adds its parts and tasks by naming a module in this entry-point group
 # (lm-evaluation-harness does the same for tasks): importing the module runs its @register calls.
@@ -218,9 +222,10 @@ def _load(axis: str) -> dict[str, Entry]:
     if axis not in _REGISTRY:
         raise ValueError(f"unknown axis {axis!r}; valid: {', '.join(AXES)}")
     if axis not in _LOADED:
-        pkg = importlib.import_module(_PROVIDERS[axis])
-        for mod in pkgutil.iter_modules(pkg.__path__):
-            importlib.import_module(f"{pkg.__name__}.{mod.name}")
+        for provider in _PROVIDERS[axis]:
+            pkg = importlib.import_module(provider)
+            for mod in pkgutil.iter_modules(pkg.__path__):
+                importlib.import_module(f"{pkg.__name__}.{mod.name}")
         if not _LOADED:  # once: installed packages' parts, after ours (a clash names theirs)
             for ep in importlib.metadata.entry_points(group=ENTRY_POINTS):
                 try:
@@ -276,14 +281,29 @@ def digest(paths: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
+PACKAGE = "grpo_bench_tasks"
+
+
+@lru_cache(maxsize=1)
+def tasks_dir() -> Path:
+    """The top-level tasks/: presets (config/presets.py), shipped starts and the user's modules that
+    `module:function` finds beside them; the checkout's, else the installed grpo_bench_tasks package."""
+    checkout = Path(__file__).resolve().parents[1] / "tasks"
+    if (checkout / "__init__.py").is_file():
+        return checkout
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"no task presets: neither {checkout} nor an installed {PACKAGE} package")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
 def _from_module(axis: str, spec: str) -> Entry | None:
     """`module:function` (or `module:Class` for a task) on any axis: imported (a module beside the
     task presets first, then by import path) and registered under that string."""
     module, _, attr = spec.partition(":")
     if not module or not attr:
         return None
-    from . import presets
-    path = presets.tasks_dir() / f"{module}.py"
+    path = tasks_dir() / f"{module}.py"
     try:
         if path.is_file():
             include(path)
@@ -376,10 +396,9 @@ def parameters(e: Entry) -> dict[str, Any]:
     return {p.name: p.default for p in e.params.values()}
 
 
-def describe() -> str:
-    """What `python -m grpo_bench list` prints: every part, its parameters, source, and fused or not."""
-    from .kernels.spec import fused_names
-
+def describe(fused_names=lambda axis: ()) -> str:
+    """What `python -m grpo_bench list` prints: every part, its parameters, source, and fused or not
+    (fused_names(axis): the parts the fused loss covers, numerics/kernels/spec.py's table; the CLI passes it)."""
     lines = []
     for axis in AXES:
         lines.append(f"{axis}:")

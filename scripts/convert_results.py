@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from grpo_bench.runner import METRICS_FILE, _sha256, read_metrics_file, write_parquet
+from grpo_bench.store.rundir import METRICS_FILE, _sha256, read_metrics_file, write_parquet
 
 
 def exact_csv(path: Path) -> pd.DataFrame:

@@ -26,11 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo_bench import findings as F
-from grpo_bench import metrics, stats
-from grpo_bench.compare import load_side
-from grpo_bench.config import parse_ordering
-from grpo_bench.report import final_names, read_meta, read_table
+from grpo_bench.analysis import findings as F
+from grpo_bench.store import metrics, stats
+from grpo_bench.analysis.compare import load_side
+from grpo_bench.config.ablation import parse_ordering
+from grpo_bench.store.metrics import final_names
+from grpo_bench.store.rundir import read_meta, read_table
 
 V2_COMMIT = "b96bbe1"
 V2_MARGIN = {"final/reward": 0.02, "final/eval/reward": 0.02, "final/eval/accuracy": 0.03}  # v2's global constants
@@ -206,7 +207,7 @@ def main(root: Path, v2_text: str) -> str:
 
 
 def label_of(column: str) -> str:
-    from grpo_bench.report import label_column
+    from grpo_bench.analysis.report import label_column
     return label_column(column)
 
 

@@ -38,9 +38,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_bench.config import load_ablation, resolve_run  # noqa: E402
-from grpo_bench.runner import plan  # noqa: E402
-from grpo_bench.trainer import train_population  # noqa: E402
+from grpo_bench.config.ablation import load_ablation  # noqa: E402
+from grpo_bench.config.run import resolve_run
+from grpo_bench.sweep.runner import plan  # noqa: E402
+from grpo_bench.engine.trainer import train_population  # noqa: E402
 
 TASKS = {
     "toy": dict(ablation="loss_modes", variant="loss=clipped", sizes=(1, 8, 64, 256),

@@ -3,7 +3,7 @@ against the tests that execute the mutated line. A mutant no test notices is a b
 suite would let through.
 
     .venv/bin/python scripts/mutate.py                         # every module below -> results/mutation.md
-    .venv/bin/python scripts/mutate.py grpo_bench/trainer.py   # one module (prints, writes nothing)
+    .venv/bin/python scripts/mutate.py grpo_bench/engine/trainer.py   # one module (prints, writes nothing)
     .venv/bin/python scripts/mutate.py grpo_bench/algos/kl.py --show   # and each survivor's diff
     .venv/bin/python scripts/mutate.py --jobs 1                # default 2: one per core
 
@@ -61,13 +61,13 @@ MODULES = {
     "grpo_bench/algos/kl.py": ALGOS,
     "grpo_bench/algos/losses.py": ALGOS,
     "grpo_bench/algos/rewards.py": ["tests/test_lm_rewards.py"],
-    "grpo_bench/trainer.py": ["tests/test_trainer.py"],
-    "grpo_bench/logprobs.py": ["tests/test_logprobs.py", "tests/test_properties.py", "tests/test_kernels_loss.py"],
+    "grpo_bench/engine/trainer.py": ["tests/test_trainer.py"],
+    "grpo_bench/numerics/logprobs.py": ["tests/test_logprobs.py", "tests/test_properties.py", "tests/test_kernels_loss.py"],
     # the CLI-subprocess tests of test_runner.py execute runner.py in other processes, where no
     # line is traced: they could never be picked for a mutant, so the baseline skips them too
-    "grpo_bench/runner.py": ["tests/test_runner.py", "-k", "not shipped and not kill_and_resume and not failed_run_is_recorded"],
-    "grpo_bench/config.py": ["tests/test_config.py", "tests/test_lm_rewards.py", "tests/test_findings.py"],
-    "grpo_bench/report.py": ["tests/test_report.py"],
+    "grpo_bench/sweep/runner.py": ["tests/test_runner.py", "-k", "not shipped and not kill_and_resume and not failed_run_is_recorded"],
+    "grpo_bench/config/run.py": ["tests/test_config.py", "tests/test_lm_rewards.py", "tests/test_findings.py"],
+    "grpo_bench/analysis/report.py": ["tests/test_report.py"],
 }
 
 SWAP_BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Pow: ast.Mult,

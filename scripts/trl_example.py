@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from grpo_bench.config import ConfigError  # noqa: E402
+from grpo_bench.errors import ConfigError  # noqa: E402
 from grpo_bench.algos import rewards  # noqa: E402
-from grpo_bench.lm import problems  # noqa: E402
+from grpo_bench.tasks.lm import problems  # noqa: E402
 
 DEFAULT_VARIANT = {
     "delta": "rloo",
@@ -81,12 +81,12 @@ def dataset(tokenizer, n: int, seed: int):
 
 
 def model_and_tokenizer(name: str, seed: int):
-    from grpo_bench.lm.models import load, prepare_tokenizer
+    from grpo_bench.tasks.lm.models import load, prepare_tokenizer
 
     if name == "tiny":  # the warm-started checkpoint shipped in tasks/arithmetic_tiny/
         import torch
 
-        from grpo_bench.lm import shipped
+        from grpo_bench.tasks.lm import shipped
 
         return load(str(shipped.directory()), torch.device("cpu"), torch.float32)
     from transformers import AutoTokenizer
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     from peft import LoraConfig
     from trl import GRPOConfig
 
-    from grpo_bench.lm.models import LORA_TARGETS
+    from grpo_bench.tasks.lm.models import LORA_TARGETS
 
     model, tok = model_and_tokenizer(a.model, a.seed)
     args = GRPOConfig(

@@ -17,7 +17,7 @@ import sys
 import torch
 import triton.testing
 
-from grpo_bench.kernels import logprob as K
+from grpo_bench.numerics.kernels import logprob as K
 
 N = 16_384
 VOCABS = (50_257, 151_936)

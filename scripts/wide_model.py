@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from grpo_bench.lm import models  # noqa: E402
-from grpo_bench.lm.tokenizer import build_char_tokenizer  # noqa: E402
+from grpo_bench.tasks.lm import models  # noqa: E402
+from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer  # noqa: E402
 
 
 def main() -> None:

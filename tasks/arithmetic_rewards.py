@@ -5,7 +5,7 @@ completion_lengths, max_new_tokens); model text is parsed, never evaluated.
 """
 from __future__ import annotations
 
-from grpo_bench.lm.rewards import extract_answer
+from grpo_bench.algos.answers import extract_answer
 
 
 def digits(prompts: list, completions: list, answer: list | None = None, **kwargs) -> list[float]:

@@ -8,6 +8,7 @@ import torch
 
 from grpo_bench import registry
 from grpo_bench.algos import Batch
+from grpo_bench.numerics.kernels.spec import fused_names
 
 
 @pytest.fixture(autouse=True)
@@ -581,7 +582,7 @@ def test_top_entropy_gates_all_but_the_highest_entropy_tokens():
 
 
 def test_every_part_has_a_description_a_source_and_list_shows_parameters():
-    text = registry.describe()
+    text = registry.describe(fused_names)
     for axis in registry.AXES:
         for name in registry.names(axis):
             e = registry.entry(axis, name)
@@ -623,7 +624,8 @@ def test_the_docs_example_part_works():
     from pathlib import Path
 
     from grpo_bench.algos import losses
-    from grpo_bench.config import ConfigError, resolve_run
+    from grpo_bench.errors import ConfigError
+    from grpo_bench.config.run import resolve_run
 
     page = (Path(__file__).resolve().parent.parent / "docs" / "extending.md").read_text()
     code = re.search(r"## Adding a part.*?```python\n(.*?)```", page, re.S).group(1)
@@ -734,7 +736,8 @@ GROUP_PARTS = {("delta", n) for n in ["centered", "zscore", "batch_std", "rloo",
 
 
 def test_parts_that_compare_a_group_refuse_one_response():
-    from grpo_bench.config import ConfigError, resolve_run
+    from grpo_bench.errors import ConfigError
+    from grpo_bench.config.run import resolve_run
     for axis in ("delta", "filter"):
         for name in registry.names(axis):
             cfg = {"task": "sort", "group_size": 1, "delta": "raw"}

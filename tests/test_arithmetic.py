@@ -4,7 +4,7 @@ import copy
 import pytest
 import torch
 
-from grpo_bench.config import resolve_run
+from grpo_bench.config.run import resolve_run
 from grpo_bench.registry import get
 from grpo_bench.tasks import Rollout
 from grpo_bench.tasks.arithmetic import completion_mask
@@ -20,7 +20,7 @@ def _private_cache(tmp_path, monkeypatch):
 
 def make(task=None, seeds=(0,), **run):
     """The task for a population of runs with these seeds (one, by default)."""
-    from grpo_bench.presets import merge
+    from grpo_bench.config.presets import merge
     cfgs = [resolve_run({"task": merge(SMALL, task or {}), "group_size": 3, **run, "seed": s}) for s in seeds]
     return get("task", "arithmetic")(cfgs[0].task, cfgs), cfgs[0]
 
@@ -47,7 +47,7 @@ def test_completion_mask_ends_at_first_eos():
 def test_left_padding_and_positions():
     # every prompt is padded to the widest the ops can render (<bos>99+99=: 7 tokens), whatever the batch
     task, _ = make()
-    from grpo_bench.lm import models, problems
+    from grpo_bench.tasks.lm import models, problems
 
     ids, attn = task._prompts([problems.Problem(1, "add", 2), problems.Problem(10, "add", 2)])
     assert task.width == 7
@@ -109,7 +109,7 @@ def test_a_population_member_samples_what_it_samples_alone():
 def test_logprobs_are_the_samplers():
     """Log-probs of the sampled tokens equal generate's own tempered scores, despite left padding."""
     task, _ = make({"sampling": {"temperature": 0.7}})
-    from grpo_bench.lm import problems
+    from grpo_bench.tasks.lm import problems
 
     batch = [problems.Problem(3, "add", 4), problems.Problem(55, "add", 47)]
     ids, attn = task._prompts(batch)
@@ -135,7 +135,7 @@ def test_logprobs_are_the_samplers():
 
 def test_reference_with_adapter_off_is_the_base_model():
     task, cfg = make()
-    from grpo_bench.lm import models
+    from grpo_bench.tasks.lm import models
 
     # the same base weights, built independently of peft
     base = models.build_tiny(task.tokenizer, 1, 32, 2, seed=cfg.task.warmstart.seed)
@@ -229,8 +229,8 @@ def test_soft_reference_mixes_the_adapters_weight_updates():
 
 def save_other_gpt2(path):
     """A GPT-2-shaped model unlike the tiny default: other sizes, other vocabulary order."""
-    from grpo_bench.lm import models
-    from grpo_bench.lm.tokenizer import build_char_tokenizer
+    from grpo_bench.tasks.lm import models
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
 
     tok = models.prepare_tokenizer(build_char_tokenizer("9876543210=+-*/ "))
     model = models.build_tiny(tok, n_layer=2, n_embd=24, n_head=3, seed=5, n_positions=40)
@@ -271,7 +271,7 @@ def test_pass_and_mean_at_k_from_known_samples(monkeypatch):
 
 
 def test_warmstart_is_cached_by_config(tmp_path, monkeypatch):
-    from grpo_bench.lm import warmstart
+    from grpo_bench.tasks.lm import warmstart
 
     save_other_gpt2(tmp_path / "other")
     task_cfg = {"model": {"source": str(tmp_path / "other")}, "warmstart": {"steps": 3, "batch": 8}}
@@ -290,7 +290,7 @@ def test_warmstart_is_cached_by_config(tmp_path, monkeypatch):
 
 
 def test_short_run_end_to_end_is_deterministic():
-    from grpo_bench.trainer import train
+    from grpo_bench.engine.trainer import train
 
     raw = {"task": {**SMALL, "warmstart": {"steps": 20, "batch": 16}}, "group_size": 3, "epochs": 3,
            "inner_steps": 2, "kl_coef": 0.05, "ref_update": {"name": "hard", "every": 2}, "eval_every": 2, "lr": 1e-3}
@@ -307,8 +307,8 @@ def test_short_run_end_to_end_is_deterministic():
 
 def test_chat_template_prompts_and_turn_end_token(tmp_path):
     """A tokenizer with a chat template: prompts go through it, completions end at its turn-end token."""
-    from grpo_bench.lm import models
-    from grpo_bench.lm.tokenizer import build_char_tokenizer
+    from grpo_bench.tasks.lm import models
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer("0123456789+-*/=() .,:?abcdefghijklmnopqrstuvwxyzCRW\n")
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
@@ -334,7 +334,7 @@ def test_chat_template_prompts_and_turn_end_token(tmp_path):
 def test_default_lora_targets_per_architecture():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpo_bench.lm import models
+    from grpo_bench.tasks.lm import models
 
     def targets(model):
         peft_model = models.attach_lora(model, rank=2, alpha=4, dropout=0.0, targets=None)
@@ -357,7 +357,7 @@ def test_special_tokens_inside_a_completion_are_not_skipped():
     clean = [tok.convert_tokens_to_ids(c) for c in "42"] + [tok.eos_token_id, tok.pad_token_id, tok.pad_token_id]
     texts, mask, finished = task._decode(torch.tensor([ids, clean]))
     assert texts == ["4<pad><bos>2", "42"] and finished.tolist() == [True, True]
-    from grpo_bench.lm.problems import Problem
+    from grpo_bench.tasks.lm.problems import Problem
     total, parts = task._score([Problem(40, "add", 2)], texts, mask, finished, 2)
     assert parts["correct"] == [0.0, 1.0] and parts["format"] == [0.0, 1.0]
 
@@ -366,8 +366,8 @@ def test_on_policy_step_is_exact_with_lora_dropout(monkeypatch):
     # K = 1: the old log-probs are the gradient pass's own, so the ratio is 1 to the last bit
     # even though dropout makes every train-mode pass different (it was not, with old log-probs
     # from a separate eval-mode pass)
-    from grpo_bench.lm import stacked
-    from grpo_bench.trainer import train
+    from grpo_bench.tasks.lm import stacked
+    from grpo_bench.engine.trainer import train
 
     attach = stacked.attach
 
@@ -397,7 +397,7 @@ def test_tempered_logprobs_are_the_samplers_fp32_ones():
     with torch.no_grad():
         logp, _ = task.logprobs(ro)
         p, b, g, t = ro.responses.shape
-        from grpo_bench.lm import models
+        from grpo_bench.tasks.lm import models
         ids = torch.cat([ro.extra["prompt_ids"][0].repeat_interleave(g, 0), ro.responses.view(-1, t)], 1)
         attn = torch.cat([ro.extra["prompt_mask"][0].repeat_interleave(g, 0), ro.mask.view(-1, t).long()], 1)
         logits = task.policy(input_ids=ids, attention_mask=attn, position_ids=models.positions(attn)).logits
@@ -420,6 +420,6 @@ def test_a_bf16_base_keeps_fp32_adapters():
     assert all(layer.B.grad is not None and layer.B.grad.dtype == torch.float32 for layer in task.layers)
     fp32, _ = make({"model": {"dtype": "fp32"}})
     assert all(p.dtype == torch.float32 for p in fp32.policy.parameters())
-    from grpo_bench.config import ConfigError
+    from grpo_bench.errors import ConfigError
     with pytest.raises(ConfigError, match="task.model.dtype: unknown 'fp8'; valid: auto, fp32, bf16"):
         make({"model": {"dtype": "fp8"}})

@@ -11,8 +11,8 @@ import pytest
 import torch
 from helpers import cpu_allocations
 
-from grpo_bench.config import resolve_run
-from grpo_bench.presets import merge
+from grpo_bench.config.run import resolve_run
+from grpo_bench.config.presets import merge
 from grpo_bench.registry import get
 
 SMALL = {"name": "arithmetic", "ops": {"add": [0, 99]}, "model": {"source": "tiny-scratch", "layers": 1, "width": 32,
@@ -28,8 +28,8 @@ def _private_cache(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory):
     """A saved Qwen2 model with a 151,936-token vocabulary, 1 layer of width 32, over the character tokenizer."""
-    from grpo_bench.lm import models
-    from grpo_bench.lm.tokenizer import build_char_tokenizer
+    from grpo_bench.tasks.lm import models
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
 
     path = tmp_path_factory.mktemp("wide") / "qwen2"
     tok = models.prepare_tokenizer(build_char_tokenizer(size=QWEN_VOCAB))
@@ -125,7 +125,7 @@ def test_fused_equals_materialised(case, wide):
 def test_triton_backend_through_the_task():
     # the Triton row ops (in the interpreter off-GPU) behind the same task path, tempered
     pytest.importorskip("triton")
-    from grpo_bench.kernels import triton_usable
+    from grpo_bench.numerics.kernels import triton_usable
 
     if not triton_usable(torch.zeros(1)):
         pytest.skip("CPU tensors run Triton only under TRITON_INTERPRET=1")
@@ -166,7 +166,7 @@ def test_fused_path_never_calls_the_head_nor_allocates_logits(wide):
 
 
 def test_unknown_architecture_keeps_the_materialised_path(monkeypatch):
-    from grpo_bench.lm import models
+    from grpo_bench.tasks.lm import models
 
     monkeypatch.setattr(models, "PLAIN_HEADS", ("llama",))
     with pytest.warns(UserWarning, match="materialised"):
@@ -175,7 +175,7 @@ def test_unknown_architecture_keeps_the_materialised_path(monkeypatch):
 
 
 def test_short_run_same_metrics_fused_and_materialised():
-    from grpo_bench.trainer import train
+    from grpo_bench.engine.trainer import train
 
     # the shipped warm-started model: rewards differ within groups, so the policy moves
     raw = {"task": {"name": "arithmetic_tiny", "prompts_per_step": 4, "pass_k": 0, "sampling": {"temperature": 0.8}},
@@ -242,7 +242,7 @@ def test_sum_pi_squared_never_calls_the_head_nor_allocates_logits(wide):
 
 
 def test_optimal_token_baseline_short_run_same_metrics_fused_and_materialised():
-    from grpo_bench.trainer import train
+    from grpo_bench.engine.trainer import train
 
     raw = {"task": {"name": "arithmetic_tiny", "prompts_per_step": 4, "pass_k": 0, "sampling": {"temperature": 0.8}},
            "group_size": 4, "epochs": 2, "eval_every": 0, "optimizer": "sgd", "lr": 0.5,

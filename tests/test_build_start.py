@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from grpo_bench.__main__ import main
-from grpo_bench.lm import shipped
+from grpo_bench.tasks.lm import shipped
 
 pytest.importorskip("reasoning_gym")
 

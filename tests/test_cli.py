@@ -8,8 +8,9 @@ import yaml
 
 from grpo_bench import registry
 from grpo_bench.__main__ import main
-from grpo_bench.config import ConfigError, load_ablation
-from grpo_bench.runner import lock_out
+from grpo_bench.errors import ConfigError
+from grpo_bench.config.ablation import load_ablation
+from grpo_bench.store.rundir import lock_out
 from helpers import cli
 
 LOSSES = "valid: " + ", ".join(registry.names("loss"))

@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from grpo_bench.config import (ConfigError, RunConfig, build_dataclass, config_hash, load_ablation, parse_set,
-                               resolve_part, resolve_run, run_dict, set_dotted)
-from grpo_bench.runner import run_ablation
+from grpo_bench.errors import ConfigError
+from grpo_bench.config.run import RunConfig, build_dataclass, config_hash, parse_set, resolve_part, resolve_run, run_dict, set_dotted
+from grpo_bench.config.ablation import load_ablation
+from grpo_bench.sweep.runner import run_ablation
 from helpers import ROOT
 
 TINY = {"task": "sort", "epochs": 2, "inner_steps": 1, "group_size": 2}
@@ -52,7 +53,7 @@ def test_dotted_set_reaches_nested_task_sections(tmp_path):
     # README: `--set task.model.source=DIR` runs arithmetic_lora.yaml unchanged on another checkpoint
     import shutil
 
-    from grpo_bench.lm import shipped
+    from grpo_bench.tasks.lm import shipped
     elsewhere = str(shutil.copytree(shipped.directory(), tmp_path / "gpt2"))  # a local model is checked at load
     abl = load_ablation(ROOT / "ablations" / "arithmetic_lora.yaml",
                         sets=[f"task.model.source={elsewhere}", "task.sampling.temperature=0.5", "lr=0.003"])
@@ -267,7 +268,7 @@ def test_run_defaults_are_the_documented_ones():
 
 
 def test_type_check_of_each_kind():
-    from grpo_bench.config import _type_ok
+    from grpo_bench.config.run import _type_ok
     assert _type_ok(1, float) == (True, 1.0) and _type_ok(True, float)[0] is False and _type_ok(1.5, int)[0] is False
     assert _type_ok(None, int | None) == (True, None) and _type_ok(3, int | None) == (True, 3)
     assert _type_ok(2, float | None) == (True, 2.0) and _type_ok("x", int | None)[0] is False

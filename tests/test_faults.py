@@ -21,10 +21,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from grpo_bench import runner as RN
+from grpo_bench.sweep import runner as RN
+from grpo_bench.store import rundir as ST
 from grpo_bench.__main__ import main
-from grpo_bench.config import ConfigError, config_hash, load_ablation, parse_set, resolve_run
-from grpo_bench.lm import shipped
+from grpo_bench.errors import ConfigError
+from grpo_bench.config.run import config_hash, parse_set, resolve_run
+from grpo_bench.config.ablation import load_ablation
+from grpo_bench.tasks.lm import shipped
 from helpers import ROOT
 
 TINY = {"task": {"name": "sort", "prompts": None, "num_prompts": 2, "eval_prompts": 4, "n": 2, "vocab": 3},
@@ -145,7 +148,7 @@ def test_bad_flag_is_one_line_exit_2(tmp_path, capsys, case):
                                          (".5e-1", 0.05), ("1_000.5", 1000.5), ("0.001", 0.001)])
 def test_exponent_floats_are_floats(tmp_path, text, value):
     # PyYAML's YAML 1.1 resolver reads 1e-3 as the string '1e-3'; every user means the number
-    from grpo_bench import strict_yaml
+    from grpo_bench.config import strict_yaml
     got = strict_yaml.load(f"x: {text}")["x"]
     assert type(got) is float and got == value
     assert parse_set([f"lr={text}"]) == [("lr", value)]
@@ -157,8 +160,8 @@ def test_exponent_floats_are_floats(tmp_path, text, value):
 
 
 def test_every_yaml_the_suite_reads_refuses_duplicate_keys(tmp_path, monkeypatch):
-    from grpo_bench import presets
-    from grpo_bench.config import ablation_settings
+    from grpo_bench.config import presets
+    from grpo_bench.config.ablation import ablation_settings
     # every shipped file still loads: none of them repeats a key
     for p in sorted((ROOT / "ablations").glob("*.yaml")):
         for s in ablation_settings(p) or [None]:
@@ -248,7 +251,7 @@ def test_a_damaged_run_is_redone_with_one_line(swept, capsys, case):
     abl, out, runs = swept
     victim = sorted(runs)[0]
     DAMAGE[case](out / "runs" / victim)
-    assert not RN.finished(out / "runs" / victim)
+    assert not ST.finished(out / "runs" / victim)
     capsys.readouterr()
     summary = RN.run_ablation(abl, out, workers=1, progress=False)
     err = capsys.readouterr().err
@@ -302,12 +305,12 @@ def test_a_run_from_before_checksums_is_checked_by_reading_it(swept):
         (d / record["metrics_file"]["name"]).unlink()
     del record["metrics_file"]
     (d / "summary.json").write_text(json.dumps(record))
-    assert RN.finished(d)
+    assert ST.finished(d)
     text = (d / "metrics.csv").read_bytes()
     (d / "metrics.csv").write_bytes(text[:-7])     # cut mid-line
-    assert not RN.finished(d)
+    assert not ST.finished(d)
     (d / "metrics.csv").write_bytes(text.replace(b"\n", b"\nx,y,z\n", 1))   # a value that is no number
-    assert not RN.finished(d)
+    assert not ST.finished(d)
 
 
 def test_stale_temporaries_of_dead_processes_are_cleaned(swept):
@@ -567,7 +570,7 @@ def _sweep_then(tmp_path, sig):
                             text=True, start_new_session=True)   # its own group: every descendant is findable
     try:
         deadline = time.time() + 180
-        while time.time() < deadline and not any(RN.finished(d) for d in (out / "runs").glob("short-*")):
+        while time.time() < deadline and not any(ST.finished(d) for d in (out / "runs").glob("short-*")):
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.05)
         assert len(_group(proc.pid)) >= 3, "parent and two workers"
@@ -590,7 +593,7 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path):
     assert len(lines) == 1 and "Traceback" not in err, err
     assert lines[0] == f"terminated: finished runs are kept in {out / 'runs'}; run the same command again to resume"
     kept = [d for d in (out / "runs").iterdir()]
-    assert len(kept) == 1 and kept[0].name.startswith("short-") and RN.finished(kept[0])
+    assert len(kept) == 1 and kept[0].name.startswith("short-") and ST.finished(kept[0])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: /proc and PR_SET_PDEATHSIG")
@@ -629,7 +632,7 @@ def test_a_tampered_checkpoint_is_refused(checkpoint_copy, tmp_path, capsys):
     line = one_line(err)
     assert code == 2 and "model.safetensors" in line and "SHA-256" in line and "manifest.json" in line
     # and where the model is loaded (a file changed after the config was checked): the run fails, named
-    from grpo_bench.lm import models
+    from grpo_bench.tasks.lm import models
     with pytest.raises(ValueError, match="model.safetensors: SHA-256"):
         models.starting_model(checked.task, None)
 

@@ -11,10 +11,11 @@ import pytest
 import yaml
 from scipy import stats
 
-from grpo_bench import metrics as M
-from grpo_bench import stats as S
-from grpo_bench.config import ConfigError, ablation_settings, load_ablation
-from grpo_bench.findings import at_budget, counts, judge_setting, render, summarise
+from grpo_bench.store import metrics as M
+from grpo_bench.store import stats as S
+from grpo_bench.errors import ConfigError
+from grpo_bench.config.ablation import ablation_settings, load_ablation
+from grpo_bench.analysis.findings import at_budget, counts, judge_setting, render, summarise
 
 SORT, LM = "final/eval/reward", "final/eval/accuracy"   # what each task's claims are judged on
 

@@ -3,7 +3,8 @@ import pytest
 
 pytest.importorskip("reasoning_gym")
 
-from grpo_bench.config import ConfigError, resolve_run  # noqa: E402
+from grpo_bench.errors import ConfigError  # noqa: E402
+from grpo_bench.config.run import resolve_run
 from grpo_bench.registry import get  # noqa: E402
 from grpo_bench.tasks import gym  # noqa: E402
 
@@ -12,7 +13,7 @@ SMALL = {"name": "gym", "dataset": "countdown", "config": {"min_numbers": 4, "ma
 
 
 def make(task=None, seed=0):
-    from grpo_bench.presets import merge
+    from grpo_bench.config.presets import merge
     cfg = resolve_run({"task": merge(SMALL, task or {}), "group_size": 2, "seed": seed})
     return get("task", "gym")(cfg.task, cfg)
 
@@ -24,7 +25,7 @@ def test_reference_answers_score_one_and_corrupted_ones_less(name):
     # the completion as the tiny model writes it: answer then EOS already cut, maybe stray spaces
     assert gym.score(entries, [f" {e.answer} " for e in entries]) == [1.0] * len(entries)
     # through the reward axis, with TRL's signature
-    from grpo_bench.algos.rewards import gym_score
+    from grpo_bench.tasks.gym import gym_score
     assert gym_score([""] * len(entries), [e.answer for e in entries], entry=entries) == [1.0] * len(entries)
 
     def corrupt(a: str) -> str:  # another number, or another letter: never the right answer
@@ -104,7 +105,7 @@ def test_rollout_rewards_are_the_verifiers():
     ({"rewards": {"correct": 1.0}}, "task.rewards", ["score"]),
 ])
 def test_refusals_name_the_key_and_the_valid_choices(task, key, words):
-    from grpo_bench.presets import merge
+    from grpo_bench.config.presets import merge
     with pytest.raises(ConfigError) as e:
         resolve_run({"task": merge(SMALL, task)})
     assert e.value.key == key and "\n" not in str(e.value)
@@ -112,7 +113,7 @@ def test_refusals_name_the_key_and_the_valid_choices(task, key, words):
 
 
 def test_the_countdown_start_scores_what_its_manifest_says():
-    from grpo_bench.lm import shipped
+    from grpo_bench.tasks.lm import shipped
     cfg = resolve_run({"task": "countdown"})
     m = shipped.manifest("countdown")
     assert m["criterion_met"] and 0.2 <= m["heldout_greedy_accuracy"] <= 0.4
@@ -128,8 +129,8 @@ def test_the_countdown_start_scores_what_its_manifest_says():
 
 
 def test_a_chat_model_reads_the_datasets_own_question(tmp_path):
-    from grpo_bench.lm import models
-    from grpo_bench.lm.tokenizer import CHARS, build_char_tokenizer
+    from grpo_bench.tasks.lm import models
+    from grpo_bench.tasks.lm.tokenizer import CHARS, build_char_tokenizer
 
     # every character countdown's questions use, and a chat template
     tok = build_char_tokenizer(CHARS + gym.CHARS_EXTRA + "\n'*/.,:()FPU")

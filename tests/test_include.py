@@ -19,7 +19,9 @@ import pytest
 import yaml
 
 from grpo_bench import registry
-from grpo_bench.config import ConfigError, config_hash, load_ablation, resolve_run
+from grpo_bench.errors import ConfigError
+from grpo_bench.config.run import config_hash, resolve_run
+from grpo_bench.config.ablation import load_ablation
 from helpers import ROOT
 
 PARTS = '''

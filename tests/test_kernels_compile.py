@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
         import triton.backends.nvidia  # noqa: F401
     except ImportError as e:
         print("SKIP", e); sys.exit(0)
-    from grpo_bench.kernels import logprob as K, loss as L, spec as S
+    from grpo_bench.numerics.kernels import logprob as K, loss as L, spec as S
 
     TYPES = {"x_ptr": "*bf16", "dx_ptr": "*bf16", "lab_ptr": "*i64"}
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo_bench.kernels.linear import default_rows, fused_linear_logprobs
+from grpo_bench.numerics.kernels.linear import default_rows, fused_linear_logprobs
 
 pytest.importorskip("triton")
 

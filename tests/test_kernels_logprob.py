@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from grpo_bench.kernels import chunked as C
+from grpo_bench.numerics.kernels import chunked as C
 
 pytest.importorskip("triton")
-from grpo_bench.kernels import logprob as K  # noqa: E402
+from grpo_bench.numerics.kernels import logprob as K  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32 = torch.float32  # explicit everywhere: another test module sets the default dtype to fp64

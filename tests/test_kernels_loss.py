@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from grpo_bench import registry
-from grpo_bench.logprobs import grpo_loss
+from grpo_bench.numerics.logprobs import grpo_loss
 
 pytest.importorskip("triton")
-from grpo_bench.kernels import loss as L  # noqa: E402
-from grpo_bench.kernels import spec as S  # noqa: E402
+from grpo_bench.numerics.kernels import loss as L  # noqa: E402
+from grpo_bench.numerics.kernels import spec as S  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32 = torch.float32  # explicit everywhere: another test module sets the default dtype to fp64

@@ -4,15 +4,16 @@ import random
 import pytest
 
 from grpo_bench.algos import rewards
-from grpo_bench.config import ConfigError, resolve_run
-from grpo_bench.lm import problems
-from grpo_bench.lm.rewards import extract_answer
+from grpo_bench.errors import ConfigError
+from grpo_bench.config.run import resolve_run
+from grpo_bench.tasks.lm import problems
+from grpo_bench.algos.answers import extract_answer
 
 
 def test_char_tokenizer_round_trip_and_reload(tmp_path):
     from transformers import AutoTokenizer
 
-    from grpo_bench.lm.tokenizer import build_char_tokenizer
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     text = "17+25=42 -8//3 (9*9)"
@@ -141,7 +142,7 @@ def test_config_errors_name_the_key(task, key):
 
 
 def test_presets_resolve_and_merge_overrides():
-    from grpo_bench import presets
+    from grpo_bench.config import presets
 
     assert set(presets.names()) >= {"sort_lecture", "sort_hard", "arithmetic_tiny", "arithmetic_qwen"}
     hard = resolve_run({"task": "sort_hard"}).task

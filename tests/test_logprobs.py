@@ -1,4 +1,4 @@
-"""grpo_bench.logprobs: the public entry points and their backend dispatch.
+"""grpo_bench.numerics.logprobs: the public entry points and their backend dispatch.
 
 The kernels themselves are checked against fp64 in tests/test_kernels_*.py; here: every
 backend gives the same numbers through the public functions, shapes and dtypes of the
@@ -8,8 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo_bench.logprobs import (grpo_loss, linear_logprobs, resolve_backend, selective_log_softmax,
-                                 token_logprobs)
+from grpo_bench.numerics.logprobs import grpo_loss, linear_logprobs, resolve_backend, selective_log_softmax, token_logprobs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32 = torch.float32  # explicit everywhere: another test module sets the default dtype to fp64
@@ -164,7 +163,7 @@ def test_public_name():
 
 def test_each_backend_runs_its_own_implementation(monkeypatch):
     # the numbers agree by design, so which code ran is checked directly
-    import grpo_bench.logprobs as LP
+    import grpo_bench.numerics.logprobs as LP
     ran = []
     for name in ["_torch_logprobs", "chunked_logprobs", "fused_linear_logprobs"]:
         real = getattr(LP, name)
@@ -187,7 +186,7 @@ def test_auto_picks_triton_only_when_every_tensor_is_on_cuda():
     class Cuda:  # what resolve_backend reads of a tensor
         is_cuda = True
 
-    import grpo_bench.logprobs as LP
+    import grpo_bench.numerics.logprobs as LP
     cpu = torch.zeros(1)
     pytest.importorskip("triton")
     LP._has_triton.cache_clear()  # looked up afresh, not as an earlier test left it

@@ -1,4 +1,4 @@
-"""A task and its metrics are declared once (grpo_bench/metrics.py): a task defined here, registered from
+"""A task and its metrics are declared once (grpo_bench/store/metrics.py): a task defined here, registered from
 this file and nowhere else, reaches ablation.json, the trainer's summary, REPORT.md, its figures and
 FINDINGS.md; declarations drive figure ranges and scales; old results read as they did."""
 import copy
@@ -14,14 +14,16 @@ import yaml
 from matplotlib.collections import PolyCollection
 from torch import nn
 
-from grpo_bench import compare as C
-from grpo_bench import findings as F
-from grpo_bench import metrics as M
-from grpo_bench import registry, rng
-from grpo_bench import report as R
-from grpo_bench import stats as S
+from grpo_bench.analysis import compare as C
+from grpo_bench.analysis import findings as F
+from grpo_bench.store import metrics as M
+from grpo_bench import registry
+from grpo_bench.numerics import rng
+from grpo_bench.analysis import report as R
+from grpo_bench.store import rundir as ST
+from grpo_bench.store import stats as S
 from grpo_bench.__main__ import main
-from grpo_bench.metrics import Metric
+from grpo_bench.store.metrics import Metric
 from grpo_bench.tasks import Rollout
 
 # ------------------------------------------------------------------ a task from nowhere else
@@ -191,7 +193,7 @@ def test_adding_a_task_module_needs_no_registry_edit(tmp_path, monkeypatch):
         "@dataclass\nclass CoinConfig:\n    sides: int = 2\n\n"
         "@register('task', 'coin', config=CoinConfig)\nclass Coin:\n    \"\"\"Heads or tails.\"\"\"\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(registry._PROVIDERS, "task", "more_tasks")
+    monkeypatch.setitem(registry._PROVIDERS, "task", ("more_tasks",))
     monkeypatch.setattr(registry, "_LOADED", registry._LOADED - {"task"})
     try:
         assert "coin" in registry.names("task")
@@ -300,7 +302,7 @@ def test_declared_ranges_and_scales_drive_the_figures(bandit, tmp_path):
     assert R.describe_band("bandit/pulls", 5) == "mean over 5 seeds, band: 95% bootstrap CI of the mean, log scale"
     # REPORT.md's columns and verdict margins come from the same declarations
     s = pd.read_csv(d / "summary.csv")
-    meta = R.read_meta(d)
+    meta = ST.read_meta(d)
     assert [h[1] for h in R.headline_columns(s, meta)] == ["final reward", "eval hit", "pulls"]
     assert R.main_column(s, meta) == "final/eval/hit" and S.default_margin("final/eval/hit") == 0.05
 
@@ -310,7 +312,7 @@ def test_lower_is_better_reads_as_best(bandit, tmp_path):
     task = M.declared_task("bandit").record() | {"main_metric": "final/bandit/regret", "higher_is_better": False}
     d = write_results(tmp_path / "r", task, {"bandit/regret": lambda i, s, t: 0.1}, regret,
                       variants=("a", "b", "c"))
-    s, meta = pd.read_csv(d / "summary.csv"), R.read_meta(d)
+    s, meta = pd.read_csv(d / "summary.csv"), ST.read_meta(d)
     assert R.answer(s, "final/bandit/regret", ["a", "b", "c"], meta).startswith("`b` is best")
     side = C.load_side(d, None)
     assert side.column == "final/bandit/regret"
@@ -338,14 +340,14 @@ def test_results_without_a_recorded_task_plot_as_with_one(task, curves, finals, 
     # ablation.json from before the task was recorded: known by a metric only its task logs
     old = write_results(tmp_path / "old" / "r", None, curves, finals)
     new = write_results(tmp_path / "new" / "r", M.declared_task(task).record(), curves, finals)
-    assert M.task_of(R.read_meta(old), R.final_names(pd.read_csv(old / "summary.csv"))).name == task
+    assert M.task_of(ST.read_meta(old), R.final_names(pd.read_csv(old / "summary.csv"))).name == task
     for d in (old, new):
         R.make_report(d, "svg")
     for f in sorted(p.name for p in old.iterdir() if p.suffix == ".svg"):
         assert (old / f).read_bytes() == (new / f).read_bytes(), f
     assert (old / "REPORT.md").read_text() == (new / "REPORT.md").read_text()
     s = pd.read_csv(old / "summary.csv")
-    assert R.main_column(s) == R.main_column(s, R.read_meta(new)) == M.declared_task(task).main_metric
+    assert R.main_column(s) == R.main_column(s, ST.read_meta(new)) == M.declared_task(task).main_metric
 
 
 def test_a_recorded_task_wins_over_the_guess(bandit, tmp_path):
@@ -353,7 +355,7 @@ def test_a_recorded_task_wins_over_the_guess(bandit, tmp_path):
     curves = {"reward/mean": lm_like, "eval/hit": lm_like, "bandit/regret": lm_like}
     finals = {"final/reward": lambda i, s: 0.3, "final/eval/hit": lambda i, s: 0.1 * i}
     d = write_results(tmp_path / "d", M.declared_task("bandit").record(), curves, finals)
-    s, meta = pd.read_csv(d / "summary.csv"), R.read_meta(d)
+    s, meta = pd.read_csv(d / "summary.csv"), ST.read_meta(d)
     assert R.main_column(s) == "final/reward" and R.main_column(s, meta) == "final/eval/hit"
     assert R.main_metrics(curves, meta) == ["eval/hit", "bandit/regret"]
 
@@ -361,7 +363,7 @@ def test_a_recorded_task_wins_over_the_guess(bandit, tmp_path):
 def test_a_damaged_task_record_is_a_clear_error(tmp_path):
     d = write_results(tmp_path / "d", {"name": "sort", "label": "sorting toy"}, {"reward/mean": lm_like},
                       {"final/reward": lambda i, s: 0.3})
-    from grpo_bench.config import ConfigError
+    from grpo_bench.errors import ConfigError
     with pytest.raises(ConfigError, match=r"ablation.json: task.short: missing or of the wrong type; the runner "
                                           r"writes a mapping with name \(str\), label \(str\)"):
-        R.read_meta(d)
+        ST.read_meta(d)

@@ -18,9 +18,11 @@ from grpo_bench import registry
 from grpo_bench.algos import Batch
 from grpo_bench.algos.corrections import mismatch
 from grpo_bench.algos.deltas import clip_deltas
-from grpo_bench.config import ConfigError, resolve_run
-from grpo_bench.kernels.spec import LossSpec
-from grpo_bench.logprobs import grpo_loss
+from grpo_bench.errors import ConfigError
+from grpo_bench.config.run import resolve_run
+from grpo_bench.numerics.kernels.spec import LossSpec
+from grpo_bench.numerics.logprobs import grpo_loss
+from grpo_bench.numerics.kernels.spec import fused_names
 
 E = math.e
 
@@ -396,7 +398,7 @@ def test_corrections_and_new_terms_are_never_fused():
 
 
 def test_list_shows_every_new_part_with_its_source():
-    text = registry.describe()
+    text = registry.describe(fused_names)
     new = {"correction": registry.names("correction"), "entropy_ctrl": ["fixed", "adaptive"],
            "delta": ["gdpo", "maxrl"], "loss": ["dro", "topr"], "aggregate": ["prompt_mean"],
            "filter": ["zero_variance", "no_positive_resample"]}
@@ -463,7 +465,7 @@ def test_no_positive_resample_retires_prompts_at_the_pass_rate():
 
 
 def test_sort_task_never_draws_a_retired_prompt_and_is_unchanged_without_one():
-    from grpo_bench.trainer import build_task
+    from grpo_bench.engine.trainer import build_task
 
     cfg = resolve_run({"task": {"name": "sort", "prompts": None, "n": 2, "vocab": 2, "num_prompts": 12}})
     other = resolve_run({"task": {"name": "sort", "prompts": None, "n": 2, "vocab": 2, "num_prompts": 12}, "seed": 1})
@@ -485,7 +487,7 @@ def test_sort_task_never_draws_a_retired_prompt_and_is_unchanged_without_one():
 # ================================================================== tasks
 
 def test_arithmetic_components_retire_and_the_fp32_head_option():
-    from grpo_bench.trainer import build_task
+    from grpo_bench.engine.trainer import build_task
 
     cfg = resolve_run({"task": {"name": "arithmetic", "prompts_per_step": 3, "pass_k": 0,
                                 "rewards": {"correct": 1.0, "format": 0.1, "length": 0.5}},
@@ -503,8 +505,8 @@ def test_arithmetic_components_retire_and_the_fp32_head_option():
 
 
 def test_fp32_lm_head_changes_only_a_bf16_model():
-    from grpo_bench.lm import models
-    from grpo_bench.trainer import build_task
+    from grpo_bench.tasks.lm import models
+    from grpo_bench.engine.trainer import build_task
 
     def task_for(fp32):
         cfg = resolve_run({"task": {"name": "arithmetic", "prompts_per_step": 3, "pass_k": 0,
@@ -533,7 +535,7 @@ def test_fp32_lm_head_changes_only_a_bf16_model():
 
 
 def test_trainer_runs_every_new_key_and_is_deterministic():
-    from grpo_bench.trainer import train
+    from grpo_bench.engine.trainer import train
 
     cfg = {"task": {"name": "sort", "rewards": {"match": 1.0, "inclusion_order": 0.5}}, "group_size": 4,
            "epochs": 3, "inner_steps": 2, "delta": "gdpo", "adv_clip": 1.0, "nll_coef": 0.1,
@@ -579,8 +581,8 @@ class EntropyStub(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def trl_env(tmp_path_factory):
-    from grpo_bench.lm.models import build_tiny
-    from grpo_bench.lm.tokenizer import build_char_tokenizer
+    from grpo_bench.tasks.lm.models import build_tiny
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     d = tmp_path_factory.mktemp("tiny")

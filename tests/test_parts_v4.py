@@ -26,10 +26,11 @@ from helpers import close, rand_batch
 
 from grpo_bench import registry
 from grpo_bench.algos.deltas import Extra
-from grpo_bench.config import resolve_run
-from grpo_bench.kernels.spec import LossSpec
-from grpo_bench.logprobs import grpo_loss
-from grpo_bench.recipe import Recipe
+from grpo_bench.config.run import resolve_run
+from grpo_bench.numerics.kernels.spec import LossSpec
+from grpo_bench.numerics.logprobs import grpo_loss
+from grpo_bench.engine.recipe import Recipe
+from grpo_bench.numerics.kernels.spec import fused_names
 
 
 @pytest.fixture(autouse=True)
@@ -136,8 +137,8 @@ def test_otb_matches_verl(fn, zero_tail):
 
 
 def test_sum_pi_squared_chunked_against_fp64():
-    from grpo_bench.kernels.chunked import chunked_sum_pi_squared
-    from grpo_bench.kernels.linear import linear_sum_pi_squared
+    from grpo_bench.numerics.kernels.chunked import chunked_sum_pi_squared
+    from grpo_bench.numerics.kernels.linear import linear_sum_pi_squared
 
     gen = torch.Generator().manual_seed(0)
     logits = 3 * torch.randn(3, 5, 40, generator=gen, dtype=torch.float32)
@@ -159,7 +160,7 @@ def test_sum_pi_squared_chunked_against_fp64():
 
 
 def test_sort_task_gives_sum_pi_squared_of_its_policy():
-    from grpo_bench.trainer import build_task
+    from grpo_bench.engine.trainer import build_task
 
     cfg = resolve_run({"task": {"name": "sort", "prompts": None, "num_prompts": 3}, "group_size": 4})
     task = build_task([cfg])
@@ -378,7 +379,7 @@ def test_a2po_value_matches_trl_estimate_optimal_values(monkeypatch):
 
 
 def test_sort_task_samples_the_reference_for_a2po():
-    from grpo_bench.trainer import build_task
+    from grpo_bench.engine.trainer import build_task
 
     cfg = resolve_run({"task": {"name": "sort", "prompts": None, "num_prompts": 3}, "group_size": 2})
     task = build_task([cfg])
@@ -521,7 +522,7 @@ V4_RUNS = {
 
 @pytest.mark.parametrize("case", list(V4_RUNS))
 def test_trainer_runs_every_new_part_and_is_deterministic(case):
-    from grpo_bench.trainer import train
+    from grpo_bench.engine.trainer import train
 
     raw = {"task": {"name": "sort", "prompts": None, "num_prompts": 4}, "group_size": 4, "epochs": 3,
            "inner_steps": 2, "eval_every": 0, **V4_RUNS[case]}
@@ -540,7 +541,7 @@ def test_trainer_runs_every_new_part_and_is_deterministic(case):
 
 def test_the_trainer_asks_the_task_only_for_what_a_part_needs(monkeypatch):
     from grpo_bench.tasks.sort import SortTask
-    from grpo_bench.trainer import train
+    from grpo_bench.engine.trainer import train
 
     asked = []
     for method in ("sum_pi_squared", "reference_rewards"):
@@ -557,7 +558,7 @@ def test_the_trainer_asks_the_task_only_for_what_a_part_needs(monkeypatch):
 
 
 def test_list_shows_the_four_with_their_sources_and_peers():
-    text = registry.describe()
+    text = registry.describe(fused_names)
     new = {("delta", "optimal_token_baseline"): "verl adv_estimator=optimal_token_baseline",
            ("delta", "gtpo"): "huggingface/trl#5226", ("delta", "a2po"): "TRL experimental A2POTrainer",
            ("loss", "a2po"): "TRL experimental A2POTrainer", ("correction", "snis"): "verl rollout_is_batch_normalize"}

@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 
-from grpo_bench.config import resolve_run
-from grpo_bench.optim import StackedOptimizer, clip_grad_norm
-from grpo_bench.runner import RunSpec, populations, population_key
-from grpo_bench.trainer import NonFiniteLoss, train, train_population
+from grpo_bench.config.run import resolve_run
+from grpo_bench.engine.optim import StackedOptimizer, clip_grad_norm
+from grpo_bench.sweep.worker import RunSpec, populations, population_key
+from grpo_bench.engine.trainer import NonFiniteLoss, train, train_population
 
 SORT = {"task": {"name": "sort", "prompts": None, "n": 4, "vocab": 6, "num_prompts": 5, "dim": 8},
         "group_size": 4, "epochs": 4, "inner_steps": 3, "eval_every": 2}
@@ -187,8 +187,8 @@ def test_clipping_is_each_members_own_global_norm():
 
 def test_stacked_lora_is_pefts_lora():
     """A population's adapter computes what peft's LoRA computes with the same A and B: outputs and gradients."""
-    from grpo_bench.lm import models, stacked
-    from grpo_bench.lm.tokenizer import build_char_tokenizer
+    from grpo_bench.tasks.lm import models, stacked
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
 
     tok = models.prepare_tokenizer(build_char_tokenizer())
     peft_model = models.attach_lora(models.build_tiny(tok, 2, 32, 2, seed=0), rank=4, alpha=8, dropout=0.0,
@@ -257,7 +257,7 @@ def test_the_docs_recipe_example_trains_a_policy_of_its_own(page):
 
 def _prompts(seed, epochs, cfg=SORT):
     """Every prompt (as a tuple) that `seed` draws in its first draw of each epoch."""
-    from grpo_bench import rng
+    from grpo_bench.numerics import rng
     t = cfg["task"]
     return {e: [tuple(r) for r in torch.randint(0, t["vocab"], (t["num_prompts"], t["n"]),
                                                  generator=rng.stream(seed, "prompts", e, 0)).tolist()]
@@ -330,7 +330,7 @@ def _both_ways_any(raws):
 
 
 def test_an_lm_members_reward_error_fails_only_that_member(tmp_path, monkeypatch):
-    from grpo_bench.trainer import build_task
+    from grpo_bench.engine.trainer import build_task
     cfgs = [resolve_run({**LM, "seed": s}) for s in (0, 1, 2)]
     task = build_task(cfgs)
     drawn = [[task._render(q) for e in range(LM["epochs"]) for q in task.rollout(e, 0, 2).prompts[i]]
@@ -424,7 +424,7 @@ def test_a_member_failing_beside_a_lagging_sampler_leaves_the_others_their_numbe
 def test_time_per_step_is_the_populations_divided_by_its_members(monkeypatch):
     """time/step_s is what a step cost each run: the population's wall time over the members alive. A clock that
     ticks one second a reading makes a population's steps cost what one run's do, P times over."""
-    from grpo_bench import trainer
+    from grpo_bench.engine import trainer
 
     class Clock:
         def __init__(self):
@@ -460,7 +460,7 @@ def test_lm_sampling_and_pass_at_k_noise_is_the_seeds_and_shared_across_variants
     """Common random numbers on the LM beyond the prompts: the sampled completions of a rollout and the k
     samples behind pass@k come from the seed's streams, so two variants of one seed draw the same ones (the
     same untrained policy here: lr does not act before a step) and two seeds draw others."""
-    from grpo_bench.trainer import build_task
+    from grpo_bench.engine.trainer import build_task
 
     def draws(seed, lr):
         cfg = resolve_run({**LM, "seed": seed, "lr": lr, "task": {**LM["task"], "eval_size": 40, "pass_k": 4,

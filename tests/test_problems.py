@@ -4,9 +4,10 @@ import random
 
 import pytest
 
-from grpo_bench.config import ConfigError, resolve_run
-from grpo_bench.lm import problems
-from grpo_bench.lm.rewards import extract_answer, is_answer
+from grpo_bench.errors import ConfigError
+from grpo_bench.config.run import resolve_run
+from grpo_bench.tasks.lm import problems
+from grpo_bench.algos.answers import extract_answer, is_answer
 
 P = problems.Problem
 
@@ -101,8 +102,8 @@ def test_digits_heldout_is_disjoint_from_training_and_covers_every_length():
 
 
 def test_warmstart_writes_the_scratchpads_it_is_asked_for():
-    from grpo_bench.lm import models, warmstart
-    from grpo_bench.lm.tokenizer import build_char_tokenizer
+    from grpo_bench.tasks.lm import models, warmstart
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
 
     tok = models.prepare_tokenizer(build_char_tokenizer())
     batch = [P(347, "add", 85), P(3, "add", 4)]
@@ -117,7 +118,7 @@ def test_warmstart_writes_the_scratchpads_it_is_asked_for():
 
 
 def test_warmstart_cache_key_grows_only_with_the_new_settings():
-    from grpo_bench.lm import warmstart
+    from grpo_bench.tasks.lm import warmstart
 
     def spec(**task):
         return warmstart.spec(resolve_run({"task": {"name": "arithmetic", "model": {"source": "tiny-scratch"},

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from grpo_bench import registry
-from grpo_bench.logprobs import grpo_loss, token_logprobs
+from grpo_bench.numerics.logprobs import grpo_loss, token_logprobs
 
 F64 = torch.float64
 # no explain phase: it traces lines with sys.settrace, which scripts/mutate.py uses too

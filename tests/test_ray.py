@@ -22,9 +22,12 @@ import yaml
 
 ray = pytest.importorskip("ray")  # the ray extra (pip install -e '.[ray]'); without it these tests skip
 
-from grpo_bench.cluster import Session
-from grpo_bench.config import ConfigError, load_ablation
-from grpo_bench.runner import SCHEDULE, finished, run_ablation
+from grpo_bench.sweep.cluster import Session
+from grpo_bench.errors import ConfigError
+from grpo_bench.config.ablation import load_ablation
+from grpo_bench.sweep.worker import SCHEDULE
+from grpo_bench.store.rundir import finished
+from grpo_bench.sweep.runner import run_ablation
 from helpers import ROOT, cli
 
 ABLATION = {
@@ -170,10 +173,10 @@ def test_job_ships_package_and_tasks_not_results(tmp_path, monkeypatch):
     """What reaches a node without the repository: the code and tasks/ (checkpoints), not results or the venv."""
     from ray._private.runtime_env.packaging import create_package
 
-    import grpo_bench.cluster as cl
+    import grpo_bench.sweep.cluster as cl
 
     root = tmp_path / "checkout"
-    for f in ["pyproject.toml", "grpo_bench/runner.py", "tasks/arithmetic/warmstart.safetensors", "ablations/a.yaml",
+    for f in ["pyproject.toml", "grpo_bench/sweep/runner.py", "tasks/arithmetic/warmstart.safetensors", "ablations/a.yaml",
               "results/a/metrics.csv", ".venv/bin/python", ".git/HEAD", "tests/test_x.py", "sweeps/mine/runs/r/m.csv",
               "grpo_bench/__pycache__/runner.cpython-311.pyc"]:
         (root / f).parent.mkdir(parents=True, exist_ok=True)
@@ -184,7 +187,7 @@ def test_job_ships_package_and_tasks_not_results(tmp_path, monkeypatch):
     assert env["working_dir"] == str(root) and "env_vars" not in env
     create_package(env["working_dir"], tmp_path / "pkg.zip", include_gitignore=True, excludes=env["excludes"])
     names = {n for n in zipfile.ZipFile(tmp_path / "pkg.zip").namelist() if not n.endswith("/")}
-    assert names == {"pyproject.toml", "grpo_bench/runner.py", "tasks/arithmetic/warmstart.safetensors", "ablations/a.yaml"}
+    assert names == {"pyproject.toml", "grpo_bench/sweep/runner.py", "tasks/arithmetic/warmstart.safetensors", "ablations/a.yaml"}
 
     monkeypatch.setenv("GRPO_BENCH_CACHE", "/shared/cache")
     (root / "pyproject.toml").unlink()  # an installed package: it alone is shipped

@@ -9,8 +9,9 @@ import json
 import pandas as pd
 import pytest
 
-from grpo_bench import runner as RN
-from grpo_bench.config import load_ablation
+from grpo_bench.sweep import runner as RN
+from grpo_bench.sweep import worker as WK
+from grpo_bench.config.ablation import load_ablation
 from test_faults import TINY, last_line, one_line, run_main, write
 
 
@@ -84,7 +85,7 @@ def test_a_runs_record_says_how_it_was_scheduled_and_results_do_not_depend_on_it
     assert {k: record[k] for k in ("population", "executor", "device", "threads")} == \
         {"population": 4, "executor": "local", "device": "cpu", "threads": 1}
     assert set(one.population) == {1} and set(four.population) == {4}
-    cols = [c for c in one.columns if c not in RN.SCHEDULE]
+    cols = [c for c in one.columns if c not in WK.SCHEDULE]
     pd.testing.assert_frame_equal(one[cols], four[cols], check_exact=True)
     assert "different devices or thread counts" not in capsys.readouterr().err
     # one run redone at two threads: its numbers may differ in the last bits, and collect says so
@@ -136,7 +137,7 @@ def test_inf_values_are_reported_not_a_traceback(swept, capsys):
 def test_seeds_to_detect_and_mde_on_values_that_are_not_finite():
     import math
 
-    from grpo_bench import stats as S
+    from grpo_bench.store import stats as S
     for effect, sd in [(math.nan, 0.1), (math.inf, 0.1), (0.1, math.nan), (math.inf, math.inf)]:
         assert S.seeds_to_detect(effect, sd, 0.05) == S.MAX_SEEDS + 1
         assert S.seeds_for_equivalence(effect, sd, 0.02, 0.05) == S.MAX_SEEDS + 1
@@ -235,7 +236,7 @@ def _checkpoint(tmp_path, damage=None):
     """A copy of the shipped tiny checkpoint, damaged by damage(dir)."""
     import shutil
 
-    from grpo_bench.lm import shipped
+    from grpo_bench.tasks.lm import shipped
     d = shutil.copytree(shipped.directory(), tmp_path / "model")
     if damage:
         damage(d)
@@ -272,7 +273,7 @@ def test_a_bad_local_model_is_refused_when_the_config_loads(tmp_path, capsys, ca
 
 
 def test_a_good_local_model_and_hub_ids_pass_the_check(tmp_path):
-    from grpo_bench.lm.models import check_local_source
+    from grpo_bench.tasks.lm.models import check_local_source
     check_local_source(str(_checkpoint(tmp_path)))
     for hub in ("gpt2", "Qwen/Qwen2.5-0.5B-Instruct"):
         check_local_source(hub)

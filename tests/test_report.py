@@ -17,10 +17,10 @@ from matplotlib.collections import PathCollection, PolyCollection
 from PIL import Image
 from scipy import stats
 
-from grpo_bench import compare as C
-from grpo_bench import metrics
-from grpo_bench import report as R
-from grpo_bench.config import load_ablation
+from grpo_bench.analysis import compare as C
+from grpo_bench.store import metrics
+from grpo_bench.analysis import report as R
+from grpo_bench.config.ablation import ablation_record, load_ablation
 from grpo_bench.__main__ import main
 from helpers import ROOT, cli
 
@@ -914,7 +914,7 @@ def test_diagnostics_share_the_step_axis(sort_dir):
 
 
 def test_load_reads_the_runners_summary_of_no_runs(tmp_path):
-    from grpo_bench import runner
+    from grpo_bench.sweep import runner
     d = tmp_path / "d"
     d.mkdir()
     (d / "ablation.json").write_text(json.dumps({"name": "t", "source": "t.yaml", "axes": ["variant_name"],
@@ -954,7 +954,7 @@ def test_final_values_keep_the_gain_without_accuracy(tmp_path):
 
 
 def test_a_p_value_exactly_at_alpha_is_not_beyond_noise(monkeypatch):
-    from grpo_bench import stats as S
+    from grpo_bench.store import stats as S
     monkeypatch.setattr(S, "t_from_summary", lambda diff, se, df: (0.05, diff - 1, diff + 1))
     two = pd.DataFrame({"variant": ["a", "a", "b", "b"], "status": "ok", "final/reward": [0.1, 0.2, 0.5, 0.6]})
     (t,) = R.pairwise(two, "final/reward", ["a", "b"])
@@ -1190,7 +1190,7 @@ class Saturating(SortLike):
         noise = 0.01 * np.random.default_rng(zlib.crc32(f"{i}|{seed}|{step}".encode())).standard_normal()
         if i == 2:
             return 0.3 + noise
-        from grpo_bench.stats import saturating
+        from grpo_bench.store.stats import saturating
         return float(saturating(samples, 0.05, 0.4 + 0.2 * i, 1.5, 2000.0)) + noise
 
 
@@ -1313,7 +1313,7 @@ def test_curves_against_samples_when_variants_draw_differently(tmp_path):
 
 def test_small_means_keep_their_digits():
     # a bf16 sampler's mismatch (~5e-5) and an fp16 one's (~1e-6) must not both read 0.000
-    from grpo_bench.report import _fmt
+    from grpo_bench.analysis.report import _fmt
     assert _fmt(5.071e-05, 1.2e-05) == "5.07e-05 ± 1.2e-05"
     assert _fmt(8.2e-07, 3e-07) != _fmt(5.071e-05, 1.2e-05)
     assert _fmt(0.0, 0.0) == "0.000 ± 0.000" and _fmt(0.0183, 0.008) == "0.018 ± 0.008"
@@ -1339,7 +1339,7 @@ def test_committed_results_match_the_code():
     its REPORT.md links. Run ids are planned with the sweep's own --set (results/gpu ran with device=cuda)."""
     import shlex
 
-    from grpo_bench.runner import plan
+    from grpo_bench.sweep.runner import plan
 
     archived = {"headroom_search_start"}  # made by the code of 2026-11-23 (2,309 s of training); ids predate it
     checked = 0
@@ -1354,7 +1354,7 @@ def test_committed_results_match_the_code():
         if d.parent.name == "gpu" and not sets:  # a sweep stopped at its budget wrote no sweep.json
             sets = ["device=cuda", "backend=torch"]
         abl = load_ablation(ROOT / meta["source"], seeds=len(meta["seeds"]), setting=meta.get("setting"), sets=sets)
-        record = metrics.ablation_record(abl)
+        record = ablation_record(abl)
         assert {k: meta.get(k) for k in record} == record, d
         assert meta["description"] == abl.description, d
         assert [s.run_id for s in plan(abl, meta["seeds"])] == meta["runs"], d

@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from grpo_bench.config import load_ablation, resolve_run, run_dict
+from grpo_bench.config.ablation import load_ablation
+from grpo_bench.config.run import resolve_run, run_dict
 from helpers import ROOT, cli
 
 # the claim ablations (with `settings`) have their own smoke test in test_findings.py
@@ -132,8 +133,11 @@ def test_kill_and_resume(tmp_path):
 
 # ------------------------------------------------------------------ in-process: the runner's pieces
 
-from grpo_bench import runner as RN  # noqa: E402
-from grpo_bench.config import ConfigError, config_hash  # noqa: E402
+from grpo_bench.sweep import runner as RN  # noqa: E402
+from grpo_bench.store import rundir as ST
+from grpo_bench.sweep import worker as WK
+from grpo_bench.errors import ConfigError  # noqa: E402
+from grpo_bench.config.run import config_hash
 
 TINY = {"task": {"name": "sort", "prompts": None, "num_prompts": 2, "eval_prompts": 4, "n": 2, "vocab": 3},
         "epochs": 2, "inner_steps": 1, "group_size": 2, "delta": "centered"}
@@ -141,6 +145,35 @@ TINY = {"task": {"name": "sort", "prompts": None, "num_prompts": 2, "eval_prompt
 
 def _abl(tmp_path, grid=None, seeds=2, base=None):
     return load_ablation(_write(tmp_path, base or TINY, grid or {"loss": ["naive", "clipped"]}, seeds))
+
+
+def test_a_run_is_resolved_once(tmp_path, monkeypatch):
+    """Loading, planning, the population key, training and the record resolve each variant's config once, not
+    once per run or per stage (it was resolved four times per run, and every look of --seeds auto re-resolved
+    every earlier seed). Counted at every module that holds resolve_run, so a new call site is counted too."""
+    import sys
+
+    from grpo_bench.config import run as config_run
+
+    real, calls = config_run.resolve_run, []
+
+    def counting(data, source="<config>"):
+        calls.append(source)
+        return real(data, source)
+
+    for module in list(sys.modules.values()):
+        if module is not None and getattr(module, "__name__", "").startswith("grpo_bench") \
+                and getattr(module, "resolve_run", None) is real:
+            monkeypatch.setattr(module, "resolve_run", counting)
+    abl = _abl(tmp_path, {"loss": ["naive", "clipped"]}, seeds=3)
+    assert len(calls) == 2  # one per variant, when the file loads
+    summary = RN.run_ablation(abl, tmp_path / "out", workers=1, progress=False, population=2)
+    assert (summary.status == "ok").all() and len(summary) == 6
+    assert len(calls) == 2, calls  # the plan, populations, workers, ablation.json and the hash resolved nothing
+    # and what the plan hands on is what resolving the run alone gives (same hash: same run ids)
+    for spec in RN.plan(abl):
+        assert config_hash(spec.resolved) == config_hash(real(spec.config))
+        assert spec.resolved.task_name == "sort"
 
 
 def test_slug_and_plan(tmp_path):
@@ -179,14 +212,14 @@ def test_train_one_records_a_failure_and_never_raises():
     before = torch.get_num_threads()
     try:
         spec = RN.RunSpec("r-s0-x", "v", {"lr": 1e30}, 0, {**TINY, "optimizer": "sgd", "lr": 1e30, "epochs": 5, "seed": 0})
-        cfg, rows, summary = RN.train_one(spec, threads=1)
+        cfg, rows, summary = WK.train_group([spec], threads=1)[0]
         assert torch.get_num_threads() == 1
         # SGD at lr 1e30: a non-finite loss, or logits so large that sampling itself fails
         assert summary["status"] == "failed" and re.match(r"^(NonFiniteLoss|RuntimeError): \w", summary["error"])
         assert "\n" not in summary["error"] and "Traceback" in summary["traceback"] and summary["wall_s"] >= 0
         assert summary["run"] == "r-s0-x" and summary["variant"] == "v" and summary["lr"] == 1e30
         assert rows and cfg["lr"] == 1e30   # what it logged before failing is kept
-        ok = RN.train_one(RN.RunSpec("ok", "v", {}, 3, {**TINY, "seed": 3}))[2]
+        ok = WK.train_group([RN.RunSpec("ok", "v", {}, 3, {**TINY, "seed": 3})])[0][2]
         assert ok["status"] == "ok" and ok["error"] == "" and ok["seed"] == 3 and "final/reward" in ok
     finally:
         torch.set_num_threads(before)
@@ -205,14 +238,14 @@ def test_write_run_is_whole_or_absent(tmp_path):
     cfg = run_dict(resolve_run(spec.config))
     RN.write_run(tmp_path, spec, (cfg, [(0, "m", 1.5)], {"run": "r1", "status": "failed"}))
     d = tmp_path / "runs" / "r1"
-    assert not RN.finished(d) and yaml.safe_load((d / "config.yaml").read_text()) == json.loads(json.dumps(cfg))
+    assert not ST.finished(d) and yaml.safe_load((d / "config.yaml").read_text()) == json.loads(json.dumps(cfg))
     RN.write_run(tmp_path, spec, (cfg, [(0, "m", 2.5)], {"run": "r1", "status": "ok"}))  # a retry replaces it
-    assert RN.finished(d) and pd.read_parquet(d / "metrics.parquet").value.tolist() == [2.5]
+    assert ST.finished(d) and pd.read_parquet(d / "metrics.parquet").value.tolist() == [2.5]
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["r1"]   # no temporary directory left
     (d / "summary.json").write_text("{not json")
-    assert not RN.finished(d) and not RN.finished(tmp_path / "runs" / "nope")
+    assert not ST.finished(d) and not ST.finished(tmp_path / "runs" / "nope")
     (d / "summary.json").write_text("{}")
-    assert not RN.finished(d)
+    assert not ST.finished(d)
 
 
 def test_the_lock_is_held_and_named(tmp_path):
@@ -289,7 +322,7 @@ def _in_process(monkeypatch, train=True):
         seen.append((workers, threads))
         for group in todo:
             for s in group:
-                yield s, RN.train_one(s, 1) if train else RN.failed_result(s, "not run")
+                yield s, WK.train_group([s], 1)[0] if train else RN.failed_result(s, "not run")
 
     monkeypatch.setattr(RN, "local_results", local)
     return seen
@@ -367,7 +400,7 @@ def test_one_worker_runs_here_in_order(monkeypatch):
 
 
 def test_ray_is_checked_before_anything_and_only_for_ray(tmp_path, monkeypatch):
-    from grpo_bench import cluster
+    from grpo_bench.sweep import cluster
 
     def missing():
         raise ConfigError("--executor", "ray", "not installed")
@@ -395,16 +428,16 @@ def test_train_one_threads_traceback_and_wall_time():
     try:
         torch.set_num_threads(3)
         t0 = time.perf_counter()
-        summary = RN.train_one(spec, threads=2)[2]
+        summary = WK.train_group([spec], threads=2)[0][2]
         elapsed = time.perf_counter() - t0
         assert torch.get_num_threads() == 2
-        RN.train_one(spec)
+        WK.train_group([spec])[0]
         assert torch.get_num_threads() == 1                  # one thread unless told
     finally:
         torch.set_num_threads(before)
     # at most the innermost three frames: where it failed, not how the runner got there
     frames = re.findall(r'^  File "([^"]+)", line \d+, in (\w+)', summary["traceback"], re.M)
-    assert 1 <= len(frames) <= 3 and not {"train_one", "train_group"} & {fn for f, fn in frames if "runner" in f}
+    assert 1 <= len(frames) <= 3 and not {"train_one", "train_group"} & {fn for f, fn in frames if "sweep" in f}
     assert summary["error"].startswith("NonFiniteLoss: non-finite loss")
     assert 0 <= summary["wall_s"] <= elapsed + 0.0005 and summary["wall_s"] == round(summary["wall_s"], 3)
 
@@ -493,7 +526,7 @@ def test_the_pool_path_records_errors_and_drops_what_has_not_started(monkeypatch
 
 def test_a_ray_sweep_through_a_stand_in_session(tmp_path, monkeypatch, capsys):
     import contextlib
-    from grpo_bench import cluster
+    from grpo_bench.sweep import cluster
     seen, nodes = [], iter(range(1, 100))
 
     class Session:

@@ -6,9 +6,10 @@ them, and mismatch/* say how far it is from the trainer on what it sampled.
 import pytest
 import torch
 
-from grpo_bench.config import ConfigError, resolve_run
+from grpo_bench.errors import ConfigError
+from grpo_bench.config.run import resolve_run
 from grpo_bench.registry import get
-from grpo_bench.trainer import Sampler, train
+from grpo_bench.engine.trainer import Sampler, train
 
 SORT = {"task": {"name": "sort", "prompts": None, "n": 4, "vocab": 6, "num_prompts": 8, "dim": 16},
         "group_size": 4, "epochs": 12, "inner_steps": 3, "lr": 0.05}

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from grpo_bench import runner as RN
+from grpo_bench.sweep import runner as RN
 from grpo_bench.__main__ import main
-from grpo_bench.config import load_ablation
+from grpo_bench.config.ablation import load_ablation
 
 TINY = {"task": "sort_hard", "epochs": 10, "inner_steps": 4}
 STILL, MOVING, WILD = {"lr": 1.0e-6}, {"lr": 0.003}, {"lr": 0.1}
@@ -139,7 +139,7 @@ def test_interrupted_sweep_resumes_to_the_same_decision(tmp_path, monkeypatch, c
     assert again == resumed and len(list((out / "runs").iterdir())) == 20
     # another cap is refused: its looks would test the seeds already judged again, at new fractions
     # (family-wise error 0.078 in simulation); nothing runs and the records stay as they were
-    from grpo_bench.config import ConfigError
+    from grpo_bench.errors import ConfigError
     for cap in (60, 20):
         with pytest.raises(ConfigError, match=rf"--seeds: auto:{cap}: .*cut was run with --seeds auto:40; resume it "
                                               "with auto:40"):

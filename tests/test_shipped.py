@@ -1,8 +1,9 @@
 """Shipped checkpoints are the files their manifests describe, score what the manifests say, and guard their splits."""
 import pytest
 
-from grpo_bench.config import ConfigError, resolve_run
-from grpo_bench.lm import shipped
+from grpo_bench.errors import ConfigError
+from grpo_bench.config.run import resolve_run
+from grpo_bench.tasks.lm import shipped
 
 
 @pytest.mark.parametrize("which", shipped.available())

@@ -1,10 +1,10 @@
 """The sorting toy and the trainer on it."""
 import torch
 
-from grpo_bench.config import resolve_run
+from grpo_bench.config.run import resolve_run
 from grpo_bench.algos import rewards
 from grpo_bench.tasks.sort import SortTask, score
-from grpo_bench.trainer import train
+from grpo_bench.engine.trainer import train
 
 
 def test_rewards_are_weighted_per_response():

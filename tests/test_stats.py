@@ -1,4 +1,4 @@
-"""grpo_bench.stats against independent references: scipy, statsmodels, hand-computed cases, simulation.
+"""grpo_bench.store.stats against independent references: scipy, statsmodels, hand-computed cases, simulation.
 
 Each test names the bug it would catch where that is not obvious from its name.
 """
@@ -13,7 +13,7 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestIndPower, TTestPower
 from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 
-from grpo_bench import stats as S
+from grpo_bench.store import stats as S
 
 RNG = np.random.default_rng(20)
 X = np.array([0.51, 0.55, 0.49, 0.60, 0.52, 0.47, 0.58])
@@ -384,7 +384,7 @@ def test_calibration_half_the_margin_is_negligible_and_twice_it_holds():
 
 
 def test_margins_from_claims_tasks_and_metrics():
-    from grpo_bench import metrics as M
+    from grpo_bench.store import metrics as M
     toy, lm = M.declared_task("sort"), M.declared_task("arithmetic")
     # a task's margin is its declared fraction of what its default recipe moves its verdict metric
     assert toy.margin == round(0.05 * (0.939 - 0.060), 3) == 0.044 and lm.margin == 0.027

@@ -15,9 +15,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from grpo_bench import runner as RN
+from grpo_bench.sweep import runner as RN
+from grpo_bench.store import rundir as ST
 from grpo_bench.__main__ import main
-from grpo_bench.config import load_ablation
+from grpo_bench.config.ablation import load_ablation
 from helpers import ROOT
 
 TINY = {"task": {"name": "sort", "prompts": None, "num_prompts": 2, "eval_prompts": 4, "n": 2, "vocab": 3},
@@ -43,12 +44,12 @@ def test_a_runs_metrics_read_back_bit_identical(tmp_path):
     spec = RN.RunSpec("r", "v", {}, 0, {**TINY, "seed": 0})
     rows = [(step, f"m/{i % 3}", v) for i, v in enumerate(AWKWARD) for step in (i, 10**12 + i)]
     RN.write_run(tmp_path, spec, ({"seed": 0}, rows, {"run": "r", "status": "ok"}))
-    path = tmp_path / "runs" / "r" / RN.METRICS_FILE
-    m = RN.read_metrics_file(path)
+    path = tmp_path / "runs" / "r" / ST.METRICS_FILE
+    m = ST.read_metrics_file(path)
     assert m.step.tolist() == [s for s, _, _ in rows] and m.metric.tolist() == [k for _, k, _ in rows]
     assert bits(m.value) == bits(v for _, _, v in rows)
     assert (m.dtypes.astype(str) == ["int64", "category", "float64"]).all()
-    assert RN.finished(tmp_path / "runs" / "r")
+    assert ST.finished(tmp_path / "runs" / "r")
 
 
 def test_the_long_table_is_compact_and_exact(tmp_path):
@@ -64,7 +65,7 @@ def test_the_long_table_is_compact_and_exact(tmp_path):
                                              "metric": "category", "value": "float64"}
     # the long table is each run's file, labelled, bit for bit
     for run, part in long.groupby("run", observed=True, sort=False):
-        own = RN.read_metrics_file(out / "runs" / run / RN.METRICS_FILE)
+        own = ST.read_metrics_file(out / "runs" / run / ST.METRICS_FILE)
         assert bits(part.value) == bits(own.value) and part.step.tolist() == own.step.tolist()
         assert part.metric.astype(str).tolist() == own.metric.astype(str).tolist()
     # a twentieth of the CSV that held the same table
@@ -81,8 +82,8 @@ def to_csv_era(d):
     long.to_csv(d / "metrics.csv", index=False)
     (d / "metrics.parquet").unlink()
     for run in (d / "runs").iterdir():
-        RN.read_metrics_file(run / RN.METRICS_FILE).to_csv(run / "metrics.csv", index=False)
-        (run / RN.METRICS_FILE).unlink()
+        ST.read_metrics_file(run / ST.METRICS_FILE).to_csv(run / "metrics.csv", index=False)
+        (run / ST.METRICS_FILE).unlink()
         s = json.loads((run / "summary.json").read_text())
         del s["metrics_file"]
         (run / "summary.json").write_text(json.dumps(s, indent=1))
@@ -159,8 +160,8 @@ def test_convert_results_smoke(both, tmp_path):
     want = [float(line.split(",")[value_at] or "nan") for line in text[1:]]
     assert bits(long.value) == bits(want)
     for run in (d / "runs").iterdir():
-        assert RN.finished(run) and json.loads((run / "summary.json").read_text())["metrics_file"]["name"] == \
-            RN.METRICS_FILE
+        assert ST.finished(run) and json.loads((run / "summary.json").read_text())["metrics_file"]["name"] == \
+            ST.METRICS_FILE
     assert main(["plot", str(d)]) == 0 and (d / "REPORT.md").read_bytes() == (new / "REPORT.md").read_bytes()
     assert convert.main([str(root)]) == 0      # twice: nothing left to convert, nothing changed
     assert np.array_equal(pd.read_parquet(d / "metrics.parquet").value, long.value, equal_nan=True)

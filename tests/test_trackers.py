@@ -17,10 +17,12 @@ from unittest import mock
 import pytest
 import yaml
 
-from grpo_bench import runner as RN
-from grpo_bench import trackers as T
+from grpo_bench.sweep import runner as RN
+from grpo_bench.store import rundir as ST
+from grpo_bench.sweep import trackers as T
 from grpo_bench.__main__ import main
-from grpo_bench.config import ConfigError, resolve_run, run_dict
+from grpo_bench.errors import ConfigError
+from grpo_bench.config.run import resolve_run, run_dict
 from helpers import ROOT
 
 ABL = str(ROOT / "ablations" / "loss_modes.yaml")
@@ -288,7 +290,7 @@ def test_trackio_follows_a_store_the_user_chose(tmp_path, monkeypatch):
 
 
 def test_a_sweep_logs_each_run_once_after_its_directory(tmp_path, monkeypatch, capsys):
-    from grpo_bench.config import load_ablation
+    from grpo_bench.config.ablation import load_ablation
 
     tiny = {"task": {"name": "sort", "prompts": None, "num_prompts": 2, "eval_prompts": 4, "n": 2, "vocab": 3},
             "epochs": 4, "inner_steps": 1, "group_size": 2, "delta": "centered", "optimizer": "sgd"}
@@ -303,7 +305,7 @@ def test_a_sweep_logs_each_run_once_after_its_directory(tmp_path, monkeypatch, c
 
         def log(self, run, variant, cfg, rows, summary):
             # the run's directory is already whole when a tracker sees it
-            assert RN.finished(out / "runs" / run) == (summary["status"] == "ok")
+            assert ST.finished(out / "runs" / run) == (summary["status"] == "ok")
             assert yaml.safe_load((out / "runs" / run / "config.yaml").read_text()) == cfg
             seen.append((run, summary["status"], len(rows)))
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from grpo_bench import registry
-from grpo_bench.config import resolve_run
-from grpo_bench.trainer import Population, sample, train
+from grpo_bench.config.run import resolve_run
+from grpo_bench.engine.trainer import Population, sample, train
 
 # one position, two tokens, two responses per prompt: about half the groups are all-equal
 COIN = {"task": {"name": "sort", "prompts": None, "n": 1, "vocab": 2, "num_prompts": 6, "dim": 4},
@@ -188,7 +188,7 @@ def test_sample_reports_what_the_policy_sampled():
 
 
 def test_step_metrics_by_hand():
-    from grpo_bench.trainer import _step_metrics
+    from grpo_bench.engine.trainer import _step_metrics
     logp = torch.tensor([[[-1.0, -2.0, -3.0]]])
     old = torch.tensor([[[-1.5, -1.75, -1.0]]])
     mask = torch.tensor([[[1.0, 1.0, 0.0]]])
@@ -203,7 +203,7 @@ def test_step_metrics_by_hand():
 
 def test_removed_reports_each_kind_of_change():
     from grpo_bench.algos import Batch
-    from grpo_bench.recipe import effect
+    from grpo_bench.engine.recipe import effect
 
     def _removed(before, after):
         return {k: v.item() for k, v in effect(before, after).items()}
@@ -231,7 +231,7 @@ def test_removed_reports_each_kind_of_change():
 
 
 def test_optimizer_follows_the_config(monkeypatch):
-    from grpo_bench import trainer
+    from grpo_bench.engine import trainer
     made = []
     real = trainer.StackedOptimizer
     monkeypatch.setattr(trainer, "StackedOptimizer", lambda *a, **k: made.append(a) or real(*a, **k))
@@ -242,7 +242,7 @@ def test_optimizer_follows_the_config(monkeypatch):
 
 
 def _captured(monkeypatch):
-    from grpo_bench import trainer
+    from grpo_bench.engine import trainer
     built = []
 
     def build(cfgs):
@@ -283,7 +283,7 @@ def test_inner_steps_start_on_policy_and_move_off_it():
 
 
 def test_a_non_finite_loss_stops_the_run():
-    from grpo_bench.trainer import NonFiniteLoss
+    from grpo_bench.engine.trainer import NonFiniteLoss
     rows = []
     with pytest.raises(NonFiniteLoss, match="non-finite loss"):
         train(resolve_run({**RICH, "optimizer": "sgd", "lr": 1e30, "epochs": 5, "inner_steps": 2}), rows=rows)
@@ -311,7 +311,7 @@ def test_deltas_see_the_rewards_and_lengths(monkeypatch):
 def _wrapped(monkeypatch, mask_fn=None):
     """The sort task, with its rollouts' masks edited by mask_fn and every logprobs call recorded:
     (reference?, policy in train mode?, grad enabled?, logp)."""
-    from grpo_bench import trainer
+    from grpo_bench.engine import trainer
     calls, modes = [], []
 
     def build(cfgs):
@@ -442,7 +442,7 @@ def test_kl_in_the_loss_is_in_the_loss():
 
 
 def test_step_time_counts_the_rollout_once(monkeypatch):
-    from grpo_bench import trainer
+    from grpo_bench.engine import trainer
 
     class Clock:  # one second per reading
         now = 0.0
@@ -458,7 +458,7 @@ def test_step_time_counts_the_rollout_once(monkeypatch):
 
 
 def test_gradients_do_not_accumulate_across_inner_steps(monkeypatch):
-    from grpo_bench import trainer
+    from grpo_bench.engine import trainer
     real = trainer.StackedOptimizer
     monkeypatch.setattr(trainer, "StackedOptimizer", lambda params, *a: real(params, "sgd", [0.0], [0.0]))
     _, rows = _rows({**RICH, "epochs": 1, "inner_steps": 3, "loss": "unclipped"})

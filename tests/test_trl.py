@@ -22,13 +22,13 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import split_tensor_dict, use_adapter
 
 from grpo_bench import registry
-from grpo_bench.config import ConfigError
+from grpo_bench.errors import ConfigError
 from grpo_bench.integrations import trl as bench_trl
 from grpo_bench.integrations.trl import GRPOBenchTrainer, check_trl_version, variant_from_ablation
 from grpo_bench.algos import rewards as lm_rewards
-from grpo_bench.lm.models import build_tiny, lora_factors
-from grpo_bench.lm.tokenizer import build_char_tokenizer
-from grpo_bench.logprobs import grpo_loss
+from grpo_bench.tasks.lm.models import build_tiny, lora_factors
+from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
+from grpo_bench.numerics.logprobs import grpo_loss
 
 from helpers import ROOT
 
@@ -485,7 +485,7 @@ def test_variant_from_ablation(tmp_path):
 def test_every_variant_key_is_a_run_config_key():
     from dataclasses import fields
 
-    from grpo_bench.config import PART_KEYS, RunConfig
+    from grpo_bench.config.run import PART_KEYS, RunConfig
 
     run_keys = {f.name for f in fields(RunConfig)}
     assert set(bench_trl.VARIANT_KEYS) | set(bench_trl.TRL_OWNED) == run_keys

@@ -46,7 +46,7 @@ def test_two_processes_ran_over_gloo(runs):
 def test_same_global_batch_and_same_advantages(runs):
     one, two = runs
     assert len(one["seen"]) == len(two["seen"]) == 2          # two rollouts
-    from grpo_bench.lm.tokenizer import build_char_tokenizer
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
     pad = build_char_tokenizer().pad_token_id
     for a, b in zip(one["seen"], two["seen"]):
         # the test's premise: the same completions, in the same global order

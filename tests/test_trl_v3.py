@@ -17,9 +17,10 @@ from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict  # noqa: 
 
 from grpo_bench import registry  # noqa: E402
 from grpo_bench.algos import masked_mean  # noqa: E402
-from grpo_bench.config import ConfigError, RunConfig  # noqa: E402
+from grpo_bench.errors import ConfigError  # noqa: E402
+from grpo_bench.config.run import RunConfig
 from grpo_bench.integrations.trl import GRPOBenchTrainer, resolve_corrections, trl_corrections  # noqa: E402
-from grpo_bench.logprobs import grpo_loss  # noqa: E402
+from grpo_bench.numerics.logprobs import grpo_loss  # noqa: E402
 
 from test_parts_v3 import TRL_MODES, _trl_vllm_is  # noqa: E402  (TRL's vLLM weights, transcribed once)
 from test_trl import (B, G, T, Bigram, fixed_rewards, generated, hand_batch, loss_and_grads, make,  # noqa: E402,F401
@@ -461,7 +462,7 @@ def test_end_to_end_every_new_part_on_trls_loop(tok, tmp_path):
     from datasets import Dataset
 
     from grpo_bench.algos import rewards as lm_rewards
-    from grpo_bench.lm.models import build_tiny
+    from grpo_bench.tasks.lm.models import build_tiny
 
     pairs = [(a, b) for a in range(0, 90, 13) for b in range(5, 50, 11)]
     ds = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a, b in pairs], "answer": [a + b for a, b in pairs]})

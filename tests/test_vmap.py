@@ -18,6 +18,7 @@ from torch.func import vmap
 from grpo_bench import registry
 from grpo_bench.algos import Batch
 from grpo_bench.algos.deltas import Extra
+from grpo_bench.numerics.kernels.spec import fused_names
 
 P = 3
 SHAPES = [(2, 4, 5), (3, 2, 7)]  # (B, G, T)
@@ -174,7 +175,7 @@ def test_members_really_differ_in_their_parameters():
 
 
 def test_per_member_parts_give_their_reason_and_list_shows_it():
-    text = registry.describe()
+    text = registry.describe(fused_names)
     flagged = [(a, n) for a in registry.TENSOR_AXES for n in registry.names(a)
                if registry.entry(a, n).traits.get("per_member")]
     assert {("loss", "clip_cov"), ("loss", "kl_cov"), ("filter", "dynamic_sampling"),

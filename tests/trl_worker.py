@@ -25,8 +25,8 @@ from peft import LoraConfig  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
 from grpo_bench.integrations.trl import GRPOBenchTrainer  # noqa: E402
-from grpo_bench.lm.models import build_tiny  # noqa: E402
-from grpo_bench.lm.tokenizer import build_char_tokenizer  # noqa: E402
+from grpo_bench.tasks.lm.models import build_tiny  # noqa: E402
+from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer  # noqa: E402
 
 GLOBAL, G, T, ACCUM, PROCS = 16, 4, 6, 2, 2   # completions per optimizer step, group size, max tokens
 VARIANT = {"delta": "rloo", "loss": {"name": "clipped", "clip_high": 0.28}, "aggregate": "token_mean",

@@ -29,8 +29,8 @@ import sys
 import threading
 from typing import Callable
 
-from .. import presets
-from ..lm.rewards import extract_answer, is_answer, is_bare_int
+from .. import registry
+from .answers import extract_answer, is_answer, is_bare_int
 from ..registry import entry, names, register
 
 RewardFn = Callable[..., list]
@@ -165,21 +165,6 @@ def length_penalty(prompts: list, completions: list, completion_lengths: list | 
     return [-min(n, cap) / cap for n in completion_lengths]
 
 
-@register("reward", "score", task="gym")
-def gym_score(prompts: list, completions: list, entry: list | None = None, **kwargs) -> list[float]:
-    """The reasoning-gym dataset's own verifier, score_answer(answer, entry), in [0, 1].
-
-    The answer is the completion's <answer>...</answer> if it has the tags, else the whole completion stripped.
-
-    Source: reasoning-gym's procedural datasets (open-thought/reasoning-gym), each with its verifier.
-    """
-    if entry is None:
-        return [0.0] * len(completions)
-    from ..tasks.gym import score
-
-    return score(entry, completions)
-
-
 def resolve(spec: str, task: str) -> RewardFn:
     """A registered reward of this task, or `module:function` (modules beside the presets first)."""
     module, colon, attr = spec.partition(":")
@@ -202,10 +187,10 @@ def resolve(spec: str, task: str) -> RewardFn:
 
 def _import(module: str):
     """A module beside the presets by its file (whether or not the package is installed), else by import."""
-    path = presets.tasks_dir() / f"{module}.py"
+    path = registry.tasks_dir() / f"{module}.py"
     if not path.is_file():
         return importlib.import_module(module)
-    name = f"{presets.PACKAGE}.{module}"
+    name = f"{registry.PACKAGE}.{module}"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(spec)

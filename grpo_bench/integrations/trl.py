@@ -56,9 +56,11 @@ from torch import Tensor
 from .. import registry
 from ..algos import Batch, masked_mean
 from ..algos.corrections import compose
-from ..config import (ConfigError, RunConfig, build_dataclass, load_ablation, load_includes, read_yaml, resolve_part,
-                      resolve_parts, validate)
-from ..recipe import Recipe
+from ..errors import ConfigError
+from ..config.run import RunConfig, build_dataclass, load_includes, resolve_part, resolve_parts, validate
+from ..config.ablation import load_ablation
+from ..config.strict_yaml import read_yaml
+from ..engine.recipe import Recipe
 
 SUPPORTED_TRL = ">=1.16.0,<1.17"
 _TRL_RANGE = (Version("1.16.0"), Version("1.17"))
@@ -601,7 +603,7 @@ class GRPOBenchTrainer(GRPOTrainer):
 
     def _add_ref_adapter(self) -> None:
         """A frozen adapter named "ref" that TRL's reference pass switches to; it starts as the adapter switched off."""
-        from ..lm.models import lora_factors
+        from ..tasks.lm.models import lora_factors
 
         model = self.model
         policy = model.active_adapter
@@ -622,7 +624,7 @@ class GRPOBenchTrainer(GRPOTrainer):
         if not is_peft_model(model):
             SyncRefModelCallback.sync_target_model(model, self.ref_model, w)  # TRL's own TR-DPO update
             return
-        from ..lm.models import lora_factors, mix_low_rank
+        from ..tasks.lm.models import lora_factors, mix_low_rank
 
         pairs = zip(lora_factors(model, model.active_adapter), lora_factors(model, REF_ADAPTER), strict=True)
         for (a_p, b_p), (a_r, b_r) in pairs:

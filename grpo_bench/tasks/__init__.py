@@ -6,7 +6,7 @@ A task is registered on the "task" axis with a dataclass that its YAML section
 that train together (the same task and shapes; their seeds and numbers may differ).
 Every tensor it hands the trainer has the population axis first. A member's numbers
 never depend on the other members: its random draws come from streams named by its own
-seed (grpo_bench/rng.py), and every per-member computation has the shapes it would have
+seed (grpo_bench/numerics/rng.py), and every per-member computation has the shapes it would have
 alone. P = 1 is a single run, through the same code.
 
 A member's own failure (its reward raising on one of its prompts, a non-finite reward) must
@@ -15,7 +15,7 @@ the exception in `task.failed` (member index -> exception) and goes on with a st
 the trainer takes `failed` after each call and fails those members alone, as each would
 have failed alone.
 
-The trainer (grpo_bench/trainer.py) only ever calls the methods of `Task` below;
+The trainer (grpo_bench/engine/trainer.py) only ever calls the methods of `Task` below;
 everything model- or data-specific, the reference policy included, lives in the task.
 A task config has a `generation_budget` property: the most tokens a response may have.
 """

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .. import rng
-from ..metrics import Metric
+from ..numerics import rng
+from ..store.metrics import Metric
 from ..registry import register
 from . import Rollout, guarded
 
@@ -144,9 +144,14 @@ class ArithmeticConfig:
     def generation_budget(self) -> int:
         return self.sampling.max_new_tokens
 
+    def weights_id(self) -> str | None:
+        """What a run id holds of the weights this config loads (a shipped checkpoint's manifest hash)."""
+        from .lm import shipped
+        return shipped.weights_id(self)
+
     def check(self, run_cfg) -> None:
         from ..algos import rewards
-        from ..lm import problems, shipped
+        from .lm import problems, shipped
 
         problems.check_ops(self.ops)
         if self.operands not in problems.OPERANDS:
@@ -190,7 +195,7 @@ class ArithmeticConfig:
         if shipped.name(self.model.source):
             shipped.check_compatible(self)
         elif self.model.source != shipped.SCRATCH:
-            from ..lm import models
+            from .lm import models
             models.check_local_source(self.model.source)
 
 
@@ -236,7 +241,7 @@ class Arithmetic:
         from transformers import GenerationConfig
 
         from ..algos import rewards
-        from ..lm import models, problems, stacked
+        from .lm import models, problems, stacked
 
         run_configs = run_configs if isinstance(run_configs, list) else [run_configs]
         self.cfg, self.run_cfg = task_config, run_configs[0]
@@ -276,7 +281,7 @@ class Arithmetic:
     reward_task = "arithmetic"  # the rewards registered for this task (traits task=...)
 
     def _starting_model(self, dtype):
-        from ..lm import models, warmstart
+        from .lm import models, warmstart
 
         if self.cfg.warmstart.steps > 0:
             return models.load(str(warmstart.checkpoint(self.cfg, self.device)), self.device, dtype)
@@ -452,7 +457,7 @@ class Arithmetic:
     def _forward(self, ids: Tensor, attn: Tensor, responses: Tensor, mask: Tensor, with_entropy: bool):
         """fp32 log p and entropy (N, T) of responses (N, T) after prompts (N, P), under the sampler's
         tempered distribution softmax(fp32(logits) / T)."""
-        from ..logprobs import linear_logprobs, token_logprobs
+        from ..numerics.logprobs import linear_logprobs, token_logprobs
 
         tau, backend = self.cfg.sampling.temperature, self.run_cfg.backend
 
@@ -482,7 +487,7 @@ class Arithmetic:
     def sum_pi_squared(self, rollout: Rollout) -> Tensor:
         """(P, B, G, T) sum_v pi(v | prefix)^2 of the policy at each response position, under the sampling
         temperature: the fused head's chunks (never the (N, T, V) logits) unless backend is torch."""
-        from ..logprobs import linear_sum_pi_squared, token_sum_pi_squared
+        from ..numerics.logprobs import linear_sum_pi_squared, token_sum_pi_squared
 
         tau, backend = self.cfg.sampling.temperature, self.run_cfg.backend
         self.policy.eval()

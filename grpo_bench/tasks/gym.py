@@ -6,7 +6,7 @@ Everything but the problems is the arithmetic task's (tasks/arithmetic.py: model
 adapters, sampling, log-probs, held-out greedy accuracy, pass@k): this class replaces only
 its problem hooks. A prompt is an entry of the dataset's seeded generator: member with run
 seed s draws the batch of (epoch, draw) from a generator seeded by the stream
-(s, "prompts", epoch, draw) (grpo_bench/rng.py), so every variant with seed s sees the same
+(s, "prompts", epoch, draw) (grpo_bench/numerics/rng.py), so every variant with seed s sees the same
 prompts and other seeds others. The held-out set is the first `eval_size` distinct
 questions of the generator seeded by `eval_seed`; the training stream skips every entry
 whose question text is one of them. The reward is the dataset's `score_answer`
@@ -24,7 +24,7 @@ import string
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from .. import rng
+from ..numerics import rng
 from ..registry import register
 from .arithmetic import Arithmetic, LoraSection, ModelSection, SamplingSection
 
@@ -119,6 +119,19 @@ def score(entries: list[Entry], completions: list[str]) -> list[float]:
     return out
 
 
+@register("reward", "score", task="gym")
+def gym_score(prompts: list, completions: list, entry: list | None = None, **kwargs) -> list[float]:
+    """The reasoning-gym dataset's own verifier, score_answer(answer, entry), in [0, 1].
+
+    The answer is the completion's <answer>...</answer> if it has the tags, else the whole completion stripped.
+
+    Source: reasoning-gym's procedural datasets (open-thought/reasoning-gym), each with its verifier.
+    """
+    if entry is None:
+        return [0.0] * len(completions)
+    return score(entry, completions)
+
+
 def heldout(name: str, config: dict, size: int, seed: int) -> list[Entry]:
     """The first `size` entries of the generator seeded by `seed` that are distinct problems (Entry.problem)."""
     ds, seen = dataset(name, config, seed), {}
@@ -197,6 +210,11 @@ class GymConfig:
     def generation_budget(self) -> int:
         return self.sampling.max_new_tokens
 
+    def weights_id(self) -> str | None:
+        """What a run id holds of the weights this config loads (a shipped checkpoint's manifest hash)."""
+        from .lm import shipped
+        return shipped.weights_id(self)
+
     def check(self, run_cfg) -> None:
         from ..algos import rewards
 
@@ -233,7 +251,7 @@ SPLIT_KEYS = ("dataset", "config", "eval_size", "eval_seed")
 
 def _check_shipped(cfg) -> None:
     """A shipped start (build-start) was trained outside one held-out split: a config must keep it."""
-    from ..lm import shipped
+    from .lm import shipped
 
     if cfg.model.source == shipped.TINY:
         raise ValueError("model.source: tiny is the arithmetic start; give tiny-scratch, shipped:<dir> (build-start), "
@@ -257,8 +275,8 @@ def _check_shipped(cfg) -> None:
 
 def tokenizer():
     """The tiny models' character tokenizer, with the characters the compact renderings need."""
-    from ..lm.models import prepare_tokenizer
-    from ..lm.tokenizer import CHARS, build_char_tokenizer
+    from .lm.models import prepare_tokenizer
+    from .lm.tokenizer import CHARS, build_char_tokenizer
 
     return prepare_tokenizer(build_char_tokenizer(CHARS + CHARS_EXTRA))
 
@@ -272,7 +290,7 @@ class Gym(Arithmetic):
     reward_task = "gym"
 
     def _starting_model(self, dtype):
-        from ..lm import models, shipped
+        from .lm import models, shipped
 
         source = self.cfg.model.source
         if source == shipped.SCRATCH:

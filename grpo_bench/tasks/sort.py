@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from .. import rng
+from ..numerics import rng
 from ..algos import rewards as algos_rewards
-from ..kernels.chunked import _LOG_FLOOR
-from ..metrics import Metric
+from ..numerics.kernels.chunked import _LOG_FLOOR
+from ..store.metrics import Metric
 from ..registry import register
 from . import Rollout, guarded
 

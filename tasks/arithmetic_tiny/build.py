@@ -22,7 +22,7 @@ import transformers
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from grpo_bench.config import resolve_run  # noqa: E402
+from grpo_bench.config.run import resolve_run  # noqa: E402
 from grpo_bench.lm import models, shipped, warmstart  # noqa: E402
 from grpo_bench.registry import get  # noqa: E402
 

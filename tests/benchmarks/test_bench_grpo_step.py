@@ -36,7 +36,7 @@ import pytest
 import torch
 
 from benchmarks.test_bench_loss import CONFIG, reference as loss_reference
-from grpo_bench.logprobs import grpo_loss, linear_logprobs, token_logprobs
+from grpo_bench.numerics.logprobs import grpo_loss, linear_logprobs, token_logprobs
 
 VOCABS = {50_257: "gpt2", 151_936: "qwen"}
 TRITON = {"ours", "trl", "liger"}

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from grpo_bench.config import resolve_run
-from grpo_bench.logprobs import grpo_loss
+from grpo_bench.config.run import resolve_run
+from grpo_bench.numerics.logprobs import grpo_loss
 from grpo_bench.registry import get
 from grpo_bench.tasks import Rollout
 
@@ -84,8 +84,8 @@ def model_dir(case: Case, tmp_root) -> str:
     """A saved Qwen2 of the case's vocabulary, width and depth, built once per session."""
     key = (case.vocab, case.width, case.layers)
     if key not in _MODELS:
-        from grpo_bench.lm import models
-        from grpo_bench.lm.tokenizer import build_char_tokenizer
+        from grpo_bench.tasks.lm import models
+        from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
 
         path = tmp_root / f"qwen2-V{case.vocab}-H{case.width}-L{case.layers}"
         tok = models.prepare_tokenizer(build_char_tokenizer(size=case.vocab))
@@ -111,7 +111,7 @@ def setup(case: Case, device: str, tmp_root):
         task.policy.to(case.dtype)
         assert task._fused == (case.provider == "fused")
         gen = torch.Generator().manual_seed(0)
-        from grpo_bench.lm import problems
+        from grpo_bench.tasks.lm import problems
 
         batch = [problems.Problem(int(a), "add", int(b)) for a, b in torch.randint(0, 100, (case.prompts, 2), generator=gen)]
         ids, attn = task._prompts(batch)
@@ -166,7 +166,7 @@ def test_grpo_step(bench, step_case, device, tmp_path_factory):
 
 def check(task, ro: Rollout, case: Case, k: int = 2) -> None:
     """The provider's log-probs of the first k prompts' completions against the model's own logits."""
-    from grpo_bench.lm.models import positions
+    from grpo_bench.tasks.lm.models import positions
 
     t = ro.responses.shape[-1]
     g = case.samples

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from grpo_bench.logprobs import token_logprobs
+from grpo_bench.numerics.logprobs import token_logprobs
 
 VOCABS = {50_257: "gpt2", 151_936: "qwen"}
 SEQ = 512

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from grpo_bench.logprobs import grpo_loss
+from grpo_bench.numerics.logprobs import grpo_loss
 
 CONFIG = dict(loss={"name": "clipped", "clip_low": 0.2, "clip_high": 0.28}, kl="k3", kl_coef=0.04,
               aggregate="seq_mean_token_mean")

@@ -4,7 +4,7 @@ Plain tests (no benchmark fixture): they run in the normal test run, on CPU tens
 """
 import torch
 
-from grpo_bench.logprobs import token_logprobs
+from grpo_bench.numerics.logprobs import token_logprobs
 
 
 def test_cpu_measure_sees_tensors_and_temporaries(measure_peak):

@@ -56,9 +56,11 @@ def _train(case: Case, queue) -> None:
     """In a fresh process: train the case's runs in populations of case.population; report the cost."""
     import torch
 
-    from grpo_bench.config import load_ablation, resolve_run
-    from grpo_bench.runner import plan, populations
-    from grpo_bench.trainer import train_population
+    from grpo_bench.config.ablation import load_ablation
+    from grpo_bench.config.run import resolve_run
+    from grpo_bench.sweep.runner import plan
+    from grpo_bench.sweep.worker import populations
+    from grpo_bench.engine.trainer import train_population
 
     torch.set_num_threads(1)
     abl = load_ablation(f"ablations/{case.ablation}.yaml", seeds=case.seeds, sets=list(case.sets))

@@ -285,7 +285,7 @@ class FusedGRPOLoss(torch.autograd.Function):
 
 def fused_grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: Tensor, mask: Tensor,
                     spec: LossSpec, gate: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-    """logp (..., T), deltas (...) -> scalar loss, per-sequence sums (see grpo_bench.logprobs.grpo_loss)."""
+    """logp (..., T), deltas (...) -> scalar loss, per-sequence sums (see grpo_bench.numerics.logprobs.grpo_loss)."""
     spec.check()
     t = logp.shape[-1]
     if spec.aggregate == "prompt_mean":  # the kernel's rows are responses; prompt_mean needs their groups

@@ -13,7 +13,7 @@ arithmetic LM. Every ordering on every setting is judged on one quantity of one 
               `judge` (final unless it says area) decides. Where the two variants draw different
               numbers of samples (dynamic sampling), both are read at the smaller budget.
 
-From the per-seed values of each quantity, with grpo_bench.stats: the difference of means a − b
+From the per-seed values of each quantity, with grpo_bench.store.stats: the difference of means a − b
 (paired on per-seed differences where the variants share seeds, Welch's t where not), Holm's
 correction over the claim's testable orderings on that setting, the minimum detectable effect,
 TOST within the margin (the claim's, else the task's: a stated fraction of what its default
@@ -39,11 +39,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import metrics, registry, stats
+from .. import registry
+from ..store import metrics, stats
 from .compare import kendall, load_side
-from .config import ConfigError, check_orderings, load_ablation, parse_ordering, resolve_run, run_dict
-from .report import final_names, label_column, metrics_path, read_meta, read_table
-from .runner import read_metrics_file
+from ..errors import ConfigError
+from ..config.ablation import check_orderings, load_ablation, parse_ordering
+from ..config.run import run_dict
+from ..store.metrics import final_names
+from ..store.rundir import metrics_path, read_meta, read_table
+from .report import label_column
+from ..store.rundir import read_metrics_file
 
 # Results written before ablation.json recorded its task and its file's settings: the shipped files'
 # settings, in their order, and the task each trains. A setting added since never needs a line here.
@@ -65,7 +70,7 @@ def variant_configs(meta: dict, root: Path | None) -> dict:
                 abl = load_ablation(path, setting=setting)
             except (ConfigError, OSError, ValueError):
                 return {}
-            return {label: resolve_run(dict(raw, seed=abl.seeds[0]), str(path)) for label, _, raw in abl.variants}
+            return {label: cfg for (label, _, _), cfg in zip(abl.variants, abl.configs)}
     return {}
 
 

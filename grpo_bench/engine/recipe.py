@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import registry
-from .algos import Batch, masked_mean, masked_sum
-from .algos.deltas import EXTRA_NEEDS, Extra, clip_deltas
-from .config import PART_KEYS, RunConfig, run_dict
-from .logprobs import compose_loss, loss_needs_ref
+from .. import registry
+from ..algos import Batch, masked_mean, masked_sum
+from ..algos.deltas import EXTRA_NEEDS, Extra, clip_deltas
+from ..config.run import PART_KEYS, RunConfig, run_dict
+from ..numerics.logprobs import compose_loss, loss_needs_ref
 
 Numbers = dict[str, "float | Tensor"]
 # per-member trainer-level numbers: what a population may vary besides the parts' float parameters

@@ -40,7 +40,9 @@ from pathlib import Path
 
 import torch
 
-from ..config import ConfigError, read_yaml, resolve_run
+from ...errors import ConfigError
+from ...config.strict_yaml import read_yaml
+from ...config.run import resolve_run
 
 
 @dataclass
@@ -111,7 +113,7 @@ def _scratch_task(task: dict, start: StartSection) -> dict:
 
 def evaluate(task_section: dict, directory: Path) -> dict:
     """Held-out greedy accuracy, pass@k and mean@k of the model saved in `directory`, as the task measures them."""
-    from ..registry import get
+    from ...registry import get
 
     section = {**task_section, "model": {**task_section.get("model", {}), "source": str(directory)}}
     if section["name"] == "arithmetic":
@@ -141,8 +143,8 @@ def _save(model, tokenizer, out: Path) -> None:
 def build_gym(task: dict, start: StartSection, out: Path, log=print) -> tuple[dict, list[dict], int]:
     """SFT of a fresh tiny model on the generator's reference answers, checked every check_every steps;
     (accuracies at the stop, every check, steps) once a check meets the criterion, else ValueError."""
-    from .. import rng
-    from ..tasks import gym
+    from ...numerics import rng
+    from .. import gym
     from . import models, warmstart
 
     cfg = resolve_run({"task": _scratch_task(task, start)}).task

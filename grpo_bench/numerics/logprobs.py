@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import registry
-from .algos.common import masked_mean, seq_deltas
-from .algos.corrections import compose
-from .config import BACKENDS
+from .. import registry
+from ..algos.common import masked_mean, seq_deltas
+from ..algos.corrections import compose
+from ..config.run import BACKENDS
 from .kernels import check_triton
 from .kernels.chunked import _LOG_FLOOR, chunked_logprobs, chunked_sum_pi_squared, rows_sum_pi_squared
 from .kernels.linear import fused_linear_logprobs

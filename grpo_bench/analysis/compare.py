@@ -8,7 +8,7 @@ directory, the same variant on the same row and in the same colour in every pane
 and one markdown table (mean with its CI, interquartile mean, rank), with Kendall's
 tau-b between the variant orderings (by mean) of every pair of directories over the
 variants they share: does the toy order the variants as the LM does? Each pair of
-shared variants is then tested in every directory (grpo_bench.stats: paired where the
+shared variants is then tested in every directory (grpo_bench.store.stats: paired where the
 seeds match, Holm over the directory's pairs, MDE, TOST, a verdict), so a reader sees
 where both orderings are decided and where one of them could not have told. `gallery` writes results/README.md: for every ablation its
 question, its headline figure and a one-line answer computed from its summary.csv.
@@ -26,8 +26,11 @@ import numpy as np
 import pandas as pd
 from scipy.stats import kendalltau
 
-from . import report, stats
-from .config import ConfigError
+from . import report
+from ..store import stats
+from ..store import rundir
+from ..store.metrics import higher_is_better, main_column, resolve_column
+from ..errors import ConfigError
 
 
 @dataclass
@@ -50,28 +53,13 @@ class Side:
 def _read(d: Path) -> tuple[dict, pd.DataFrame]:
     if not (d / "ablation.json").is_file() or not (d / "summary.csv").is_file():
         raise ConfigError(str(d), "<dir>", "not a results directory (needs ablation.json and summary.csv)")
-    return report.read_meta(d), report.read_table(d / "summary.csv", ["run", "variant", "status"])
-
-
-def resolve_column(summary: pd.DataFrame, metric: str | None, source: str, meta: dict | None = None) -> str:
-    """A --metric as a user writes it (final/eval/accuracy, eval/accuracy, reward/mean, reward) -> a column;
-    none: the main metric of the directory's task."""
-    finals = [c for c in summary.columns if c.startswith("final/") and summary[c].notna().any()]
-    if metric is None:
-        column = report.main_column(summary, meta)
-        if column is None:
-            raise ConfigError(source, "--metric", f"no main metric found; valid: {', '.join(finals) or 'none'}")
-        return column
-    for c in (metric, f"final/{metric}", report.final_column(metric)):
-        if c in finals:
-            return c
-    raise ConfigError(source, "--metric", f"unknown {metric!r}; valid: {', '.join(finals) or 'none'}")
+    return rundir.read_meta(d), rundir.read_table(d / "summary.csv", ["run", "variant", "status"])
 
 
 def load_side(d: str | Path, metric: str | None) -> Side:
     d = Path(d)
     meta, summary = _read(d)
-    report.check_runs(d, meta, summary, partial=False)
+    rundir.check_runs(d, meta, summary, partial=False)
     if summary.empty:
         raise ConfigError(str(d / "summary.csv"), "run", "holds no runs: its sweep has not finished one")
     if not (summary.status == "ok").any():
@@ -111,7 +99,7 @@ def _title(s: Side) -> str:
 
 def markdown(sides: list[Side]) -> str:
     rows = _union(sides)
-    higher = [report.higher_is_better(s.column, s.meta) for s in sides]
+    higher = [higher_is_better(s.column, s.meta) for s in sides]
     ranks = [s.means.rank(ascending=not h, method="min") for s, h in zip(sides, higher)]
     head = ["variant"] + [f"{_title(s)} (rank)" for s in sides]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * len(sides)]
@@ -251,7 +239,7 @@ def gallery_text(root: str | Path) -> str:
              "each ablation's own `REPORT.md` has the full tables.", ""]
     for d in dirs:
         meta, summary = _read(d)
-        column = report.main_column(summary, meta)
+        column = main_column(summary, meta)
         # a link is a URL: a space or a non-ASCII letter in a folder's name is percent-encoded, or Markdown stops there
         head = next((quote(f"{d.name}/headline.{f}") for f in report.FORMATS if (d / f"headline.{f}").is_file()), None)
         lines += [f"## [{meta['name']}]({quote(d.name)}/REPORT.md)", "",

@@ -117,7 +117,7 @@ class StackedLoRA(nn.Module):
 def attach(model: nn.Module, targets: list[str], rank: int, alpha: float, dropout: float,
            seeds: list[int]) -> list[StackedLoRA]:
     """Freeze model and put a StackedLoRA on every module whose name is, or ends with, a target (peft's rule)."""
-    from .. import rng
+    from ...numerics import rng
 
     model.requires_grad_(False)
     layers = []

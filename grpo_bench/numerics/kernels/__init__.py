@@ -1,4 +1,4 @@
-"""Kernels behind grpo_bench.logprobs: the selected-token log-prob, the fused GRPO loss
+"""Kernels behind grpo_bench.numerics.logprobs: the selected-token log-prob, the fused GRPO loss
 and the fused LM-head log-prob.
 
     chunked.py  pure torch, row-chunked: never holds an (N, V) fp32 tensor; the CPU path
@@ -6,7 +6,7 @@ and the fused LM-head log-prob.
     loss.py     Triton: per-token ratio / clip / KL / mask / aggregation weights in one pass
     linear.py   hidden @ W^T in row chunks feeding either of the two log-prob row ops
 
-Nothing is imported here, so that `grpo_bench.logprobs` can use the torch paths on a
+Nothing is imported here, so that `grpo_bench.numerics.logprobs` can use the torch paths on a
 machine where Triton is missing; the Triton modules are imported on first use.
 """
 import os

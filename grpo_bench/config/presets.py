@@ -14,23 +14,10 @@ package `grpo_bench_tasks` otherwise (pyproject.toml maps one onto the other).
 from __future__ import annotations
 
 import copy
-import importlib.util
 from functools import lru_cache
-from pathlib import Path
 
-PACKAGE = "grpo_bench_tasks"
-
-
-@lru_cache(maxsize=1)
-def tasks_dir() -> Path:
-    checkout = Path(__file__).resolve().parents[1] / "tasks"
-    if (checkout / "__init__.py").is_file():
-        return checkout
-    spec = importlib.util.find_spec(PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"no task presets: neither {checkout} nor an installed {PACKAGE} package")
-    return Path(list(spec.submodule_search_locations)[0])
-
+from ..registry import tasks_dir
+from .strict_yaml import read_yaml
 
 def names() -> list[str]:
     return sorted(p.stem for p in tasks_dir().glob("*.yaml"))
@@ -38,8 +25,6 @@ def names() -> list[str]:
 
 @lru_cache(maxsize=None)
 def _read(name: str) -> dict:
-    from .config import read_yaml  # config imports this module; read_yaml names the file and key of a bad one
-
     path = tasks_dir() / f"{name}.yaml"
     doc = read_yaml(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("task"), dict) or "name" not in doc["task"]:

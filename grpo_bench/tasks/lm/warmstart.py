@@ -29,7 +29,7 @@ VERSION = 4  # bump when the SFT recipe changes, so old checkpoints are not reus
 
 def cache_root() -> Path:
     env = os.environ.get("GRPO_BENCH_CACHE")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / ".cache" / "grpo_bench"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / ".cache" / "grpo_bench"
 
 
 def _model_identity(model_id: str) -> object:

@@ -8,9 +8,12 @@ YAML 1.2 mean the number. `load` fixes both; the error says where, as a dotted k
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ..errors import ConfigError
 
 
 class DuplicateKey(yaml.YAMLError):
@@ -61,3 +64,26 @@ Loader.add_implicit_resolver(
 def load(text: str) -> Any:
     """The document in text; DuplicateKey (a yaml.YAMLError) names a repeated key as a dotted path."""
     return yaml.load(text, Loader=Loader)
+
+
+def read_yaml(path: Path) -> Any:
+    """A user's YAML file, or ConfigError naming it: unreadable, not UTF-8, invalid, or a key given twice."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(str(path), "<file>", e.strerror or str(e)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ConfigError(str(path), f"line {line}", f"not UTF-8 text: byte 0x{data[e.start]:02x} at offset "
+                          f"{e.start}; save the file as UTF-8") from None
+    try:
+        return load(text)
+    except DuplicateKey as e:
+        raise ConfigError(str(path), e.key, f"duplicate key (lines {e.first} and {e.second}); "
+                          "YAML would keep only the last") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "<file>"
+        raise ConfigError(str(path), where, f"invalid YAML: {getattr(e, 'problem', e)}") from None

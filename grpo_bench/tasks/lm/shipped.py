@@ -20,7 +20,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from .. import presets
+from ...config import presets
 
 TINY, SCRATCH = "tiny", "tiny-scratch"
 PREFIX = "shipped:"

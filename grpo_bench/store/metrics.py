@@ -42,10 +42,15 @@ from __future__ import annotations
 
 import fnmatch
 import math
+from typing import TYPE_CHECKING
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
-from . import registry
+from .. import registry
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 INF = math.inf
 SCALES = ("linear", "log", "heavy")
@@ -211,6 +216,8 @@ def headline(task: str | None = None) -> list[Metric]:
 # ----------------------------------------------------------------------------- tasks
 
 
+
+
 @dataclass(frozen=True)
 class TaskInfo:
     """What results are judged on: a task's declaration, as ablation.json records it under "task"."""
@@ -269,7 +276,7 @@ def declared_task(name: str) -> TaskInfo:
 
 
 def recorded_task(meta: dict | None) -> TaskInfo | None:
-    """ablation.json's "task" (report.read_meta checked its keys), or None where it has none. How it is judged
+    """ablation.json's "task" (rundir.read_meta checked its keys), or None where it has none. How it is judged
     (JUDGING) is the task's declaration where the task is registered: a rule changed since the runs applies
     to them; else what the record says, else nothing beyond its main metric."""
     t = (meta or {}).get("task")
@@ -294,12 +301,54 @@ def task_of(meta: dict | None, metric_names) -> TaskInfo | None:
     return next((declared_task(task) for marker, task in LEGACY if marker in names and task in known), None)
 
 
-def ablation_record(abl) -> dict:
-    """What the runner adds to ablation.json for an ablation (config.Ablation): "task", the declaration of
-    the task its variants train (None when they train several), and "settings", its file's settings in
-    their order (None for a file without them), which FINDINGS.md orders its columns by."""
-    from .config import ablation_settings, resolve_run, task_name
+def final_names(summary: pd.DataFrame) -> set[str]:
+    """The metrics whose final value summary.csv holds for some run."""
+    return {metric_of(c) for c in summary.columns if c.startswith("final/") and summary[c].notna().any()}
 
-    names = {task_name(resolve_run(dict(raw, seed=abl.seeds[0]), abl.source)) for _, _, raw in abl.variants}
-    return {"task": declared_task(names.pop()).record() if len(names) == 1 else None,
-            "settings": ablation_settings(abl.source) if abl.setting is not None else None}
+
+def main_metrics(metric_names, meta: dict | None = None) -> list[str]:
+    """The headline figure's panels that were logged: the task's main curve, then those beside it."""
+    names = set(metric_names)
+    task = task_of(meta, names)
+    return [m for m in task.curves if m in names] if task else []
+
+
+def main_column(summary: pd.DataFrame, meta: dict | None = None) -> str | None:
+    """The summary column of the task's main metric (final/reward on the toy, final/eval/accuracy on the
+    LM), else its main curves' or the first headline column with values; None without any."""
+    names = final_names(summary)
+    task = task_of(meta, names)
+    found = [c for c in [task.main_metric] if metric_of(c) in names] if task else []
+    found += [final_column(m) for m in main_metrics(names, meta)] + [h[0] for h in headline_columns(summary, meta)]
+    return found[0] if found else None
+
+
+def higher_is_better(column: str, meta: dict | None = None) -> bool:
+    """Which way "best" reads on a summary column: as recorded for the task's main metric, else as declared
+    (higher where the declaration says neither)."""
+    task = recorded_task(meta)
+    if task is not None and task.main_metric == column:
+        return task.higher_is_better
+    return get(column).higher_is_better is not False
+
+
+def headline_columns(summary: pd.DataFrame, meta: dict | None = None) -> list[tuple[str, str, str]]:
+    """(summary column, its label, its metric) of every headline metric declared for the task with a value."""
+    task = task_of(meta, final_names(summary))
+    return [(m.column, m.summary, m.name) for m in headline(task.name if task else None)
+            if m.column in summary.columns and summary[m.column].notna().any()]
+
+
+def resolve_column(summary: pd.DataFrame, metric: str | None, source: str, meta: dict | None = None) -> str:
+    """A --metric as a user writes it (final/eval/accuracy, eval/accuracy, reward/mean, reward) -> a column;
+    none: the main metric of the directory's task."""
+    finals = [c for c in summary.columns if c.startswith("final/") and summary[c].notna().any()]
+    if metric is None:
+        column = main_column(summary, meta)
+        if column is None:
+            raise ConfigError(source, "--metric", f"no main metric found; valid: {', '.join(finals) or 'none'}")
+        return column
+    for c in (metric, f"final/{metric}", final_column(metric)):
+        if c in finals:
+            return c
+    raise ConfigError(source, "--metric", f"unknown {metric!r}; valid: {', '.join(finals) or 'none'}")

@@ -41,7 +41,7 @@ N_BOOT = 2000    # bootstrap resamples for IQM and P(X > Y)
 MAX_SEEDS = 1000  # "about N seeds" is not worth computing past this
 
 def default_margin(column: str) -> float | None:
-    """The equivalence margin a metric declares for itself (grpo_bench/metrics.py; none of the core's do),
+    """The equivalence margin a metric declares for itself (grpo_bench/store/metrics.py; none of the core's do),
     used where neither the claim nor the task says; None where none is declared."""
     return metrics.get(column).margin
 

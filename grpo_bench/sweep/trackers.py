@@ -35,7 +35,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .config import ConfigError
+from ..errors import ConfigError
 
 
 def check_installed(names) -> None:
@@ -181,7 +181,7 @@ class Trackio:
 
     def log(self, run: str, variant: str, cfg: dict, rows: list, summary: dict) -> None:
         if self.child is None:
-            self.child = subprocess.Popen([sys.executable, "-m", "grpo_bench.trackers", "trackio", self.project],
+            self.child = subprocess.Popen([sys.executable, "-m", "grpo_bench.sweep.trackers", "trackio", self.project],
                                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                                           env=dict(os.environ, TRACKIO_DIR=self.store))
         steps = _steps(rows) or [(0, {})]

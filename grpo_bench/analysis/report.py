@@ -7,8 +7,8 @@ without training. What the figures draw over seeds:
   band on three seeds is wider than the data and leaves the metric's range);
 - heavy-tailed diagnostics (ratios, grad norms, KL(old), times): median and
   quartiles on a log scale;
-- every line and band is clipped to its metric's declared range (grpo_bench/metrics.py).
-Differences between variants' per-seed final values are tested by grpo_bench.stats: paired
+- every line and band is clipped to its metric's declared range (grpo_bench/store/metrics.py).
+Differences between variants' per-seed final values are tested by grpo_bench.store.stats: paired
 on per-seed differences where two variants share their seeds, Welch's t where they do not,
 Holm-corrected over all pairs; "beyond seed noise" means p_holm < 0.05. Every pair also gets
 its minimum detectable effect, a TOST equivalence test within the metric's margin and a
@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import itertools
-import json
 import math
 import os
 import re
@@ -36,9 +35,9 @@ from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from . import metrics, stats  # noqa: E402
-from .config import ConfigError  # noqa: E402
-from .runner import read_metrics_file  # noqa: E402
+from ..store import metrics, stats  # noqa: E402
+from ..store.metrics import final_names, headline_columns, higher_is_better, main_column, main_metrics  # noqa: E402
+from ..store.rundir import load  # noqa: E402
 
 ALPHA = stats.ALPHA  # "beyond seed noise": p_holm below this
 BAND_SEEDS = 5  # fewer seeds than this: draw the seeds themselves, not a band
@@ -51,7 +50,7 @@ DIAGNOSTICS = ["clip/*", "kl/*", "entropy", "ratio/*", "grad/norm", "reward/zero
 
 @dataclass(frozen=True)
 class Range:
-    """How a metric is drawn, from its declaration (grpo_bench/metrics.py)."""
+    """How a metric is drawn, from its declaration (grpo_bench/store/metrics.py)."""
 
     lo: float = -math.inf
     hi: float = math.inf
@@ -66,41 +65,6 @@ def metric_range(metric: str) -> Range:
 
 def label(metric: str) -> str:
     return metrics.get(metric).label or metric
-
-
-def final_column(metric: str) -> str:
-    return metrics.final_column(metric)
-
-
-def final_names(summary: pd.DataFrame) -> set[str]:
-    """The metrics whose final value summary.csv holds for some run."""
-    return {metrics.metric_of(c) for c in summary.columns if c.startswith("final/") and summary[c].notna().any()}
-
-
-def main_metrics(metric_names, meta: dict | None = None) -> list[str]:
-    """The headline figure's panels that were logged: the task's main curve, then those beside it."""
-    names = set(metric_names)
-    task = metrics.task_of(meta, names)
-    return [m for m in task.curves if m in names] if task else []
-
-
-def main_column(summary: pd.DataFrame, meta: dict | None = None) -> str | None:
-    """The summary column of the task's main metric (final/reward on the toy, final/eval/accuracy on the
-    LM), else its main curves' or the first headline column with values; None without any."""
-    names = final_names(summary)
-    task = metrics.task_of(meta, names)
-    found = [c for c in [task.main_metric] if metrics.metric_of(c) in names] if task else []
-    found += [final_column(m) for m in main_metrics(names, meta)] + [h[0] for h in headline_columns(summary, meta)]
-    return found[0] if found else None
-
-
-def higher_is_better(column: str, meta: dict | None = None) -> bool:
-    """Which way "best" reads on a summary column: as recorded for the task's main metric, else as declared
-    (higher where the declaration says neither)."""
-    task = metrics.recorded_task(meta)
-    if task is not None and task.main_metric == column:
-        return task.higher_is_better
-    return metrics.get(column).higher_is_better is not False
 
 
 # ------------------------------------------------------------------------------ style
@@ -585,129 +549,6 @@ def fits_section(fits: dict, tests: list[dict]) -> list[str]:
 # ----------------------------------------------------------------------------- report
 
 
-META_KEYS = {"name": str, "source": str, "variants": list, "seeds": list, "runs": list}
-
-
-def read_meta(d: Path) -> dict:
-    """d/ablation.json, checked; ConfigError naming the file when it is missing, not JSON or lacks a key."""
-    path = d / "ablation.json"
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(str(d), "<dir>", "not a results directory: no ablation.json") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ConfigError(str(path), "<file>", f"not valid JSON: {str(e).splitlines()[0]}") from None
-    if not isinstance(meta, dict):
-        raise ConfigError(str(path), "<root>", f"expected a mapping with {', '.join(META_KEYS)}")
-    bad = [key for key, kind in META_KEYS.items() if not isinstance(meta.get(key), kind)]
-    if bad:
-        raise ConfigError(str(path), ", ".join(bad), "missing or of the wrong type; the runner writes "
-                          + ", ".join(f"{k} ({t.__name__})" for k, t in META_KEYS.items()))
-    task = meta.get("task")  # absent before results recorded their task, null when the variants train several
-    if task is not None:
-        keys = metrics.TASK_KEYS
-        bad = [k for k, kind in keys.items() if not isinstance(task, dict) or not isinstance(task.get(k), kind)]
-        if bad:
-            raise ConfigError(str(path), "task" + (f".{bad[0]}" if isinstance(task, dict) else ""),
-                              "missing or of the wrong type; the runner writes a mapping with "
-                              + ", ".join(f"{k} ({t.__name__})" for k, t in keys.items()))
-    return meta
-
-
-def read_table(path: Path, columns: list[str], dtype: dict | None = None) -> pd.DataFrame:
-    """A CSV the runner wrote, with at least `columns`; ConfigError when it is empty, cut short or unreadable.
-    A lone newline is the table of no runs, which a sweep interrupted before its first run leaves."""
-    data = path.read_bytes()
-    if data == b"\n":
-        return pd.DataFrame(columns=columns)
-    if not data:
-        raise ConfigError(str(path), "<file>", "empty (0 bytes): damaged; rerun the sweep to rewrite it")
-    if not data.endswith(b"\n"):
-        raise ConfigError(str(path), "<file>", "cut short (no final newline): damaged; rerun the sweep to rewrite it")
-    try:
-        df = pd.read_csv(path, dtype=dtype)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
-        raise ConfigError(str(path), "<file>", f"unreadable: {str(e).splitlines()[0]}") from None
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ConfigError(str(path), "<columns>", f"no column {', '.join(missing)}; has {', '.join(map(str, df.columns))}")
-    return df
-
-
-def check_runs(out: Path, meta: dict, summary: pd.DataFrame, table: pd.DataFrame | None = None,
-               partial: bool = True) -> None:
-    """ConfigError when summary.csv (or the metrics table) holds runs that ablation.json does not plan (another
-    sweep's), or, unless `partial`, lacks runs it plans (rows deleted, or a sweep not finished): its numbers
-    would be read as this plan's, with fewer seeds or unpaired. Silent for an ablation.json without `runs`."""
-    planned = meta.get("runs")
-    if not isinstance(planned, list):
-        return
-    plan = set(map(str, planned))
-    for path, runs in [(out / "summary.csv", summary.run), (metrics_path(out), None if table is None else table.run)]:
-        if runs is None:
-            continue
-        other = sorted(set(runs.astype(str)) - plan)
-        if other:
-            raise ConfigError(str(path), "run", f"holds {len(other)} runs that ablation.json does not plan (e.g. "
-                              f"{other[0]}): another sweep's results; rerun this ablation into its own --out")
-    if not partial:
-        missing = [r for r in planned if r not in set(summary.run.astype(str))]
-        if missing:
-            raise ConfigError(str(out / "summary.csv"), "run", f"has {len(planned) - len(missing)} of the "
-                              f"{len(planned)} runs ablation.json plans (e.g. no {missing[0]}): rows deleted, or "
-                              "the sweep has not finished; run its command again to finish and collect them")
-
-
-def metrics_path(out: Path) -> Path | None:
-    """The long metrics table of a results directory: metrics.parquet, or metrics.csv from before it."""
-    return next((p for p in (out / "metrics.parquet", out / "metrics.csv") if p.is_file()), None)
-
-
-def load(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
-    """(ablation.json, summary.csv, the metrics table) of a results directory; ConfigError naming a bad file."""
-    meta = read_meta(out)
-    summary = read_table(out / "summary.csv", ["run", "variant", "status"])
-    if summary.empty:
-        summary = pd.DataFrame(columns=["run", "variant", "seed", "status", "error", "wall_s"])
-    path = metrics_path(out)
-    if path is None:
-        raise ConfigError(str(out), "<dir>", "not a results directory: no metrics.parquet or metrics.csv")
-    columns, names = ["run", "variant", "step", "metric", "value"], {"run": "category", "variant": "category",
-                                                                    "metric": "category"}
-    if path.suffix == ".csv":
-        table = read_table(path, columns, names)
-    else:
-        try:
-            table = read_metrics_file(path)
-        except ValueError as e:
-            raise ConfigError(str(path), "<file>", f"{e}: damaged; rerun the sweep to rewrite it") from None
-        missing = [c for c in columns if c not in table.columns]  # before the cast, which needs them
-        if missing:
-            raise ConfigError(str(path), "<columns>", f"no column {', '.join(missing)}; has "
-                              f"{', '.join(map(str, table.columns))}")
-        table = table.astype(names)
-    if len(table) and not (pd.api.types.is_numeric_dtype(table.value) and pd.api.types.is_numeric_dtype(table.step)):
-        raise ConfigError(str(path), "value", "holds a step or value that is not a number: damaged")
-    check_runs(out, meta, summary, table)
-    return meta, summary, table
-
-
-def finished_in_report(path: Path) -> int | None:
-    """How many finished runs a REPORT.md written by `_markdown` reports; None without one."""
-    try:
-        found = re.search(r"; (\d+) runs finished, \d+ failed", path.read_text())
-    except (OSError, UnicodeDecodeError):
-        return None
-    return int(found.group(1)) if found else None
-
-
-def headline_columns(summary: pd.DataFrame, meta: dict | None = None) -> list[tuple[str, str, str]]:
-    """(summary column, its label, its metric) of every headline metric declared for the task with a value."""
-    task = metrics.task_of(meta, final_names(summary))
-    return [(m.column, m.summary, m.name) for m in metrics.headline(task.name if task else None)
-            if m.column in summary.columns and summary[m.column].notna().any()]
-
-
 def _offsets(headline: list[tuple[str, str, str]]) -> set[str]:
     """The headline columns that are another headline metric shifted by a constant (the same curve again)."""
     present = {m for _, _, m in headline}
@@ -744,7 +585,7 @@ def build_figures(out: str | Path, fits: dict | None = None) -> list[tuple[str, 
             fig, bands = curves_figure(meta, summary, curves, [metric], styles, label(metric))
             figures.append((f"curve_{slug(metric)}", fig, f"{label(metric)} over training ({bands[0]})"))
         if headline and not ok.empty:
-            mains = [final_column(m) for m in main]
+            mains = [metrics.final_column(m) for m in main]
             cols = sorted(headline, key=lambda h: (h[0] not in mains, mains.index(h[0]) if h[0] in mains else 0))
             cols = [(c, n) for c, n, _ in cols if c not in _offsets(headline)][:3]
             figures.append(("final_values", final_values_figure(meta, summary, cols, styles),

@@ -27,10 +27,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from .config import ConfigError
-from .runner import Result, RunSpec, failed_result, train_group
+from ..errors import ConfigError
+from .worker import Result, RunSpec, failed_result, train_group
 
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]  # grpo_bench/
 # shipped with every job; the run's own --out is added when it lies inside the checkout
 EXCLUDES = ["/.git", "/.venv", "/.cache", "/results", "/tests", "/.ci", "/.benchmarks", "/.pytest_cache",
             "__pycache__", "*.egg-info"]

@@ -48,15 +48,16 @@ import torch
 from torch import Tensor
 from torch.func import vmap
 
-from . import registry, rng
-from .algos import Batch, masked_mean
-from .algos.corrections import mismatch
-from .algos.deltas import Extra
-from .config import RunConfig, task_name
-from .metrics import tail as tail_metrics
+from .. import registry
+from ..numerics import rng
+from ..algos import Batch, masked_mean
+from ..algos.corrections import mismatch
+from ..algos.deltas import Extra
+from ..config.run import RunConfig, task_name
+from ..store.metrics import tail as tail_metrics
 from .optim import StackedOptimizer, clip_grad_norm
 from .recipe import Recipe
-from .tasks import Rollout
+from ..tasks import Rollout
 
 Row = tuple[int, str, float]  # (step, metric, value)
 
@@ -293,7 +294,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
     step_per_member = _per_member_parts(step_filters)
     total_steps = cfg.epochs * cfg.inner_steps
     epoch_rewards: list[list[float]] = [[] for _ in cfgs]
-    # per-rollout metrics declared `tail` (grpo_bench/metrics.py), summarised as final/<metric> over the
+    # per-rollout metrics declared `tail` (grpo_bench/store/metrics.py), summarised as final/<metric> over the
     # last 10% of epochs (final/reward is reward/mean's): what a claim naming a training metric is judged on
     tails: list[dict[str, list[float]]] = [{m: [] for m in tail_metrics(type(task))} for _ in cfgs]
     samples = [0.0] * len(cfgs)

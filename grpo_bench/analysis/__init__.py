@@ -1,0 +1,3 @@
+"""The analysis wing: figures and REPORT.md (report.py), compare and the gallery (compare.py), FINDINGS.md
+(findings.py). It reads results directories through the results wing only, and never imports torch.
+"""

@@ -1,0 +1,321 @@
+"""An ablation file: a grid of variants x seeds over a base config, its settings and its claim.
+
+The claim's orderings are checked here, when the file loads: duplicates, two names for one run config,
+and an "=" with no equivalence margin are refused in one line naming the claim.
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import registry
+from ..store import metrics
+from ..store.stats import split_ordering
+from ..errors import ConfigError
+from .run import (MAX_SEEDS, SEED_LIMIT, RunConfig, _require, config_hash, load_includes, parse_set, resolve_run,
+                  set_dotted, task_name)
+from .strict_yaml import read_yaml
+
+# ---------------------------------------------------------------------- ablation
+
+
+@dataclass
+class Ablation:
+    """A grid of variants x seeds over a base config, read from one YAML file."""
+
+    name: str
+    source: str
+    description: str
+    axes: list[str]                        # keys varied across variants (variant columns)
+    variants: list[tuple[str, dict, dict]]  # (label, axis values, full raw run dict)
+    seeds: list[int]
+    resources: dict = field(default_factory=lambda: dict(RESOURCES))
+    """What one run asks of a Ray node ({cpus, gpus}); not part of the run config or its hash."""
+    claim: dict | None = None
+    """A published claim the ablation tests (text, source, setting, expect: ["a > b", ...], and optionally
+    metric, untestable, margin: the equivalence margin in the metric's units, one number or one per setting,
+    and judge: final (the value at the end of the budget, the default) or area (the mean of the curve over
+    the budget against samples drawn))."""
+    setting: str | None = None
+    """Which of the file's `settings` this is (the same variants on another task), or None."""
+    configs: list = field(default_factory=list)
+    """Each variant's resolved RunConfig, in the order of `variants`: resolved once, here, and handed to the
+    plan, the workers and the hash (config.run.with_seed gives each seed's)."""
+
+
+ABLATION_KEYS = ("name", "description", "include", "claim", "settings", "base", "grid", "variants", "seeds",
+                 "resources")
+CLAIM_KEYS = ("text", "source", "setting", "expect", "metric", "untestable", "margin", "judge")
+JUDGE = ("final", "area")  # what a claim is about: the end of the budget, or the whole curve (its speed)
+RESOURCES = {"cpus": 1, "gpus": 0}
+
+
+def _resources(value: Any, overrides: list[tuple[str, Any]], src: str) -> dict:
+    value = {} if value is None else value
+    if not isinstance(value, dict):
+        raise ConfigError(src, "resources", "expected a mapping, e.g. {cpus: 1, gpus: 0.25}")
+    res = dict(RESOURCES)
+    items = [(src, k, v) for k, v in value.items()] + [("--set", k, v) for k, v in overrides]
+    for source, key, v in items:
+        if key not in RESOURCES:
+            raise ConfigError(source, f"resources.{key}", "unknown key; valid: " + ", ".join(RESOURCES))
+        number = isinstance(v, (int, float)) and not isinstance(v, bool) and v < float("inf")
+        # Ray's rule: a share of one device, or whole devices
+        if not number or not (v >= 0 if key == "gpus" else v > 0) or (v > 1 and v != int(v)):
+            raise ConfigError(source, f"resources.{key}", f"expected {'0, ' if key == 'gpus' else ''}"
+                              f"a fraction below 1 (e.g. 0.25) or a whole number, got {v!r}")
+        res[key] = int(v) if v == int(v) else float(v)
+    return res
+
+
+def ablation_settings(path: str | Path) -> list[str]:
+    """The names of a file's `settings` (the same variants on other tasks), [] if it has none."""
+    doc = read_yaml(Path(path))
+    settings = doc.get("settings") if isinstance(doc, dict) else None
+    if settings is None:
+        return []
+    if not isinstance(settings, dict) or not settings or not all(isinstance(v, dict) for v in settings.values()):
+        raise ConfigError(str(path), "settings", "expected a mapping name -> {run config keys, seeds}")
+    return list(settings)
+
+
+def _claim(value: Any, src: str) -> dict | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(k in value for k in ("text", "source", "expect")):
+        raise ConfigError(src, "claim", "expected a mapping with text, source and expect (a list of 'a > b')")
+    for key in value:
+        if key not in CLAIM_KEYS:
+            raise ConfigError(src, f"claim.{key}", "unknown key; valid: " + ", ".join(CLAIM_KEYS))
+    expect = value["expect"]
+    if not isinstance(expect, list) or not expect or not all(isinstance(e, str) for e in expect):
+        raise ConfigError(src, "claim.expect", f"expected a list of 'variant > variant' or 'variant = variant', "
+                          f"got {expect!r}")
+    for e in expect:
+        try:
+            parse_ordering(e)
+        except ValueError as err:
+            raise ConfigError(src, "claim.expect", str(err)) from None
+    if value.get("judge", "final") not in JUDGE:
+        raise ConfigError(src, "claim.judge", f"expected one of {', '.join(JUDGE)}, got {value['judge']!r}")
+    margin = value.get("margin")
+    for key, m in (margin.items() if isinstance(margin, dict) else [(None, margin)] if "margin" in value else []):
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float("inf"):
+            raise ConfigError(src, "claim.margin" + (f".{key}" if key is not None else ""),
+                              f"expected a positive number in the metric's units (e.g. 0.02), or a mapping "
+                              f"setting -> number, got {m!r}")
+    return value
+
+
+def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | None = None,
+                  setting: str | None = None, include: list[str] | None = None) -> Ablation:
+    """`include`: --include paths (from the working directory), added to the file's own `include:`
+    (paths from the file's directory)."""
+    path = Path(path)
+    src = str(path)
+    doc = read_yaml(path)
+    if not isinstance(doc, dict):
+        raise ConfigError(src, "<root>", "expected a mapping with keys " + ", ".join(ABLATION_KEYS))
+    for key in doc:
+        if key not in ABLATION_KEYS:
+            raise ConfigError(src, str(key), "unknown key; valid: " + ", ".join(ABLATION_KEYS))
+    base = doc.get("base") or {}
+    if not isinstance(base, dict):
+        raise ConfigError(src, "base", "expected a mapping of run config keys")
+    own = doc.get("include") or []
+    if isinstance(own, str):
+        own = [own]
+    _require(isinstance(own, list) and all(isinstance(p, str) for p in own), src, "include",
+             f"expected a path or a list of paths to .py files or directories, got {own!r}")
+    paths = [str((path.parent / p).expanduser().resolve()) for p in own]
+    paths += [str(Path(p).expanduser().resolve()) for p in include or []]
+    if paths:
+        base = {**base, "include": list(dict.fromkeys([*base.get("include", []), *paths]))}
+        load_includes(base["include"], "--include" if include and not own else src)
+    claim = _claim(doc.get("claim"), src)
+    names = ablation_settings(path)
+    file_seeds = doc.get("seeds", 3)
+    if names or setting is not None:
+        if setting not in names:
+            raise ConfigError(src if setting is None else "--setting", "settings",
+                              f"unknown setting {setting!r}; valid: {', '.join(names) or 'none'}")
+        chosen = copy.deepcopy(doc["settings"][setting])
+        file_seeds = chosen.pop("seeds", file_seeds)
+        for key, value in chosen.items():  # a setting is base keys on top of base
+            set_dotted(base, key, value, f"{src}: settings.{setting}")
+    overrides = parse_set(sets or [])
+    resources = _resources(doc.get("resources"), [(k[len("resources."):], v) for k, v in overrides
+                                                         if k.startswith("resources.")], src)
+    overrides = [(k, v) for k, v in overrides if not k.startswith("resources.")]
+    for key, value in overrides:
+        set_dotted(base, key, value, "--set")
+
+    grid = doc.get("grid") or {}
+    named = doc.get("variants") or {}
+    if not isinstance(grid, dict):
+        raise ConfigError(src, "grid", "expected a mapping key -> list of values")
+    if not isinstance(named, dict):
+        raise ConfigError(src, "variants", "expected a mapping name -> {key: value}")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(src, f"grid.{key}", "expected a non-empty list of values")
+        seen = set()
+        for v in values:  # a repeated value is the same runs counted as a second variant
+            canon = json.dumps(_numbers_as_floats(v), sort_keys=True, default=str)
+            if canon in seen:
+                raise ConfigError(src, f"grid.{key}", f"value {_fmt(v)!r} is listed twice; each value is one variant")
+            seen.add(canon)
+        if key == "seed" and len(values) > 1:
+            raise ConfigError(src, "grid.seed", "seeds come from `seeds` (or --seeds); a grid over seed would run "
+                              "the same runs under each label")
+    for vname, ov in named.items():
+        if not isinstance(ov, dict):
+            raise ConfigError(src, f"variants.{vname}", "expected a mapping of run config keys")
+    if not grid and not named:
+        raise ConfigError(src, "grid", "empty: give `grid` (key -> values) and/or `variants` (name -> overrides)")
+
+    axes = list(grid)
+    cells = [dict(zip(axes, combo)) for combo in itertools.product(*grid.values())] or [{}]
+    named_items = list(named.items()) or [(None, {})]
+    resolved: list[RunConfig] = []  # each variant's run config, in the order of `variants`
+    if named:
+        axes = ["variant_name"] + axes
+    variants = []
+    for vname, ov in named_items:
+        for cell in cells:
+            run = copy.deepcopy(base)
+            for key, value in ov.items():
+                set_dotted(run, key, value, src)
+            for key, value in cell.items():
+                set_dotted(run, key, value, src)
+            for key, value in overrides:  # --set wins over the grid too
+                set_dotted(run, key, value, "--set")
+            label_parts = ([vname] if vname is not None else []) + [f"{k}={_fmt(v)}" for k, v in cell.items()]
+            values = ({"variant_name": vname} if vname is not None else {}) | cell
+            # fail now, naming the file (or --set, where the bad value came from), rather than inside a worker
+            try:
+                resolved.append(resolve_run(run, src))
+            except ConfigError as e:
+                if any(_overlaps(e.key, k) for k, _ in overrides):
+                    raise ConfigError("--set", e.key, e.message) from None
+                raise
+            variants.append((",".join(label_parts), values, run))
+
+    seed_list = _seeds(file_seeds if seeds is None else seeds, src if seeds is None else "--seeds")
+    name = doc.get("name") or path.stem
+    if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum():
+        raise ConfigError(src, "name", f"expected a plain name (letters, digits, _ -), got {name!r}")
+    if claim is not None:
+        for key in claim.get("margin") if isinstance(claim.get("margin"), dict) else []:
+            if key not in names:
+                raise ConfigError(src, f"claim.margin.{key}", f"unknown setting; valid: {', '.join(names) or 'none'}")
+        labels = [label for label, _, _ in variants]
+        for e in claim["expect"]:
+            for side in parse_ordering(e)[:2]:
+                if side not in labels:
+                    raise ConfigError(src, "claim.expect", f"{side!r} is no variant; valid: {', '.join(labels)}")
+        if claim.get("metric"):  # named in the file, found now: not after the first batch of --seeds auto
+            cls = registry.get("task", task_name(resolved[0]))
+            asked = claim["metric"]
+            column = asked if asked.startswith("final/") else metrics.final_column(asked)
+            if not metrics.final_known(cls, column):
+                raise ConfigError(src, "claim.metric", f"{asked!r}: no run of task {task_name(resolved[0])} writes "
+                                  f"{column}; valid: {', '.join(metrics.final_columns(cls))}")
+        check_orderings(claim, dict(zip(labels, resolved)), setting, f"{src}: claim of {name}")
+    return Ablation(name if setting is None else f"{name}_{setting}", src, str(doc.get("description", "")).strip(),
+                    axes, variants, seed_list, resources, claim, setting, resolved)
+
+
+def parse_ordering(e: str) -> tuple[str, str, str]:
+    """'a > b' -> (a, b, '>'); 'a = b' -> (a, b, '='); grid labels with spaces around the sign
+    ('lr=0.001 > lr=0.002'). ValueError for anything else."""
+    a, b, kind = split_ordering(e)
+    if kind == "vs":
+        raise ValueError(f"{e!r}: expected 'a > b' or 'a = b' in a claim ('vs' is a plain pair's)")
+    return a, b, kind
+
+
+def check_orderings(claim: dict, configs: dict[str, "RunConfig"] | None, setting: str | None, where: str,
+                    task=None) -> None:
+    """What a claim may not ask, as a one-line ConfigError naming `where` (the file and claim) and the ordering:
+    the same pair of variants twice (in either direction, or as both "=" and ">": Holm's m and the counts
+    would count it twice); two variants that resolve to the same run config (configs: label -> RunConfig;
+    the same runs under two names cannot differ); "a = b" on a metric with no margin (no equivalence
+    test, so it could never hold). task: the metrics.TaskInfo the claim runs on (from configs where None)."""
+    from ..store import stats
+
+    seen: dict[frozenset, str] = {}
+    for e in claim["expect"]:
+        a, b, kind = parse_ordering(e)
+        if a == b:
+            raise ConfigError(where, "claim.expect", f"{e!r} compares {a} with itself")
+        pair = frozenset((a, b))
+        if pair in seen:
+            raise ConfigError(where, "claim.expect", f"{e!r} tests the pair {a}, {b} again ({seen[pair]!r} does "
+                              "already); each pair once, or Holm and the counts count it twice")
+        seen[pair] = e
+        if configs and a in configs and b in configs and config_hash(configs[a]) == config_hash(configs[b]):
+            raise ConfigError(where, "claim.expect", f"{e!r}: {a} and {b} resolve to the same run config, so "
+                              "their runs are the same runs; nothing to test")
+        if kind == "=":
+            if task is None and configs:
+                task = metrics.declared_task(task_name(next(iter(configs.values()))))
+            metric = claim.get("metric") or (task.verdict_metric if task else None)
+            if metric is None:
+                continue
+            column = metric if metric.startswith("final/") else metrics.final_column(metric)
+            if stats.claim_margin(claim, setting, column, task)[0] is None:
+                raise ConfigError(where, "claim.expect", f"{e!r}: an '=' needs an equivalence margin and {column} "
+                                  "has none; give claim.margin (in the metric's units, with the reason)")
+
+
+def _fmt(v: Any) -> str:
+    return json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+
+
+def _seeds(value: Any, source: str) -> list[int]:
+    """`seeds: N` (0..N-1) or a list of distinct seeds in [0, 2**63); ConfigError otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        if value > MAX_SEEDS:
+            raise ConfigError(source, "seeds", f"expected at most {MAX_SEEDS} seeds, got {value}")
+        return list(range(value))
+    if not isinstance(value, list) or not value or not all(isinstance(s, int) and not isinstance(s, bool) for s in value):
+        raise ConfigError(source, "seeds", f"expected a positive int or a list of ints, got {value!r}")
+    if len(value) > MAX_SEEDS:
+        raise ConfigError(source, "seeds", f"expected at most {MAX_SEEDS} seeds, got {len(value)}")
+    seen = set()
+    for s in value:
+        if not 0 <= s < SEED_LIMIT:
+            raise ConfigError(source, "seeds", f"each seed must be 0 <= seed < 2**63, got {s}")
+        if s in seen:
+            raise ConfigError(source, "seeds", f"seed {s} is listed twice; a repeated seed is the same run, "
+                              "not a second sample")
+        seen.add(s)
+    return list(value)
+
+
+def _numbers_as_floats(v: Any) -> Any:
+    """1 and 1.0 are one grid value: both resolve to the same float parameter."""
+    if isinstance(v, dict):
+        return {k: _numbers_as_floats(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_numbers_as_floats(x) for x in v]
+    return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """Whether dotted keys a and b name the same setting or one holds the other."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def ablation_record(abl) -> dict:
+    """What the runner adds to ablation.json for an ablation (config.Ablation): "task", the declaration of
+    the task its variants train (None when they train several), and "settings", its file's settings in
+    their order (None for a file without them), which FINDINGS.md orders its columns by."""
+    names = {task_name(cfg) for cfg in abl.configs}
+    return {"task": metrics.declared_task(names.pop()).record() if len(names) == 1 else None,
+            "settings": ablation_settings(abl.source) if abl.setting is not None else None}

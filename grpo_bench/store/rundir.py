@@ -1,0 +1,430 @@
+"""A results directory: the one reader and writer of its files. Nothing here imports torch.
+
+Layout under the output directory (results/<ablation>/ by default):
+
+    ablation.json          what was run: name, axes, variant order, seeds, source file, the task's
+                           declaration and each variant's resolved parts
+    runs/<run_id>/         one finished run: config.yaml, metrics.parquet, summary.json (with the
+                           metrics file's row count and SHA-256: a damaged run is redone, never kept)
+    metrics.parquet        long table: run, variant, <axes>, seed, step, metric, value
+    summary.csv            one row per run: status, error, wall_s, final/* metrics
+    sweep.json             the last sweep that ran something: its time and place; with --seeds auto, why
+                           it stopped and each ordering's decision (sweep/sequential.py)
+    *.png, REPORT.md       drawn from the two tables by grpo_bench.analysis.report
+    .lock                  held (flock) by the sweep writing here; the kernel drops it when that process dies
+
+Metrics are Parquet (zstd; float64 values, dictionary-encoded names). A run directory
+appears by an atomic rename of a finished temporary directory, so a sweep killed at any
+moment leaves either a whole run or nothing that counts; temporaries of dead processes are
+removed by the next sweep.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import yaml
+
+from ..errors import ConfigError
+from . import metrics
+
+
+METRICS_COLUMNS = ["step", "metric", "value"]
+
+
+METRICS_FILE = "metrics.parquet"  # runs/<id>/ and the ablation's long table; metrics.csv before it
+
+
+def metrics_table(df: pd.DataFrame) -> pd.DataFrame:
+    """df with the dtypes metrics are stored in: names as categories, step and seed int64, value float64
+    (float32 would hold only the values logged from fp32 tensors exactly, not times or means)."""
+    df = df.copy()
+    for c in df.columns:
+        if c in ("step", "seed"):
+            df[c] = df[c].astype("int64")
+        elif c == "value":
+            df[c] = df[c].astype("float64")
+        elif not pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]):
+            # names and text-valued axes; a column mixing numbers and text is text
+            df[c] = df[c].map(lambda v: v if v is None or isinstance(v, str) else str(v), na_action="ignore")
+            df[c] = df[c].astype("category")
+    return df
+
+
+def write_parquet(df: pd.DataFrame, path: Path) -> None:
+    metrics_table(df).to_parquet(path, engine="pyarrow", compression="zstd", index=False)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_metrics_file(path: Path) -> pd.DataFrame:
+    """A metrics table, Parquet or (written before it) CSV; ValueError when it cannot be read whole."""
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path.name} is empty (0 bytes)")
+    if path.suffix == ".parquet":
+        try:
+            return pd.read_parquet(path, engine="pyarrow")
+        except (OSError, ValueError, pa.ArrowException) as e:
+            raise ValueError(f"{path.name} unreadable: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if path.read_bytes()[-1:] != b"\n":  # pandas ends every file it writes with one; a cut file does not
+        raise ValueError(f"{path.name} is cut short (no final newline)")
+    try:
+        return pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path.name} unreadable: {str(e).splitlines()[0]}") from None
+
+
+def _read_metrics(path: Path) -> pd.DataFrame:
+    """A run's metrics file; ValueError when it is not a whole table of (int step, metric, number)."""
+    m = read_metrics_file(path)
+    if list(m.columns) != METRICS_COLUMNS:
+        raise ValueError(f"{path.name} has columns {list(m.columns)}, expected {METRICS_COLUMNS}")
+    if len(m) and not (pd.api.types.is_integer_dtype(m.step) and pd.api.types.is_numeric_dtype(m.value)):
+        raise ValueError(f"{path.name} has a step or value that is not a number")
+    return m
+
+
+def check_run(run_dir: Path) -> tuple[str, str]:
+    """(state, why) of a run directory: "missing" (never ran), "failed", "ok" (finished and verified), or
+    "damaged" (its summary.json says ok but its files are not what it recorded, or cannot be read)."""
+    if not run_dir.exists():
+        return "missing", ""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        status = summary["status"]
+    except FileNotFoundError:
+        return "damaged", "no summary.json"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return "damaged", f"summary.json unreadable ({type(e).__name__})"
+    if status != "ok":
+        return "failed", summary.get("error", "")
+    record = summary.get("metrics_file")
+    try:
+        if record is None:  # written before summaries held a checksum: whole and numeric is all we can check
+            _read_metrics(run_dir / "metrics.csv")
+            return "ok", ""
+        path = run_dir / record["name"]
+        if _sha256(path) != record["sha256"]:
+            return "damaged", f"{record['name']} is not the file this run wrote (SHA-256 differs)"
+    except FileNotFoundError as e:
+        return "damaged", f"{Path(e.filename).name} is missing"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return "damaged", str(e) or type(e).__name__
+    return "ok", ""
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether a run directory holds a finished run whose files are the ones it wrote."""
+    return check_run(run_dir)[0] == "ok"
+
+
+def write_run(out: Path, spec, result: tuple[dict, list, dict]) -> None:
+    """runs/<run_id>/ whole, or nothing (OSError: a full or read-only disk leaves no temporary behind)."""
+    cfg_dict, rows, summary = result
+    runs = out / "runs"
+    tmp = runs / f".{spec.run_id}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        (tmp / "config.yaml").write_text(yaml.safe_dump(cfg_dict, sort_keys=False))
+        write_parquet(pd.DataFrame(rows, columns=METRICS_COLUMNS), tmp / METRICS_FILE)
+        # what resume and collect check the metrics file against
+        record = {"name": METRICS_FILE, "rows": len(rows), "sha256": _sha256(tmp / METRICS_FILE)}
+        (tmp / "summary.json").write_text(json.dumps(summary | {"metrics_file": record}, indent=1))
+        final = runs / spec.run_id
+        if final.exists():  # an earlier failed or damaged attempt; a finished one is never re-run
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and not e.filename:  # pandas' writers name no file
+            raise OSError(e.errno, e.strerror, str(runs / spec.run_id)) from None
+        raise
+
+
+def lock_out(out: Path):
+    """Create `out` and hold its lock for this process's lifetime; ConfigError if unusable or held."""
+    if out.is_symlink() and not out.exists():  # mkdir says only "File exists"
+        raise ConfigError("--out", str(out), f"is a symbolic link to {os.readlink(out)}, which does not exist; "
+                          "create that directory or choose another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = open(out / ".lock", "a+")
+    except OSError as e:
+        raise ConfigError("--out", str(out), f"cannot create or write the output directory: {e.strerror or e}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "?"
+        lock.close()
+        raise ConfigError("--out", str(out), f"another sweep (pid {holder}) is writing here; "
+                          "wait for it to end or choose another --out") from None
+    try:
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        lock.close()
+        raise ConfigError("--out", str(out), f"output directory is not writable: {e.strerror or e}") from None
+    _remove_stale(out)
+    return lock
+
+
+def _remove_stale(out: Path) -> None:
+    """Temporaries (`.<name>.tmp-<pid>`) whose process is gone: a sweep killed mid-write, or one that hit a
+    full disk. A live pid's is left alone (`plot` writes REPORT.md this way without the lock)."""
+    for p in [*out.glob(".*.tmp-*"), *(out / "runs").glob(".*.tmp-*")]:
+        pid = p.name.rpartition(".tmp-")[2]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    _atomic(path, lambda tmp: tmp.write_text(text))
+
+
+def _atomic_csv(df: pd.DataFrame, path: Path) -> None:
+    _atomic(path, lambda tmp: df.to_csv(tmp, index=False))
+
+
+def _atomic_parquet(df: pd.DataFrame, path: Path) -> None:
+    _atomic(path, lambda tmp: write_parquet(df, tmp))
+
+
+def _atomic(path: Path, write) -> None:
+    """path replaced whole by what write(tmp) writes, or left as it was (no temporary left on a full disk)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and not e.filename:  # pandas' writers name no file
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
+
+
+def _load_run(run_dir: Path) -> tuple[dict | None, pd.DataFrame | None, str]:
+    """(summary without its bookkeeping, metrics, problem) of a run directory that exists; a damaged one
+    gives what could be read and why the rest cannot be trusted."""
+    state, why = check_run(run_dir)
+    try:
+        s = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None, None, why
+    if not isinstance(s, dict):
+        return None, None, why
+    s.pop("traceback", None)
+    record = s.pop("metrics_file", None)
+    if state == "damaged":
+        return s, None, why
+    try:
+        m = _read_metrics(run_dir / (record["name"] if record else "metrics.csv"))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return s, None, str(e) or type(e).__name__
+    if record and len(m) != record["rows"]:
+        return s, None, f"{record['name']} has {len(m)} rows, summary.json says {record['rows']}"
+    return s, m, ""
+
+
+def _note_mixed_schedules(summary: pd.DataFrame) -> None:
+    """One line on stderr when the finished runs here ran on different devices or thread counts: their
+    numbers are not bitwise those of one schedule (population size and executor never change them)."""
+    cols = [c for c in ("device", "threads") if c in summary.columns]
+    if not cols or "status" not in summary.columns:
+        return
+    ok = summary[(summary.status == "ok") & summary[cols].notna().all(axis=1)]
+    counts = ok.groupby(cols, sort=True).size()
+    if len(counts) > 1:
+        kinds = ", ".join(f"{' x'.join(map(str, k if isinstance(k, tuple) else (k,)))} thread(s): {n} runs"
+                          for k, n in counts.items())
+        print(f"note: the finished runs here ran on different devices or thread counts ({kinds}); their numbers "
+              "differ in the last bits from one schedule's", file=sys.stderr)
+
+
+def collect(out: Path) -> pd.DataFrame:
+    """Gather the runs of this ablation's current plan into metrics.parquet and summary.csv.
+
+    A damaged run is said on stderr and counted as failed (its metrics left out), never as finished."""
+    meta = json.loads((out / "ablation.json").read_text())
+    summaries, frames = [], []
+    for run_id in meta["runs"]:
+        d = out / "runs" / run_id
+        if not d.exists():
+            continue  # never ran (sweep interrupted)
+        s, m, problem = _load_run(d)
+        if problem and s is not None and s.get("status") != "ok":
+            print(f"run {run_id} failed and its metrics are damaged ({problem}); they are left out", file=sys.stderr)
+        elif problem:
+            print(f"run {run_id} is damaged ({problem}); counted as failed; run the sweep again to redo it",
+                  file=sys.stderr)
+            s = {"run": run_id, **(s or {}), "status": "failed", "error": f"damaged run directory: {problem}"}
+        summaries.append(s)
+        if m is not None and len(m):
+            ids = {k: s.get(k) for k in ["run", "variant", *meta["axes"], "seed"]}
+            frames.append(m.assign(**ids)[[*ids, "step", "metric", "value"]])
+    summary = pd.DataFrame(summaries)
+    _note_mixed_schedules(summary)
+    metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["run", "variant", *meta["axes"], "seed", "step", "metric", "value"])
+    _atomic_parquet(metrics, out / METRICS_FILE)
+    (out / "metrics.csv").unlink(missing_ok=True)  # a CSV-era long table, now stale
+    _atomic_csv(summary, out / "summary.csv")
+    return summary
+
+
+META_KEYS = {"name": str, "source": str, "variants": list, "seeds": list, "runs": list}
+
+
+def read_meta(d: Path) -> dict:
+    """d/ablation.json, checked; ConfigError naming the file when it is missing, not JSON or lacks a key."""
+    path = d / "ablation.json"
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(str(d), "<dir>", "not a results directory: no ablation.json") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(str(path), "<file>", f"not valid JSON: {str(e).splitlines()[0]}") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(str(path), "<root>", f"expected a mapping with {', '.join(META_KEYS)}")
+    bad = [key for key, kind in META_KEYS.items() if not isinstance(meta.get(key), kind)]
+    if bad:
+        raise ConfigError(str(path), ", ".join(bad), "missing or of the wrong type; the runner writes "
+                          + ", ".join(f"{k} ({t.__name__})" for k, t in META_KEYS.items()))
+    task = meta.get("task")  # absent before results recorded their task, null when the variants train several
+    if task is not None:
+        keys = metrics.TASK_KEYS
+        bad = [k for k, kind in keys.items() if not isinstance(task, dict) or not isinstance(task.get(k), kind)]
+        if bad:
+            raise ConfigError(str(path), "task" + (f".{bad[0]}" if isinstance(task, dict) else ""),
+                              "missing or of the wrong type; the runner writes a mapping with "
+                              + ", ".join(f"{k} ({t.__name__})" for k, t in keys.items()))
+    return meta
+
+
+def read_table(path: Path, columns: list[str], dtype: dict | None = None) -> pd.DataFrame:
+    """A CSV the runner wrote, with at least `columns`; ConfigError when it is empty, cut short or unreadable.
+    A lone newline is the table of no runs, which a sweep interrupted before its first run leaves."""
+    data = path.read_bytes()
+    if data == b"\n":
+        return pd.DataFrame(columns=columns)
+    if not data:
+        raise ConfigError(str(path), "<file>", "empty (0 bytes): damaged; rerun the sweep to rewrite it")
+    if not data.endswith(b"\n"):
+        raise ConfigError(str(path), "<file>", "cut short (no final newline): damaged; rerun the sweep to rewrite it")
+    try:
+        df = pd.read_csv(path, dtype=dtype)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(str(path), "<file>", f"unreadable: {str(e).splitlines()[0]}") from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ConfigError(str(path), "<columns>", f"no column {', '.join(missing)}; has {', '.join(map(str, df.columns))}")
+    return df
+
+
+def check_runs(out: Path, meta: dict, summary: pd.DataFrame, table: pd.DataFrame | None = None,
+               partial: bool = True) -> None:
+    """ConfigError when summary.csv (or the metrics table) holds runs that ablation.json does not plan (another
+    sweep's), or, unless `partial`, lacks runs it plans (rows deleted, or a sweep not finished): its numbers
+    would be read as this plan's, with fewer seeds or unpaired. Silent for an ablation.json without `runs`."""
+    planned = meta.get("runs")
+    if not isinstance(planned, list):
+        return
+    plan = set(map(str, planned))
+    for path, runs in [(out / "summary.csv", summary.run), (metrics_path(out), None if table is None else table.run)]:
+        if runs is None:
+            continue
+        other = sorted(set(runs.astype(str)) - plan)
+        if other:
+            raise ConfigError(str(path), "run", f"holds {len(other)} runs that ablation.json does not plan (e.g. "
+                              f"{other[0]}): another sweep's results; rerun this ablation into its own --out")
+    if not partial:
+        missing = [r for r in planned if r not in set(summary.run.astype(str))]
+        if missing:
+            raise ConfigError(str(out / "summary.csv"), "run", f"has {len(planned) - len(missing)} of the "
+                              f"{len(planned)} runs ablation.json plans (e.g. no {missing[0]}): rows deleted, or "
+                              "the sweep has not finished; run its command again to finish and collect them")
+
+
+def metrics_path(out: Path) -> Path | None:
+    """The long metrics table of a results directory: metrics.parquet, or metrics.csv from before it."""
+    return next((p for p in (out / "metrics.parquet", out / "metrics.csv") if p.is_file()), None)
+
+
+def load(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """(ablation.json, summary.csv, the metrics table) of a results directory; ConfigError naming a bad file."""
+    meta = read_meta(out)
+    summary = read_table(out / "summary.csv", ["run", "variant", "status"])
+    if summary.empty:
+        summary = pd.DataFrame(columns=["run", "variant", "seed", "status", "error", "wall_s"])
+    path = metrics_path(out)
+    if path is None:
+        raise ConfigError(str(out), "<dir>", "not a results directory: no metrics.parquet or metrics.csv")
+    columns, names = ["run", "variant", "step", "metric", "value"], {"run": "category", "variant": "category",
+                                                                    "metric": "category"}
+    if path.suffix == ".csv":
+        table = read_table(path, columns, names)
+    else:
+        try:
+            table = read_metrics_file(path)
+        except ValueError as e:
+            raise ConfigError(str(path), "<file>", f"{e}: damaged; rerun the sweep to rewrite it") from None
+        missing = [c for c in columns if c not in table.columns]  # before the cast, which needs them
+        if missing:
+            raise ConfigError(str(path), "<columns>", f"no column {', '.join(missing)}; has "
+                              f"{', '.join(map(str, table.columns))}")
+        table = table.astype(names)
+    if len(table) and not (pd.api.types.is_numeric_dtype(table.value) and pd.api.types.is_numeric_dtype(table.step)):
+        raise ConfigError(str(path), "value", "holds a step or value that is not a number: damaged")
+    check_runs(out, meta, summary, table)
+    return meta, summary, table
+
+
+def finished_in_report(path: Path) -> int | None:
+    """How many finished runs a REPORT.md written by `_markdown` reports; None without one."""
+    try:
+        found = re.search(r"; (\d+) runs finished, \d+ failed", path.read_text())
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(found.group(1)) if found else None

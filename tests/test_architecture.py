@@ -1,0 +1,56 @@
+"""The package's wings (docs/files.md) as import-linter contracts (pyproject.toml), and what they promise.
+
+Which one-line bug each test catches: an upward import (a store module importing the sweep, the registry
+importing a task) breaks the layers contract; `import torch` at the top of any results-reading module
+breaks the forbidden contract and the subprocess check; a new module-level circle breaks the last test.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# the `lint-imports` command, from this interpreter (its console script may not be on PATH)
+LINT = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())",
+        "--no-cache"]
+
+
+def test_import_linter_contracts_hold():
+    out = subprocess.run(LINT, cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    if "No module named importlinter" in out.stderr:
+        pytest.fail("import-linter is not installed: pip install -e '.[dev]'")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "2 kept, 0 broken" in out.stdout
+
+
+def test_a_broken_layer_is_caught(tmp_path):
+    """The contract is not vacuous: the same configuration over a copy with one upward import fails."""
+    import shutil
+    shutil.copytree(ROOT / "grpo_bench", tmp_path / "grpo_bench", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    rundir = tmp_path / "grpo_bench" / "store" / "rundir.py"
+    rundir.write_text(rundir.read_text() + "\nfrom ..sweep import runner  # noqa: E402,F401\n")
+    out = subprocess.run(LINT, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert out.returncode != 0 and "grpo_bench.store.rundir -> grpo_bench.sweep.runner" in out.stdout, out.stdout[-2000:]
+
+
+def test_reading_results_imports_no_torch():
+    code = ("import sys; import grpo_bench, grpo_bench.analysis.report, grpo_bench.analysis.compare, "
+            "grpo_bench.analysis.findings, grpo_bench.store.rundir, grpo_bench.config.ablation, grpo_bench.__main__; "
+            "heavy = [m for m in ('torch', 'transformers', 'peft', 'triton') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_no_import_circle_between_modules():
+    graph = grimp.build_graph("grpo_bench")
+    circles = sorted({tuple(sorted((m, i))) for m in graph.modules for i in graph.find_modules_directly_imported_by(m)
+                      if graph.chain_exists(importer=i, imported=m)})
+    assert circles == []
