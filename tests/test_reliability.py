@@ -254,7 +254,51 @@ BAD_SOURCES = {
     "truncated weights": (lambda t: _checkpoint(t, lambda d: (d / "model.safetensors").write_bytes(
         (d / "model.safetensors").read_bytes()[:5000])), ["model.safetensors is cut short"]),
     "no weights": (lambda t: _checkpoint(t, lambda d: (d / "model.safetensors").unlink()), ["no weights"]),
+    "truncated .bin": (lambda t: _checkpoint(t, lambda d: _as_bin(d, cut=0.5)),
+                       ["pytorch_model.bin is cut short", "no readable zip directory"]),
+    ".bin without its last byte": (lambda t: _checkpoint(t, lambda d: _as_bin(d, cut=-1)),
+                                   ["pytorch_model.bin is cut short"]),
+    "empty .bin": (lambda t: _checkpoint(t, lambda d: _as_bin(d, cut=0)), ["pytorch_model.bin is empty"]),
+    ".bin that is a web page": (lambda t: _checkpoint(t, lambda d: _as_bin(d, body=b"<!DOCTYPE html><html>")),
+                                ["pytorch_model.bin is not a torch.save file"]),
+    "Git LFS pointer": (lambda t: _checkpoint(t, lambda d: (d / "model.safetensors").write_bytes(
+        b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 1655899\n")),
+                        ["model.safetensors is a Git LFS pointer", "git lfs pull"]),
+    "missing shard": (lambda t: _checkpoint(t, lambda d: _sharded(d, keep=1)),
+                      ["model.safetensors.index.json names shards that are not there", "model-00002-of-00002"]),
 }
+
+
+def _as_bin(d, cut=None, body=None):
+    """The checkpoint's weights as torch.save's pytorch_model.bin (transformers' format before safetensors),
+    cut to `cut` of its bytes (a fraction, or a count from the end when negative), or replaced by `body`."""
+    import torch
+    from safetensors.torch import load_file
+
+    torch.save(load_file(d / "model.safetensors"), d / "pytorch_model.bin")
+    (d / "model.safetensors").unlink()
+    data = (d / "pytorch_model.bin").read_bytes()
+    if body is not None:
+        data = body
+    elif cut is not None:
+        data = data[:cut] if cut < 0 else data[:int(len(data) * cut)]
+    (d / "pytorch_model.bin").write_bytes(data)
+
+
+def _sharded(d, keep=2):
+    """The weights as two safetensors shards and their index, as save_pretrained writes a large model; only the
+    first `keep` shards kept."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(d / "model.safetensors")
+    (d / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {f"model-0000{i + 1}-of-00002.safetensors": names[i::2] for i in range(2)}
+    for i, (shard, keys) in enumerate(shards.items()):
+        if i < keep:
+            save_file({k: tensors[k] for k in keys}, d / shard, metadata={"format": "pt"})
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
 
 
 @pytest.mark.parametrize("case", list(BAD_SOURCES))
@@ -274,6 +318,13 @@ def test_a_bad_local_model_is_refused_when_the_config_loads(tmp_path, capsys, ca
 def test_a_good_local_model_and_hub_ids_pass_the_check(tmp_path):
     from grpo_bench.lm.models import check_local_source
     check_local_source(str(_checkpoint(tmp_path)))
+    # the other formats whole: a torch.save .bin, shards with their index; and a damaged .bin that transformers
+    # would not read, beside safetensors that it reads instead
+    check_local_source(str(_checkpoint(tmp_path / "bin", _as_bin)))
+    check_local_source(str(_checkpoint(tmp_path / "sharded", _sharded)))
+    both = _checkpoint(tmp_path / "both")
+    (both / "pytorch_model.bin").write_bytes(b"PK\x03\x04 cut")
+    check_local_source(str(both))
     for hub in ("gpt2", "Qwen/Qwen2.5-0.5B-Instruct"):
         check_local_source(hub)
     with pytest.raises(ValueError, match="neither a local directory nor a hub id"):
@@ -286,3 +337,17 @@ def test_out_as_a_dangling_symlink_is_one_line(tmp_path, capsys):
     code, _, err = run_main(capsys, "run", path, "--out", tmp_path / "link", "--no-progress")
     line = one_line(err)
     assert code == 2 and "link" in line and "symbolic link" in line and "gone" in line and "File exists" not in line
+
+
+def test_a_bad_local_model_is_refused_for_the_gym_task_too(tmp_path):
+    """The reasoning-gym task loads the same local directories: the same check when its config loads."""
+    pytest.importorskip("reasoning_gym")
+    from grpo_bench.config import ConfigError, resolve_run
+
+    task = {"name": "gym", "dataset": "countdown", "eval_size": 20}
+    good = _checkpoint(tmp_path / "good")
+    resolve_run({"task": {**task, "model": {"source": str(good)}}})
+    cut = _checkpoint(tmp_path / "cut", lambda d: _as_bin(d, cut=0.5))
+    with pytest.raises(ConfigError) as e:
+        resolve_run({"task": {**task, "model": {"source": str(cut)}}})
+    assert e.value.key == "task.model.source" and "pytorch_model.bin is cut short" in str(e.value), str(e.value)
