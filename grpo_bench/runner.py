@@ -283,12 +283,16 @@ def populations(todo: list[RunSpec], size: int, workers: int = 1) -> list[list[R
     return sorted(out, key=len, reverse=True)  # the largest first: no long population starts last
 
 
-def failed_result(spec: RunSpec, error: str, tb: str = "") -> Result:
-    """The record of a run that never returned (its worker raised outside training, or kept dying)."""
+def failed_result(spec: RunSpec, error: str, tb: str = "", population: int = 1, executor: str = "local",
+                  threads: int = 1) -> Result:
+    """The record of a run that never returned (its worker raised outside training, or kept dying), with how it
+    was scheduled (SCHEDULE) as every other run's: the population it was sent in, executor, device, threads."""
+    cfg = resolve_run(spec.config, spec.run_id)
     summary = {"run": spec.run_id, "variant": spec.variant, **spec.values, "seed": spec.seed,
                "status": "failed", "error": error.splitlines()[0] if error else "failed", "traceback": tb,
-               "wall_s": float("nan")}
-    return run_dict(resolve_run(spec.config, spec.run_id)), [], summary
+               "wall_s": float("nan"), "population": population, "executor": executor, "device": cfg.device,
+               "threads": threads}
+    return run_dict(cfg), [], summary
 
 
 def write_run(out: Path, spec: RunSpec, result: Result) -> None:
@@ -453,7 +457,7 @@ def local_results(todo: list[list[RunSpec]], workers: int, threads: int,
             while pending:  # wake twice a second for the epochs the workers report
                 done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
                 drain()
-                yield from _finished(done, futures)
+                yield from _finished(done, futures, threads)
         finally:  # Ctrl-C, SIGTERM or a lost worker: drop what has not started, end what has
             for f in futures:
                 f.cancel()
@@ -463,7 +467,7 @@ def local_results(todo: list[list[RunSpec]], workers: int, threads: int,
                     p.kill()
 
 
-def _finished(done, futures) -> Iterator[tuple[RunSpec, Result]]:
+def _finished(done, futures, threads: int = 1) -> Iterator[tuple[RunSpec, Result]]:
     for fut in done:
         group = futures[fut]
         try:
@@ -471,8 +475,8 @@ def _finished(done, futures) -> Iterator[tuple[RunSpec, Result]]:
         except cf.process.BrokenProcessPool:
             raise WorkerLost("a worker process died (killed, or out of memory?)") from None
         except Exception as e:  # raised outside training (train_group records what training raises)
-            results = [failed_result(s, f"{type(e).__name__}: {e}", traceback.format_exc(limit=-3))
-                       for s in group]
+            results = [failed_result(s, f"{type(e).__name__}: {e}", traceback.format_exc(limit=-3), len(group),
+                                     "local", threads) for s in group]
         yield from zip(group, results)
 
 

@@ -96,6 +96,81 @@ def test_a_runs_record_says_how_it_was_scheduled_and_results_do_not_depend_on_it
     assert "cpu x1 thread(s): 3 runs" in err and "cpu x2 thread(s): 1 runs" in err, err
 
 
+def _fake_ray(monkeypatch, get):
+    """A stand-in for the ray module with one 2-CPU node, whose ray.get(ref) is get(ref): Session.results'
+    retry and failure paths without starting Ray."""
+    import sys
+    import types
+
+    class RayError(Exception):
+        pass
+
+    class RayTaskError(RayError):
+        cause = None
+
+    class WorkerCrashedError(RayError):
+        pass
+
+    class Remote:
+        def options(self, **kw):
+            return self
+
+        def remote(self, group, threads, executor):
+            return object()
+
+    fake = types.ModuleType("ray")
+    fake.exceptions = types.SimpleNamespace(RayError=RayError, RayTaskError=RayTaskError,
+                                            WorkerCrashedError=WorkerCrashedError)
+    fake.nodes = lambda: [{"Alive": True, "Resources": {"CPU": 2.0}}]
+    fake.remote = lambda fn: Remote()
+    fake.wait = lambda refs, num_returns: (refs[:1], refs[1:])
+    fake.get = get
+    fake.cancel = lambda ref, force=False: None
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    return fake
+
+
+@pytest.mark.parametrize("how", ["worker lost", "raised outside training"])
+def test_a_run_lost_with_its_worker_records_how_it_was_scheduled(monkeypatch, how):
+    """A run whose Ray worker kept dying (or whose population raised outside training) was recorded without
+    population, executor, device and threads: summary.csv's schedule columns were empty for it alone."""
+    from grpo_bench.cluster import Session
+
+    def get(ref):
+        if how == "worker lost":
+            raise fake.exceptions.WorkerCrashedError("the worker died")
+        raise fake.exceptions.RayTaskError("RuntimeError: no memory")
+
+    fake = _fake_ray(monkeypatch, get)
+    group = [RN.RunSpec(f"r{s}", "v", {}, s, {**TINY, "seed": s}) for s in (0, 1, 2)]
+    log = []
+    out = list(Session().results([group], 2, {"cpus": 1, "gpus": 0}, max_retries=1, log=log.append))
+    assert len(log) == (how == "worker lost")   # lost once: retried; twice: recorded
+    ok = RN.train_one(RN.RunSpec("ok", "v", {}, 0, {**TINY, "seed": 0}))[2]
+    for spec, (_, rows, summary) in out:
+        assert summary["status"] == "failed" and rows == []
+        assert {k: summary[k] for k in ("population", "executor", "device", "threads")} == \
+            {"population": 3, "executor": "ray", "device": "cpu", "threads": 2}
+        # every column of a run that trained but its metrics
+        assert set(RN.SCHEDULE) <= set(summary) and all("/" in k for k in set(ok) - set(summary))
+
+
+def test_a_population_that_raised_in_a_local_worker_records_how_it_was_scheduled():
+    """The local executor's record of runs whose worker raised outside training: the same schedule fields."""
+    import concurrent.futures as cf
+    import concurrent.futures.process  # noqa: F401  (_finished names its BrokenProcessPool; a pool imports it)
+
+    group = [RN.RunSpec(f"r{s}", "v", {}, s, {**TINY, "seed": s}) for s in (0, 1)]
+    fut = cf.Future()
+    fut.set_exception(MemoryError("cannot allocate"))
+    out = list(RN._finished({fut}, {fut: group}, 3))
+    assert [s.run_id for s, _ in out] == ["r0", "r1"]
+    for _, (_, _, summary) in out:
+        assert summary["error"] == "MemoryError: cannot allocate"
+        assert {k: summary[k] for k in ("population", "executor", "device", "threads")} == \
+            {"population": 2, "executor": "local", "device": "cpu", "threads": 3}
+
+
 # ------------------------------------------------------------------ (d, e) the analysis commands
 
 
