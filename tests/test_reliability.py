@@ -87,13 +87,30 @@ def test_a_runs_record_says_how_it_was_scheduled_and_results_do_not_depend_on_it
     cols = [c for c in one.columns if c not in RN.SCHEDULE]
     pd.testing.assert_frame_equal(one[cols], four[cols], check_exact=True)
     assert "different devices or thread counts" not in capsys.readouterr().err
-    # one run redone at two threads: its numbers may differ in the last bits, and collect says so
-    victim = one.run[0]
-    (tmp_path / "p1" / "runs" / victim / "summary.json").unlink()
-    RN.run_ablation(abl, tmp_path / "p1", workers=1, progress=False, threads=2)
-    err = capsys.readouterr().err
-    assert "note: the finished runs here ran on different devices or thread counts" in err
-    assert "cpu x1 thread(s): 3 runs" in err and "cpu x2 thread(s): 1 runs" in err, err
+
+
+def test_results_of_two_thread_counts_in_one_directory_are_flagged_in_the_report(tmp_path, capsys):
+    """Runs redone at another thread count may differ in the last bits; the note said so on stderr only, gone
+    with the terminal: REPORT.md, which a reader of the results sees, says it, and `plot` redraws it."""
+    path = write(tmp_path, {"name": "t", "base": TINY, "grid": {"lr": [0.01, 0.02]}, "seeds": 2})
+    out = tmp_path / "p1"
+    code, _, err = run_main(capsys, "run", path, "--out", out, "--workers", "1", "--no-progress")
+    assert code == 0 and "different devices or thread counts" not in err + (out / "REPORT.md").read_text()
+    # one run redone at two threads
+    victim = pd.read_csv(out / "summary.csv").run[0]
+    (out / "runs" / victim / "summary.json").unlink()
+    code, _, err = run_main(capsys, "run", path, "--out", out, "--workers", "1", "--threads", "2", "--no-progress")
+    assert code == 0, err
+    note = "the finished runs here ran on different devices or thread counts (cpu, 1 thread: 3 runs; " \
+           "cpu, 2 threads: 1 run)"
+    report = (out / "REPORT.md").read_text()
+    assert f"**Note:** {note}" in report and "differ in the last bits" in report, report[:1500]
+    assert f"note: {note}" in err, err
+    # drawn from summary.csv alone: `plot` keeps it
+    (out / "REPORT.md").unlink()
+    code, _, err = run_main(capsys, "plot", out)
+    assert code == 0, err
+    assert f"**Note:** {note}" in (out / "REPORT.md").read_text()
 
 
 def _fake_ray(monkeypatch, get):
