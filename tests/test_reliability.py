@@ -443,3 +443,107 @@ def test_a_bad_local_model_is_refused_for_the_gym_task_too(tmp_path):
     with pytest.raises(ConfigError) as e:
         resolve_run({"task": {**task, "model": {"source": str(cut)}}})
     assert e.value.key == "task.model.source" and "pytorch_model.bin is cut short" in str(e.value), str(e.value)
+
+
+# ------------------------------------------------------------------ a reward's timeout, from any thread
+
+
+def _in_thread(fn, *args, **kwargs):
+    """fn's result or exception, called from a new thread (not the main one), and the seconds it took;
+    (None, None, inf) when it has not returned after 12 s."""
+    import threading
+    import time
+
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as e:
+            box["error"] = e
+
+    t0 = time.monotonic()
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(12)
+    return (None, None, float("inf")) if t.is_alive() else (box.get("value"), box.get("error"), time.monotonic() - t0)
+
+
+def test_a_reward_that_never_returns_times_out_when_called_from_a_thread(monkeypatch):
+    """The timeout was SIGALRM's, which only the main thread receives: a reward called from any other thread
+    (a caller's thread pool, a TRL callback) waited forever. It now times out there too, and the reward's own
+    thread is stopped rather than left spinning beside training."""
+    import threading
+    import time
+
+    from grpo_bench.algos import rewards
+
+    monkeypatch.setenv("GRPO_BENCH_REWARD_TIMEOUT", "0.3")
+    abandoned, release = threading.Event(), threading.Event()
+
+    def spins(prompts, completions, **kw):   # a loop in Python: 20 s, so the test ends without the fix too
+        end = time.monotonic() + 20
+        try:
+            while time.monotonic() < end:
+                pass
+        except BaseException:
+            abandoned.set()
+            raise
+        return [0.0] * len(completions)
+
+    def blocks(prompts, completions, **kw):  # a wait in C
+        release.wait(20)
+        return [0.0] * len(completions)
+
+    try:
+        for fn in (spins, blocks):
+            value, error, took = _in_thread(rewards.call, "m:r", fn, [[1, 0]], [[0, 1]])
+            assert isinstance(error, rewards.RewardTimeout) and "within 0.3 s" in str(error), (fn, value, error)
+            assert took < 5, took
+        assert abandoned.wait(5), "the timed-out reward's thread is still running"
+    finally:
+        release.set()
+    # what returns or raises in time is the reward's, in a thread as in the main one
+    assert _in_thread(rewards.call, "m:r", lambda p, c, answer: [answer], [[1]], [[1]], answer=0.5)[0] == [0.5]
+
+    def raises(prompts, completions, **kw):
+        raise ValueError("cannot score")
+
+    assert str(_in_thread(rewards.call, "m:r", raises, [[1]], [[1]])[1]) == "cannot score"
+    with pytest.raises(ValueError, match="cannot score"):   # the main thread's path, unchanged
+        rewards.call("m:r", raises, [[1]], [[1]])
+
+
+def test_a_reward_in_the_main_thread_with_a_timer_running_still_times_out(monkeypatch):
+    """The main thread with an interval timer of the caller's: SIGALRM is not ours to take, so the reward ran
+    unbounded; now it runs in a thread that is waited for, and the caller's timer is left as it was."""
+    import signal
+    import time
+
+    from grpo_bench.algos import rewards
+
+    monkeypatch.setenv("GRPO_BENCH_REWARD_TIMEOUT", "0.3")
+    previous = signal.signal(signal.SIGALRM, lambda *a: None)
+    signal.setitimer(signal.ITIMER_REAL, 60)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(rewards.RewardTimeout, match="within 0.3 s"):
+            rewards.call("m:r", lambda p, c: time.sleep(3) or [0.0], [[1]], [[1]])
+        assert time.monotonic() - t0 < 2.5
+        assert 50 < signal.getitimer(signal.ITIMER_REAL)[0] <= 60
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_run_trained_in_a_thread_fails_alone_on_its_rewards_timeout(tmp_path, monkeypatch):
+    """End to end: the sort task trained from a thread, its user reward hanging on every call."""
+    (tmp_path / "reward_hangs_in_thread.py").write_text(
+        "import time\ndef reward(prompts, completions, **kw):\n    time.sleep(30)\n    return [0.0] * len(completions)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("GRPO_BENCH_REWARD_TIMEOUT", "0.3")
+    cfg = {**TINY, "task": {**TINY["task"], "rewards": {"reward_hangs_in_thread:reward": 1.0}}, "seed": 0}
+    result, error, took = _in_thread(RN.train_one, RN.RunSpec("r", "v", {}, 0, cfg))
+    assert error is None and took < 10, (error, took)
+    summary = result[2]
+    assert summary["status"] == "failed" and summary["error"].startswith("RewardTimeout: reward "), summary["error"]
