@@ -547,3 +547,77 @@ def test_a_run_trained_in_a_thread_fails_alone_on_its_rewards_timeout(tmp_path, 
     assert error is None and took < 10, (error, took)
     summary = result[2]
     assert summary["status"] == "failed" and summary["error"].startswith("RewardTimeout: reward "), summary["error"]
+
+
+# ------------------------------------------------------------------ scripts/under_load.py
+
+
+def _children(pid: int) -> list[int]:
+    """Pids of the live processes whose parent is pid and that multiprocessing spawned (the busy loops)."""
+    from pathlib import Path
+
+    out = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and _ppid_state(int(p.name))[0] == pid and \
+                    b"spawn_main" in (p / "cmdline").read_bytes():
+                out.append(int(p.name))
+        except OSError:
+            pass
+    return out
+
+
+def _ppid_state(pid: int) -> tuple[int, str]:
+    from pathlib import Path
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[1]), fields[0]
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="/proc and PR_SET_PDEATHSIG")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_under_load_busy_loops_end_with_the_script(tmp_path, sig):
+    """docs/testing.md: the busy loops of scripts/under_load.py end with it. On SIGTERM (its default ends the
+    script without its `finally`) or SIGKILL they went on spinning, orphaned, for good."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ROOT
+
+    (tmp_path / "test_wait.py").write_text("import time\ndef test_wait():\n    time.sleep(6)\n")
+    script = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "under_load.py"), "--runs", "1", "--busy", "1",
+                               "--", str(tmp_path / "test_wait.py")], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    spinners = []
+    try:
+        deadline = time.time() + 30
+        while not spinners and time.time() < deadline and script.poll() is None:
+            time.sleep(0.1)
+            spinners = _children(script.pid)
+        assert spinners, "no busy loop started"
+        time.sleep(0.5)   # past its prctl
+        script.send_signal(getattr(signal, sig))
+        script.wait(10)
+
+        def alive(pid):
+            try:
+                return _ppid_state(pid)[1] != "Z"
+            except OSError:
+                return False
+
+        deadline = time.time() + 5
+        while any(map(alive, spinners)) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not any(map(alive, spinners)), f"busy loops still spinning after the script's {sig}"
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
+        for pid in spinners:   # only the ones this test started
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
