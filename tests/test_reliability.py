@@ -471,7 +471,7 @@ def _in_thread(fn, *args, **kwargs):
 
 def test_a_reward_that_never_returns_times_out_when_called_from_a_thread(monkeypatch):
     """The timeout was SIGALRM's, which only the main thread receives: a reward called from any other thread
-    (a caller's thread pool, a TRL callback) waited forever. It now times out there too, and the reward's own
+    (a caller's thread pool) waited forever. It now times out there too, and the reward's own
     thread is stopped rather than left spinning beside training."""
     import threading
     import time
