@@ -6,13 +6,15 @@
 Beside the suite, `--busy` processes (default: one per core) spin in a pure-Python loop for as long as
 it runs: `stress --cpu N` without installing stress, and without taskset, so the suite's own processes
 compete for every core. Each run's exit code and wall time are printed; the exit code is 0 only when
-every run passed. The busy loops end with this script (SIGTERM, Ctrl-C, or a parent that dies).
+every run passed. The busy loops end with this script: Ctrl-C, SIGTERM, or (Linux) SIGKILL, by the kernel.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import multiprocessing as mp
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _spin() -> None:
+def _spin(parent: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent ends us
+    if sys.platform.startswith("linux"):  # SIGKILLed by the kernel when the parent dies, even by SIGKILL
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # it died before prctl took hold
+            return
     x = 0
     while True:
         x = (x * 1103515245 + 12345) & 0xFFFFFFFF
@@ -33,7 +40,10 @@ def main() -> int:
     p.add_argument("--busy", type=int, default=os.cpu_count() or 1, help="busy-loop processes (default: one per core)")
     p.add_argument("pytest_args", nargs="*", help="after --: what pytest runs (default: the whole suite)")
     args = p.parse_args()
-    spinners = [mp.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(args.busy)]
+    # SIGTERM's default ends this process without its `finally`, leaving the busy loops spinning
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    spinners = [mp.get_context("spawn").Process(target=_spin, args=(os.getpid(),), daemon=True)
+                for _ in range(args.busy)]
     for s in spinners:
         s.start()
     results = []

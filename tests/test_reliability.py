@@ -88,13 +88,105 @@ def test_a_runs_record_says_how_it_was_scheduled_and_results_do_not_depend_on_it
     cols = [c for c in one.columns if c not in WK.SCHEDULE]
     pd.testing.assert_frame_equal(one[cols], four[cols], check_exact=True)
     assert "different devices or thread counts" not in capsys.readouterr().err
-    # one run redone at two threads: its numbers may differ in the last bits, and collect says so
-    victim = one.run[0]
-    (tmp_path / "p1" / "runs" / victim / "summary.json").unlink()
-    RN.run_ablation(abl, tmp_path / "p1", workers=1, progress=False, threads=2)
-    err = capsys.readouterr().err
-    assert "note: the finished runs here ran on different devices or thread counts" in err
-    assert "cpu x1 thread(s): 3 runs" in err and "cpu x2 thread(s): 1 runs" in err, err
+
+
+def test_results_of_two_thread_counts_in_one_directory_are_flagged_in_the_report(tmp_path, capsys):
+    """Runs redone at another thread count may differ in the last bits; the note said so on stderr only, gone
+    with the terminal: REPORT.md, which a reader of the results sees, says it, and `plot` redraws it."""
+    path = write(tmp_path, {"name": "t", "base": TINY, "grid": {"lr": [0.01, 0.02]}, "seeds": 2})
+    out = tmp_path / "p1"
+    code, _, err = run_main(capsys, "run", path, "--out", out, "--workers", "1", "--no-progress")
+    assert code == 0 and "different devices or thread counts" not in err + (out / "REPORT.md").read_text()
+    # one run redone at two threads
+    victim = pd.read_csv(out / "summary.csv").run[0]
+    (out / "runs" / victim / "summary.json").unlink()
+    code, _, err = run_main(capsys, "run", path, "--out", out, "--workers", "1", "--threads", "2", "--no-progress")
+    assert code == 0, err
+    note = "the finished runs here ran on different devices or thread counts (cpu, 1 thread: 3 runs; " \
+           "cpu, 2 threads: 1 run)"
+    report = (out / "REPORT.md").read_text()
+    assert f"**Note:** {note}" in report and "differ in the last bits" in report, report[:1500]
+    assert f"note: {note}" in err, err
+    # drawn from summary.csv alone: `plot` keeps it
+    (out / "REPORT.md").unlink()
+    code, _, err = run_main(capsys, "plot", out)
+    assert code == 0, err
+    assert f"**Note:** {note}" in (out / "REPORT.md").read_text()
+
+
+def _fake_ray(monkeypatch, get):
+    """A stand-in for the ray module with one 2-CPU node, whose ray.get(ref) is get(ref): Session.results'
+    retry and failure paths without starting Ray."""
+    import sys
+    import types
+
+    class RayError(Exception):
+        pass
+
+    class RayTaskError(RayError):
+        cause = None
+
+    class WorkerCrashedError(RayError):
+        pass
+
+    class Remote:
+        def options(self, **kw):
+            return self
+
+        def remote(self, group, threads, executor):
+            return object()
+
+    fake = types.ModuleType("ray")
+    fake.exceptions = types.SimpleNamespace(RayError=RayError, RayTaskError=RayTaskError,
+                                            WorkerCrashedError=WorkerCrashedError)
+    fake.nodes = lambda: [{"Alive": True, "Resources": {"CPU": 2.0}}]
+    fake.remote = lambda fn: Remote()
+    fake.wait = lambda refs, num_returns: (refs[:1], refs[1:])
+    fake.get = get
+    fake.cancel = lambda ref, force=False: None
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    return fake
+
+
+@pytest.mark.parametrize("how", ["worker lost", "raised outside training"])
+def test_a_run_lost_with_its_worker_records_how_it_was_scheduled(monkeypatch, how):
+    """A run whose Ray worker kept dying (or whose population raised outside training) was recorded without
+    population, executor, device and threads: summary.csv's schedule columns were empty for it alone."""
+    from grpo_bench.sweep.cluster import Session
+
+    def get(ref):
+        if how == "worker lost":
+            raise fake.exceptions.WorkerCrashedError("the worker died")
+        raise fake.exceptions.RayTaskError("RuntimeError: no memory")
+
+    fake = _fake_ray(monkeypatch, get)
+    group = [RN.RunSpec(f"r{s}", "v", {}, s, {**TINY, "seed": s}) for s in (0, 1, 2)]
+    log = []
+    out = list(Session().results([group], 2, {"cpus": 1, "gpus": 0}, max_retries=1, log=log.append))
+    assert len(log) == (how == "worker lost")   # lost once: retried; twice: recorded
+    ok = WK.train_group([RN.RunSpec("ok", "v", {}, 0, {**TINY, "seed": 0})])[0][2]
+    for spec, (_, rows, summary) in out:
+        assert summary["status"] == "failed" and rows == []
+        assert {k: summary[k] for k in ("population", "executor", "device", "threads")} == \
+            {"population": 3, "executor": "ray", "device": "cpu", "threads": 2}
+        # every column of a run that trained but its metrics
+        assert set(WK.SCHEDULE) <= set(summary) and all("/" in k for k in set(ok) - set(summary))
+
+
+def test_a_population_that_raised_in_a_local_worker_records_how_it_was_scheduled():
+    """The local executor's record of runs whose worker raised outside training: the same schedule fields."""
+    import concurrent.futures as cf
+    import concurrent.futures.process  # noqa: F401  (_finished names its BrokenProcessPool; a pool imports it)
+
+    group = [RN.RunSpec(f"r{s}", "v", {}, s, {**TINY, "seed": s}) for s in (0, 1)]
+    fut = cf.Future()
+    fut.set_exception(MemoryError("cannot allocate"))
+    out = list(RN._finished({fut}, {fut: group}, 3))
+    assert [s.run_id for s, _ in out] == ["r0", "r1"]
+    for _, (_, _, summary) in out:
+        assert summary["error"] == "MemoryError: cannot allocate"
+        assert {k: summary[k] for k in ("population", "executor", "device", "threads")} == \
+            {"population": 2, "executor": "local", "device": "cpu", "threads": 3}
 
 
 # ------------------------------------------------------------------ (d, e) the analysis commands
@@ -255,7 +347,51 @@ BAD_SOURCES = {
     "truncated weights": (lambda t: _checkpoint(t, lambda d: (d / "model.safetensors").write_bytes(
         (d / "model.safetensors").read_bytes()[:5000])), ["model.safetensors is cut short"]),
     "no weights": (lambda t: _checkpoint(t, lambda d: (d / "model.safetensors").unlink()), ["no weights"]),
+    "truncated .bin": (lambda t: _checkpoint(t, lambda d: _as_bin(d, cut=0.5)),
+                       ["pytorch_model.bin is cut short", "no readable zip directory"]),
+    ".bin without its last byte": (lambda t: _checkpoint(t, lambda d: _as_bin(d, cut=-1)),
+                                   ["pytorch_model.bin is cut short"]),
+    "empty .bin": (lambda t: _checkpoint(t, lambda d: _as_bin(d, cut=0)), ["pytorch_model.bin is empty"]),
+    ".bin that is a web page": (lambda t: _checkpoint(t, lambda d: _as_bin(d, body=b"<!DOCTYPE html><html>")),
+                                ["pytorch_model.bin is not a torch.save file"]),
+    "Git LFS pointer": (lambda t: _checkpoint(t, lambda d: (d / "model.safetensors").write_bytes(
+        b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 1655899\n")),
+                        ["model.safetensors is a Git LFS pointer", "git lfs pull"]),
+    "missing shard": (lambda t: _checkpoint(t, lambda d: _sharded(d, keep=1)),
+                      ["model.safetensors.index.json names shards that are not there", "model-00002-of-00002"]),
 }
+
+
+def _as_bin(d, cut=None, body=None):
+    """The checkpoint's weights as torch.save's pytorch_model.bin (transformers' format before safetensors),
+    cut to `cut` of its bytes (a fraction, or a count from the end when negative), or replaced by `body`."""
+    import torch
+    from safetensors.torch import load_file
+
+    torch.save(load_file(d / "model.safetensors"), d / "pytorch_model.bin")
+    (d / "model.safetensors").unlink()
+    data = (d / "pytorch_model.bin").read_bytes()
+    if body is not None:
+        data = body
+    elif cut is not None:
+        data = data[:cut] if cut < 0 else data[:int(len(data) * cut)]
+    (d / "pytorch_model.bin").write_bytes(data)
+
+
+def _sharded(d, keep=2):
+    """The weights as two safetensors shards and their index, as save_pretrained writes a large model; only the
+    first `keep` shards kept."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(d / "model.safetensors")
+    (d / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {f"model-0000{i + 1}-of-00002.safetensors": names[i::2] for i in range(2)}
+    for i, (shard, keys) in enumerate(shards.items()):
+        if i < keep:
+            save_file({k: tensors[k] for k in keys}, d / shard, metadata={"format": "pt"})
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}))
 
 
 @pytest.mark.parametrize("case", list(BAD_SOURCES))
@@ -275,6 +411,13 @@ def test_a_bad_local_model_is_refused_when_the_config_loads(tmp_path, capsys, ca
 def test_a_good_local_model_and_hub_ids_pass_the_check(tmp_path):
     from grpo_bench.tasks.lm.models import check_local_source
     check_local_source(str(_checkpoint(tmp_path)))
+    # the other formats whole: a torch.save .bin, shards with their index; and a damaged .bin that transformers
+    # would not read, beside safetensors that it reads instead
+    check_local_source(str(_checkpoint(tmp_path / "bin", _as_bin)))
+    check_local_source(str(_checkpoint(tmp_path / "sharded", _sharded)))
+    both = _checkpoint(tmp_path / "both")
+    (both / "pytorch_model.bin").write_bytes(b"PK\x03\x04 cut")
+    check_local_source(str(both))
     for hub in ("gpt2", "Qwen/Qwen2.5-0.5B-Instruct"):
         check_local_source(hub)
     with pytest.raises(ValueError, match="neither a local directory nor a hub id"):
@@ -287,3 +430,196 @@ def test_out_as_a_dangling_symlink_is_one_line(tmp_path, capsys):
     code, _, err = run_main(capsys, "run", path, "--out", tmp_path / "link", "--no-progress")
     line = one_line(err)
     assert code == 2 and "link" in line and "symbolic link" in line and "gone" in line and "File exists" not in line
+
+
+def test_a_bad_local_model_is_refused_for_the_gym_task_too(tmp_path):
+    """The reasoning-gym task loads the same local directories: the same check when its config loads."""
+    pytest.importorskip("reasoning_gym")
+    from grpo_bench.config.run import resolve_run
+    from grpo_bench.errors import ConfigError
+
+    task = {"name": "gym", "dataset": "countdown", "eval_size": 20}
+    good = _checkpoint(tmp_path / "good")
+    resolve_run({"task": {**task, "model": {"source": str(good)}}})
+    cut = _checkpoint(tmp_path / "cut", lambda d: _as_bin(d, cut=0.5))
+    with pytest.raises(ConfigError) as e:
+        resolve_run({"task": {**task, "model": {"source": str(cut)}}})
+    assert e.value.key == "task.model.source" and "pytorch_model.bin is cut short" in str(e.value), str(e.value)
+
+
+# ------------------------------------------------------------------ a reward's timeout, from any thread
+
+
+def _in_thread(fn, *args, **kwargs):
+    """fn's result or exception, called from a new thread (not the main one), and the seconds it took;
+    (None, None, inf) when it has not returned after 12 s."""
+    import threading
+    import time
+
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as e:
+            box["error"] = e
+
+    t0 = time.monotonic()
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(12)
+    return (None, None, float("inf")) if t.is_alive() else (box.get("value"), box.get("error"), time.monotonic() - t0)
+
+
+def test_a_reward_that_never_returns_times_out_when_called_from_a_thread(monkeypatch):
+    """The timeout was SIGALRM's, which only the main thread receives: a reward called from any other thread
+    (a caller's thread pool) waited forever. It now times out there too, and the reward's own
+    thread is stopped rather than left spinning beside training."""
+    import threading
+    import time
+
+    from grpo_bench.algos import rewards
+
+    monkeypatch.setenv("GRPO_BENCH_REWARD_TIMEOUT", "0.3")
+    abandoned, release = threading.Event(), threading.Event()
+
+    def spins(prompts, completions, **kw):   # a loop in Python: 20 s, so the test ends without the fix too
+        end = time.monotonic() + 20
+        try:
+            while time.monotonic() < end:
+                pass
+        except BaseException:
+            abandoned.set()
+            raise
+        return [0.0] * len(completions)
+
+    def blocks(prompts, completions, **kw):  # a wait in C
+        release.wait(20)
+        return [0.0] * len(completions)
+
+    try:
+        for fn in (spins, blocks):
+            value, error, took = _in_thread(rewards.call, "m:r", fn, [[1, 0]], [[0, 1]])
+            assert isinstance(error, rewards.RewardTimeout) and "within 0.3 s" in str(error), (fn, value, error)
+            assert took < 5, took
+        assert abandoned.wait(5), "the timed-out reward's thread is still running"
+    finally:
+        release.set()
+    # what returns or raises in time is the reward's, in a thread as in the main one
+    assert _in_thread(rewards.call, "m:r", lambda p, c, answer: [answer], [[1]], [[1]], answer=0.5)[0] == [0.5]
+
+    def raises(prompts, completions, **kw):
+        raise ValueError("cannot score")
+
+    assert str(_in_thread(rewards.call, "m:r", raises, [[1]], [[1]])[1]) == "cannot score"
+    with pytest.raises(ValueError, match="cannot score"):   # the main thread's path, unchanged
+        rewards.call("m:r", raises, [[1]], [[1]])
+
+
+def test_a_reward_in_the_main_thread_with_a_timer_running_still_times_out(monkeypatch):
+    """The main thread with an interval timer of the caller's: SIGALRM is not ours to take, so the reward ran
+    unbounded; now it runs in a thread that is waited for, and the caller's timer is left as it was."""
+    import signal
+    import time
+
+    from grpo_bench.algos import rewards
+
+    monkeypatch.setenv("GRPO_BENCH_REWARD_TIMEOUT", "0.3")
+    previous = signal.signal(signal.SIGALRM, lambda *a: None)
+    signal.setitimer(signal.ITIMER_REAL, 60)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(rewards.RewardTimeout, match="within 0.3 s"):
+            rewards.call("m:r", lambda p, c: time.sleep(3) or [0.0], [[1]], [[1]])
+        assert time.monotonic() - t0 < 2.5
+        assert 50 < signal.getitimer(signal.ITIMER_REAL)[0] <= 60
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_run_trained_in_a_thread_fails_alone_on_its_rewards_timeout(tmp_path, monkeypatch):
+    """End to end: the sort task trained from a thread, its user reward hanging on every call."""
+    (tmp_path / "reward_hangs_in_thread.py").write_text(
+        "import time\ndef reward(prompts, completions, **kw):\n    time.sleep(30)\n    return [0.0] * len(completions)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("GRPO_BENCH_REWARD_TIMEOUT", "0.3")
+    cfg = {**TINY, "task": {**TINY["task"], "rewards": {"reward_hangs_in_thread:reward": 1.0}}, "seed": 0}
+    result, error, took = _in_thread(lambda spec: WK.train_group([spec])[0], RN.RunSpec("r", "v", {}, 0, cfg))
+    assert error is None and took < 10, (error, took)
+    summary = result[2]
+    assert summary["status"] == "failed" and summary["error"].startswith("RewardTimeout: reward "), summary["error"]
+
+
+# ------------------------------------------------------------------ scripts/under_load.py
+
+
+def _children(pid: int) -> list[int]:
+    """Pids of the live processes whose parent is pid and that multiprocessing spawned (the busy loops)."""
+    from pathlib import Path
+
+    out = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and _ppid_state(int(p.name))[0] == pid and \
+                    b"spawn_main" in (p / "cmdline").read_bytes():
+                out.append(int(p.name))
+        except OSError:
+            pass
+    return out
+
+
+def _ppid_state(pid: int) -> tuple[int, str]:
+    from pathlib import Path
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[1]), fields[0]
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="/proc and PR_SET_PDEATHSIG")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_under_load_busy_loops_end_with_the_script(tmp_path, sig):
+    """docs/testing.md: the busy loops of scripts/under_load.py end with it. On SIGTERM (its default ends the
+    script without its `finally`) or SIGKILL they went on spinning, orphaned, for good."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ROOT
+
+    (tmp_path / "test_wait.py").write_text("import time\ndef test_wait():\n    time.sleep(6)\n")
+    script = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "under_load.py"), "--runs", "1", "--busy", "1",
+                               "--", str(tmp_path / "test_wait.py")], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    spinners = []
+    try:
+        deadline = time.time() + 30
+        while not spinners and time.time() < deadline and script.poll() is None:
+            time.sleep(0.1)
+            spinners = _children(script.pid)
+        assert spinners, "no busy loop started"
+        time.sleep(0.5)   # past its prctl
+        script.send_signal(getattr(signal, sig))
+        script.wait(10)
+
+        def alive(pid):
+            try:
+                return _ppid_state(pid)[1] != "Z"
+            except OSError:
+                return False
+
+        deadline = time.time() + 5
+        while any(map(alive, spinners)) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not any(map(alive, spinners)), f"busy loops still spinning after the script's {sig}"
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
+        for pid in spinners:   # only the ones this test started
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass

@@ -14,12 +14,15 @@ with the same keyword arguments, so a function takes what it needs and **kwargs:
 
 Every call goes through `call`: a score that is not finite is an error (NonFiniteReward),
 never a reward, and a `module:function` call that has not returned after REWARD_TIMEOUT_S
-seconds (environment GRPO_BENCH_REWARD_TIMEOUT; 0: none) raises RewardTimeout. The tasks
-call rewards member by member, so either error fails only the run whose prompt it was.
+seconds (environment GRPO_BENCH_REWARD_TIMEOUT; 0: none) raises RewardTimeout, from any
+thread (`bounded`). The tasks call rewards member by member, so either error fails only the
+run whose prompt it was.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import ctypes
 import importlib
 import importlib.util
 import math
@@ -56,18 +59,62 @@ def timeout_s() -> float:
         raise ValueError(f"GRPO_BENCH_REWARD_TIMEOUT: expected seconds, got {text!r}") from None
 
 
+def _expired(spec: str, seconds: float) -> RewardTimeout:
+    return RewardTimeout(f"reward {spec!r} did not return within {seconds:g} s (GRPO_BENCH_REWARD_TIMEOUT sets "
+                         "the limit)")
+
+
+def bounded(spec: str, seconds: float, fn: Callable, args: tuple = (), kwargs: dict | None = None):
+    """fn(*args, **kwargs), or RewardTimeout once it has run `seconds` (0 or less: no limit). In the main
+    thread by SIGALRM, which also cuts a blocking call short; elsewhere (a thread of the caller's: SIGALRM
+    reaches only the main thread) or where a timer is already running (not ours to replace) fn runs in a
+    daemon thread that this one waits for, and on a timeout that thread is told to stop (_stop)."""
+    kwargs = kwargs or {}
+    if seconds <= 0:
+        return fn(*args, **kwargs)
+    if (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+            and signal.getitimer(signal.ITIMER_REAL)[0] == 0):
+        with _deadline(spec, seconds):
+            return fn(*args, **kwargs)
+    box: dict = {}
+    context = contextvars.copy_context()  # the caller's context variables, as a call in this thread sees them
+
+    def target():
+        with contextlib.suppress(_Abandoned):  # told to stop (_stop): nobody waits for it any more
+            try:
+                box["value"] = context.run(fn, *args, **kwargs)
+            except BaseException as e:  # handed to the caller
+                box["error"] = e
+
+    t = threading.Thread(target=target, daemon=True, name=f"grpo_bench-reward {spec}")
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        _stop(t)
+        raise _expired(spec, seconds)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+class _Abandoned(BaseException):
+    """Raised in a reward's thread that timed out: not an Exception, so a reward's `except Exception` lets it by."""
+
+
+def _stop(t: threading.Thread) -> None:
+    """Ask a timed-out reward's thread to stop: _Abandoned is raised in it at its next Python instruction
+    (CPython's PyThreadState_SetAsyncExc), so a loop in Python ends at once; a call blocked in C (a socket,
+    a sleep) finishes first. A daemon thread: it never keeps the process alive."""
+    if t.is_alive():
+        with contextlib.suppress(AttributeError, ValueError, TypeError):  # not CPython: left to finish
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(_Abandoned))
+
+
 @contextlib.contextmanager
 def _deadline(spec: str, seconds: float):
-    """RewardTimeout in this (main) thread after `seconds`, by SIGALRM; no limit off the main thread, or
-    where a timer is already running (it is not ours to replace)."""
-    if not (seconds > 0 and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
-            and signal.getitimer(signal.ITIMER_REAL)[0] == 0):
-        yield
-        return
-
+    """RewardTimeout in this (main) thread after `seconds`, by SIGALRM (bounded checks that it can be used)."""
     def expire(signum, frame):
-        raise RewardTimeout(f"reward {spec!r} did not return within {seconds:g} s "
-                            "(GRPO_BENCH_REWARD_TIMEOUT sets the limit)")
+        raise _expired(spec, seconds)
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -81,9 +128,8 @@ def _deadline(spec: str, seconds: float):
 def call(spec: str, fn: RewardFn, prompts: list, completions: list, **kwargs) -> list[float]:
     """fn's scores of the completions as floats (None, TRL's "does not apply", is 0); ValueError when it
     returns another number of them, NonFiniteReward for inf or NaN, RewardTimeout past the limit."""
-    if ":" in spec:  # a user's function: bounded
-        with _deadline(spec, timeout_s()):
-            scores = fn(prompts, completions, **kwargs)
+    if ":" in spec:  # a user's function: bounded, in whatever thread the task calls it from
+        scores = bounded(spec, timeout_s(), fn, (prompts, completions), kwargs)
     else:
         scores = fn(prompts, completions, **kwargs)
     if len(scores) != len(completions):

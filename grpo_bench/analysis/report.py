@@ -804,6 +804,7 @@ def _markdown(meta, summary, ok, headline, order, figures, fits: dict | None = N
     lines += [f"Source `{meta['source']}`; seeds {meta['seeds']}; {len(ok)} runs finished, {n_failed} failed, "
               f"{len(meta['runs']) - len(summary)} not run. Rebuild with `python -m grpo_bench plot <this directory>`.", "",
               *([sequential_text(meta), ""] if meta.get("sequential") else []),
+              *([f"**Note:** {note}.", ""] if (note := stats.schedule_note(summary)) else []),
               "Final reward = mean rollout reward over the last 10% of epochs. Eval metrics are on a held-out set at the "
               "end of training: accuracy and reward of greedy answers, pass@k of k sampled ones; accuracy gain is over the "
               "starting policy. Cells are mean ± std over seeds.", "",

@@ -34,7 +34,7 @@ import pyarrow as pa
 import yaml
 
 from ..errors import ConfigError
-from . import metrics
+from . import metrics, stats
 
 
 METRICS_COLUMNS = ["step", "metric", "value"]
@@ -270,17 +270,9 @@ def _load_run(run_dir: Path) -> tuple[dict | None, pd.DataFrame | None, str]:
 
 def _note_mixed_schedules(summary: pd.DataFrame) -> None:
     """One line on stderr when the finished runs here ran on different devices or thread counts: their
-    numbers are not bitwise those of one schedule (population size and executor never change them)."""
-    cols = [c for c in ("device", "threads") if c in summary.columns]
-    if not cols or "status" not in summary.columns:
-        return
-    ok = summary[(summary.status == "ok") & summary[cols].notna().all(axis=1)]
-    counts = ok.groupby(cols, sort=True).size()
-    if len(counts) > 1:
-        kinds = ", ".join(f"{' x'.join(map(str, k if isinstance(k, tuple) else (k,)))} thread(s): {n} runs"
-                          for k, n in counts.items())
-        print(f"note: the finished runs here ran on different devices or thread counts ({kinds}); their numbers "
-              "differ in the last bits from one schedule's", file=sys.stderr)
+    numbers are not bitwise those of one schedule (stats.schedule_note; REPORT.md says it too)."""
+    if note := stats.schedule_note(summary):
+        print(f"note: {note}", file=sys.stderr)
 
 
 def collect(out: Path) -> pd.DataFrame:

@@ -147,7 +147,8 @@ class Session:
                     results = ray.get(ref)
                 except ray.exceptions.RayTaskError as e:  # the population's own code raised, outside training
                     cause = getattr(e, "cause", None) or e
-                    results = [failed_result(s, f"{type(cause).__name__}: {cause}", str(e)) for s in group]
+                    results = [failed_result(s, f"{type(cause).__name__}: {cause}", str(e), len(group), "ray", threads)
+                               for s in group]
                 except ray.exceptions.RayError as e:  # its worker process or node is gone
                     why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
                     key = name(group)
@@ -156,7 +157,9 @@ class Session:
                         log(f"run {key}: worker lost ({why}); retry {n} of {max_retries}")
                         queue.appendleft(group)
                         continue
-                    results = [failed_result(s, f"worker lost {n} time{'s' * (n > 1)}, last: {why}") for s in group]
+                    # the schedule it was lost in, as every other run records it
+                    results = [failed_result(s, f"worker lost {n} time{'s' * (n > 1)}, last: {why}", "", len(group),
+                                             "ray", threads) for s in group]
                 yield from zip(group, results)
         finally:  # Ctrl-C, or the driver stopped early: nothing left running for nobody
             for ref in pending:

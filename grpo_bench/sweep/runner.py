@@ -123,7 +123,7 @@ def local_results(todo: list[list[RunSpec]], workers: int, threads: int,
             while pending:  # wake twice a second for the epochs the workers report
                 done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_COMPLETED)
                 drain()
-                yield from _finished(done, futures)
+                yield from _finished(done, futures, threads)
         finally:  # Ctrl-C, SIGTERM or a lost worker: drop what has not started, end what has
             for f in futures:
                 f.cancel()
@@ -133,7 +133,7 @@ def local_results(todo: list[list[RunSpec]], workers: int, threads: int,
                     p.kill()
 
 
-def _finished(done, futures) -> Iterator[tuple[RunSpec, Result]]:
+def _finished(done, futures, threads: int = 1) -> Iterator[tuple[RunSpec, Result]]:
     for fut in done:
         group = futures[fut]
         try:
@@ -141,8 +141,8 @@ def _finished(done, futures) -> Iterator[tuple[RunSpec, Result]]:
         except cf.process.BrokenProcessPool:
             raise WorkerLost("a worker process died (killed, or out of memory?)") from None
         except Exception as e:  # raised outside training (train_group records what training raises)
-            results = [failed_result(s, f"{type(e).__name__}: {e}", traceback.format_exc(limit=-3))
-                       for s in group]
+            results = [failed_result(s, f"{type(e).__name__}: {e}", traceback.format_exc(limit=-3), len(group),
+                                     "local", threads) for s in group]
         yield from zip(group, results)
 
 

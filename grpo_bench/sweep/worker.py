@@ -130,12 +130,16 @@ def populations(todo: list[RunSpec], size: int, workers: int = 1) -> list[list[R
     return sorted(out, key=len, reverse=True)  # the largest first: no long population starts last
 
 
-def failed_result(spec: RunSpec, error: str, tb: str = "") -> Result:
-    """The record of a run that never returned (its worker raised outside training, or kept dying)."""
+def failed_result(spec: RunSpec, error: str, tb: str = "", population: int = 1, executor: str = "local",
+                  threads: int = 1) -> Result:
+    """The record of a run that never returned (its worker raised outside training, or kept dying), with how it
+    was scheduled (SCHEDULE) as every other run's: the population it was sent in, executor, device, threads."""
+    cfg = spec.resolved
     summary = {"run": spec.run_id, "variant": spec.variant, **spec.values, "seed": spec.seed,
                "status": "failed", "error": error.splitlines()[0] if error else "failed", "traceback": tb,
-               "wall_s": float("nan")}
-    return run_dict(spec.resolved), [], summary
+               "wall_s": float("nan"), "population": population, "executor": executor, "device": cfg.device,
+               "threads": threads}
+    return run_dict(cfg), [], summary
 
 
 class WorkerLost(RuntimeError):

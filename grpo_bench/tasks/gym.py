@@ -258,6 +258,9 @@ def _check_shipped(cfg) -> None:
                          "a hub id or a directory")
     which = shipped.name(cfg.model.source)
     if not which:
+        if cfg.model.source != shipped.SCRATCH:  # a local directory found damaged now, not when every run fails
+            from .lm import models
+            models.check_local_source(cfg.model.source)
         return
     if which not in shipped.available() or not (shipped.directory(which) / "config.json").is_file():
         raise ValueError(f"model.source: no shipped checkpoint {cfg.model.source!r}; valid: "

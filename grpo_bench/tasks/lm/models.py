@@ -120,8 +120,8 @@ WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model.safetensors.index.
 
 def check_local_source(source: str) -> None:
     """ValueError("model.source: ...") when `source` is meant as a local directory and cannot be loaded as one:
-    missing, not a directory, without a readable config.json (with model_type), tokenizer files or weights, or a
-    safetensors file shorter than its header says. Found when the config loads, not when every run has failed
+    missing, not a directory, without a readable config.json (with model_type), tokenizer files or weights, or
+    weights that are damaged (check_weights). Found when the config loads, not when every run has failed
     with transformers' `Repo id must be in the form ...`. A hub id (`name` or `namespace/name`) is left to
     transformers: it may need the network."""
     import json
@@ -153,9 +153,61 @@ def check_local_source(source: str) -> None:
     weights = [w for pattern in WEIGHT_FILES for w in sorted(path.glob(pattern))]
     if not weights:
         raise ValueError(f"{where}: no weights (model.safetensors or pytorch_model.bin)")
+    check_weights(weights, where)
+
+
+LFS_POINTER = b"version https://git-lfs"
+
+
+def check_weights(weights: list[Path], where: str) -> None:
+    """ValueError naming the file when the weights transformers would load are damaged, in milliseconds whatever
+    the model's size (only headers and the zip directory are read): a safetensors file shorter than its header
+    lays out, a torch.save `.bin` without the zip directory that ends every whole one (a cut file has none), an
+    empty file, a Git LFS pointer in place of the weights, or an index naming shards that are not there.
+    transformers prefers safetensors where both are present, so only those are checked then. A `.bin` in the
+    pickle format of torch < 1.6 is not checked: that needs reading it whole."""
+    import json
+
+    if any(w.name.endswith((".safetensors", ".safetensors.index.json")) for w in weights):
+        weights = [w for w in weights if w.name.endswith((".safetensors", ".safetensors.index.json"))]
     for w in weights:
-        if w.suffix == ".safetensors":
+        size = w.stat().st_size
+        with open(w, "rb") as f:
+            head = f.read(len(LFS_POINTER))
+        if size == 0:
+            raise ValueError(f"{where}: {w.name} is empty (0 bytes)")
+        if head == LFS_POINTER:
+            raise ValueError(f"{where}: {w.name} is a Git LFS pointer, not the weights; fetch them with git lfs pull")
+        if w.name.endswith(".index.json"):
+            try:
+                shards = set(json.loads(w.read_text())["weight_map"].values())
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                raise ValueError(f"{where}: {w.name} unreadable (no weight_map: {type(e).__name__})") from None
+            missing = sorted(str(s) for s in shards if not (w.parent / str(s)).is_file())
+            if missing:
+                raise ValueError(f"{where}: {w.name} names shards that are not there: {', '.join(missing)}")
+        elif w.suffix == ".safetensors":
             _check_safetensors(w, where)
+        else:
+            _check_torch_bin(w, head, where)
+
+
+def _check_torch_bin(path: Path, head: bytes, where: str) -> None:
+    """torch.save writes a zip whose directory is the file's last bytes: a file cut short has none."""
+    import zipfile
+
+    if head.startswith(b"\x80"):  # the pickle format of torch < 1.6: left to torch.load
+        return
+    if not head.startswith(b"PK"):
+        raise ValueError(f"{where}: {path.name} is not a torch.save file (neither a zip nor a pickle)")
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (OSError, zipfile.BadZipFile, ValueError) as e:
+        raise ValueError(f"{where}: {path.name} is cut short or damaged ({path.stat().st_size} bytes, no readable "
+                         f"zip directory: {e})") from None
+    if not any(n.endswith("/data.pkl") or n == "data.pkl" for n in names):
+        raise ValueError(f"{where}: {path.name} is a zip without data.pkl: not a torch.save file")
 
 
 def _check_safetensors(path: Path, where: str) -> None:
