@@ -137,6 +137,17 @@ def test_heldout_is_distinct_and_never_trained_on(monkeypatch):
     assert len(set(seen)) < len(seen)
 
 
+@pytest.mark.parametrize("name, config", [("spell_backward", {}), ("letter_counting", {"min_words": 4, "max_words": 6})])
+def test_the_string_datasets_held_out_problems_are_never_trained_on(name, config):
+    held = gym.heldout(name, config, 100, seed=3)
+    assert len({e.problem() for e in held}) == len({e.question for e in held}) == 100
+    # the training stream of the held-out set's own seed: its first entries are the held-out ones, all skipped
+    batch = gym.train_batch(name, config, 50, 3, gym.exclusion(held))
+    assert {e.problem() for e in held}.isdisjoint(e.problem() for e in batch)
+    assert {e.question for e in held}.isdisjoint(e.question for e in batch)
+    assert gym.train_batch(name, config, 50, 3, set())[0].question == held[0].question   # what it skipped
+
+
 def test_twins_differ_in_wording_so_the_split_is_by_problem_too():
     ds = gym.dataset("countdown", {"min_numbers": 3, "max_numbers": 3, "max_value": 3, "min_target": 1,
                                    "max_target": 9}, 5)

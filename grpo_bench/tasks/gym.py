@@ -15,7 +15,9 @@ whose question text is one of them. The reward is the dataset's `score_answer`
 Two renderings, declared per dataset in RENDER: the embedded tiny models' compact one, built
 from the entry's metadata (countdown: `6 61 94 4 -> 309:`, answered `94*4 - 61 - 6`), and a
 chat model's, the dataset's own question through its chat template. A dataset this module
-cannot render compactly is refused with the list of those it can. reasoning-gym is an extra
+cannot render compactly is refused with the list of those it can. Each also has a worked
+solution (WORKED) that build-start may train a tiny model to write before its answer,
+`[working]answer`; the verifier scores what follows the working. reasoning-gym is an extra
 (`pip install -e '.[gym]'`), imported only when a gym task is checked or built.
 """
 from __future__ import annotations
