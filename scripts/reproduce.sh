@@ -12,7 +12,7 @@ PY=.venv/bin/python
 export OMP_WAIT_POLICY=PASSIVE   # busy-waiting OpenMP threads slow the other worker
 
 sort_ablations=(loss_modes delta_modes kl_estimators ref_refresh recipes)
-lm_ablations=(arithmetic_lora countdown_grpo)
+lm_ablations=(arithmetic_lora countdown_grpo spell_backward_grpo)
 claims=(adv_norm dapo_ladder policy_losses kl_gradients length_bias ref_policy sampler_mismatch aggregation entropy_control fp32_head)
 wanted=("$@")
 

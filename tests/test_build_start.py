@@ -54,11 +54,27 @@ def test_a_criterion_never_met_writes_nothing_and_says_so(tmp_path, capsys):
     assert not (tmp_path / "cd_test").exists()
 
 
+def test_a_second_phase_is_the_checked_one(tmp_path):
+    # the first phase runs all its steps unchecked; the second checks every check_every of its own steps
+    task = TASK | {"config": {"min_numbers": 3, "max_numbers": 3, "max_value": 9, "min_target": 10, "max_target": 50},
+                   "sampling": {"max_new_tokens": 72}}
+    path = preset(tmp_path, START | {"greedy": None, "scratchpad": 1.0, "then": {"steps": 4, "lr": 1e-3,
+                                                                                 "scratchpad": 0.5}}, task)
+    assert main(["build-start", str(path)]) == 0
+    m = json.loads((tmp_path / "cd_test" / "manifest.json").read_text())
+    assert m["steps"] == 6 and [c["step"] for c in m["checks"]] == [6]
+    assert m["recipe"]["start"]["then"] == {"steps": 4, "lr": 1e-3, "scratchpad": 0.5}
+
+
 @pytest.mark.parametrize("start, task, key", [
     (START | {"depth": 3}, TASK, "start.depth"),
     (START | {"greedy": [0.5, 0.2]}, TASK, "start.greedy"),
     (None, TASK, "start"),
     (START, TASK | {"model": {"source": "tiny-scratch"}}, "task.model.source"),
+    (START | {"then": {"steps": 4, "rate": 1.0}}, TASK, "start.then.rate"),
+    (START | {"then": {"steps": 0}}, TASK, "start.then.steps"),
+    (START | {"scratchpad": 1.5}, TASK, "start.scratchpad"),
+    (START | {"then": {"steps": 4}}, {"name": "arithmetic", "model": {"source": "shipped:cd_test"}}, "start.then"),
 ])
 def test_bad_presets_are_refused_by_key(tmp_path, capsys, start, task, key):
     assert main(["build-start", str(preset(tmp_path, start, task))]) == 2

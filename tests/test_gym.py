@@ -1,4 +1,6 @@
 """The reasoning-gym task: prompts per seed, the disjoint held-out split, the verifier as reward, refusals."""
+import re
+
 import pytest
 
 pytest.importorskip("reasoning_gym")
@@ -31,10 +33,68 @@ def test_reference_answers_score_one_and_corrupted_ones_less(name):
     def corrupt(a: str) -> str:  # another number, or another letter: never the right answer
         if name == "countdown":
             return a.replace("+", "-", 1) if "+" in a else a + " + 1"
+        if name == "letter_counting":
+            return str(int(a) + 1)
         return a[::-1] if a[::-1] != a else a + "x"
     bad = gym.score(entries, [corrupt(e.answer) for e in entries])
     assert all(s < 1 for s in bad), [(e.answer, s) for e, s in zip(entries, bad) if s >= 1]
-    assert all(s < 1 for s in gym.score(entries, ["", "7"] * 30))
+    assert all(s < 1 for s in gym.score(entries, ["", "?"] * 30))
+
+
+@pytest.mark.parametrize("name", sorted(gym.WORKED))
+def test_worked_answers_score_one_and_the_answer_scored_is_the_one_after_the_working(name):
+    entries = gym.heldout(name, {}, 200, seed=11)
+    worked = [gym.sft_text(e, True) for e in entries]
+    assert all(w.startswith("[") and "]" in w for w in worked)
+    assert gym.score(entries, worked) == [1.0] * len(entries)
+    # the working is not the answer: a right working then a wrong answer, or one never closed, scores < 1
+    other = {"countdown": lambda a: "1 + 1", "letter_counting": lambda a: str(int(a) + 1), "spell_backward": lambda a: a[1:]}
+    wrong = [w[:w.index("]") + 1] + other[name](e.answer) for w, e in zip(worked, entries)]
+    assert all(s < 1 for s in gym.score(entries, wrong))
+    assert all(s < 1 for s in gym.score(entries, [w.replace("]", " ") for w in worked]))
+
+
+def test_countdowns_working_is_a_search_whose_steps_are_right_and_whose_last_try_hits_the_target():
+    cfg = {"min_numbers": 3, "max_numbers": 3, "min_value": 1, "max_value": 20, "min_target": 10, "max_target": 100}
+    tries = []
+    for e in gym.heldout("countdown", cfg, 300, seed=4):
+        meta = e.data["metadata"]
+        working, answer = gym.WORKED["countdown"](meta, e.answer)
+        attempts = working.split(" ")
+        assert 1 <= len(attempts) <= gym.ATTEMPTS
+        for attempt in attempts:
+            for step in attempt.split(","):
+                lhs, value = step.split("=")
+                assert eval(lhs) == int(value), step   # every step's arithmetic is right
+        assert int(attempts[-1].split("=")[-1]) == meta["target"]                         # the last try hits it
+        assert all(int(a.split("=")[-1]) != meta["target"] for a in attempts[:-1])      # the others miss it
+        for attempt in attempts[:-1]:   # a search's try starts from two of the numbers (the last may be the reference's)
+            a, b = map(int, re.split(r"[-+*/]", attempt.split("=")[0]))
+            rest = list(meta["numbers"])
+            rest.remove(a), rest.remove(b)
+        assert gym.score([e], [answer]) == [1.0]
+        tries.append(len(attempts))
+    # its length depends on the problem: one try for some, the most for others
+    assert min(tries) == 1 and max(tries) == gym.ATTEMPTS
+    # the example of the docstring
+    meta = {"numbers": [19, 9, 3], "target": 13}
+    assert gym.WORKED["countdown"](meta, "19 + 3 - 9") == ("9+3=12,19-12=7 19-9=10,10+3=13", "(19-9)+3")
+
+
+def test_letter_countings_working_is_every_word_with_the_running_count():
+    meta = {"target_letter": "e", "span": ["The", "scene", "was", "Gutenberg"]}
+    assert gym.WORKED["letter_counting"](meta, "5") == ("The1 scene3 was3 Gutenberg5", "5")
+    e = gym.heldout("letter_counting", {"min_words": 4, "max_words": 6}, 1, seed=1)[0]
+    meta = e.data["metadata"]
+    assert e.compact() == f"{meta['target_letter']}: " + " ".join(meta["span"]) + " ->"
+
+
+def test_spell_backwards_working_numbers_the_letters_from_the_last():
+    assert gym.WORKED["spell_backward"]({"word": "sun"}, "nus") == ("3n 2u 1s", "nus")
+    e = gym.heldout("spell_backward", {}, 1, seed=1)[0]
+    assert gym.sft_text(e, True) == "[" + " ".join(f"{i + 1}{c}" for i, c in reversed(list(enumerate(
+        e.data["metadata"]["word"])))) + "]" + e.answer
+    assert e.compact() == e.data["metadata"]["word"] + ":"
 
 
 def test_tagged_answers_are_extracted_for_chat_models():
@@ -78,6 +138,17 @@ def test_heldout_is_distinct_and_never_trained_on(monkeypatch):
     assert len(set(seen)) < len(seen)
 
 
+@pytest.mark.parametrize("name, config", [("spell_backward", {}), ("letter_counting", {"min_words": 4, "max_words": 6})])
+def test_the_string_datasets_held_out_problems_are_never_trained_on(name, config):
+    held = gym.heldout(name, config, 100, seed=3)
+    assert len({e.problem() for e in held}) == len({e.question for e in held}) == 100
+    # the training stream of the held-out set's own seed: its first entries are the held-out ones, all skipped
+    batch = gym.train_batch(name, config, 50, 3, gym.exclusion(held))
+    assert {e.problem() for e in held}.isdisjoint(e.problem() for e in batch)
+    assert {e.question for e in held}.isdisjoint(e.question for e in batch)
+    assert gym.train_batch(name, config, 50, 3, set())[0].question == held[0].question   # what it skipped
+
+
 def test_twins_differ_in_wording_so_the_split_is_by_problem_too():
     ds = gym.dataset("countdown", {"min_numbers": 3, "max_numbers": 3, "max_value": 3, "min_target": 1,
                                    "max_target": 9}, 5)
@@ -98,7 +169,7 @@ def test_rollout_rewards_are_the_verifiers():
 
 
 @pytest.mark.parametrize("task, key, words", [
-    ({"dataset": "gsm_symbolic"}, "task.dataset", ["countdown", "spell_backward"]),
+    ({"dataset": "gsm_symbolic"}, "task.dataset", ["countdown", "letter_counting", "spell_backward"]),
     ({"config": {"no_such_key": 1}}, "task.config", ["countdown refuses"]),
     ({"template": "plain"}, "task.template", ["compact"]),
     ({"model": {"source": "tiny"}}, "task.model.source", ["arithmetic start"]),
@@ -112,10 +183,11 @@ def test_refusals_name_the_key_and_the_valid_choices(task, key, words):
     assert all(w in str(e.value) for w in words), str(e.value)
 
 
-def test_the_countdown_start_scores_what_its_manifest_says():
+@pytest.mark.parametrize("preset", ["countdown", "spell_backward"])
+def test_a_shipped_start_scores_what_its_manifest_says(preset):
     from grpo_bench.tasks.lm import shipped
-    cfg = resolve_run({"task": "countdown"})
-    m = shipped.manifest("countdown")
+    cfg = resolve_run({"task": {"name": preset, "pass_k": 0}})
+    m = shipped.manifest(preset)
     assert m["criterion_met"] and 0.2 <= m["heldout_greedy_accuracy"] <= 0.4
     assert m["heldout_pass@k"] >= 2 * m["heldout_greedy_accuracy"]
     task = get("task", "gym")(cfg.task, cfg)
@@ -124,8 +196,11 @@ def test_the_countdown_start_scores_what_its_manifest_says():
     assert task._base_accuracy() == pytest.approx(m["heldout_greedy_accuracy"], abs=3 / 1000)
     # its split is guarded: another held-out set would score problems it trained on
     with pytest.raises(ConfigError) as e:
-        resolve_run({"task": {"name": "countdown", "eval_seed": 1}})
+        resolve_run({"task": {"name": preset, "eval_seed": 1}})
     assert e.value.key == "task.eval_seed"
+    # the checkpoint is small, and built by the command its manifest records from this preset
+    assert sum(f.stat().st_size for f in shipped.directory(preset).iterdir()) <= 10 << 20
+    assert m["command"] == f"python -m grpo_bench build-start tasks/{preset}.yaml"
 
 
 def test_a_chat_model_reads_the_datasets_own_question(tmp_path):

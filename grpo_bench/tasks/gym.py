@@ -15,13 +15,17 @@ whose question text is one of them. The reward is the dataset's `score_answer`
 Two renderings, declared per dataset in RENDER: the embedded tiny models' compact one, built
 from the entry's metadata (countdown: `6 61 94 4 -> 309:`, answered `94*4 - 61 - 6`), and a
 chat model's, the dataset's own question through its chat template. A dataset this module
-cannot render compactly is refused with the list of those it can. reasoning-gym is an extra
+cannot render compactly is refused with the list of those it can. Each also has a worked
+solution (WORKED) that build-start may train a tiny model to write before its answer,
+`[working]answer`; the verifier scores what follows the working. reasoning-gym is an extra
 (`pip install -e '.[gym]'`), imported only when a gym task is checked or built.
 """
 from __future__ import annotations
 
+import ast
 import string
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import lru_cache
 
 from ..numerics import rng
@@ -32,7 +36,7 @@ INSTALL = "pip install -e '.[gym]' (reasoning-gym==0.1.25)"
 TEMPLATES = ("auto", "compact", "chat")
 # the tiny models' characters: the arithmetic tokenizer's, then '>' and capitals, appended so that
 # the arithmetic ids stay what they were
-CHARS_EXTRA = ">" + string.ascii_uppercase
+CHARS_EXTRA = ">" + string.ascii_uppercase + "[]"
 
 
 def _countdown(meta: dict) -> str:
@@ -43,13 +47,109 @@ def _spell_backward(meta: dict) -> str:
     return f"{meta['word']}:"
 
 
+def _letter_counting(meta: dict) -> str:
+    return f"{meta['target_letter']}: " + " ".join(meta["span"]) + " ->"
+
+
 # dataset -> its compact rendering from the entry's metadata; the answer is the dataset's own
-# (countdown: an expression over the numbers, spell_backward: the reversed word)
-RENDER = {"countdown": _countdown, "spell_backward": _spell_backward}
+# (countdown: an expression over the numbers, spell_backward: the reversed word, letter_counting: a count)
+RENDER = {"countdown": _countdown, "spell_backward": _spell_backward, "letter_counting": _letter_counting}
 # dataset -> what makes two entries one problem: a question's wording is drawn from several templates
 # and countdown shuffles its numbers, so `6 61 94 4 -> 309` and `61 6 4 94 -> 309` (the twins of
 # arithmetic's commutative ones) have other question texts; the split keeps both out of training
-PROBLEM = {"countdown": lambda m: (tuple(sorted(m["numbers"])), m["target"]), "spell_backward": lambda m: m["word"]}
+PROBLEM = {"countdown": lambda m: (tuple(sorted(m["numbers"])), m["target"]), "spell_backward": lambda m: m["word"],
+           "letter_counting": lambda m: (m["target_letter"], tuple(m["span"]))}
+
+
+def _steps(answer: str) -> tuple[list[str], str]:
+    """The operations of an expression in the order they are evaluated, each with its value, and the
+    expression with an operation inside another in parentheses: `19*(7 - 5)` -> ['7-5=2', '19*2=38'], `19*(7-5)`."""
+    ops = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+    steps = []
+
+    def walk(node) -> tuple[Fraction, str]:
+        if isinstance(node, ast.Constant):
+            return Fraction(node.value), str(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            v, text = walk(node.operand)
+            return -v, f"-{text}"
+        (a, ta), (b, tb), op = walk(node.left), walk(node.right), ops[type(node.op)]
+        out = {"+": a + b, "-": a - b, "*": a * b, "/": a / b}[op]
+        steps.append(f"{a}{op}{b}={out}")
+        wrap = lambda n, t: f"({t})" if isinstance(n, ast.BinOp) else t  # noqa: E731
+        return out, wrap(node.left, ta) + op + wrap(node.right, tb)
+
+    return steps, walk(ast.parse(answer, mode="eval").body)[1]
+
+
+def _first_steps(numbers: list[int]) -> list[tuple[str, int, int]]:
+    """(step, value, the number left) of every first operation on two of three numbers: a+b, a*b,
+    the larger minus the smaller, the larger over the smaller where it divides."""
+    out = []
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        a, b, left = numbers[i], numbers[j], numbers[3 - i - j]
+        hi, lo = max(a, b), min(a, b)
+        out += [(f"{a}+{b}", a + b, left), (f"{a}*{b}", a * b, left), (f"{hi}-{lo}", hi - lo, left)]
+        if lo and hi % lo == 0:
+            out.append((f"{hi}/{lo}", hi // lo, left))
+    return out
+
+
+def _last_step(r: int, c: int, target: int) -> tuple[str, int, str]:
+    """(step, value, expression template) of the operation on r and c that lands closest to target."""
+    options = [(f"{r}+{c}", r + c, "({})+" + str(c)), (f"{r}*{c}", r * c, "({})*" + str(c)),
+               (f"{r}-{c}", r - c, "({})-" + str(c)) if r >= c else (f"{c}-{r}", c - r, f"{c}-" + "({})")]
+    if c and r % c == 0:
+        options.append((f"{r}/{c}", r // c, "({})/" + str(c)))
+    if r and c % r == 0:
+        options.append((f"{c}/{r}", c // r, f"{c}/" + "({})"))
+    return min(options, key=lambda o: abs(o[1] - target))
+
+
+ATTEMPTS = 3   # countdown's working tries at most this many first steps
+
+
+def _countdown_working(meta: dict, answer: str) -> tuple[str, str]:
+    """A search written out: first steps tried in the order of how close they land to the target, each
+    finished by the last step closest to it (`9+3=12,19-12=7`), until one hits it; the answer is the
+    expression of that one. Three numbers only: after ATTEMPTS - 1 misses the last attempt is the
+    reference's own steps (`13-10=3,8*3=24`) and the answer the reference expression (`8*(13-10)`)."""
+    numbers, target = meta["numbers"], meta["target"]
+    if len(numbers) != 3:
+        steps, expr = _steps(answer)
+        return " ".join(steps), expr
+    tried = []
+    for step, r, c in sorted(_first_steps(numbers), key=lambda f: abs(f[1] - target))[:ATTEMPTS]:
+        last, v, expr = _last_step(r, c, target)
+        if v == target or len(tried) == ATTEMPTS - 1:
+            break
+        tried.append(f"{step}={r},{last}={v}")
+    if v == target:
+        return " ".join(tried + [f"{step}={r},{last}={v}"]), expr.format(step)
+    steps, expr = _steps(answer)
+    return " ".join(tried + [",".join(steps)]), expr
+
+
+def _letter_counting_working(meta: dict, answer: str) -> tuple[str, str]:
+    """Every word, each with the running count of the letter after it: `e: the work you need ->`
+    `the1 work1 you1 need3`."""
+    letter, total, out = meta["target_letter"], 0, []
+    for word in meta["span"]:
+        total += word.lower().count(letter)
+        out.append(f"{word}{total}")
+    return " ".join(out), answer
+
+
+def _spell_backward_working(meta: dict, answer: str) -> tuple[str, str]:
+    """The word's letters from the last to the first, each after its place in the word: `sun` -> `3n 2u 1s`."""
+    return " ".join(f"{i}{c}" for i, c in reversed(list(enumerate(meta["word"], 1)))), answer
+
+
+# dataset -> its worked solution and the answer it ends in, written `[working]answer` (countdown:
+# `[9+3=12,19-12=7 19-9=10,10+3=13](19-9)+3`): a build-start share of the SFT answers has it (start.scratchpad), so
+# the start can answer either way, and the answer scored is what follows the working
+WORKED = {"countdown": _countdown_working, "letter_counting": _letter_counting_working,
+          "spell_backward": _spell_backward_working}
 
 
 def supported() -> list[str]:
@@ -103,11 +203,19 @@ class Entry:
 
 def extract(completion: str) -> str:
     """The answer a completion gives: inside <answer>...</answer> when it has the tags (the chat
-    models' convention of reasoning-gym), else the whole completion, stripped."""
+    models' convention of reasoning-gym); what follows the working of one that opens with it
+    (`[7-5=2 19*2=38]19*(7 - 5)`: `19*(7 - 5)`); else the whole completion; stripped."""
     from reasoning_gym.utils import extract_answer
 
-    tagged = extract_answer(completion) if isinstance(completion, str) else None
-    return tagged if tagged is not None else (completion.strip() if isinstance(completion, str) else "")
+    if not isinstance(completion, str):
+        return ""
+    tagged = extract_answer(completion)
+    if tagged is not None:
+        return tagged
+    text = completion.strip()
+    if text.startswith("[") and "]" in text:
+        return text[text.index("]") + 1:].strip()
+    return text
 
 
 def score(entries: list[Entry], completions: list[str]) -> list[float]:
@@ -183,7 +291,7 @@ class GymConfig:
     """A reasoning-gym dataset answered by a causal LM trained through a LoRA adapter."""
 
     dataset: str = "countdown"
-    """The reasoning-gym dataset (supported: countdown, spell_backward)."""
+    """The reasoning-gym dataset (supported: countdown, letter_counting, spell_backward)."""
     config: dict = field(default_factory=dict)
     """Its generator's settings (reasoning-gym's config keys, e.g. countdown's min_numbers, max_target)."""
     model: GymModelSection = field(default_factory=GymModelSection)
@@ -345,7 +453,11 @@ class Gym(Arithmetic):
         self._exclude[member].update(exclusion(prompts))
 
 
-def sft_text(entry: Entry) -> str:
-    """What a warm-start trains the tiny model to answer: the dataset's reference answer (countdown: an expression)."""
-    return entry.answer
+def sft_text(entry: Entry, worked: bool = False) -> str:
+    """What a warm-start trains the tiny model to answer: the dataset's reference answer (countdown: an
+    expression), after its working (WORKED) if `worked`."""
+    if not worked:
+        return entry.answer
+    working, answer = WORKED[entry.name](entry.data["metadata"], entry.answer)
+    return f"[{working}]{answer}"
 

@@ -14,11 +14,17 @@ and says how to build it in a `start:` section:
       check_every: 100     # held-out greedy accuracy and pass@k every so many steps
       greedy: [0.2, 0.4]   # stop at the first check with greedy accuracy in [lo, hi] ...
       pass_ratio: 2.0      # ... and pass@k at least this times greedy (null: no criterion)
+      scratchpad: 1.0      # share of answers worked out first (gym: the dataset's working)
+      then: {steps: 300, lr: 3.0e-4, scratchpad: 0.3}   # gym: a second phase, the checked one
 
 The gym task (tasks/gym.py) trains on the compact rendering of training entries (never a
-held-out question) answered with the dataset's reference answer (countdown: an expression) and
-stops at the first check that meets the criterion; none met by `steps` is an error and writes
-nothing. The arithmetic task's start is its cached warm-start (lm/warmstart.py) for exactly
+held-out question) answered with the dataset's reference answer (countdown: an expression), a
+`scratchpad` share of them after the dataset's working (`[9+3=12,19-12=7 19-9=10,10+3=13](19-9)+3`),
+and stops at the first check that meets the criterion; none met by `steps` is an error and writes
+nothing. With `then`, the first phase runs all its steps unchecked and the second, from where it
+ended, is the one checked: a model that learnt the working first and then mostly answers at once
+(the countdown and letter_counting starts) keeps the working in its samples, not in its greedy
+answers, which is the room GRPO has (results/gym_search). The arithmetic task's start is its cached warm-start (lm/warmstart.py) for exactly
 `steps` (what tasks/arithmetic_*/build.py ran), the criterion checked afterwards. Either way
 the model is built on one CPU thread and written to <dir>/checkpoint/ beside the preset with
 <dir>/manifest.json: each file's SHA-256, the held-out split, the accuracies, the exact
@@ -31,6 +37,7 @@ import hashlib
 import importlib.metadata
 import json
 import platform
+import random
 import shlex
 import shutil
 import sys
@@ -43,6 +50,18 @@ import torch
 from ...errors import ConfigError
 from ...config.strict_yaml import read_yaml
 from ...config.run import resolve_run
+
+
+@dataclass
+class ThenSection:
+    """A second SFT phase, from where the first ended, with its own rate and share of worked answers."""
+
+    steps: int = 300
+    """The most steps; the held-out checks and the criterion are this phase's."""
+    lr: float = 3e-4
+    """Peak learning rate (a fresh AdamW, warmed up over a tenth of `steps`)."""
+    scratchpad: float = 0.3
+    """Share of SFT answers worked out."""
 
 
 @dataclass
@@ -70,7 +89,12 @@ class StartSection:
     pass_ratio: float = 2.0
     """pass@k of the start at least this times its greedy accuracy (k: the task's pass_k)."""
     scratchpad: float = 0.0
-    """arithmetic: share of SFT answers worked out column by column (warmstart.scratchpad)."""
+    """Share of SFT answers worked out before the answer: arithmetic's column by column (warmstart.scratchpad),
+    gym's the dataset's working (tasks/gym.py WORKED: countdown's search, letter_counting's running count)."""
+    then: ThenSection | None = None
+    """gym: a second phase (section: steps, lr, scratchpad); the first then runs all its `steps` unchecked. A
+    start that learnt the working first and then mostly answers at once keeps it in its samples, not in its
+    greedy answers: the headroom GRPO has."""
 
 
 def read(path: Path) -> tuple[dict, StartSection, str]:
@@ -89,13 +113,34 @@ def read(path: Path) -> tuple[dict, StartSection, str]:
         if key not in known:
             raise ConfigError(str(path), f"start.{key}", f"unknown key; valid: {', '.join(known)}")
     start = StartSection(**raw)
+    if start.then is not None:
+        then = {f.name for f in dataclasses.fields(ThenSection)}
+        if not isinstance(start.then, dict):
+            raise ConfigError(str(path), "start.then", f"expected a mapping ({', '.join(then)}), got {start.then!r}")
+        for key in start.then:
+            if key not in then:
+                raise ConfigError(str(path), f"start.then.{key}", f"unknown key; valid: {', '.join(then)}")
+        start.then = ThenSection(**start.then)
+        if not isinstance(start.then.steps, int) or start.then.steps < 1:
+            raise ConfigError(str(path), "start.then.steps", f"must be an integer >= 1, got {start.then.steps!r}")
+        if not 0 <= start.then.scratchpad <= 1:
+            raise ConfigError(str(path), "start.then.scratchpad", f"must be in [0, 1], got {start.then.scratchpad!r}")
     if start.greedy is not None and not (isinstance(start.greedy, list) and len(start.greedy) == 2
                                          and 0 <= start.greedy[0] <= start.greedy[1] <= 1):
         raise ConfigError(str(path), "start.greedy", f"expected [lo, hi] in [0, 1] or null, got {start.greedy!r}")
     for key in ("layers", "width", "heads", "batch", "steps", "check_every"):
         if not isinstance(getattr(start, key), int) or getattr(start, key) < 1:
             raise ConfigError(str(path), f"start.{key}", f"must be an integer >= 1, got {getattr(start, key)!r}")
+    if not 0 <= start.scratchpad <= 1:
+        raise ConfigError(str(path), "start.scratchpad", f"must be in [0, 1], got {start.scratchpad!r}")
     task = doc["task"]
+    if start.then is not None and task.get("name") != "gym":
+        raise ConfigError(str(path), "start.then", "a second phase is for gym starts only")
+    if task.get("name") == "gym" and (start.scratchpad or (start.then and start.then.scratchpad)):
+        from .. import gym
+        if task.get("dataset") not in gym.WORKED:
+            raise ConfigError(str(path), "start.scratchpad", f"{task.get('dataset')!r} has no working; datasets "
+                              f"with one: {', '.join(sorted(gym.WORKED))}")
     which = shipped.name(str(task.get("model", {}).get("source", shipped.TINY if task.get("name") == "arithmetic"
                                                        else "")))
     if not which:
@@ -141,8 +186,9 @@ def _save(model, tokenizer, out: Path) -> None:
 
 
 def build_gym(task: dict, start: StartSection, out: Path, log=print) -> tuple[dict, list[dict], int]:
-    """SFT of a fresh tiny model on the generator's reference answers, checked every check_every steps;
-    (accuracies at the stop, every check, steps) once a check meets the criterion, else ValueError."""
+    """SFT of a fresh tiny model on the generator's reference answers (a share worked out), checked every
+    check_every steps of its checked phase; (accuracies at the stop, every check, steps) once a check meets the
+    criterion, else ValueError."""
     from ...numerics import rng
     from .. import gym
     from . import models, warmstart
@@ -151,27 +197,47 @@ def build_gym(task: dict, start: StartSection, out: Path, log=print) -> tuple[di
     tokenizer = gym.tokenizer()
     model = models.build_tiny(tokenizer, start.layers, start.width, start.heads, seed=start.seed, n_positions=128)
     models.disable_dropout(model)
-    held = gym.exclusion(gym.heldout(cfg.dataset, cfg.config, cfg.eval_size, cfg.eval_seed))
+    heldout = gym.heldout(cfg.dataset, cfg.config, cfg.eval_size, cfg.eval_seed)
+    held = gym.exclusion(heldout)
+    width = max(len(tokenizer(e.compact())["input_ids"]) for e in heldout)
+    budget = cfg.sampling.max_new_tokens
+
+    worked = bool(start.scratchpad or (start.then and start.then.scratchpad))
+
+    def fits(e) -> bool:   # as the task's prompts; and, if answers are worked out, one the completion budget holds
+        return len(tokenizer(e.compact())["input_ids"]) <= width and (
+            not worked or len(tokenizer(gym.sft_text(e, True), add_special_tokens=False)["input_ids"]) < budget)
+
     torch.manual_seed(start.seed)
-    opt, sched = warmstart.optimizer(model, start.lr, start.steps)
-    checks = []
-    for s in range(1, start.steps + 1):
-        model.train()
-        batch = gym.train_batch(cfg.dataset, cfg.config, start.batch, rng.stream_seed(start.seed, "build", s), held)
-        seqs = warmstart.sequences(tokenizer, [e.compact() for e in batch], [e.answer for e in batch], True,
-                                   tokenizer.eos_token_id, torch.device("cpu"))
-        token_acc = warmstart.step(model, opt, sched, *seqs)
-        if s % start.check_every and s != start.steps:
-            continue
-        model.eval()
-        _save(model, tokenizer, out)
-        acc = evaluate(task, out) | {"step": s, "token_accuracy": token_acc}
-        checks.append(acc)
-        log(f"step {s}: greedy {acc['greedy']:.3f}, pass@k {acc['pass@k']:.3f}, token accuracy {token_acc:.3f}")
-        if meets(start, acc):
-            return acc, checks, s
-        if start.greedy is not None and acc["greedy"] > start.greedy[1]:
-            break   # past the window: later checks only climb further
+    # (steps, lr, share of worked answers, checked): one phase checked as it goes, or an unchecked first and a
+    # checked second (start.then)
+    phases = [(start.steps, start.lr, start.scratchpad, start.then is None)]
+    if start.then is not None:
+        phases.append((start.then.steps, start.then.lr, start.then.scratchpad, True))
+    checks, s = [], 0
+    for steps, lr, share, checked in phases:
+        opt, sched = warmstart.optimizer(model, lr, steps)
+        for i in range(1, steps + 1):
+            s += 1
+            model.train()
+            batch = gym.train_batch(cfg.dataset, cfg.config, start.batch, rng.stream_seed(start.seed, "build", s),
+                                    held, fits)
+            draw = random.Random(rng.stream_seed(start.seed, "worked", s))
+            answers = [gym.sft_text(e, draw.random() < share) for e in batch]
+            seqs = warmstart.sequences(tokenizer, [e.compact() for e in batch], answers, True,
+                                       tokenizer.eos_token_id, torch.device("cpu"))
+            token_acc = warmstart.step(model, opt, sched, *seqs)
+            if not checked or (i % start.check_every and i != steps):
+                continue
+            model.eval()
+            _save(model, tokenizer, out)
+            acc = evaluate(task, out) | {"step": s, "token_accuracy": token_acc}
+            checks.append(acc)
+            log(f"step {s}: greedy {acc['greedy']:.3f}, pass@k {acc['pass@k']:.3f}, token accuracy {token_acc:.3f}")
+            if meets(start, acc):
+                return acc, checks, s
+            if start.greedy is not None and acc["greedy"] > start.greedy[1] and start.then is None:
+                break   # past the window: later checks only climb further (a second phase may first fall)
     raise ValueError(f"start: no check met greedy in {start.greedy} with pass@k >= {start.pass_ratio} x greedy "
                      f"(last: step {checks[-1]['step']}, greedy {checks[-1]['greedy']:.3f}, pass@k "
                      f"{checks[-1]['pass@k']:.3f}); change lr, batch, steps or check_every")
