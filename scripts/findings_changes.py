@@ -18,13 +18,11 @@ The last step is FINDINGS v3 itself, which the script checks against findings.ju
 """
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 
 from grpo_bench.analysis import findings as F
 from grpo_bench.store import metrics, stats

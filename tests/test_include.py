@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pandas as pd
 import pytest

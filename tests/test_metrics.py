@@ -15,7 +15,6 @@ from matplotlib.collections import PolyCollection
 from torch import nn
 
 from grpo_bench.analysis import compare as C
-from grpo_bench.analysis import findings as F
 from grpo_bench.store import metrics as M
 from grpo_bench import registry
 from grpo_bench.numerics import rng

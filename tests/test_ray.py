@@ -28,7 +28,7 @@ from grpo_bench.config.ablation import load_ablation
 from grpo_bench.sweep.worker import SCHEDULE
 from grpo_bench.store.rundir import finished
 from grpo_bench.sweep.runner import run_ablation
-from helpers import ROOT, cli
+from helpers import ROOT
 
 ABLATION = {
     "name": "ray_test",

@@ -12,7 +12,7 @@ import pytest
 from grpo_bench.sweep import runner as RN
 from grpo_bench.sweep import worker as WK
 from grpo_bench.config.ablation import load_ablation
-from test_faults import TINY, last_line, one_line, run_main, write
+from test_faults import TINY, one_line, run_main, write
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,6 @@ from PIL import Image
 from scipy import stats
 
 from grpo_bench.analysis import compare as C
-from grpo_bench.store import metrics
 from grpo_bench.analysis import report as R
 from grpo_bench.config.ablation import ablation_record, load_ablation
 from grpo_bench.__main__ import main

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -416,9 +415,10 @@ def test_ray_is_checked_before_anything_and_only_for_ray(tmp_path, monkeypatch):
 
 def test_cpu_name_keeps_colons_in_the_model_name(monkeypatch):
     import io
+    from grpo_bench.store import rundir
     info = "processor\t: 0\nmodel name\t: Vendor: Fast CPU @ 2.0GHz\n"
-    monkeypatch.setattr(RN, "open", lambda *a, **k: io.StringIO(info), raising=False)
-    assert RN.cpu_name() == "Vendor: Fast CPU @ 2.0GHz"
+    monkeypatch.setattr(rundir, "open", lambda *a, **k: io.StringIO(info), raising=False)
+    assert rundir.cpu_name() == "Vendor: Fast CPU @ 2.0GHz"
 
 
 def test_train_one_threads_traceback_and_wall_time():

@@ -24,6 +24,7 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import sys
@@ -420,3 +421,12 @@ def finished_in_report(path: Path) -> int | None:
     except (OSError, UnicodeDecodeError):
         return None
     return int(found.group(1)) if found else None
+
+
+def cpu_name() -> str:
+    """The CPU a run or a build ran on, as results and manifests record it (the model name may hold colons)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine() or "unknown CPU"

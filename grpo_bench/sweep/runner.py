@@ -25,7 +25,7 @@ from tqdm import tqdm
 from ..errors import ConfigError
 from ..config.ablation import Ablation, ablation_record
 from ..config.run import config_hash, with_seed
-from ..store.rundir import _atomic_write, _read_json, check_run, collect, lock_out, write_run
+from ..store.rundir import _atomic_write, _read_json, check_run, collect, cpu_name, lock_out, write_run
 from . import trackers
 from .sequential import run_sequential, sequential_orderings
 from .worker import (Result, RunSpec, WorkerLost, _die_with_parent, default_population, failed_result, populations,
@@ -251,14 +251,6 @@ def gpu_record(specs: list[RunSpec]) -> dict:
         return {}
     import torch
     return {"gpu": torch.cuda.get_device_name()} if torch.cuda.is_available() else {}
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown CPU"
 
 
 class _Progress:

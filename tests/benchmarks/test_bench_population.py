@@ -22,7 +22,6 @@ import resource
 import time
 from dataclasses import dataclass
 
-import pytest
 
 from benchmarks.conftest import device_name, full_run
 

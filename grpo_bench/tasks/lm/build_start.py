@@ -25,7 +25,7 @@ nothing. With `then`, the first phase runs all its steps unchecked and the secon
 ended, is the one checked: a model that learnt the working first and then mostly answers at once
 (the countdown and letter_counting starts) keeps the working in its samples, not in its greedy
 answers, which is the room GRPO has (results/gym_search). The arithmetic task's start is its cached warm-start (lm/warmstart.py) for exactly
-`steps` (what tasks/arithmetic_*/build.py ran), the criterion checked afterwards. Either way
+`steps` (what the retired tasks/arithmetic_*/build.py ran), the criterion checked afterwards. Either way
 the model is built on one CPU thread and written to <dir>/checkpoint/ beside the preset with
 <dir>/manifest.json: each file's SHA-256, the held-out split, the accuracies, the exact
 command, the machine and the preset's own hash.
@@ -36,7 +36,6 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import json
-import platform
 import random
 import shlex
 import shutil
@@ -50,6 +49,7 @@ import torch
 from ...errors import ConfigError
 from ...config.strict_yaml import read_yaml
 from ...config.run import resolve_run
+from ...store.rundir import cpu_name
 
 
 @dataclass
@@ -255,14 +255,6 @@ def build_arithmetic(task: dict, start: StartSection, out: Path, log=print) -> t
     acc = evaluate(task, out) | {"step": start.steps, "token_accuracy": token_acc}
     log(f"step {start.steps}: greedy {acc['greedy']:.3f}, pass@k {acc['pass@k']}, token accuracy {token_acc:.3f}")
     return acc, [acc], start.steps
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def versions() -> dict:

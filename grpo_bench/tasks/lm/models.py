@@ -17,7 +17,6 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 # LoRA on every projection (attention and MLP) per architecture; peft's own table

@@ -2,8 +2,8 @@
 
 A warm-start stopped mid-way through the model's jump in accuracy amplifies the last-bit
 differences of each CPU's kernels: the same recipe gave 21.5% held-out accuracy on one
-machine and 12% on another. So a start point is built once (tasks/<dir>/build.py, the code
-that built it) and shipped as tasks/<dir>/checkpoint/; `model.source: shipped:<dir>` loads
+machine and 12% on another. So a start point is built once (`build-start tasks/<dir>.yaml`, recorded in
+its manifest) and shipped as tasks/<dir>/checkpoint/; `model.source: shipped:<dir>` loads
 it, identical everywhere, and `tiny` is the first of them, tasks/arithmetic_tiny/.
 Each directory's manifest.json records each file's SHA-256, the task settings it was
 warm-started for (its held-out problems were kept out of its training) and its held-out
@@ -71,7 +71,7 @@ def verify(which: str = DEFAULT) -> Path:
             expected = f"{want[file][:12]}…" if file in want else "no such file"
             raise ValueError(f"{directory(which) / file}: SHA-256 {expected} expected by "
                              f"{root(which) / 'manifest.json'}, {found}: the shipped checkpoint was modified; "
-                             f"restore it (git checkout tasks/{which}) or rebuild it with build.py, which "
+                             f"restore it (git checkout tasks/{which}) or rebuild it with build-start, which "
                              "rewrites the manifest")
     return directory(which)
 
