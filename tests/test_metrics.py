@@ -145,6 +145,11 @@ def test_a_task_declared_once_reaches_every_report(bandit, tmp_path, capsys):
         assert code == 0, capsys.readouterr().err[-2000:]
     d = tmp_path / "res" / "arms_bandit"
     meta = json.loads((d / "ablation.json").read_text())
+    # its own declarations, recorded so that plot and findings need not import it (infinite ends as null)
+    recorded = {m["name"]: m for m in meta["task"].pop("metrics")}
+    assert list(recorded) == ["eval/hit", "bandit/regret", "bandit/pulls", "bandit/std"]
+    assert recorded["bandit/regret"] == {"name": "bandit/regret", "label": "regret", "range": [0, 1],
+                                         "scale": "heavy", "higher_is_better": False, "tail": True}
     assert meta["task"] == {"name": "bandit", "label": "bandit toy", "short": "bandit", "main_metric": "final/eval/hit",
                             "curves": ["eval/hit", "bandit/regret"], "higher_is_better": True,
                             "verdict_metric": "final/eval/hit", "margin": None,

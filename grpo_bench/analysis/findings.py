@@ -39,7 +39,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import registry
 from ..store import metrics, stats
 from .compare import kendall, load_side
 from ..errors import ConfigError
@@ -61,8 +60,11 @@ EQUAL_BUDGET = 1.01  # budgets further apart than this ratio are compared at the
 
 
 def variant_configs(meta: dict, root: Path | None) -> dict:
-    """label -> resolved RunConfig of each variant, from the ablation file the results name (tried as given
-    and beside root); {} where that file is gone or no longer loads."""
+    """label -> each variant's resolved config: as ablation.json recorded it (a run_dict, without the seed),
+    else from the ablation file the results name (tried as given and beside root); {} where that file is gone
+    or no longer loads."""
+    if isinstance(meta.get("configs"), dict):
+        return meta["configs"]
     source, setting = meta.get("source") or "", meta.get("setting")
     for path in [Path(source)] + ([root.parent / source] if root else []):
         if path.is_file():
@@ -79,7 +81,7 @@ def inert_reason(task: metrics.TaskInfo | None, a, b) -> str | None:
     differ in is an axis whose parts the task declares inert, and the parts swapped are among those."""
     if task is None or not task.inert or a is None or b is None:
         return None
-    da, db = run_dict(a), run_dict(b)
+    da, db = (c if isinstance(c, dict) else run_dict(c) for c in (a, b))
     keys = [k for k in da if k != "seed" and da[k] != db.get(k)]
     reasons = []
     for k in keys:
@@ -375,7 +377,7 @@ def collect(root: Path) -> tuple[dict[str, dict], dict[str, metrics.TaskInfo], l
             tasks.setdefault(setting, task)
     families = dict(sorted(families.items()))  # by name, wherever the directories lie (results/gpu/ too)
     seen = {s for e in families.values() for s in [*e["settings"], *(e["claim"].get("untestable") or {})]}
-    known = registry.names("task")
+    known = metrics.task_names()
     for s, task in LEGACY_SETTINGS.items():
         if s in seen and s not in tasks and task in known:
             tasks[s] = metrics.declared_task(task)

@@ -333,6 +333,7 @@ def read_meta(d: Path) -> dict:
             raise ConfigError(str(path), "task" + (f".{bad[0]}" if isinstance(task, dict) else ""),
                               "missing or of the wrong type; the runner writes a mapping with "
                               + ", ".join(f"{k} ({t.__name__})" for k, t in keys.items()))
+    metrics.remember(meta)
     return meta
 
 
