@@ -55,7 +55,6 @@ def test_the_long_table_is_compact_and_exact(tmp_path):
     out = tmp_path / "o"
     RN.run_ablation(load_ablation(p), out, workers=1, progress=False)
     long = pd.read_parquet(out / "metrics.parquet")
-    assert not (out / "metrics.csv").exists()
     assert dict(long.dtypes.astype(str)) == {"run": "category", "variant": "category", "loss": "category",
                                              "lr": "float64", "seed": "int64", "step": "int64",
                                              "metric": "category", "value": "float64"}
