@@ -273,8 +273,8 @@ def write_results(d, meta_task, curves: dict, finals: dict, seeds=range(5), vari
         meta["task"] = meta_task
     (d / "ablation.json").write_text(json.dumps(meta))
     pd.DataFrame(summary).to_csv(d / "summary.csv", index=False)
-    pd.DataFrame(rows, columns=["run", "variant", "seed", "step", "metric", "value"]).to_csv(d / "metrics.csv",
-                                                                                          index=False)
+    pd.DataFrame(rows, columns=["run", "variant", "seed", "step", "metric", "value"]).to_parquet(
+        d / "metrics.parquet", index=False)
     return d
 
 
