@@ -275,7 +275,7 @@ class Arithmetic:
         self.residual = 0.0  # relative error of the last soft reference mix's rank cut
         self._setup_problems()
 
-    # the hooks a task on other problems (tasks/gym.py) replaces: the model it starts from, its
+    # the hooks a task on other problems (grpo_bench/tasks/gym.py) replaces: the model it starts from, its
     # problems, how a batch is drawn, and what counts as right
 
     reward_task = "arithmetic"  # the rewards registered for this task (traits task=...)

@@ -2,7 +2,7 @@
 
     task: {name: gym, dataset: countdown, config: {min_numbers: 4, max_numbers: 4}}
 
-Everything but the problems is the arithmetic task's (tasks/arithmetic.py: models, LoRA
+Everything but the problems is the arithmetic task's (grpo_bench/tasks/arithmetic.py: models, LoRA
 adapters, sampling, log-probs, held-out greedy accuracy, pass@k): this class replaces only
 its problem hooks. A prompt is an entry of the dataset's seeded generator: member with run
 seed s draws the batch of (epoch, draw) from a generator seeded by the stream
