@@ -264,7 +264,8 @@ def check_orderings(claim: dict, configs: dict[str, "RunConfig"] | None, setting
         if kind == "=":
             if task is None and configs:
                 first = next(iter(configs.values()))
-                task = metrics.declared_task(first["task"]["name"] if isinstance(first, dict) else task_name(first))
+                section = first["task"] if isinstance(first, dict) else run_dict(first)["task"]
+                task = metrics.declared_task(section["name"], section)
             metric = claim.get("metric") or (task.verdict_metric if task else None)
             if metric is None:
                 continue
@@ -337,6 +338,7 @@ def ablation_record(abl) -> dict:
     their order (None for a file without them), which FINDINGS.md orders its columns by, and "configs",
     each variant's resolved config (variant_dicts)."""
     names = {task_name(cfg) for cfg in abl.configs}
-    return {"task": metrics.declared_task(names.pop()).record() if len(names) == 1 else None,
+    section = run_dict(abl.configs[0])["task"] if abl.configs else None
+    return {"task": metrics.declared_task(names.pop(), section).record() if len(names) == 1 else None,
             "settings": ablation_settings(abl.source) if abl.setting is not None else None,
             "configs": variant_dicts(abl)}

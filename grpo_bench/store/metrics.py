@@ -312,12 +312,14 @@ TASK_KEYS = {"name": str, "label": str, "short": str, "main_metric": str, "curve
 JUDGING = ("verdict_metric", "margin", "margin_rule", "inert")  # from the declaration, where the task is registered
 
 
-def judging(cls: type) -> dict:
+def judging(cls: type, section: dict | None = None) -> dict:
     """A task class's verdict metric, margin (margin_fraction of its headroom, to 3 decimals), the rule in
-    words, and its inert parts."""
+    words, and its inert parts. section: the run's task section, for a class whose headroom depends on it
+    (`headroom_of(section)`: a reasoning-gym dataset's)."""
     main = getattr(cls, "main_metric", "final/reward")
     verdict = getattr(cls, "verdict_metric", main)
-    headroom, fraction = getattr(cls, "headroom", None), getattr(cls, "margin_fraction", None)
+    headroom = cls.headroom_of(section) if hasattr(cls, "headroom_of") else getattr(cls, "headroom", None)
+    fraction = getattr(cls, "margin_fraction", None)
     margin, rule = None, "no margin declared for this task"
     if headroom is not None and fraction is not None:
         start, end, _where = headroom
@@ -328,9 +330,9 @@ def judging(cls: type) -> dict:
     return {"verdict_metric": verdict, "margin": margin, "margin_rule": rule, "inert": inert}
 
 
-def declared_task(name: str) -> TaskInfo:
-    """A task's declaration, registered or recorded (remember()). A task that declares nothing is judged on its
-    rollout reward."""
+def declared_task(name: str, section: dict | None = None) -> TaskInfo:
+    """A task's declaration, registered or recorded (remember()), for the run's task section where its
+    judging depends on it. A task that declares nothing is judged on its rollout reward."""
     classes = _classes()
     if (classes is None or name not in classes) and name in _RECORDED:
         return _from_record(_RECORDED[name][1])
@@ -340,7 +342,7 @@ def declared_task(name: str) -> TaskInfo:
     higher = get(main).higher_is_better
     label = getattr(cls, "label", name)
     return TaskInfo(name, label, getattr(cls, "short", label), main, curves, True if higher is None else higher,
-                    **judging(cls))
+                    **judging(cls, section))
 
 
 def recorded_task(meta: dict | None) -> TaskInfo | None:
@@ -351,14 +353,16 @@ def recorded_task(meta: dict | None) -> TaskInfo | None:
     if not isinstance(t, dict):
         return None
     remember(meta)
-    return _from_record(t)
+    configs = (meta or {}).get("configs")
+    first = next(iter(configs.values()), None) if isinstance(configs, dict) and configs else None
+    return _from_record(t, first.get("task") if isinstance(first, dict) else None)
 
 
-def _from_record(t: dict) -> TaskInfo:
+def _from_record(t: dict, section: dict | None = None) -> TaskInfo:
     base = {k: tuple(t[k]) if k == "curves" else t[k] for k in TASK_KEYS}
     cls = (_classes() or {}).get(t["name"])
     if cls is not None:
-        judged = judging(cls)
+        judged = judging(cls, section)
     else:
         judged = {k: t[k] for k in JUDGING if k in t}
         judged["inert"] = {k: (tuple(v[0]), v[1]) for k, v in (judged.get("inert") or {}).items()}
