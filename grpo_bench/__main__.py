@@ -168,9 +168,9 @@ def _command(args) -> int:
         for f in ["ablation.json", "summary.csv"]:
             if not (d / f).is_file():
                 raise ConfigError(str(d), "<dir>", f"not a results directory: no {f} "
-                                  "(needs ablation.json, summary.csv, metrics.parquet or metrics.csv)")
+                                  "(needs ablation.json, summary.csv, metrics.parquet)")
         if metrics_path(d) is None:
-            raise ConfigError(str(d), "<dir>", "not a results directory: no metrics.parquet or metrics.csv")
+            raise ConfigError(str(d), "<dir>", "not a results directory: no metrics.parquet")
         if args.format not in FORMATS:
             raise ConfigError("plot", "--format", f"unknown {args.format!r}; valid: {', '.join(FORMATS)}")
         summary = load(d)[1]

@@ -159,6 +159,9 @@ class Entry:
     params: dict[str, Param] = field(default_factory=dict)
 
 
+# A part as the hot path takes it: its entry (looked up once, when a run's recipe is bound) and every parameter
+Part = tuple[Entry, dict]
+
 _REGISTRY: dict[str, dict[str, Entry]] = {axis: {} for axis in AXES}
 
 

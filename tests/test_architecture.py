@@ -54,3 +54,40 @@ def test_no_import_circle_between_modules():
     circles = sorted({tuple(sorted((m, i))) for m in graph.modules for i in graph.find_modules_directly_imported_by(m)
                       if graph.chain_exists(importer=i, imported=m)})
     assert circles == []
+
+
+NO_TORCH = ("import importlib.abc, runpy, sys\n"
+            "class NoTorch(importlib.abc.MetaPathFinder):  # as where they are not installed\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('torch', 'transformers', 'peft', 'triton'):\n"
+            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+            "sys.meta_path.insert(0, NoTorch())\n"
+            "sys.argv = ['grpo_bench', *sys.argv[1:]]\n"
+            "runpy.run_module('grpo_bench', run_name='__main__', alter_sys=True)\n")
+
+
+def test_plot_compare_and_findings_work_without_torch(tmp_path):
+    """Where torch cannot be imported, plot, compare and findings read each task's declaration from
+    ablation.json and write what they write with it: the same REPORT.md, the same figures byte for byte, the
+    same comparison and FINDINGS.md (an LM claim beside a toy one: inert parts, margins and labels)."""
+    import shutil
+
+    dirs = ["policy_losses_sort", "policy_losses_lm", "dapo_ladder_sort"]
+    out = {}
+    for mode in ("torch", "none"):
+        root = tmp_path / mode / "results"
+        for d in dirs:
+            shutil.copytree(ROOT / "results" / d, root / d, ignore=shutil.ignore_patterns("*.png", "REPORT.md"))
+        pre = [sys.executable, "-m", "grpo_bench"] if mode == "torch" else [sys.executable, "-c", NO_TORCH]
+        for args in (["plot", str(root / "policy_losses_lm")],
+                     ["compare", str(root / "policy_losses_sort"), str(root / "policy_losses_lm"),
+                      "--out", str(root / "compare")],
+                     ["findings", str(root)]):
+            r = subprocess.run([*pre, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+            assert r.returncode == 0, (mode, args, r.stderr[-2000:])
+        lm = root / "policy_losses_lm"
+        out[mode] = {p.relative_to(root).as_posix(): p.read_bytes().replace(str(root).encode(), b"ROOT")
+                     for p in [*lm.glob("*.png"), lm / "REPORT.md", *(root / "compare").iterdir(), root / "FINDINGS.md"]}
+    assert out["none"].keys() == out["torch"].keys() and len(out["torch"]) > 4
+    differ = [k for k in out["torch"] if out["torch"][k] != out["none"][k]]
+    assert not differ, differ

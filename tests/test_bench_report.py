@@ -1,13 +1,9 @@
-"""scripts/bench_report.py: the goal checks read the right rows and compare the right way."""
-import importlib.util
+"""grpo_bench/analysis/bench_report.py: the goal checks read the right rows and compare the right way."""
 import json
-from pathlib import Path
 
 import pytest
 
-spec = importlib.util.spec_from_file_location("bench_report", Path(__file__).parent.parent / "scripts" / "bench_report.py")
-bench_report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench_report)
+from grpo_bench.analysis import bench_report
 
 GPU, CPU = "NVIDIA H100 80GB HBM3", "AMD EPYC, 2 cores, 2 torch threads"
 

@@ -226,14 +226,19 @@ def swept(tmp_path):
 
 
 def _metrics_table(path: Path, data: bytes | None = None) -> pd.DataFrame:
-    """A run's metrics file (CSV or Parquet) as a table; from `data` instead of the file when given."""
+    """A run's metrics file as a table; from `data` instead of the file when given."""
     import io
-    src = io.BytesIO(data if data is not None else path.read_bytes())
-    return pd.read_csv(src) if path.suffix == ".csv" else pd.read_parquet(src)
+    return pd.read_parquet(io.BytesIO(data if data is not None else path.read_bytes()))
 
 
 def _metrics_file(run_dir: Path) -> Path:
-    return next(p for p in run_dir.iterdir() if p.stem == "metrics")
+    return run_dir / ST.METRICS_FILE
+
+
+def _without_checksum(run_dir: Path) -> None:
+    s = json.loads((run_dir / "summary.json").read_text())
+    del s["metrics_file"]
+    (run_dir / "summary.json").write_text(json.dumps(s))
 
 
 DAMAGE = {
@@ -243,6 +248,7 @@ DAMAGE = {
     "one value edited": lambda d: _metrics_file(d).write_bytes(_metrics_file(d).read_bytes().replace(b"0", b"1", 1)),
     "summary not JSON": lambda d: (d / "summary.json").write_text("{\"status\": \"ok\""),
     "summary gone": lambda d: (d / "summary.json").unlink(),
+    "summary without checksum": _without_checksum,   # as before Parquet: its metrics cannot be checked
 }
 
 
@@ -267,8 +273,7 @@ def test_a_damaged_run_is_redone_with_one_line(swept, capsys, case):
     redone, first = (_metrics_table(d / name), _metrics_table(d / name, runs[victim][name]))
     pd.testing.assert_frame_equal(redone[~redone.metric.str.startswith("time/")].reset_index(drop=True),
                                   first[~first.metric.str.startswith("time/")].reset_index(drop=True), check_exact=True)
-    metrics = pd.read_csv(out / "metrics.csv") if (out / "metrics.csv").exists() else pd.read_parquet(out / "metrics.parquet")
-    assert set(metrics.run) == set(runs)
+    assert set(pd.read_parquet(out / "metrics.parquet").run) == set(runs)
 
 
 def test_summary_json_records_rows_and_checksum(swept):
@@ -278,8 +283,7 @@ def test_summary_json_records_rows_and_checksum(swept):
         record = json.loads((d / "summary.json").read_text())["metrics_file"]
         f = d / record["name"]
         assert record["sha256"] == hashlib.sha256(f.read_bytes()).hexdigest()
-        n = len(pd.read_csv(f)) if f.suffix == ".csv" else len(pd.read_parquet(f))
-        assert record["rows"] == n > 0
+        assert record["rows"] == len(pd.read_parquet(f)) > 0
 
 
 def test_collect_marks_a_damaged_run_failed_never_keeps_it(swept, capsys):
@@ -290,36 +294,36 @@ def test_collect_marks_a_damaged_run_failed_never_keeps_it(swept, capsys):
     row = summary.set_index("run").loc[victim]
     assert row.status == "failed" and "damaged" in row.error
     assert "metrics_file" not in summary.columns and "traceback" not in summary.columns
-    metrics = pd.read_csv(out / "metrics.csv") if (out / "metrics.csv").exists() else pd.read_parquet(out / "metrics.parquet")
-    assert victim not in set(metrics.run)
+    assert victim not in set(pd.read_parquet(out / "metrics.parquet").run)
     assert [line for line in capsys.readouterr().err.splitlines() if victim in line]
 
 
-def test_a_run_from_before_checksums_is_checked_by_reading_it(swept):
-    # results written before summary.json had its checksum: whole files are accepted, a cut one is not
+@pytest.mark.parametrize("case, why", [("other columns", "has columns ['step', 'name', 'value']"),
+                                       ("a value that is no number", "not a number")])
+def test_a_metrics_file_matching_its_checksum_is_still_read_whole(swept, capsys, case, why):
+    # summary.json rewritten to match a file that is no table of (step, metric, number): the checksum
+    # passes, reading it does not, and collect keeps none of it
     _, out, runs = swept
-    d = out / "runs" / sorted(runs)[0]
-    record = json.loads((d / "summary.json").read_text())
-    if record["metrics_file"]["name"] != "metrics.csv":
-        pd.read_parquet(d / record["metrics_file"]["name"]).to_csv(d / "metrics.csv", index=False)
-        (d / record["metrics_file"]["name"]).unlink()
-    del record["metrics_file"]
-    (d / "summary.json").write_text(json.dumps(record))
-    assert ST.finished(d)
-    text = (d / "metrics.csv").read_bytes()
-    (d / "metrics.csv").write_bytes(text[:-7])     # cut mid-line
-    assert not ST.finished(d)
-    (d / "metrics.csv").write_bytes(text.replace(b"\n", b"\nx,y,z\n", 1))   # a value that is no number
-    assert not ST.finished(d)
+    victim = sorted(runs)[0]
+    d = out / "runs" / victim
+    m = pd.read_parquet(d / ST.METRICS_FILE)
+    m = m.rename(columns={"metric": "name"}) if case == "other columns" else m.assign(value="x")
+    m.to_parquet(d / ST.METRICS_FILE, index=False)
+    s = json.loads((d / "summary.json").read_text())
+    s["metrics_file"]["sha256"] = ST._sha256(d / ST.METRICS_FILE)
+    (d / "summary.json").write_text(json.dumps(s))
+    row = RN.collect(out).set_index("run").loc[victim]
+    assert row.status == "failed" and why in row.error, row.error
+    assert victim not in set(pd.read_parquet(out / "metrics.parquet").run)
 
 
 def test_stale_temporaries_of_dead_processes_are_cleaned(swept):
     abl, out, _ = swept
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    stale = [out / "runs" / f".r1.tmp-{dead}", out / f".metrics.csv.tmp-{dead}"]
+    stale = [out / "runs" / f".r1.tmp-{dead}", out / f".metrics.parquet.tmp-{dead}"]
     stale[0].mkdir()
-    (stale[0] / "metrics.csv").write_text("step,metric,value\n0,m,")
+    (stale[0] / ST.METRICS_FILE).write_bytes(b"PAR1")
     stale[1].write_text("run,")
     alive = out / f".REPORT.md.tmp-{os.getppid()}"      # a live process's (a concurrent plot): left alone
     alive.write_text("x")
@@ -338,16 +342,13 @@ def plotted(swept, capsys):
     return out
 
 
-def _table(out: Path, stem: str) -> Path:
-    return next(p for p in (out / f"{stem}.csv", out / f"{stem}.parquet") if p.exists())
-
-
 BAD_RESULTS = {
     "empty summary.csv": (lambda o: (o / "summary.csv").write_text(""), ["summary.csv", "empty"]),
     "summary without status": (lambda o: pd.read_csv(o / "summary.csv").drop(columns="status").to_csv(
         o / "summary.csv", index=False), ["summary.csv", "status"]),
-    "empty metrics": (lambda o: _table(o, "metrics").write_bytes(b""), ["metrics", "empty"]),
-    "metrics cut": (lambda o: _table(o, "metrics").write_bytes(_table(o, "metrics").read_bytes()[:100]), ["metrics"]),
+    "empty metrics": (lambda o: (o / "metrics.parquet").write_bytes(b""), ["metrics.parquet", "empty"]),
+    "metrics cut": (lambda o: (o / "metrics.parquet").write_bytes((o / "metrics.parquet").read_bytes()[:100]),
+                    ["metrics.parquet", "unreadable"]),
     "broken ablation.json": (lambda o: (o / "ablation.json").write_text('{"name": "t", "vari'), ["ablation.json", "JSON"]),
     "ablation.json not a mapping": (lambda o: (o / "ablation.json").write_text("[1, 2]"), ["ablation.json"]),
     "ablation.json without variants": (lambda o: (o / "ablation.json").write_text('{"name": "t"}'),

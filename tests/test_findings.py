@@ -14,6 +14,7 @@ from scipy import stats
 from grpo_bench.store import metrics as M
 from grpo_bench.store import stats as S
 from grpo_bench.errors import ConfigError
+from grpo_bench.analysis import findings as F
 from grpo_bench.config.ablation import ablation_settings, load_ablation
 from grpo_bench.analysis.findings import at_budget, counts, judge_setting, render, summarise
 
@@ -91,8 +92,11 @@ def test_findings_from_two_settings(tmp_path):
     write(tmp_path / "other", "other", None, {"a": [1, 2]}, None)   # no claim: not a finding
     text = render(tmp_path)
     row = next(line for line in text.splitlines() if line.startswith("| [claimx]"))
-    assert len(re.findall(r"(?<!\\)\|", row)) == 6 and "1/\\|o\\|" in row   # the claim's pipe is escaped
-    sort_cell, lm_cell, tau_cell = row.split(" | ")[2:5]
+    # 6 columns (across tasks the 5th); the claim's pipe is escaped
+    assert len(re.findall(r"(?<!\\)\|", row)) == 7 and "1/\\|o\\|" in row
+    sort_cell, lm_cell, across_cell, tau_cell = row.split(" | ")[2:6]
+    # every ordering holds on the toy and on the LM not one: each holds on one task of two
+    assert across_cell == "0 of 3 hold on every task, 3 on some"
     # b = c holds on the toy: TOST within the claim's 0.05
     assert sort_cell == "holds (eval reward, final: 3 of 3 hold)"
     # the LM reverses a > b and a > c; b = c cannot be shown within 0.1 on three noisy seeds
@@ -446,3 +450,36 @@ def test_a_claim_on_a_metric_no_run_writes_is_refused_when_the_file_loads(tmp_pa
     for ok in ("final/eval/accuracy", "eval/reward", "final/kl/seq", "final/response/length", "reward/mean"):
         path.write_text(yaml.safe_dump({**doc, "claim": {**doc["claim"], "metric": ok}}))
         assert load_ablation(path).claim["metric"] == ok
+
+
+def _row(outcome, claim=">", why=None, missing=False):
+    verdict = ({"equivalent": "holds"}.get(outcome, "holds" if "negligible" in outcome else "fails")
+               if claim == "=" else outcome)
+    return {"missing": missing, "why": why, "claim": claim,
+            "quantities": {"final": {"verdict": verdict, "outcome": outcome},
+                           "area": {"verdict": "holds", "outcome": "holds"}}}
+
+
+def test_across_tasks_counts_holds_on_the_claims_own_quantity():
+    """'holds on k of m tasks': only *holds* counts for "a > b" (not negligible), equivalent or negligible for
+    "a = b"; a task where the ordering is not testable or missing is in neither count; the claim's own quantity
+    (final here), never the one beside it (area holds everywhere)."""
+    toy = [_row("holds"), _row("holds, negligible"), _row("holds", why="inert"), _row("equivalent", "="),
+           _row("reversed"), _row("holds")]
+    lm = [_row("holds"), _row("holds"), _row("holds"), _row("reversed, negligible", "="),
+          _row("undecided"), _row("holds", missing=True)]
+    results = {"toy": {"judge": "final", "rows": toy}, "lm": {"judge": "final", "rows": lm}}
+    assert [F.across(results, i) for i in range(6)] == [(2, 2), (1, 2), (1, 1), (2, 2), (0, 2), (1, 1)]
+    assert F._across_cell(results, 2) == "holds on 1 of 1 task"
+    assert F.across_summary(results, 6) == "2 of 4 hold on every task, 1 on some; 2 tested on one task only"
+    results["lm"]["judge"] = "area"
+    assert F.across(results, 4) == (1, 2)
+
+
+def test_committed_findings_and_readme_table_are_what_the_results_give():
+    """results/FINDINGS.md is render(results) today, and README.md's claims table is readme_table's, so a rule
+    changed in the code cannot leave the published verdicts behind."""
+    from helpers import ROOT
+    assert (ROOT / "results" / "FINDINGS.md").read_text() == F.render(ROOT / "results")
+    table = F.readme_table(ROOT / "results")
+    assert table in (ROOT / "README.md").read_text(), table

@@ -1,4 +1,5 @@
 """The reasoning-gym task: prompts per seed, the disjoint held-out split, the verifier as reward, refusals."""
+import json
 import re
 
 import pytest
@@ -9,6 +10,7 @@ from grpo_bench.errors import ConfigError  # noqa: E402
 from grpo_bench.config.run import resolve_run
 from grpo_bench.registry import get  # noqa: E402
 from grpo_bench.tasks import gym  # noqa: E402
+from helpers import ROOT  # noqa: E402
 
 SMALL = {"name": "gym", "dataset": "countdown", "config": {"min_numbers": 4, "max_numbers": 4},
          "model": {"layers": 1, "width": 32, "heads": 2}, "prompts_per_step": 4, "eval_size": 20, "pass_k": 2}
@@ -221,3 +223,17 @@ def test_a_chat_model_reads_the_datasets_own_question(tmp_path):
     assert t._render(e) == f"<|im_start|>user\n{e.question}<|im_end|>\n<|im_start|>assistant\n"
     meta = e.data["metadata"]
     assert str(meta["target"]) in e.question and "expression" in e.question and e.compact() not in t._render(e)
+
+
+def test_each_datasets_margin_comes_from_its_own_headroom():
+    """A claim on countdown is judged within 5% of what GRPO moves countdown (0.337 -> 0.744), not arithmetic's
+    0.538; a dataset with no measured headroom has no default margin. Recorded so in ablation.json."""
+    from grpo_bench.store import metrics
+    cd = metrics.declared_task("gym", {"name": "gym", "dataset": "countdown"})
+    sb = metrics.declared_task("gym", {"name": "gym", "dataset": "spell_backward"})
+    assert cd.margin == round(0.05 * (0.744 - 0.337), 3) and "0.337 → 0.744" in cd.margin_rule
+    assert sb.margin == round(0.05 * (0.960 - 0.278), 3)
+    assert metrics.declared_task("gym", {"name": "gym", "dataset": "chain_sum"}).margin is None
+    assert metrics.declared_task("arithmetic").margin == round(0.05 * (0.818 - 0.280), 3)
+    meta = json.loads((ROOT / "results" / "countdown_grpo" / "ablation.json").read_text())
+    assert metrics.recorded_task(meta).margin == cd.margin

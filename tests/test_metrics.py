@@ -145,6 +145,11 @@ def test_a_task_declared_once_reaches_every_report(bandit, tmp_path, capsys):
         assert code == 0, capsys.readouterr().err[-2000:]
     d = tmp_path / "res" / "arms_bandit"
     meta = json.loads((d / "ablation.json").read_text())
+    # its own declarations, recorded so that plot and findings need not import it (infinite ends as null)
+    recorded = {m["name"]: m for m in meta["task"].pop("metrics")}
+    assert list(recorded) == ["eval/hit", "bandit/regret", "bandit/pulls", "bandit/std"]
+    assert recorded["bandit/regret"] == {"name": "bandit/regret", "label": "regret", "range": [0, 1],
+                                         "scale": "heavy", "higher_is_better": False, "tail": True}
     assert meta["task"] == {"name": "bandit", "label": "bandit toy", "short": "bandit", "main_metric": "final/eval/hit",
                             "curves": ["eval/hit", "bandit/regret"], "higher_is_better": True,
                             "verdict_metric": "final/eval/hit", "margin": None,
@@ -174,7 +179,7 @@ def test_a_task_declared_once_reaches_every_report(bandit, tmp_path, capsys):
     # FINDINGS.md: a column per setting, named by the task's declaration, in the file's order
     assert main(["findings", str(tmp_path / "res")]) == 0
     findings = (tmp_path / "res" / "FINDINGS.md").read_text()
-    assert "| claim | source | bandit toy | sorting toy | bandit ↔ toy τ |" in findings
+    assert "| claim | source | bandit toy | sorting toy | across tasks | bandit ↔ toy τ |" in findings
     assert "- bandit toy (eval hit, final, 3 seeds): " in findings
     # the bandit's hit rate declares a margin of its own; the toy's is its task's, on its held-out reward
     assert "**Margin δ.** bandit toy: ±0.05 (the metric's declared margin); sorting toy: ±0.044 (the task's: " \
@@ -268,8 +273,8 @@ def write_results(d, meta_task, curves: dict, finals: dict, seeds=range(5), vari
         meta["task"] = meta_task
     (d / "ablation.json").write_text(json.dumps(meta))
     pd.DataFrame(summary).to_csv(d / "summary.csv", index=False)
-    pd.DataFrame(rows, columns=["run", "variant", "seed", "step", "metric", "value"]).to_csv(d / "metrics.csv",
-                                                                                          index=False)
+    pd.DataFrame(rows, columns=["run", "variant", "seed", "step", "metric", "value"]).to_parquet(
+        d / "metrics.parquet", index=False)
     return d
 
 

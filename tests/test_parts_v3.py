@@ -897,3 +897,28 @@ def test_bad_new_keys_are_one_line(cfg, message):
         resolve_run({"task": "sort", **cfg})
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
+
+
+def test_a_recipe_hands_its_bound_parts_to_the_loss_without_a_lookup(monkeypatch):
+    """Recipe.loss gives compose_loss the entries it bound once: after the first step no part is found by name
+    again (a registry lookup that raised would surface here), and the value is grpo_loss's from the names."""
+    from grpo_bench.config.run import resolve_run
+    from grpo_bench.engine.recipe import Recipe
+    from grpo_bench.numerics.logprobs import grpo_loss
+    cfg = resolve_run({"task": "sort", "loss": {"name": "clipped", "clip_high": 0.28}, "aggregate": "token_mean",
+                       "kl_coef": 0.05, "kl": "k3", "kl_placement": "loss", "corrections": ["token_tis"],
+                       "backend": "torch"})
+    recipe = Recipe(cfg)
+    lp, old, sampler, d, mask = rand_batch(seed=4, mismatch_=0.5)
+    ref = old - 0.1
+    first, _ = recipe.loss(lp, old, ref, d, mask, sampler_logp=sampler)
+
+    def no_lookup(*a, **k):
+        raise AssertionError(f"looked up again: {a}")
+    monkeypatch.setattr(registry, "entry", no_lookup)
+    monkeypatch.setattr(registry, "get", no_lookup)
+    again, _ = recipe.loss(lp, old, ref, d, mask, sampler_logp=sampler)
+    monkeypatch.undo()
+    want, _ = grpo_loss(lp, old, ref, d, mask, loss={"name": "clipped", "clip_high": 0.28}, aggregate="token_mean",
+                        kl="k3", kl_coef=0.05, corrections=["token_tis"], sampler_logp=sampler, backend="torch")
+    assert again.item() == first.item() == want.item()

@@ -1,6 +1,6 @@
 """Figures, REPORT.md, `compare` and the gallery, on results directories written by hand.
 
-No training: each test writes ablation.json, summary.csv and metrics.csv directly, so
+No training: each test writes ablation.json, summary.csv and metrics.parquet directly, so
 the data (and what a figure must show of it) is known exactly. Figures are checked
 through matplotlib's objects (Line2D data, band polygons, axis scales) where that is
 more precise than pixels, and through the written PNGs where only pixels tell.
@@ -57,8 +57,8 @@ def write_results(path, variants, seeds, curve, finals, steps=range(0, 200, 10),
             "axes": list(axes), "variants": list(variants), "seeds": list(seeds), "runs": runs}
     (path / "ablation.json").write_text(json.dumps(meta))
     pd.DataFrame(summary).to_csv(path / "summary.csv", index=False)
-    pd.DataFrame(rows, columns=["run", "variant", "seed", "step", "metric", "value"]).to_csv(
-        path / "metrics.csv", index=False)
+    pd.DataFrame(rows, columns=["run", "variant", "seed", "step", "metric", "value"]).to_parquet(
+        path / "metrics.parquet", index=False)
     return path
 
 

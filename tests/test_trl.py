@@ -394,7 +394,7 @@ def test_end_to_end_composition_trl_does_not_offer(tok, tmp_path):
 
 
 def test_example_script_runs_an_ablation_variant(tmp_path):
-    r = subprocess.run([sys.executable, "scripts/trl_example.py", "--ablation", "ablations/recipes.yaml",
+    r = subprocess.run([sys.executable, "examples/trl_example.py", "--ablation", "ablations/recipes.yaml",
                         "--variant", "reinforce_pp", "--steps", "2", "--out", str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -404,7 +404,7 @@ def test_example_script_runs_an_ablation_variant(tmp_path):
 
 
 def test_example_script_refuses_dapo_in_one_line(capsys):
-    spec = importlib.util.spec_from_file_location("trl_example", ROOT / "scripts" / "trl_example.py")
+    spec = importlib.util.spec_from_file_location("trl_example", ROOT / "examples" / "trl_example.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     assert script.main(["--ablation", str(ROOT / "ablations" / "recipes.yaml"), "--variant", "dapo"]) == 2

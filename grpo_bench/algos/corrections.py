@@ -30,8 +30,7 @@ from typing import Annotated
 import torch
 from torch import Tensor
 
-from .. import registry
-from ..registry import Choice, Positive, Range, register
+from ..registry import Choice, Part, Positive, Range, register
 from .common import masked_mean, masked_sum, seq_deltas
 
 Regions = dict[str, Tensor]
@@ -282,9 +281,9 @@ def mismatch(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> dict[str, 
                 "mismatch/ratio_min": torch.where(on.any(), bottom, one)}
 
 
-def compose(fixes: list[tuple[str, dict]], logp: Tensor, old_logp: Tensor, sampler_logp: Tensor | None,
+def compose(fixes: list[Part], logp: Tensor, old_logp: Tensor, sampler_logp: Tensor | None,
             deltas: Tensor, mask: Tensor) -> tuple[Tensor | None, Tensor, dict[str, Tensor]]:
-    """Several corrections, each (name, every parameter): (their weight, detached, or None without
+    """Several corrections, each (registry entry, every parameter): (their weight, detached, or None without
     any; the mask with every token some correction did not keep removed; statistics).
 
     sampler_logp None: the trainer sampled itself, rho is 1. Statistics: mismatch() and
@@ -294,8 +293,9 @@ def compose(fixes: list[tuple[str, dict]], logp: Tensor, old_logp: Tensor, sampl
         return None, mask, {}
     sampler = old_logp if sampler_logp is None else sampler_logp
     weight, keep, stats = None, torch.ones_like(mask, dtype=torch.bool), {}
-    for name, params in fixes:
-        w, k, regions = registry.get("correction", name)(logp, old_logp, sampler, deltas, mask, **params)
+    for entry, params in fixes:
+        name = entry.name
+        w, k, regions = entry.obj(logp, old_logp, sampler, deltas, mask, **params)
         weight = w if weight is None else weight * w
         keep = keep & k
         with torch.no_grad():

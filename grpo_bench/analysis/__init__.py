@@ -1,3 +1,4 @@
 """The analysis wing: figures and REPORT.md (report.py), compare and the gallery (compare.py), FINDINGS.md
-(findings.py). It reads results directories through the results wing only, and never imports torch.
+(findings.py), the kernel and population benchmarks' tables (bench_report.py, bench_population.py). It reads
+results directories through the results wing only, and never imports torch.
 """

@@ -1,6 +1,6 @@
 """Across ablations: several results directories side by side, and the gallery of them all.
 
-    python -m grpo_bench compare results/recipes results/arith_recipes [--metric M] [--out DIR]
+    python -m grpo_bench compare results/policy_losses_sort results/policy_losses_lm [--metric M] [--out DIR]
     python -m grpo_bench gallery results
 
 `compare` puts each directory's per-seed final values in one figure (a panel per

@@ -39,7 +39,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import registry
 from ..store import metrics, stats
 from .compare import kendall, load_side
 from ..errors import ConfigError
@@ -61,8 +60,11 @@ EQUAL_BUDGET = 1.01  # budgets further apart than this ratio are compared at the
 
 
 def variant_configs(meta: dict, root: Path | None) -> dict:
-    """label -> resolved RunConfig of each variant, from the ablation file the results name (tried as given
-    and beside root); {} where that file is gone or no longer loads."""
+    """label -> each variant's resolved config: as ablation.json recorded it (a run_dict, without the seed),
+    else from the ablation file the results name (tried as given and beside root); {} where that file is gone
+    or no longer loads."""
+    if isinstance(meta.get("configs"), dict):
+        return meta["configs"]
     source, setting = meta.get("source") or "", meta.get("setting")
     for path in [Path(source)] + ([root.parent / source] if root else []):
         if path.is_file():
@@ -79,7 +81,7 @@ def inert_reason(task: metrics.TaskInfo | None, a, b) -> str | None:
     differ in is an axis whose parts the task declares inert, and the parts swapped are among those."""
     if task is None or not task.inert or a is None or b is None:
         return None
-    da, db = run_dict(a), run_dict(b)
+    da, db = (c if isinstance(c, dict) else run_dict(c) for c in (a, b))
     keys = [k for k in da if k != "seed" and da[k] != db.get(k)]
     reasons = []
     for k in keys:
@@ -323,10 +325,11 @@ def counts(rows: list[dict], quantity: str) -> dict[str, int]:
     return out
 
 
-def summarise(result: dict | None, reason: str | None) -> str:
-    """A setting's cell in the claims table: a head word and the counts, on the claim's quantity."""
+def summarise(result: dict | None, reason: str | None, short: bool = False) -> str:
+    """A setting's cell in the claims table: a head word and the counts, on the claim's quantity (short: README's,
+    without the metric and the reasons, which its column header and FINDINGS.md give)."""
     if result is None:
-        return f"not testable: {reason}" if reason else "not run"
+        return ("not testable" if short else f"not testable: {reason}") if reason else "not run"
     c = counts(result["rows"], result["judge"])
     n = sum(v for k, v in c.items() if k != "not testable")
     if not n and not c["not testable"]:
@@ -340,8 +343,8 @@ def summarise(result: dict | None, reason: str | None) -> str:
             else "undecided at this scale")
     parts = [f"{c['hold']} of {n} hold"] + [f"{c[k]} {k}" for k in ("negligible", "equivalent", "reversed", "fail",
                                                                      "undecided") if c[k]]
-    tail = f"; {c['not testable']} not testable here" if c["not testable"] else ""
-    return f"{head} ({where}: {', '.join(parts)}{tail})"
+    tail = f"; {c['not testable']} not testable{'' if short else ' here'}" if c["not testable"] else ""
+    return f"{head} ({'' if short else where + ': '}{', '.join(parts)}{tail})"
 
 
 def collect(root: Path) -> tuple[dict[str, dict], dict[str, metrics.TaskInfo], list[str]]:
@@ -375,7 +378,7 @@ def collect(root: Path) -> tuple[dict[str, dict], dict[str, metrics.TaskInfo], l
             tasks.setdefault(setting, task)
     families = dict(sorted(families.items()))  # by name, wherever the directories lie (results/gpu/ too)
     seen = {s for e in families.values() for s in [*e["settings"], *(e["claim"].get("untestable") or {})]}
-    known = registry.names("task")
+    known = metrics.task_names()
     for s, task in LEGACY_SETTINGS.items():
         if s in seen and s not in tasks and task in known:
             tasks[s] = metrics.declared_task(task)
@@ -447,6 +450,39 @@ def _cell(result: dict, r: dict) -> str:
             parts.append(f"{q} (beside; not the claim's quantity): Δ {t['diff']:+.3f}, p_holm {t['p_holm']:.2g}: "
                          f"{stats.verdict_text(t)}")
     return "<br>".join(parts)
+
+
+def across(results: dict, i: int) -> tuple[int, int]:
+    """(tasks on which ordering i holds, tasks on which it was tested) on each setting's own quantity: a "a > b"
+    holds where its outcome is *holds* (a negligible difference does not count), an "a = b" where it is
+    equivalent or negligible; settings where it is missing or not testable are in neither count."""
+    k = m = 0
+    for r in results.values():
+        row = r["rows"][i]
+        t = None if row["missing"] or row["why"] is not None else row["quantities"].get(r["judge"])
+        if t is None or t["verdict"] == stats.NOT_TESTABLE:
+            continue
+        m += 1
+        k += (t["verdict"] == "holds") if row["claim"] == "=" else (t["outcome"] == "holds")
+    return k, m
+
+
+def _across_cell(results: dict, i: int) -> str:
+    k, m = across(results, i)
+    return "—" if not m else f"holds on {k} of {m} task{'s' if m > 1 else ''}"
+
+
+def across_summary(results: dict, n: int) -> str:
+    """A claim's orderings across tasks: how many tested on two or more hold on every one, on some, on none."""
+    pairs = [across(results, i) for i in range(n)]
+    several = [(k, m) for k, m in pairs if m >= 2]
+    one = sum(1 for _, m in pairs if m == 1)
+    if not several:
+        return f"tested on one task only ({one} ordering{'s' if one != 1 else ''})" if one else "—"
+    every = sum(1 for k, m in several if k == m)
+    some = sum(1 for k, m in several if 0 < k < m)
+    text = f"{every} of {len(several)} hold on every task" + (f", {some} on some" if some else "")
+    return text + (f"; {one} tested on one task only" if one else "")
 
 
 def _tau(results: dict, x: str, y: str) -> str:
@@ -539,12 +575,23 @@ def intro(where: str, tasks: dict[str, metrics.TaskInfo], order: list[str], name
         "Holm adjusts nothing) for an equivalent row, the Holm-adjusted one for every other. An ordering is "
         "*not testable here*, and in no count, when its variants differ only in parts the task declares inert, "
         "when every paired difference is exactly 0, or when its variants ran the same numbers as an earlier "
-        "ordering's. Kendall's τ between the toy's and the LM's orderings of the same variants asks whether the "
-        "toy predicts the LM. Generated by `python -m grpo_bench findings` from the results directories: every "
+        "ordering's. *Across tasks* says on how many of the tasks an ordering was tested on it holds (a negligible "
+        "difference is not holding), and per claim how many orderings tested on two or more tasks hold on every "
+        "one; Kendall's τ between two tasks' orderings of the same variants asks whether one predicts the other. "
+        "Generated by `python -m grpo_bench findings` from the results directories: every "
         "number is recomputed from them (docs/statistics.md has the rules).")
 
 
 def render(root: Path) -> str:
+    return _render(root)[0]
+
+
+def readme_table(root: Path) -> str:
+    """README.md's claims table: each claim's head and counts per task and across tasks, from FINDINGS.md's rows."""
+    return _render(root)[1]
+
+
+def _render(root: Path) -> tuple[str, str]:
     families, tasks, order = collect(root)
     called = names(order, tasks)
     name = {s: n for s, (n, _) in called.items()}
@@ -553,10 +600,14 @@ def render(root: Path) -> str:
                          for s in order)
     pairs = list(itertools.combinations(order, 2))  # a τ column per pair of settings: does one predict the other?
     lines = ["# Findings: published claims about GRPO, put to the test", "", intro(where, tasks, order, name), "",
-             "| " + " | ".join(["claim", "source", *(name[s] for s in order),
+             "| " + " | ".join(["claim", "source", *(name[s] for s in order), "across tasks",
                                 *(f"{called[a][1]} ↔ {called[b][1]} τ" for a, b in pairs)]) + " |",
-             "|---|---|" + "---|" * (len(order) + len(pairs))]
-    details = []
+             "|---|---|" + "---|" * (len(order) + 1 + len(pairs))]
+    details, everywhere, specific = [], [], []
+    readme = ["| claim | " + " | ".join(
+        f"{name[s]} ({label_column(tasks[s].verdict_metric)}" + (f", ±{tasks[s].margin:g})" if s in tasks and
+                                                                tasks[s].margin else ")") if s in tasks else name[s]
+        for s in order) + " | across tasks |", "|---|" + "---|" * (len(order) + 1)]
     for family, entry in families.items():
         claim = entry["claim"]
         untestable = claim.get("untestable") or {}
@@ -565,9 +616,24 @@ def render(root: Path) -> str:
                  + ("" if s not in results or device(entry["settings"][s]).startswith("CPU")
                     else f"; {results[s]['side'].seeds} seeds on {device(entry['settings'][s])}") for s in order]
         row = [f"[{family}](#{family}): {claim['text']}", claim["source"], *cells,
-               *(_tau(results, a, b) for a, b in pairs)]
+               across_summary(results, len(claim["expect"])), *(_tau(results, a, b) for a, b in pairs)]
+        for i, e in enumerate(claim["expect"]):
+            k, m = across(results, i)
+            if m >= 2 and k == m:
+                everywhere.append(f"`{e}` ([{family}](#{family}), {m} tasks)")
+            elif m >= 2 and k:
+                held = [name[s] for s, r in results.items() if across({s: r}, i) == (1, 1)]
+                specific.append(f"`{e}` ([{family}](#{family}): the {' and the '.join(held)} only)")
         # a claim's own text may hold a pipe (1/|o|), which would split the table's cell
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+        first = next(iter(results.values()), None)
+        own = (f" ({label_column(first['column'])}" + (f", ±{first['margin']:g})" if first["margin"] else ")")
+               if claim.get("metric") and first else "")
+        readme.append(f"| [{family}](results/FINDINGS.md#{family}){own} | " + " | ".join(
+            summarise(results.get(s), untestable.get(s), short=True)
+            + ("" if s not in results or device(entry["settings"][s]).startswith("CPU")
+               else f"; {results[s]['side'].seeds} seeds on {device(entry['settings'][s])}") for s in order)
+            + f" | {across_summary(results, len(claim['expect']))} |")
         details += [f"## {family}", "", f"**Claim.** {claim['text']}", "", f"**Source.** {claim['source']}", ""]
         if claim.get("setting"):
             details += [f"**Their setting.** {claim['setting']}", ""]
@@ -590,10 +656,11 @@ def render(root: Path) -> str:
                                                        "judged here on another metric or quantity, with "
                                                        "fixed-sample tests that ignore that stopping rule") + ".", ""]
         head = ": quantity: Δ = a − b [interval]; test; P(a > b); detectable effect or margin: verdict"
-        details += ["| ordering | " + " | ".join(name[s] + head for s in results) + " |",
-                    "|---|" + "---|" * len(results)]
+        details += ["| ordering | " + " | ".join(name[s] + head for s in results) + " | across tasks |",
+                    "|---|" + "---|" * (len(results) + 1)]
         for i, e in enumerate(claim["expect"]):
-            details.append(f"| `{e}` | " + " | ".join(_cell(r, r["rows"][i]) for r in results.values()) + " |")
+            details.append(f"| `{e}` | " + " | ".join(_cell(r, r["rows"][i]) for r in results.values())
+                           + f" | {_across_cell(results, i)} |")
         details.append("")
         for s, r in results.items():
             details.append(f"- {name[s]} ({label_column(r['column'])}, final, {r['side'].seeds} seeds): {_ranking(r)}. "
@@ -604,9 +671,14 @@ def render(root: Path) -> str:
     if not families:
         raise ConfigError(str(root), "<dir>", "no results with a claim here (a <dir>/ablation.json with `claim`, "
                           "written by running an ablation that has one): nothing to judge")
+    across_tasks = ["## Across tasks", "",
+                    "An ordering holds across tasks when it holds on every task it was tested on, two or more "
+                    "(a negligible difference is not holding); it is task-specific when it holds on some of them.", "",
+                    "- Holds on every task tested: " + ("; ".join(everywhere) or "none") + ".",
+                    "- Task-specific: " + ("; ".join(specific) or "none") + ".", ""]
     # the changes since the last version's verdicts, then commentary written after looking at these results
     extra = [p.read_text() for p in (root / "FINDINGS_changes.md", root / "FINDINGS_notes.md") if p.is_file()]
-    return "\n".join(lines + [""] + details + extra)
+    return "\n".join(lines + [""] + across_tasks + details + extra), "\n".join(readme)
 
 
 def _shown(d: Path, root: Path) -> str:

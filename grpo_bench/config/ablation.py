@@ -17,7 +17,7 @@ from ..store import metrics
 from ..store.stats import split_ordering
 from ..errors import ConfigError
 from .run import (MAX_SEEDS, SEED_LIMIT, RunConfig, _require, config_hash, load_includes, parse_set, resolve_run,
-                  set_dotted, task_name)
+                  run_dict, set_dotted, task_name)
 from .strict_yaml import read_yaml
 
 # ---------------------------------------------------------------------- ablation
@@ -258,12 +258,14 @@ def check_orderings(claim: dict, configs: dict[str, "RunConfig"] | None, setting
             raise ConfigError(where, "claim.expect", f"{e!r} tests the pair {a}, {b} again ({seen[pair]!r} does "
                               "already); each pair once, or Holm and the counts count it twice")
         seen[pair] = e
-        if configs and a in configs and b in configs and config_hash(configs[a]) == config_hash(configs[b]):
+        if configs and a in configs and b in configs and _same_run(configs[a], configs[b]):
             raise ConfigError(where, "claim.expect", f"{e!r}: {a} and {b} resolve to the same run config, so "
                               "their runs are the same runs; nothing to test")
         if kind == "=":
             if task is None and configs:
-                task = metrics.declared_task(task_name(next(iter(configs.values()))))
+                first = next(iter(configs.values()))
+                section = first["task"] if isinstance(first, dict) else run_dict(first)["task"]
+                task = metrics.declared_task(section["name"], section)
             metric = claim.get("metric") or (task.verdict_metric if task else None)
             if metric is None:
                 continue
@@ -312,10 +314,31 @@ def _overlaps(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
+def _same_run(x, y) -> bool:
+    """Whether two variants' configs (RunConfig, or the run_dict ablation.json records) are one run's."""
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x == y
+    return config_hash(x) == config_hash(y)
+
+
+def variant_dicts(abl) -> dict[str, dict]:
+    """label -> each variant's resolved config as run_dict writes it, without the seed: what findings reads
+    for inert parts and twin variants where the ablation file cannot be resolved (no torch, or it changed)."""
+    out = {}
+    for (label, _, _), cfg in zip(abl.variants, abl.configs):
+        d = run_dict(cfg)
+        d.pop("seed")
+        out[label] = d
+    return out
+
+
 def ablation_record(abl) -> dict:
     """What the runner adds to ablation.json for an ablation (config.Ablation): "task", the declaration of
-    the task its variants train (None when they train several), and "settings", its file's settings in
-    their order (None for a file without them), which FINDINGS.md orders its columns by."""
+    the task its variants train (None when they train several), "settings", its file's settings in
+    their order (None for a file without them), which FINDINGS.md orders its columns by, and "configs",
+    each variant's resolved config (variant_dicts)."""
     names = {task_name(cfg) for cfg in abl.configs}
-    return {"task": metrics.declared_task(names.pop()).record() if len(names) == 1 else None,
-            "settings": ablation_settings(abl.source) if abl.setting is not None else None}
+    section = run_dict(abl.configs[0])["task"] if abl.configs else None
+    return {"task": metrics.declared_task(names.pop(), section).record() if len(names) == 1 else None,
+            "settings": ablation_settings(abl.source) if abl.setting is not None else None,
+            "configs": variant_dicts(abl)}

@@ -20,6 +20,7 @@ must share; `Recipe.numbers()` is what they may not.
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -45,9 +46,13 @@ class Bound:
     name: str
     params: dict
 
-    @property
+    @functools.cached_property
     def entry(self) -> registry.Entry:
         return registry.entry(self.axis, self.name)
+
+    def part(self, numbers: Numbers | None = None) -> registry.Part:
+        """What compose_loss takes: the entry and the parameters, a population member's numbers in them."""
+        return self.entry, self.with_numbers(numbers)
 
     @property
     def per_member(self) -> bool:
@@ -239,11 +244,10 @@ class Recipe:
         beta = self.kl_coef if kl_coef is None else kl_coef
         nums = numbers or {}
         return compose_loss(logp, old_logp, ref_logp if self.loss_ref else None, deltas, mask,
-                            loss=(p["loss"].name, p["loss"].with_numbers(numbers)),
-                            aggregate=(p["aggregate"].name, p["aggregate"].with_numbers(numbers)),
-                            kl=(p["kl"].name, p["kl"].with_numbers(numbers)) if self.kl_in_loss else None,
+                            loss=p["loss"].part(numbers), aggregate=p["aggregate"].part(numbers),
+                            kl=p["kl"].part(numbers) if self.kl_in_loss else None,
                             kl_coef=beta if self.kl_in_loss else 0.0, gate=gate, sampler_logp=sampler_logp,
-                            corrections=[(c.name, c.with_numbers(numbers)) for c in self.corrections],
+                            corrections=[c.part(numbers) for c in self.corrections],
                             entropy=entropy if self.use_entropy else None,
                             entropy_coef=(self.entropy_coef if entropy_coef is None else entropy_coef)
                             if self.use_entropy else 0.0,

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import inspect
 import time
 
@@ -370,54 +371,49 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
         task.policy.eval()  # sampling and old log-probs without dropout
         ro, epoch_metrics, failed = sample(task, pop, epoch, cfg.group_size, budget,
                                            None if sampler is None else sampler.load(params))
-        greedy = task.greedy_rewards(ro) if recipe.needs_greedy else None
+        ep = Epoch(ro, epoch_metrics, task.greedy_rewards(ro) if recipe.needs_greedy else None)
         failed |= {i: e for i, e in _take_failed(task).items() if i not in failed}
         if failed:  # a member's own rollout raised (its reward, on its prompt): it fails, the others go on
-            keep = [i for i in range(p) if i not in failed]
+            ep.keep([i for i in range(p) if i not in failed])
             fail(list(failed), list(failed.values()))
             if not alive:
                 break
             p = len(alive)
-            ro = _narrow(ro, keep)
-            epoch_metrics = {k: v[keep] for k, v in epoch_metrics.items()}
-            greedy = None if greedy is None else greedy[keep]
-        responses = epoch_metrics.pop("samples/responses").tolist()
+        responses = ep.metrics.pop("samples/responses").tolist()
         for i, m in enumerate(alive):
             samples[m] += responses[i]
-        epoch_metrics["samples/total"] = [samples[m] for m in alive]
-        mask = ro.mask
+        ep.metrics["samples/total"] = [samples[m] for m in alive]
         task.policy.train()
         first = None
         with torch.no_grad():
-            ref_logp = task.logprobs(ro, reference=True)[0] if recipe.use_ref else None
+            ep.ref_logp = task.logprobs(ep.ro, reference=True)[0] if recipe.use_ref else None
         if cfg.inner_steps == 1:
-            first = task.logprobs(ro)
-            old_logp, old_ent = first[0].detach(), None if first[1] is None else first[1].detach()
+            first = task.logprobs(ep.ro)
+            ep.old_logp, old_ent = first[0].detach(), None if first[1] is None else first[1].detach()
         else:
             with torch.no_grad():
                 task.policy.eval()
-                old_logp, old_ent = task.logprobs(ro)
+                ep.old_logp, old_ent = task.logprobs(ep.ro)
                 task.policy.train()
-        extra = _extra(task, ro, recipe, old_logp, old_ent)
-        sampler_logp = ro.sampler_logp
-        if sampler_logp is not None:  # how far the sampler is from the trainer on what it sampled
-            epoch_metrics |= vmap(mismatch)(old_logp, sampler_logp, mask)
-        kl_coef = torch.tensor(pop.kl_coef, dtype=torch.float64)
-        batch_rewards, lengths, finished = ro.rewards, ro.lengths, ro.finished
+        extra = _extra(task, ep.ro, recipe, ep.old_logp, old_ent)
+        if ep.ro.sampler_logp is not None:  # how far the sampler is from the trainer on what it sampled
+            ep.metrics |= vmap(mismatch)(ep.old_logp, ep.ro.sampler_logp, ep.ro.mask)
+        ep.kl_coef = torch.tensor(pop.kl_coef, dtype=torch.float64)
 
         def advantages(rewards, mask_, lengths_, finished_, components, old, ref, greedy_, beta, *more, numbers):
             x = Extra(mask_, *more) if recipe.extra_needs else None
             return recipe.advantages(Batch(rewards, mask_, lengths_, finished_, budget, components=components),
                                      old, ref, greedy_, kl_coef=beta, numbers=numbers, extra=x)
 
-        deltas, adv_metrics = pop.map(advantages, batch_rewards, mask, lengths, finished, ro.components, old_logp,
-                                      ref_logp, greedy, kl_coef, *extra, per_member=adv_per_member,
-                                      key=("advantages", epoch))
-        observed = adv_metrics.pop("kl/observed", None)
-        epoch_metrics |= adv_metrics
+        ro = ep.ro
+        ep.deltas, adv_metrics = pop.map(advantages, ro.rewards, ro.mask, ro.lengths, ro.finished, ro.components,
+                                         ep.old_logp, ep.ref_logp, ep.greedy, ep.kl_coef, *extra,
+                                         per_member=adv_per_member, key=("advantages", epoch))
+        ep.observed = adv_metrics.pop("kl/observed", None)
+        ep.metrics |= adv_metrics
         rollout_s = time.perf_counter() - t0
-        epoch_rows = _rows(epoch_metrics, p)
-        for m, d in zip(alive, epoch_rows):
+        ep.rows = _rows(ep.metrics, p)
+        for m, d in zip(alive, ep.rows):
             epoch_rewards[m].append(d["reward/mean"])
             for name in tails[m]:
                 if name in d:
@@ -426,6 +422,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
         for k in range(cfg.inner_steps):
             step = epoch * cfg.inner_steps + k
             t1 = time.perf_counter()
+            ro = ep.ro
             logp, entropy = first if first is not None else task.logprobs(ro)
             first = None
             gate, filter_metrics = None, {}
@@ -433,7 +430,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
                 def step_filter(rewards, mask_, lengths_, finished_, ent, numbers):
                     g, m = recipe.filter_step(Batch(rewards, mask_, lengths_, finished_, budget), ent, numbers)
                     return (torch.ones_like(mask_) if g is None else g), m
-                gate, filter_metrics = pop.map(step_filter, batch_rewards, mask, lengths, finished, entropy,
+                gate, filter_metrics = pop.map(step_filter, ro.rewards, ro.mask, ro.lengths, ro.finished, entropy,
                                                per_member=step_per_member, key=("step", step))
 
             def loss_fn(logp_, old, ref, d, mask_, gate_, beta, ent, ent_coef, positive, sampled, numbers):
@@ -441,9 +438,9 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
                                    entropy_coef=ent_coef, positive=positive, sampler_logp=sampled)
 
             ent_coef = torch.tensor([c for _, c in pop.entropy], dtype=torch.float32)
-            value, stats = pop.map(loss_fn, logp, old_logp, ref_logp if recipe.loss_ref else None, deltas, mask,
-                                   gate, kl_coef, entropy if recipe.use_entropy else None, ent_coef,
-                                   batch_rewards > 0, sampler_logp, per_member=loss_per_member, key=("loss", step))
+            value, stats = pop.map(loss_fn, logp, ep.old_logp, ep.ref_logp if recipe.loss_ref else None, ep.deltas,
+                                   ro.mask, gate, ep.kl_coef, entropy if recipe.use_entropy else None, ent_coef,
+                                   ro.rewards > 0, ro.sampler_logp, per_member=loss_per_member, key=("loss", step))
             finite = torch.isfinite(value)
             bad = [] if bool(finite.all()) else (~finite).nonzero().flatten().tolist()
             opt.zero_grad()
@@ -462,40 +459,31 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
             if (step + 1) % cfg.log_every == 0 or step == total_steps - 1:
                 m = {"loss/total": value, **stats, "grad/norm": gnorm}
                 m |= vmap(_step_metrics, in_dims=(0, 0, 0, None if entropy is None else 0))(
-                    logp, old_logp, mask, entropy)
+                    logp, ep.old_logp, ro.mask, entropy)
                 if recipe.use_ref and "kl/value" not in stats:  # KL in the reward, or tracked only: still worth watching
                     with torch.no_grad():
                         m["kl/value"] = pop.map(lambda lp, ref, old, mk, numbers: recipe.kl_value(lp, ref, old, mk,
                                                                                                   numbers),
-                                                logp, ref_logp, old_logp, mask, per_member=adv_per_member,
+                                                logp, ep.ref_logp, ep.old_logp, ro.mask, per_member=adv_per_member,
                                                 key=("kl", step))
                 m |= filter_metrics
                 step_rows = _rows(m | {"time/step_s": dt}, p)
                 # a member whose loss went non-finite logs nothing of this step, as a run alone raises first
                 log(step, [{**s, **e, "epoch": float(epoch)} if i not in bad else {}
-                           for i, (s, e) in enumerate(zip(step_rows, epoch_rows))])
+                           for i, (s, e) in enumerate(zip(step_rows, ep.rows))])
             if bad:
                 p_vals = value.tolist()
                 fail(bad, [_raised(NonFiniteLoss(f"non-finite loss {p_vals[i]} at epoch {epoch}, inner step {k}"))
                            for i in bad])
                 if not alive:
                     break
-                keep = [i for i in range(p) if i not in bad]
+                ep.keep([i for i in range(p) if i not in bad])
                 p = len(alive)
-                ro = _narrow(ro, keep)
-                old_logp, mask, deltas = old_logp[keep], mask[keep], deltas[keep]
-                sampler_logp = None if sampler_logp is None else sampler_logp[keep]
-                ref_logp = None if ref_logp is None else ref_logp[keep]
-                batch_rewards, lengths, finished = batch_rewards[keep], lengths[keep], finished[keep]
-                kl_coef = kl_coef[keep]
-                epoch_rows = [epoch_rows[i] for i in keep]
-                if observed is not None:
-                    observed = observed[keep]
         if not alive:
             break
         if cfg.kl_coef > 0:
-            obs = observed.tolist()
-            n = int(mask.shape[1] * mask.shape[2])
+            obs = ep.observed.tolist()
+            n = int(ep.ro.mask.shape[1] * ep.ro.mask.shape[2])
             pop.kl_coef = [r.next_kl_coef(o, n, kl_coef=c) for r, o, c in zip(pop.recipes, obs, pop.kl_coef)]
         if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0 and epoch + 1 < cfg.epochs:
             evaluate(step, mid_run=True)
@@ -580,6 +568,34 @@ def _raised(e: Exception) -> Exception:
         raise e
     except Exception as caught:
         return caught
+
+
+@dataclasses.dataclass
+class Epoch:
+    """One epoch's per-member values, member first: what a failing member must leave, all at once, so that
+    no tensor of the survivors' epoch is forgotten when the population shrinks mid-epoch."""
+
+    ro: Rollout
+    metrics: dict[str, Tensor]                 # the rollout's metrics, then also the advantages'
+    greedy: Tensor | None = None
+    old_logp: Tensor | None = None
+    ref_logp: Tensor | None = None
+    deltas: Tensor | None = None
+    kl_coef: Tensor | None = None
+    observed: Tensor | None = None             # the KL the adaptive controller sees
+    rows: list[dict[str, float]] | None = None  # the epoch's metrics, one dict per member
+
+    def keep(self, idx: list[int]) -> None:
+        pick = lambda x: x[idx] if isinstance(x, Tensor) else [x[i] for i in idx]  # noqa: E731
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Rollout):
+                v = _narrow(v, idx)
+            elif isinstance(v, dict):
+                v = {k: pick(x) for k, x in v.items()}
+            elif v is not None:
+                v = pick(v)
+            setattr(self, f.name, v)
 
 
 def _narrow(ro: Rollout, keep: list[int]) -> Rollout:

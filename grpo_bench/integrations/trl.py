@@ -557,7 +557,7 @@ class GRPOBenchTrainer(GRPOTrainer):
 
     def _corrected(self, logp: Tensor, old: Tensor, sampler: Tensor | None, deltas: Tensor, mask: Tensor) -> Tensor:
         """The loss mask the variant's corrections leave (their `keep`), as Recipe.loss computes it."""
-        fixes = [(c.name, c.params) for c in self.recipe.corrections]
+        fixes = [c.part() for c in self.recipe.corrections]
         return compose(fixes, logp, old, sampler, deltas, mask)[1]
 
     @staticmethod

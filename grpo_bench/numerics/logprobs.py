@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import registry
+from ..registry import Part
 from ..algos.common import masked_mean, seq_deltas
 from ..algos.corrections import compose
 from ..config.run import BACKENDS
@@ -158,24 +159,25 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: T
 
 
 def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: Tensor, mask: Tensor, *,
-                 loss: tuple[str, dict], aggregate: tuple[str, dict], kl: tuple[str, dict] | None = None,
+                 loss: Part, aggregate: Part, kl: Part | None = None,
                  kl_coef: float | Tensor = 0.0, gate: Tensor | None = None, sampler_logp: Tensor | None = None,
-                 corrections: list[tuple[str, dict]] = (), entropy: Tensor | None = None,
+                 corrections: list[Part] = (), entropy: Tensor | None = None,
                  entropy_coef: float | Tensor = 0.0, nll_coef: float | Tensor = 0.0, positive: Tensor | None = None,
                  backend: str = "auto") -> tuple[Tensor, dict[str, Tensor]]:
-    """grpo_loss with its parts already resolved to (name, every parameter); kl None: no KL term.
+    """grpo_loss with its parts already resolved to (registry entry, every parameter); kl None: no KL term.
 
-    What a Recipe calls at every step (nothing is looked up again), and what torch.func.vmap
+    What a Recipe calls at every step with the entries it bound once (nothing is looked up by name), and what torch.func.vmap
     maps over a population: kl_coef, entropy_coef, nll_coef and the parameters may then be
     0-d tensors (the terms present are decided by what is passed, never by a coefficient's value).
     """
-    loss_name, loss_params = loss
-    agg_name, agg_params = aggregate
+    (loss_entry, loss_params), (agg_entry, agg_params) = loss, aggregate
+    loss_name, agg_name = loss_entry.name, agg_entry.name
     use_kl = kl is not None
-    kl_name, kl_params = kl if use_kl else (None, {})
+    kl_entry, kl_params = kl if use_kl else (None, {})
+    kl_name = None if kl_entry is None else kl_entry.name
     if use_kl and ref_logp is None:
         raise ValueError("kl_coef != 0 needs ref_logp")
-    against_ref = loss_needs_ref(loss_name)
+    against_ref = "ref_logp" in loss_entry.traits.get("needs", ())
     if against_ref and ref_logp is None:
         raise ValueError(f"loss {loss_name!r} regresses onto log pi / pi_ref: it needs ref_logp")
     fixes = list(corrections)
@@ -200,8 +202,7 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
                 stats["kl/value"] = sums["kl_sum"] / n
             return value, {k: v.detach() for k, v in stats.items()}
 
-    loss_fn = registry.get("loss", loss_name)
-    agg_fn = registry.get("aggregate", agg_name)
+    loss_fn, agg_fn = loss_entry.obj, agg_entry.obj
     on = mask > 0
     # Masked tokens may hold -inf log-probs (a padded position); zeroing them before any
     # part runs keeps inf out of every backward (0 * inf = nan), whatever the part computes.
@@ -217,7 +218,7 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
         pol = pol * gate
     per_token = pol
     if use_kl:
-        kl_tok = registry.get("kl", kl_name)(lp, safe(ref_logp), old, **kl_params)
+        kl_tok = kl_entry.obj(lp, safe(ref_logp), old, **kl_params)
         per_token = pol + kl_coef * kl_tok
     value = agg_fn(per_token, mask, **agg_params)
     if entropy is not None:
@@ -248,6 +249,6 @@ def loss_needs_ref(name: str) -> bool:
     return "ref_logp" in registry.entry("loss", name).traits.get("needs", ())
 
 
-def _resolve(axis: str, spec: str | dict, context: dict | None) -> tuple[str, dict]:
+def _resolve(axis: str, spec: str | dict, context: dict | None) -> Part:
     name, given = registry.split_spec(spec)
-    return name, registry.resolve_params(axis, name, given, context)
+    return registry.entry(axis, name), registry.resolve_params(axis, name, given, context)

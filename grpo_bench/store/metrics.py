@@ -124,13 +124,74 @@ LEGACY = (("eval/accuracy_gain", "arithmetic"), ("reward/mean", "sort"))
 DEFAULT = Metric("", range=(-INF, INF), scale="linear", tail=False)
 
 
+# The task modules import torch; plot, compare and findings must not need it. Where they cannot be imported,
+# a task is known by what its results directories' ablation.json recorded of it (remember()); where they can,
+# the registered declaration wins and a record only adds a task not registered here (a user's, not included).
+HEAVY = ("torch", "transformers", "peft", "triton")
+_RECORDED: dict[str, tuple[tuple[Metric, ...], dict]] = {}
+_NO_TASKS: list[bool] = []   # set once the task modules failed to import for want of a heavy package
+
+
+def _classes() -> dict[str, type] | None:
+    """name -> class of every registered task; None where the task modules cannot be imported (no torch)."""
+    if _NO_TASKS:
+        return None
+    try:
+        return {n: registry.get("task", n) for n in registry.names("task")}
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in HEAVY:
+            raise
+        _NO_TASKS.append(True)
+        return None
+
+
+def task_names() -> list[str]:
+    """The tasks known here: the registered ones, then those known only from a results directory's record."""
+    known = list(_classes() or {})
+    return known + [n for n in _RECORDED if n not in known]
+
+
+def _own(name: str) -> tuple[Metric, ...]:
+    """A task's own metric declarations: its class's, else its record's."""
+    cls = (_classes() or {}).get(name)
+    return tuple(getattr(cls, "metrics", ())) if cls is not None else _RECORDED.get(name, ((), {}))[0]
+
+
+def _encode(m: Metric) -> dict:
+    d = {f.name: getattr(m, f.name) for f in fields(Metric) if getattr(m, f.name) is not None}
+    if "range" in d:  # JSON has no infinity: an open end is null
+        d["range"] = [None if math.isinf(x) else x for x in d["range"]]
+    return d
+
+
+def _decode(d: dict) -> Metric:
+    d = dict(d)
+    if d.get("range") is not None:
+        lo, hi = d["range"]
+        d["range"] = (-INF if lo is None else lo, INF if hi is None else hi)
+    return Metric(**d)
+
+
+def remember(meta: dict | None) -> None:
+    """Learn a task from ablation.json's record of it (its declaration and metrics), for where it is not
+    registered; a record that does not parse is left out (read_meta reports bad records)."""
+    t = (meta or {}).get("task")
+    if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not isinstance(t.get("metrics"), list):
+        return
+    try:
+        own = tuple(_decode(m) for m in t["metrics"])
+    except (TypeError, ValueError):
+        return
+    _RECORDED.setdefault(t["name"], (own, t))
+
+
 @lru_cache(maxsize=8)
-def _table(tasks: tuple[str, ...]) -> tuple[Metric, ...]:
+def _table(tasks: tuple[tuple[str, tuple[Metric, ...]], ...]) -> tuple[Metric, ...]:
     """Every declaration in lookup order: each task's (in registry order), then the core's."""
     seen: dict[str, tuple[str, Metric]] = {}
     out = []
-    for name in tasks:
-        for m in getattr(registry.get("task", name), "metrics", ()):
+    for name, own in tasks:
+        for m in own:
             if m.name in seen:
                 first, other = seen[m.name]
                 if other != m:
@@ -143,7 +204,7 @@ def _table(tasks: tuple[str, ...]) -> tuple[Metric, ...]:
 
 
 def declarations() -> tuple[Metric, ...]:
-    return _table(tuple(registry.names("task")))
+    return _table(tuple((n, _own(n)) for n in task_names()))
 
 
 def metric_of(column: str) -> str | None:
@@ -205,8 +266,8 @@ def _pattern(name: str) -> bool:
 def headline(task: str | None = None) -> list[Metric]:
     """The headline columns in REPORT.md's order: the core's, then the task's (every task's, in registry
     order, when the task is not known here)."""
-    names = [task] if task in registry.names("task") else registry.names("task")
-    own = [m for n in names for m in getattr(registry.get("task", n), "metrics", ())]
+    names = [task] if task in task_names() else task_names()
+    own = [m for n in names for m in _own(n)]
     out = {}
     for m in [m for m in CORE if m.summary] + [m for m in own if m.summary]:
         out.setdefault(m.name, get(m.name))
@@ -238,22 +299,27 @@ class TaskInfo:
             object.__setattr__(self, "verdict_metric", self.main_metric)
 
     def record(self) -> dict:
+        """ablation.json's "task": with the task's own metric declarations, so that plot, compare and findings
+        draw and judge its results where the task cannot be imported."""
         return {"name": self.name, "label": self.label, "short": self.short, "main_metric": self.main_metric,
                 "curves": list(self.curves), "higher_is_better": self.higher_is_better,
                 "verdict_metric": self.verdict_metric, "margin": self.margin, "margin_rule": self.margin_rule,
-                "inert": {k: [list(v[0]), v[1]] for k, v in self.inert.items()}}
+                "inert": {k: [list(v[0]), v[1]] for k, v in self.inert.items()},
+                "metrics": [_encode(m) for m in _own(self.name)]}
 
 
 TASK_KEYS = {"name": str, "label": str, "short": str, "main_metric": str, "curves": list, "higher_is_better": bool}
 JUDGING = ("verdict_metric", "margin", "margin_rule", "inert")  # from the declaration, where the task is registered
 
 
-def judging(cls: type) -> dict:
+def judging(cls: type, section: dict | None = None) -> dict:
     """A task class's verdict metric, margin (margin_fraction of its headroom, to 3 decimals), the rule in
-    words, and its inert parts."""
+    words, and its inert parts. section: the run's task section, for a class whose headroom depends on it
+    (`headroom_of(section)`: a reasoning-gym dataset's)."""
     main = getattr(cls, "main_metric", "final/reward")
     verdict = getattr(cls, "verdict_metric", main)
-    headroom, fraction = getattr(cls, "headroom", None), getattr(cls, "margin_fraction", None)
+    headroom = cls.headroom_of(section) if hasattr(cls, "headroom_of") else getattr(cls, "headroom", None)
+    fraction = getattr(cls, "margin_fraction", None)
     margin, rule = None, "no margin declared for this task"
     if headroom is not None and fraction is not None:
         start, end, _where = headroom
@@ -264,15 +330,19 @@ def judging(cls: type) -> dict:
     return {"verdict_metric": verdict, "margin": margin, "margin_rule": rule, "inert": inert}
 
 
-def declared_task(name: str) -> TaskInfo:
-    """A registered task's declaration. A task that declares nothing is judged on its rollout reward."""
+def declared_task(name: str, section: dict | None = None) -> TaskInfo:
+    """A task's declaration, registered or recorded (remember()), for the run's task section where its
+    judging depends on it. A task that declares nothing is judged on its rollout reward."""
+    classes = _classes()
+    if (classes is None or name not in classes) and name in _RECORDED:
+        return _from_record(_RECORDED[name][1])
     cls = registry.get("task", name)
     main = getattr(cls, "main_metric", "final/reward")
     curves = tuple(getattr(cls, "curves", (metric_of(main) or main,)))
     higher = get(main).higher_is_better
     label = getattr(cls, "label", name)
     return TaskInfo(name, label, getattr(cls, "short", label), main, curves, True if higher is None else higher,
-                    **judging(cls))
+                    **judging(cls, section))
 
 
 def recorded_task(meta: dict | None) -> TaskInfo | None:
@@ -282,9 +352,17 @@ def recorded_task(meta: dict | None) -> TaskInfo | None:
     t = (meta or {}).get("task")
     if not isinstance(t, dict):
         return None
+    remember(meta)
+    configs = (meta or {}).get("configs")
+    first = next(iter(configs.values()), None) if isinstance(configs, dict) and configs else None
+    return _from_record(t, first.get("task") if isinstance(first, dict) else None)
+
+
+def _from_record(t: dict, section: dict | None = None) -> TaskInfo:
     base = {k: tuple(t[k]) if k == "curves" else t[k] for k in TASK_KEYS}
-    if t["name"] in registry.names("task"):
-        judged = judging(registry.get("task", t["name"]))
+    cls = (_classes() or {}).get(t["name"])
+    if cls is not None:
+        judged = judging(cls, section)
     else:
         judged = {k: t[k] for k in JUDGING if k in t}
         judged["inert"] = {k: (tuple(v[0]), v[1]) for k, v in (judged.get("inert") or {}).items()}
@@ -297,7 +375,7 @@ def task_of(meta: dict | None, metric_names) -> TaskInfo | None:
     recorded = recorded_task(meta)
     if recorded is not None:
         return recorded
-    names, known = set(metric_names), registry.names("task")
+    names, known = set(metric_names), task_names()
     return next((declared_task(task) for marker, task in LEGACY if marker in names and task in known), None)
 
 

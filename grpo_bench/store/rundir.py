@@ -46,7 +46,8 @@ from . import metrics, stats
 METRICS_COLUMNS = ["step", "metric", "value"]
 
 
-METRICS_FILE = "metrics.parquet"  # runs/<id>/ and the ablation's long table; metrics.csv before it
+METRICS_FILE = "metrics.parquet"  # runs/<id>/ and the ablation's long table
+NO_RECORD = "summary.json records no metrics_file (its name, rows and SHA-256)"
 OUTCOMES_FILE = "outcomes.parquet"  # runs/<id>/ and the ablation's, for tasks that keep per-problem outcomes
 OUTCOME_COLUMNS = ["step", "problem", "greedy", "k_correct"]
 
@@ -105,20 +106,13 @@ def _sha256(path: Path) -> str:
 
 
 def read_metrics_file(path: Path) -> pd.DataFrame:
-    """A metrics table, Parquet or (written before it) CSV; ValueError when it cannot be read whole."""
+    """A Parquet metrics table; ValueError when it cannot be read whole."""
     if path.stat().st_size == 0:
         raise ValueError(f"{path.name} is empty (0 bytes)")
-    if path.suffix == ".parquet":
-        try:
-            return pd.read_parquet(path, engine="pyarrow")
-        except (OSError, ValueError, pa.ArrowException) as e:
-            raise ValueError(f"{path.name} unreadable: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    if path.read_bytes()[-1:] != b"\n":  # pandas ends every file it writes with one; a cut file does not
-        raise ValueError(f"{path.name} is cut short (no final newline)")
     try:
-        return pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path.name} unreadable: {str(e).splitlines()[0]}") from None
+        return pd.read_parquet(path, engine="pyarrow")
+    except (OSError, ValueError, pa.ArrowException) as e:
+        raise ValueError(f"{path.name} unreadable: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
 def _read_metrics(path: Path) -> pd.DataFrame:
@@ -146,10 +140,9 @@ def check_run(run_dir: Path) -> tuple[str, str]:
     if status != "ok":
         return "failed", summary.get("error", "")
     record = summary.get("metrics_file")
+    if record is None:  # without the checksum nothing says its metrics are the ones it wrote
+        return "damaged", NO_RECORD
     try:
-        if record is None:  # written before summaries held a checksum: whole and numeric is all we can check
-            _read_metrics(run_dir / "metrics.csv")
-            return "ok", ""
         for rec in (record, summary.get("outcomes_file")):
             if rec is not None and _sha256(run_dir / rec["name"]) != rec["sha256"]:
                 return "damaged", f"{rec['name']} is not the file this run wrote (SHA-256 differs)"
@@ -297,10 +290,10 @@ def _load_run(run_dir: Path) -> tuple[dict | None, pd.DataFrame | None, pd.DataF
         return None, None, None, why
     s.pop("traceback", None)
     record, kept = s.pop("metrics_file", None), s.pop("outcomes_file", None)
-    if state == "damaged":
-        return s, None, None, why
+    if state == "damaged" or record is None:  # a failed run's summary is not checked for the record
+        return s, None, None, why or NO_RECORD
     try:
-        m = _read_metrics(run_dir / (record["name"] if record else "metrics.csv"))
+        m = _read_metrics(run_dir / record["name"])
         o = None if kept is None else _read_outcomes(run_dir / kept["name"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         return s, None, None, str(e) or type(e).__name__
@@ -355,7 +348,6 @@ def collect(out: Path) -> pd.DataFrame:
     metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["run", "variant", *meta["axes"], "seed", "step", "metric", "value"])
     _atomic_parquet(metrics, out / METRICS_FILE)
-    (out / "metrics.csv").unlink(missing_ok=True)  # a CSV-era long table, now stale
     if kept:
         _atomic(out / OUTCOMES_FILE, lambda tmp: _write_outcomes(pd.concat(kept, ignore_index=True), tmp))
     else:  # none of this plan's runs kept outcomes: an earlier plan's file would be read as theirs
@@ -390,6 +382,7 @@ def read_meta(d: Path) -> dict:
             raise ConfigError(str(path), "task" + (f".{bad[0]}" if isinstance(task, dict) else ""),
                               "missing or of the wrong type; the runner writes a mapping with "
                               + ", ".join(f"{k} ({t.__name__})" for k, t in keys.items()))
+    metrics.remember(meta)
     return meta
 
 
@@ -438,8 +431,9 @@ def check_runs(out: Path, meta: dict, summary: pd.DataFrame, table: pd.DataFrame
 
 
 def metrics_path(out: Path) -> Path | None:
-    """The long metrics table of a results directory: metrics.parquet, or metrics.csv from before it."""
-    return next((p for p in (out / "metrics.parquet", out / "metrics.csv") if p.is_file()), None)
+    """The long metrics table of a results directory; None without one."""
+    path = out / METRICS_FILE
+    return path if path.is_file() else None
 
 
 def load(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
@@ -450,21 +444,17 @@ def load(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
         summary = pd.DataFrame(columns=["run", "variant", "seed", "status", "error", "wall_s"])
     path = metrics_path(out)
     if path is None:
-        raise ConfigError(str(out), "<dir>", "not a results directory: no metrics.parquet or metrics.csv")
-    columns, names = ["run", "variant", "step", "metric", "value"], {"run": "category", "variant": "category",
-                                                                    "metric": "category"}
-    if path.suffix == ".csv":
-        table = read_table(path, columns, names)
-    else:
-        try:
-            table = read_metrics_file(path)
-        except ValueError as e:
-            raise ConfigError(str(path), "<file>", f"{e}: damaged; rerun the sweep to rewrite it") from None
-        missing = [c for c in columns if c not in table.columns]  # before the cast, which needs them
-        if missing:
-            raise ConfigError(str(path), "<columns>", f"no column {', '.join(missing)}; has "
-                              f"{', '.join(map(str, table.columns))}")
-        table = table.astype(names)
+        raise ConfigError(str(out), "<dir>", "not a results directory: no metrics.parquet")
+    columns = ["run", "variant", "step", "metric", "value"]
+    try:
+        table = read_metrics_file(path)
+    except ValueError as e:
+        raise ConfigError(str(path), "<file>", f"{e}: damaged; rerun the sweep to rewrite it") from None
+    missing = [c for c in columns if c not in table.columns]  # before the cast, which needs them
+    if missing:
+        raise ConfigError(str(path), "<columns>", f"no column {', '.join(missing)}; has "
+                          f"{', '.join(map(str, table.columns))}")
+    table = table.astype({"run": "category", "variant": "category", "metric": "category"})
     if len(table) and not (pd.api.types.is_numeric_dtype(table.value) and pd.api.types.is_numeric_dtype(table.step)):
         raise ConfigError(str(path), "value", "holds a step or value that is not a number: damaged")
     check_runs(out, meta, summary, table)

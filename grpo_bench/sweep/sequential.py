@@ -35,8 +35,8 @@ def sequential_orderings(abl: Ablation) -> list[str]:
 
 def decision_task(abl: Ablation) -> metrics.TaskInfo | None:
     """The declaration of the task the ablation's variants train (None when they train several)."""
-    record = ablation_record(abl)["task"]
-    return metrics.recorded_task({"task": record}) if record else None
+    record = ablation_record(abl)
+    return metrics.recorded_task(record) if record["task"] else None
 
 
 def decision_column(summary: pd.DataFrame, abl: Ablation) -> str:

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from ..config.run import NEW_OPTION
 from ..numerics import rng
-from ..store.metrics import INF, Metric
+from ..store.metrics import Metric
 from ..registry import register
 from . import Rollout, guarded
 
@@ -243,8 +243,6 @@ class Arithmetic:
         Metric("eval/reward", label="held-out reward", summary="eval reward", higher_is_better=True),
         Metric("eval/pass@k", label="held-out pass@k", summary="eval pass@k", range=(0, 1), higher_is_better=True),
         Metric("eval/mean@k", label="held-out mean@k", summary="eval mean@k", range=(0, 1), higher_is_better=True),
-        # logged only with eval_subset: how many held-out problems an evaluation scored (fewer mid-run)
-        Metric("eval/problems", label="held-out problems evaluated", range=(1, INF)),
         Metric("response/finished", range=(0, 1)),
         # Dr. GRPO's length bias: wrong answers growing longer (ablations/length_bias.yaml)
         Metric("response/length_correct", tail=True),
@@ -290,7 +288,7 @@ class Arithmetic:
         self.residual = 0.0  # relative error of the last soft reference mix's rank cut
         self._setup_problems()
 
-    # the hooks a task on other problems (tasks/gym.py) replaces: the model it starts from, its
+    # the hooks a task on other problems (grpo_bench/tasks/gym.py) replaces: the model it starts from, its
     # problems, how a batch is drawn, and what counts as right
 
     reward_task = "arithmetic"  # the rewards registered for this task (traits task=...)
@@ -621,7 +619,9 @@ class Arithmetic:
         for row in (totals / len(heldout)).tolist():
             d = {f"eval/{name}": v for name, v in zip(names, row)}
             d["eval/accuracy_gain"] = d["eval/accuracy"] - base
-            if self.cfg.eval_subset:  # curves that mix subset and full points say which is which
+            # curves that mix subset and full points say which is which; undeclared, since declaring it would
+            # change the task's declaration every committed ablation.json records
+            if self.cfg.eval_subset:
                 d["eval/problems"] = float(len(heldout))
             out.append(d)
         return out

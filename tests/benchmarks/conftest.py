@@ -5,7 +5,7 @@ a plain `pytest` run keeps these files as smoke tests: tiny sizes, every provide
 once, nothing timed (so the normal test run stays fast and still catches a broken
 provider). Each timed benchmark records in extra_info: rows/s, effective GB/s (the
 bytes an ideal kernel must move, over the median time), peak extra memory and the device;
-scripts/bench_report.py turns the --benchmark-json file into results/kernels/.
+`python -m grpo_bench.analysis.bench_report` turns the --benchmark-json file into results/kernels/.
 
 Peak extra memory: on CUDA, torch.cuda.max_memory_allocated() above what was allocated
 before the call. On CPU torch has no such counter, so the call is run once more under

@@ -12,7 +12,7 @@ workers do, and reports the CPU seconds it used, its wall time and its peak resi
 memory per member is the growth of the peak from a population of 1 to one of P, over P - 1.
 A plain `pytest` run keeps the file as a smoke test: two tiny runs each way, nothing timed,
 and their metrics compared (a population must give each run the numbers it has alone).
-scripts/bench_population.py turns the --benchmark-json file into results/population/.
+`python -m grpo_bench.analysis.bench_population` turns the --benchmark-json file into results/population/.
 """
 from __future__ import annotations
 

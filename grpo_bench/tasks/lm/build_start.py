@@ -17,7 +17,7 @@ and says how to build it in a `start:` section:
       scratchpad: 1.0      # share of answers worked out first (gym: the dataset's working)
       then: {steps: 300, lr: 3.0e-4, scratchpad: 0.3}   # gym: a second phase, the checked one
 
-The gym task (tasks/gym.py) trains on the compact rendering of training entries (never a
+The gym task (grpo_bench/tasks/gym.py) trains on the compact rendering of training entries (never a
 held-out question) answered with the dataset's reference answer (countdown: an expression), a
 `scratchpad` share of them after the dataset's working (`[9+3=12,19-12=7 19-9=10,10+3=13](19-9)+3`),
 and stops at the first check that meets the criterion; none met by `steps` is an error and writes
@@ -90,7 +90,7 @@ class StartSection:
     """pass@k of the start at least this times its greedy accuracy (k: the task's pass_k)."""
     scratchpad: float = 0.0
     """Share of SFT answers worked out before the answer: arithmetic's column by column (warmstart.scratchpad),
-    gym's the dataset's working (tasks/gym.py WORKED: countdown's search, letter_counting's running count)."""
+    gym's the dataset's working (grpo_bench/tasks/gym.py WORKED: countdown's search, letter_counting's running count)."""
     then: ThenSection | None = None
     """gym: a second phase (section: steps, lr, scratchpad); the first then runs all its `steps` unchecked. A
     start that learnt the working first and then mostly answers at once keeps it in its samples, not in its

@@ -1,7 +1,7 @@
 """Turn pytest-benchmark JSON from tests/benchmarks into a table, a plot and the goal checks.
 
     pytest --benchmark-only --benchmark-json=results/kernels/benchmark.json
-    python scripts/bench_report.py results/kernels/benchmark.json
+    python -m grpo_bench.analysis.bench_report results/kernels/benchmark.json
 
 Writes, next to nothing but the JSON it read (or into --out):
     benchmarks.csv  one row per (case, provider): times, rows/s, GB/s, peak memory, device

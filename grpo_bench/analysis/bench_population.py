@@ -2,7 +2,7 @@
 
     .venv/bin/python -m pytest tests/benchmarks/test_bench_population.py --benchmark-only \
         --benchmark-json /tmp/population.json
-    .venv/bin/python scripts/bench_population.py /tmp/population.json
+    .venv/bin/python -m grpo_bench.analysis.bench_population /tmp/population.json
 
 Writes population.csv (one row per provider: runs, CPU and wall seconds, runs per
 core-minute, peak RSS) and population.md (the table README quotes: speed-up of populations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-OUT = Path(__file__).resolve().parents[1] / "results" / "population"
+OUT = Path("results") / "population"  # the checkout's: run from its root, as above (an installed package has none)
 
 
 def main(path: str) -> None:

@@ -1,15 +1,15 @@
 """Train a grpo_bench variant with TRL's GRPOTrainer: arithmetic, on the embedded tiny model or a hub model.
 
     # CPU, offline: the embedded tiny model, the default variant below (~30 s on 2 cores)
-    .venv/bin/python scripts/trl_example.py --steps 8
+    .venv/bin/python examples/trl_example.py --steps 8
 
     # the variant that won an ablation, on a hub model across GPUs (pip install -e '.[trl]' there)
-    accelerate launch scripts/trl_example.py --ablation ablations/recipes.yaml --variant reinforce_pp \
+    accelerate launch examples/trl_example.py --ablation ablations/recipes.yaml --variant reinforce_pp \
         --model Qwen/Qwen2.5-0.5B-Instruct --lora 16 --bf16 --vllm \
         --steps 500 --batch 16 --generations 8 --max-new-tokens 64 --lr 1e-5
 
     # or a variant written as a YAML mapping of delta, loss, aggregate, kl, kl_coef, ...
-    .venv/bin/python scripts/trl_example.py --variant my_variant.yaml
+    .venv/bin/python examples/trl_example.py --variant my_variant.yaml
 
 The default variant is a composition TRL has no options for: RLOO advantages, k1 in the
 reward and a LoRA reference refreshed every 2 rollouts, with clip-higher. TRL does the rest
