@@ -104,6 +104,7 @@ def test_a_population_member_samples_what_it_samples_alone():
     with torch.no_grad():
         assert torch.equal(pop.logprobs(ro)[0][1], alone.logprobs(ro1)[0][0])
     assert pop.evaluate()[1] == alone.evaluate()[0]
+    assert pop.outcomes[1] == alone.outcomes[0]   # each held-out problem's outcome too
 
 
 def test_logprobs_are_the_samplers():

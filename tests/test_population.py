@@ -39,16 +39,20 @@ def _untimed(rows):
     return [r for r in rows if not r[1].startswith("time/")]
 
 
-def _both_ways(raws):
-    """(rows and results inside one population, rows and results of each run alone)."""
+def _both_ways(raws, kept=None):
+    """(rows and results inside one population, rows and results of each run alone). kept: two lists, filled
+    with each run's per-problem held-out outcomes inside the population and alone."""
     cfgs = [resolve_run(copy.deepcopy(r)) for r in raws]
     rows = [[] for _ in cfgs]
-    together = train_population(cfgs, rows)
+    kept = kept or ([], [])
+    kept[0][:] = [[] for _ in cfgs]
+    together = train_population(cfgs, rows, outcomes=kept[0])
     alone = []
     for raw in raws:
         r = []
+        kept[1].append([])
         try:
-            out = train(resolve_run(copy.deepcopy(raw)), r)
+            out = train(resolve_run(copy.deepcopy(raw)), r, kept[1][-1])
         except NonFiniteLoss as e:
             out = e
         alone.append((out, r))
@@ -96,10 +100,12 @@ def test_lm_population_equals_runs_alone():
     raws = [{**LM, "seed": s, "kl_coef": 0.05, "ref_update": {"name": "hard", "every": 2},
              "loss": {"name": "clipped", "clip_high": 0.2 + 0.1 * i}, "sampler": {"staleness": 1},
              "corrections": ["token_mis"]} for i, s in enumerate([2, 0, 1])]
-    together, alone = _both_ways(raws)
+    kept = ([], [])
+    together, alone = _both_ways(raws, kept)
     for (res_p, rows_p), (res_a, rows_a) in zip(together, alone):
         assert _untimed(rows_p) == _untimed(rows_a)
         assert res_p == res_a and "final/eval/pass@k" in res_p
+    assert kept[0] == kept[1] and all(len(k) == 3 * 12 for k in kept[0])   # every problem of 3 evaluations
 
 
 @pytest.mark.parametrize("over", [{"delta": "optimal_token_baseline"},

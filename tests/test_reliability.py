@@ -165,7 +165,7 @@ def test_a_run_lost_with_its_worker_records_how_it_was_scheduled(monkeypatch, ho
     out = list(Session().results([group], 2, {"cpus": 1, "gpus": 0}, max_retries=1, log=log.append))
     assert len(log) == (how == "worker lost")   # lost once: retried; twice: recorded
     ok = WK.train_group([RN.RunSpec("ok", "v", {}, 0, {**TINY, "seed": 0})])[0][2]
-    for spec, (_, rows, summary) in out:
+    for spec, (_, rows, summary, _) in out:
         assert summary["status"] == "failed" and rows == []
         assert {k: summary[k] for k in ("population", "executor", "device", "threads")} == \
             {"population": 3, "executor": "ray", "device": "cpu", "threads": 2}
@@ -183,7 +183,7 @@ def test_a_population_that_raised_in_a_local_worker_records_how_it_was_scheduled
     fut.set_exception(MemoryError("cannot allocate"))
     out = list(RN._finished({fut}, {fut: group}, 3))
     assert [s.run_id for s, _ in out] == ["r0", "r1"]
-    for _, (_, _, summary) in out:
+    for _, (_, _, summary, _) in out:
         assert summary["error"] == "MemoryError: cannot allocate"
         assert {k: summary[k] for k in ("population", "executor", "device", "threads")} == \
             {"population": 2, "executor": "local", "device": "cpu", "threads": 3}

@@ -1361,3 +1361,52 @@ def test_committed_results_match_the_code():
         assert linked == {p.name for p in d.glob("*.png")}, d
         checked += 1
     assert checked >= 25
+
+
+def test_report_splits_the_final_accuracy_between_seeds_and_problems(tmp_path):
+    """An LM-shaped ablation with outcomes.parquet: REPORT.md's seeds-and-problems table is stats.crossed_variance
+    of each variant's last evaluation (not a mid-run one on fewer problems), over its finished runs only (a
+    failed run's outcomes stay out); its seeds-only interval is the per-seed one; the subset is said."""
+    from grpo_bench.store import rundir as ST
+    from grpo_bench.store import stats as S
+
+    rng = np.random.default_rng(4)
+    seeds, J, steps = range(5), 40, {0: 40, 50: 10, 99: 40}   # step -> problems scored (mid-run: the first 10)
+    difficulty = rng.uniform(-0.3, 0.3, J)
+    outcome = {(i, s, t): (rng.random(J) < 0.4 + 0.2 * i + 0.05 * (s - 2) + difficulty).astype(int)
+               for i in range(2) for s in seeds for t in steps}
+
+    class Curves:
+        metrics = ["reward/mean", "eval/accuracy", "eval/problems"]
+
+        def __call__(self, metric, i, s, t):
+            if metric == "reward/mean":
+                return 0.1 * i
+            if t not in steps:
+                return None
+            return float(steps[t]) if metric == "eval/problems" else outcome[i, s, t][:steps[t]].mean()
+
+    d = write_results(tmp_path / "lm", ["a", "b"], seeds, Curves(), {
+        "final/eval/accuracy": lambda i, s: outcome[i, s, 99].mean(), "final/reward": lambda i, s: 0.1 * i},
+        steps=range(0, 100, 10), eval_steps=tuple(steps), failed={("b", 4)})
+    rows = [(f"{v}-s{s}", v, s, t, j, outcome[i, s, t][j], None)
+            for i, v in enumerate("ab") for s in seeds for t, n in steps.items() for j in range(n)]
+    ST._write_outcomes(pd.DataFrame(rows, columns=["run", "variant", "seed", *ST.OUTCOME_COLUMNS]),
+                       d / ST.OUTCOMES_FILE)
+    text = R.make_report(d).read_text()
+    assert "Mid-run evaluations score the first 10 of the 40 held-out problems" in text
+    section = text.split("## Seeds and problems")[1].split("\n## ")[0]
+    for i, v, ok_seeds in [(0, "a", seeds), (1, "b", range(4))]:
+        Y = np.array([outcome[i, s, 99] for s in ok_seeds])
+        r = S.crossed_variance(Y)
+        row = next(line for line in section.splitlines() if line.startswith(f"| `{v}` |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1:4] == [str(len(ok_seeds)), "40", f"{Y.mean():.3f}"]
+        assert cells[4:7] == [f"{r['share'][k]:.0%}" for k in ("seeds", "problems", "residual")]
+        # the seeds-only interval is the t interval of the per-seed accuracies (the per-seed tables' one)
+        _, lo, hi = S.mean_ci(Y.mean(1))
+        assert cells[7] == f"[{lo:.3f}, {hi:.3f}]"
+        assert cells[8] == f"[{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] ({r['df']:.0f} df)"
+    # without outcomes.parquet (a toy, or results from before it) the section is absent
+    (d / ST.OUTCOMES_FILE).unlink()
+    assert "## Seeds and problems" not in R.make_report(d).read_text()

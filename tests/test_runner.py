@@ -211,13 +211,14 @@ def test_train_one_records_a_failure_and_never_raises():
     before = torch.get_num_threads()
     try:
         spec = RN.RunSpec("r-s0-x", "v", {"lr": 1e30}, 0, {**TINY, "optimizer": "sgd", "lr": 1e30, "epochs": 5, "seed": 0})
-        cfg, rows, summary = WK.train_group([spec], threads=1)[0]
+        cfg, rows, summary, kept = WK.train_group([spec], threads=1)[0]
         assert torch.get_num_threads() == 1
         # SGD at lr 1e30: a non-finite loss, or logits so large that sampling itself fails
         assert summary["status"] == "failed" and re.match(r"^(NonFiniteLoss|RuntimeError): \w", summary["error"])
         assert "\n" not in summary["error"] and "Traceback" in summary["traceback"] and summary["wall_s"] >= 0
         assert summary["run"] == "r-s0-x" and summary["variant"] == "v" and summary["lr"] == 1e30
         assert rows and cfg["lr"] == 1e30   # what it logged before failing is kept
+        assert kept == []   # the sorting toy keeps no per-problem outcomes
         ok = WK.train_group([RN.RunSpec("ok", "v", {}, 3, {**TINY, "seed": 3})])[0][2]
         assert ok["status"] == "ok" and ok["error"] == "" and ok["seed"] == 3 and "final/reward" in ok
     finally:
@@ -226,9 +227,9 @@ def test_train_one_records_a_failure_and_never_raises():
 
 def test_failed_result_keeps_the_first_line():
     spec = RN.RunSpec("r", "v", {"loss": "naive"}, 1, {**TINY, "seed": 1})
-    cfg, rows, s = RN.failed_result(spec, "WorkerLost: gone\nmore", "tb")
+    cfg, rows, s, kept = RN.failed_result(spec, "WorkerLost: gone\nmore", "tb")
     assert s["error"] == "WorkerLost: gone" and s["status"] == "failed" and s["traceback"] == "tb"
-    assert rows == [] and cfg["seed"] == 1 and s["loss"] == "naive" and s["seed"] == 1
+    assert rows == [] == kept and cfg["seed"] == 1 and s["loss"] == "naive" and s["seed"] == 1
     assert RN.failed_result(spec, "")[2]["error"] == "failed"
 
 
@@ -516,7 +517,7 @@ def test_the_pool_path_records_errors_and_drops_what_has_not_started(monkeypatch
     monkeypatch.setattr(cf, "ProcessPoolExecutor", Pool)
     todo = [[RN.RunSpec(f"r{k}", "v", {}, k, {**TINY, "seed": k})] for k in range(3)]
     results = RN.local_results(todo, 2, 1)
-    spec, (_, rows, summary) = next(results)
+    spec, (_, rows, summary, _) = next(results)
     assert spec == todo[0][0] and rows == [] and summary["status"] == "failed" and summary["error"] == "ValueError: boom"
     # the innermost three frames of where it was raised
     assert re.findall(r", in (\w+)\n", summary["traceback"]) == ["submit", "inner", "boom"]

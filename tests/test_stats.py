@@ -669,3 +669,80 @@ def test_orderings_split_on_one_sign_and_grid_labels_may_hold_equals():
     for bad in ("a >= b", "a b", "a > b > c", "lr=0.001>lr=0.002", " > b"):
         with pytest.raises(ValueError, match="expected 'a > b' or 'a = b'"):
             S.split_ordering(bad)
+
+
+# ------------------------------------------------------------------ seeds x problems (crossed_variance)
+
+
+def test_crossed_variance_by_hand():
+    """3 seeds x 3 problems. Grand mean 2/3; seed means 1, 2/3, 1/3 and problem means the same, so
+    MS_seed = MS_problem = 3 * (1/9 + 0 + 1/9) / 2 = 1/3; SS_total = 6 (1/3)^2 + 3 (2/3)^2 = 2, SS_resid =
+    2 - 2/3 - 2/3 = 2/3 on 4 df: MS_resid = 1/6. seed = problem = (1/3 - 1/6) / 3 = 1/18, resid = 1/6;
+    var of the mean = 1/54 + 1/54 + 1/54 = 1/18, a third each. Satterthwaite: (1/2)^2 / ((1/3)^2/2 +
+    (1/3)^2/2 + (1/6)^2/4) = 36/17 df. Seeds only: MS_seed / 9 = 1/27 on 2 df. (A term divided by S where
+    it should be J, or the residual's df taken as S J - 1, fails this.)"""
+    r = S.crossed_variance(np.array([[1, 1, 1], [1, 1, 0], [1, 0, 0]]))
+    assert r["mean"] == pytest.approx(2 / 3) and (r["seeds"], r["problems"]) == (3, 3)
+    assert (r["seed"], r["problem"], r["resid"]) == pytest.approx((1 / 18, 1 / 18, 1 / 6))
+    assert r["var_mean"] == pytest.approx(1 / 18) and r["df"] == pytest.approx(36 / 17)
+    assert list(r["share"].values()) == pytest.approx([1 / 3] * 3)
+    half = st.t.ppf(0.975, 36 / 17) * math.sqrt(1 / 18)
+    assert r["ci"] == pytest.approx((2 / 3 - half, 2 / 3 + half))
+    half = st.t.ppf(0.975, 2) * math.sqrt(1 / 27)
+    assert r["ci_seeds"] == pytest.approx((2 / 3 - half, 2 / 3 + half))
+
+
+def test_crossed_variance_sets_a_negative_component_to_0_and_keeps_the_sum():
+    """2 seeds x 3 problems [[1, 1, 0], [1, 0, 0]]: MS_seed = 3 (1/36 + 1/36) = 1/6 = MS_resid (SS_resid =
+    1.5 - 1/6 - 1 = 1/3 on 2 df), so seed = 0; MS_problem = 2 (1/4 + 0 + 1/4) / 2 = 1/2, problem = (1/2 -
+    1/6) / 2 = 1/6; var of the mean = (1/6) / 3 + (1/6) / 6 = 1/12 = MS_problem / 6, on MS_problem's 2 df."""
+    r = S.crossed_variance(np.array([[1, 1, 0], [1, 0, 0]]))
+    assert (r["seed"], r["problem"], r["resid"]) == pytest.approx((0, 1 / 6, 1 / 6))
+    assert r["var_mean"] == pytest.approx(1 / 12) and r["df"] == pytest.approx(2)
+    assert list(r["share"].values()) == pytest.approx([0, 2 / 3, 1 / 3])
+    assert S.crossed_variance(np.ones((1, 5))) is None and S.crossed_variance(np.ones((4, 1))) is None
+
+
+def test_crossed_variance_mean_squares_match_statsmodels_anova():
+    """The mean squares are those of statsmodels' two-way ANOVA (seed + problem, no interaction term) on a
+    complete table of real numbers."""
+    from statsmodels.formula.api import ols
+    from statsmodels.stats.anova import anova_lm
+
+    rng = np.random.default_rng(5)
+    Y = 0.3 * rng.standard_normal((6, 1)) + rng.standard_normal((1, 9)) + 0.5 * rng.standard_normal((6, 9))
+    df = pd.DataFrame([(f"s{s}", f"p{j}", Y[s, j]) for s in range(6) for j in range(9)],
+                      columns=["seed", "problem", "y"])
+    table = anova_lm(ols("y ~ seed + problem", df).fit())   # text columns: categorical (this module's C is an array)
+    r = S.crossed_variance(Y)
+    assert r["ms"]["seed"] == pytest.approx(table.loc["seed", "mean_sq"])
+    assert r["ms"]["problem"] == pytest.approx(table.loc["problem", "mean_sq"])
+    assert r["ms"]["resid"] == pytest.approx(table.loc["Residual", "mean_sq"])
+
+
+def test_crossed_variance_recovers_known_components_from_simulated_outcomes():
+    """0/1 outcomes with P(right) = 0.5 + a_s + b_j (a ~ U(+-0.1): variance 1/300; b ~ U(+-0.3): 0.03), so the
+    seed and problem components are known; the coin's own variance E[p (1 - p)] is the residual. 300 seeds x
+    600 problems recover each within 20% of the variance of the effects actually drawn and of the model's."""
+    rng = np.random.default_rng(11)
+    a, b = rng.uniform(-0.1, 0.1, 300), rng.uniform(-0.3, 0.3, 600)
+    p = 0.5 + a[:, None] + b[None, :]
+    r = S.crossed_variance((rng.random(p.shape) < p).astype(float))
+    assert r["seed"] == pytest.approx(a.var(ddof=1), rel=0.2) and r["seed"] == pytest.approx(1 / 300, rel=0.2)
+    assert r["problem"] == pytest.approx(b.var(ddof=1), rel=0.1) and r["problem"] == pytest.approx(0.03, rel=0.2)
+    assert r["resid"] == pytest.approx((p * (1 - p)).mean(), rel=0.05)
+
+
+def test_the_interval_of_seeds_and_problems_covers_and_the_seeds_only_one_does_not():
+    """2000 simulated variants of 5 seeds x 200 problems where which problems are drawn matters more than the
+    seeds: the mean over new seeds and new problems (0.5) lies in the seeds + problems interval about 95% of
+    the time, in the seeds-only interval (which holds the problems fixed) clearly less often."""
+    rng = np.random.default_rng(3)
+    hits = np.zeros(2)
+    n = 2000
+    for _ in range(n):
+        p = 0.5 + rng.uniform(-0.03, 0.03, (5, 1)) + rng.uniform(-0.45, 0.45, (1, 200))
+        r = S.crossed_variance((rng.random(p.shape) < p).astype(float))
+        hits += [r["ci"][0] <= 0.5 <= r["ci"][1], r["ci_seeds"][0] <= 0.5 <= r["ci_seeds"][1]]
+    both, seeds_only = hits / n
+    assert 0.93 <= both <= 0.97 and seeds_only <= 0.89, (both, seeds_only)   # 0.954 and 0.848 here

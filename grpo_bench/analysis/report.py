@@ -37,7 +37,7 @@ import pandas as pd  # noqa: E402
 
 from ..store import metrics, stats  # noqa: E402
 from ..store.metrics import final_names, headline_columns, higher_is_better, main_column, main_metrics  # noqa: E402
-from ..store.rundir import load  # noqa: E402
+from ..store.rundir import load, load_outcomes  # noqa: E402
 
 ALPHA = stats.ALPHA  # "beyond seed noise": p_holm below this
 BAND_SEEDS = 5  # fewer seeds than this: draw the seeds themselves, not a band
@@ -612,11 +612,13 @@ def make_report(out: str | Path, fmt: str = "png") -> Path:
         raise ValueError(f"format: {fmt!r}; valid: {', '.join(FORMATS)}")
     meta, summary, table = load(out)
     ok = summary[summary.status == "ok"]
-    fits = curve_fits(meta, by_metric(table))
+    curves = by_metric(table)
+    fits = curve_fits(meta, curves)
     before = _linked_figures(out / "REPORT.md")
     with style():
         figures = [(save(fig, out, stem, fmt), caption) for stem, fig, caption in build_figures(out, fits)]
-    text = _markdown(meta, summary, ok, headline_columns(summary, meta), meta["variants"], figures, fits)
+    text = _markdown(meta, summary, ok, headline_columns(summary, meta), meta["variants"], figures, fits,
+                     load_outcomes(out), eval_points_text(curves))
     tmp = out / f".REPORT.md.tmp-{os.getpid()}"  # whole or not at all: a full disk keeps the last report
     try:
         tmp.write_text(text)
@@ -796,7 +798,61 @@ def differences_section(summary: pd.DataFrame, column: str, name: str, order: li
     return lines
 
 
-def _markdown(meta, summary, ok, headline, order, figures, fits: dict | None = None) -> str:
+def final_outcomes(outcomes: pd.DataFrame, ok: pd.DataFrame, order: list[str]) -> dict[str, np.ndarray]:
+    """Per variant with finished runs: its (seeds, problems) greedy outcomes at each run's last evaluation (the
+    final one, on every held-out problem), on the problems every one of its runs was scored on."""
+    o = outcomes[outcomes.run.astype(str).isin(set(ok.run.astype(str)))]
+    last = o.groupby("run", observed=True).step.transform("max")
+    o = o[o.step == last]
+    out = {}
+    for v in order:
+        g = o[o.variant.astype(str) == v]
+        if len(g):
+            table = g.pivot_table(index="run", columns="problem", values="greedy", aggfunc="first", observed=True)
+            out[v] = table.dropna(axis=1).to_numpy(float)
+    return out
+
+
+def seeds_problems_section(outcomes: pd.DataFrame, ok: pd.DataFrame, order: list[str]) -> list[str]:
+    """REPORT.md's split of the variance of each variant's final held-out accuracy between seeds and problems."""
+    rows = []
+    for v, Y in final_outcomes(outcomes, ok, order).items():
+        r = stats.crossed_variance(Y)
+        if r is None:
+            continue
+        sh = r["share"]
+        rows.append(f"| `{v}` | {r['seeds']} | {r['problems']} | {r['mean']:.3f} | {sh['seeds']:.0%} | "
+                    f"{sh['problems']:.0%} | {sh['residual']:.0%} | [{r['ci_seeds'][0]:.3f}, {r['ci_seeds'][1]:.3f}] "
+                    f"| [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] ({r['df']:.0f} df) |")
+    if not rows:
+        return []
+    return ["## Seeds and problems", "",
+            "Final held-out greedy accuracy from each run's per-problem outcomes (outcomes.parquet), every seed "
+            "scored on the same problems. The variance of a variant's mean accuracy splits into seeds "
+            "(σ²_seed / S), problems (σ²_problem / J: which problems the held-out set happens to hold) and "
+            "seed × problem (σ²_resid / (S J): the interaction and each answer's coin), estimated as a crossed "
+            "random-effects model (ANOVA estimators of the seeds × problems table, a negative one set to 0; "
+            "`stats.crossed_variance`); the columns give each part's share. *Seeds only*: the interval for this "
+            "held-out set (the one above, t on S − 1); *seeds + problems*: for new problems from the same "
+            "generator, t on Satterthwaite's degrees of freedom.", "",
+            "| variant | seeds | problems | accuracy | seeds' share | problems' share | seed × problem "
+            "| 95% CI, seeds only | 95% CI, seeds + problems |", "|---|---:|---:|---:|---:|---:|---:|---|---|",
+            *rows, ""]
+
+
+def eval_points_text(curves: dict) -> str:
+    """A sentence where mid-run evaluations scored a subset of the held-out problems (the task's eval_subset,
+    logged as eval/problems); '' where every evaluation scored them all."""
+    m = curves.get("eval/problems")
+    if m is None or m.value.nunique() < 2:
+        return ""
+    return (f"Mid-run evaluations score the first {m.value.min():.0f} of the {m.value.max():.0f} held-out problems "
+            "(the task's eval_subset); those at step 0 and at the end score all of them, so the curves' middle "
+            "points are noisier than their ends.")
+
+
+def _markdown(meta, summary, ok, headline, order, figures, fits: dict | None = None,
+              outcomes: pd.DataFrame | None = None, eval_note: str = "") -> str:
     n_failed = int((summary.status != "ok").sum())
     lines = [f"# Ablation: {meta['name']}", ""]
     if meta.get("description"):
@@ -807,7 +863,7 @@ def _markdown(meta, summary, ok, headline, order, figures, fits: dict | None = N
               *([f"**Note:** {note}.", ""] if (note := stats.schedule_note(summary)) else []),
               "Final reward = mean rollout reward over the last 10% of epochs. Eval metrics are on a held-out set at the "
               "end of training: accuracy and reward of greedy answers, pass@k of k sampled ones; accuracy gain is over the "
-              "starting policy. Cells are mean ± std over seeds.", "",
+              "starting policy. Cells are mean ± std over seeds." + (f" {eval_note}" if eval_note else ""), "",
               "## Results", ""]
     head = ["variant", "runs ok"] + [name for _, name, _ in headline] + ["wall s / run"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -827,6 +883,8 @@ def _markdown(meta, summary, ok, headline, order, figures, fits: dict | None = N
         if column in _offsets(headline):
             continue  # another column shifted by a constant: the same differences again
         lines += differences_section(summary, column, name, order, meta)
+    if outcomes is not None and len(ok):
+        lines += seeds_problems_section(outcomes, ok, order)
     if fits:
         main = main_column(summary, meta)
         lines += fits_section(fits, pairwise(summary, main, order, meta) if main else [])

@@ -30,6 +30,9 @@ SEED_LIMIT = 2**63
 MAX_SEEDS = 100_000  # a bound on `seeds: N`: 10**9 would allocate the plan before a single run
 
 
+# the metadata of a task field added after results were published: absent from run_dict at its default
+NEW_OPTION = {"absent_at_default": True}
+
 Part = Union[str, dict]  # a registered name, or {name: <name>, <param>: <value>, ...}
 
 # the axes a run config selects one part of, each under the key of the same name
@@ -353,6 +356,11 @@ def run_dict(cfg: RunConfig) -> dict:
     d = dataclasses.asdict(cfg)
     del d["task_name"]  # it is d["task"]["name"]
     d["task"] = {"name": task_name(cfg), **dataclasses.asdict(cfg.task)}
+    for f in dataclasses.fields(cfg.task):
+        # an option added after results were published, left at its default: absent, so the ids of runs that
+        # never set it stay what they were (a task field marked field(..., metadata=NEW_OPTION))
+        if f.metadata.get("absent_at_default") and d["task"][f.name] == f.default:
+            del d["task"][f.name]
     if not d["include"]:  # absent, not [], so the ids of runs without user code stay what they were
         del d["include"]
     return d

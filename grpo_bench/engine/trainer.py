@@ -43,6 +43,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import inspect
 import time
 
 import torch
@@ -61,6 +62,7 @@ from .recipe import Recipe
 from ..tasks import Rollout
 
 Row = tuple[int, str, float]  # (step, metric, value)
+Outcome = tuple[int, int, int, int | None]  # (step, problem, greedy right 0/1, right samples of k or None)
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -217,6 +219,23 @@ def _take_failed(task) -> dict[int, Exception]:
     return failed
 
 
+def _evaluate(task, mid_run: bool) -> list[dict[str, float]]:
+    """task.evaluate(mid_run=True) between the first and the last evaluation, where the task takes the
+    parameter; a task written before it had one evaluates as it always did."""
+    if mid_run and "mid_run" in inspect.signature(task.evaluate).parameters:
+        return task.evaluate(mid_run=True)
+    return task.evaluate()
+
+
+def _take_outcomes(task, p: int) -> list[dict | None]:
+    """The per-problem outcomes of the task's last evaluation, per member (None: it keeps none), taken."""
+    taken = getattr(task, "outcomes", None)
+    if taken is None:
+        return [None] * p
+    task.outcomes = None  # never read twice: the next evaluation sets its own
+    return taken
+
+
 def _mask(failed: dict[int, Exception], p: int) -> Tensor:
     out = torch.zeros(p, dtype=torch.bool)
     out[list(failed)] = True
@@ -254,25 +273,28 @@ def _rows(metrics: dict[str, Tensor | list | float], p: int) -> list[dict[str, f
     return out
 
 
-def train(cfg: RunConfig, rows: list[Row] | None = None) -> dict:
-    """Train one run (a population of one); append (step, metric, value) rows to `rows`; return the final/* summary.
+def train(cfg: RunConfig, rows: list[Row] | None = None, outcomes: list[Outcome] | None = None) -> dict:
+    """Train one run (a population of one); append (step, metric, value) rows to `rows` and its per-problem
+    held-out outcomes to `outcomes`; return the final/* summary.
 
     `rows` is filled as training goes, so a caller still has the metrics of a run
     that raised half way.
     """
     rows = [] if rows is None else rows
-    (result,) = train_population([cfg], [rows])
+    (result,) = train_population([cfg], [rows], outcomes=None if outcomes is None else [outcomes])
     if isinstance(result, BaseException):
         raise result
     return result
 
 
 def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
-                     on_epoch=None) -> list[dict | Exception]:
-    """Train P runs as one population; rows[p] receives run p's metrics; returns each run's
-    final/* summary, or the exception that ended it (a non-finite loss ends only its run).
+                     on_epoch=None, outcomes: list[list[Outcome]] | None = None) -> list[dict | Exception]:
+    """Train P runs as one population; rows[p] receives run p's metrics, outcomes[p] its per-problem held-out
+    outcomes (where the task keeps them); returns each run's final/* summary, or the exception that ended it
+    (a non-finite loss ends only its run).
     on_epoch(members): called after each epoch with how many members trained it (a progress bar's tick)."""
     rows = [[] for _ in cfgs] if rows is None else rows
+    outcomes = [[] for _ in cfgs] if outcomes is None else outcomes
     for c in cfgs:
         if c.device == "auto":
             c.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -304,12 +326,17 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
         for m, d in zip(alive, per_member):
             rows[m].extend((step, k, v) for k, v in d.items())
 
-    def evaluate(step: int) -> list[dict[str, float]]:
+    def evaluate(step: int, mid_run: bool = False) -> list[dict[str, float]]:
         """Held-out metrics of every member alive after it; a member whose own evaluation raised fails."""
         task.policy.eval()
-        evals = task.evaluate()
+        evals = _evaluate(task, mid_run)
         failed = _take_failed(task)
         log(step, [{} if i in failed else d for i, d in enumerate(evals)])  # as alone: it raised before logging
+        for i, member in enumerate(_take_outcomes(task, len(evals))):
+            if member is not None and i not in failed:
+                greedy = member["greedy"]
+                k_correct = member["k_correct"] or [None] * len(greedy)
+                outcomes[alive[i]].extend((step, j, g, c) for j, (g, c) in enumerate(zip(greedy, k_correct)))
         if failed:
             fail(list(failed), list(failed.values()))
         return [d for i, d in enumerate(evals) if i not in failed]
@@ -459,7 +486,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
             n = int(ep.ro.mask.shape[1] * ep.ro.mask.shape[2])
             pop.kl_coef = [r.next_kl_coef(o, n, kl_coef=c) for r, o, c in zip(pop.recipes, obs, pop.kl_coef)]
         if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0 and epoch + 1 < cfg.epochs:
-            evaluate(step)
+            evaluate(step, mid_run=True)
         if on_epoch is not None:
             on_epoch(len(alive))
 

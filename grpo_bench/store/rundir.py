@@ -5,8 +5,13 @@ Layout under the output directory (results/<ablation>/ by default):
     ablation.json          what was run: name, axes, variant order, seeds, source file, the task's
                            declaration and each variant's resolved parts
     runs/<run_id>/         one finished run: config.yaml, metrics.parquet, summary.json (with the
-                           metrics file's row count and SHA-256: a damaged run is redone, never kept)
+                           metrics file's row count and SHA-256: a damaged run is redone, never kept),
+                           outcomes.parquet where its task keeps per-problem held-out outcomes (the LM
+                           tasks; its row count and SHA-256 recorded likewise)
     metrics.parquet        long table: run, variant, <axes>, seed, step, metric, value
+    outcomes.parquet       each evaluation's outcome on each held-out problem: run, variant, seed, step,
+                           problem (index into the task's held-out list), greedy (0/1), k_correct (how many
+                           of the k pass@k samples are right; null without pass@k); absent for tasks without
     summary.csv            one row per run: status, error, wall_s, final/* metrics
     sweep.json             the last sweep that ran something: its time and place; with --seeds auto, why
                            it stopped and each ordering's decision (sweep/sequential.py)
@@ -43,6 +48,8 @@ METRICS_COLUMNS = ["step", "metric", "value"]
 
 METRICS_FILE = "metrics.parquet"  # runs/<id>/ and the ablation's long table
 NO_RECORD = "summary.json records no metrics_file (its name, rows and SHA-256)"
+OUTCOMES_FILE = "outcomes.parquet"  # runs/<id>/ and the ablation's, for tasks that keep per-problem outcomes
+OUTCOME_COLUMNS = ["step", "problem", "greedy", "k_correct"]
 
 
 def metrics_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -63,6 +70,31 @@ def metrics_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def write_parquet(df: pd.DataFrame, path: Path) -> None:
     metrics_table(df).to_parquet(path, engine="pyarrow", compression="zstd", index=False)
+
+
+def outcomes_table(df: pd.DataFrame) -> pd.DataFrame:
+    """df with the dtypes outcomes are stored in, the smallest that hold them (an LM ablation of 30 runs holds
+    about 210,000 rows): step and problem int32, greedy int8, k_correct nullable Int8 (Int16 past 127
+    samples), run and variant categories, seed int64 as in every table."""
+    df = df.copy()
+    for c in df.columns:
+        if c in ("step", "problem"):
+            df[c] = df[c].astype("int32")
+        elif c == "greedy":
+            df[c] = df[c].astype("int8")
+        elif c == "k_correct":
+            k = pd.to_numeric(df[c]).astype("Float64")
+            top = k.max()   # NA where pass@k never ran
+            df[c] = k.astype("Int16" if pd.notna(top) and top > 127 else "Int8")
+        elif c == "seed":
+            df[c] = df[c].astype("int64")
+        elif c in ("run", "variant"):
+            df[c] = df[c].astype(str).astype("category")
+    return df
+
+
+def _write_outcomes(df: pd.DataFrame, path: Path) -> None:
+    outcomes_table(df).to_parquet(path, engine="pyarrow", compression="zstd", index=False)
 
 
 def _sha256(path: Path) -> str:
@@ -111,9 +143,9 @@ def check_run(run_dir: Path) -> tuple[str, str]:
     if record is None:  # without the checksum nothing says its metrics are the ones it wrote
         return "damaged", NO_RECORD
     try:
-        path = run_dir / record["name"]
-        if _sha256(path) != record["sha256"]:
-            return "damaged", f"{record['name']} is not the file this run wrote (SHA-256 differs)"
+        for rec in (record, summary.get("outcomes_file")):
+            if rec is not None and _sha256(run_dir / rec["name"]) != rec["sha256"]:
+                return "damaged", f"{rec['name']} is not the file this run wrote (SHA-256 differs)"
     except FileNotFoundError as e:
         return "damaged", f"{Path(e.filename).name} is missing"
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -126,9 +158,12 @@ def finished(run_dir: Path) -> bool:
     return check_run(run_dir)[0] == "ok"
 
 
-def write_run(out: Path, spec, result: tuple[dict, list, dict]) -> None:
-    """runs/<run_id>/ whole, or nothing (OSError: a full or read-only disk leaves no temporary behind)."""
-    cfg_dict, rows, summary = result
+def write_run(out: Path, spec, result: tuple) -> None:
+    """runs/<run_id>/ whole, or nothing (OSError: a full or read-only disk leaves no temporary behind).
+    result: (config, metric rows, summary, outcome rows); without outcomes (none kept, or a result made by hand
+    with the first three only) the run has no outcomes.parquet."""
+    cfg_dict, rows, summary = result[:3]
+    kept = result[3] if len(result) > 3 else []
     runs = out / "runs"
     tmp = runs / f".{spec.run_id}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -137,8 +172,12 @@ def write_run(out: Path, spec, result: tuple[dict, list, dict]) -> None:
         (tmp / "config.yaml").write_text(yaml.safe_dump(cfg_dict, sort_keys=False))
         write_parquet(pd.DataFrame(rows, columns=METRICS_COLUMNS), tmp / METRICS_FILE)
         # what resume and collect check the metrics file against
-        record = {"name": METRICS_FILE, "rows": len(rows), "sha256": _sha256(tmp / METRICS_FILE)}
-        (tmp / "summary.json").write_text(json.dumps(summary | {"metrics_file": record}, indent=1))
+        record = {"metrics_file": {"name": METRICS_FILE, "rows": len(rows), "sha256": _sha256(tmp / METRICS_FILE)}}
+        if kept:  # a task without per-problem outcomes leaves its runs' files as they were
+            _write_outcomes(pd.DataFrame(kept, columns=OUTCOME_COLUMNS), tmp / OUTCOMES_FILE)
+            record["outcomes_file"] = {"name": OUTCOMES_FILE, "rows": len(kept),
+                                       "sha256": _sha256(tmp / OUTCOMES_FILE)}
+        (tmp / "summary.json").write_text(json.dumps(summary | record, indent=1))
         final = runs / spec.run_id
         if final.exists():  # an earlier failed or damaged attempt; a finished one is never re-run
             shutil.rmtree(final)
@@ -239,27 +278,37 @@ def _atomic(path: Path, write) -> None:
         raise
 
 
-def _load_run(run_dir: Path) -> tuple[dict | None, pd.DataFrame | None, str]:
-    """(summary without its bookkeeping, metrics, problem) of a run directory that exists; a damaged one
-    gives what could be read and why the rest cannot be trusted."""
+def _load_run(run_dir: Path) -> tuple[dict | None, pd.DataFrame | None, pd.DataFrame | None, str]:
+    """(summary without its bookkeeping, metrics, outcomes or None, problem) of a run directory that exists; a
+    damaged one gives what could be read and why the rest cannot be trusted."""
     state, why = check_run(run_dir)
     try:
         s = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
-        return None, None, why
+        return None, None, None, why
     if not isinstance(s, dict):
-        return None, None, why
+        return None, None, None, why
     s.pop("traceback", None)
-    record = s.pop("metrics_file", None)
+    record, kept = s.pop("metrics_file", None), s.pop("outcomes_file", None)
     if state == "damaged" or record is None:  # a failed run's summary is not checked for the record
-        return s, None, why or NO_RECORD
+        return s, None, None, why or NO_RECORD
     try:
         m = _read_metrics(run_dir / record["name"])
+        o = None if kept is None else _read_outcomes(run_dir / kept["name"])
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return s, None, str(e) or type(e).__name__
-    if len(m) != record["rows"]:
-        return s, None, f"{record['name']} has {len(m)} rows, summary.json says {record['rows']}"
-    return s, m, ""
+        return s, None, None, str(e) or type(e).__name__
+    for rec, table in ((record, m), (kept, o)):
+        if rec and len(table) != rec["rows"]:
+            return s, None, None, f"{rec['name']} has {len(table)} rows, summary.json says {rec['rows']}"
+    return s, m, o, ""
+
+
+def _read_outcomes(path: Path) -> pd.DataFrame:
+    """A run's outcomes file; ValueError when it is not a whole table of OUTCOME_COLUMNS."""
+    o = read_metrics_file(path)
+    if list(o.columns) != OUTCOME_COLUMNS:
+        raise ValueError(f"{path.name} has columns {list(o.columns)}, expected {OUTCOME_COLUMNS}")
+    return o
 
 
 def _note_mixed_schedules(summary: pd.DataFrame) -> None:
@@ -270,16 +319,17 @@ def _note_mixed_schedules(summary: pd.DataFrame) -> None:
 
 
 def collect(out: Path) -> pd.DataFrame:
-    """Gather the runs of this ablation's current plan into metrics.parquet and summary.csv.
+    """Gather the runs of this ablation's current plan into metrics.parquet and summary.csv, and their
+    per-problem outcomes into outcomes.parquet where any run kept them.
 
     A damaged run is said on stderr and counted as failed (its metrics left out), never as finished."""
     meta = json.loads((out / "ablation.json").read_text())
-    summaries, frames = [], []
+    summaries, frames, kept = [], [], []
     for run_id in meta["runs"]:
         d = out / "runs" / run_id
         if not d.exists():
             continue  # never ran (sweep interrupted)
-        s, m, problem = _load_run(d)
+        s, m, o, problem = _load_run(d)
         if problem and s is not None and s.get("status") != "ok":
             print(f"run {run_id} failed and its metrics are damaged ({problem}); they are left out", file=sys.stderr)
         elif problem:
@@ -290,11 +340,18 @@ def collect(out: Path) -> pd.DataFrame:
         if m is not None and len(m):
             ids = {k: s.get(k) for k in ["run", "variant", *meta["axes"], "seed"]}
             frames.append(m.assign(**ids)[[*ids, "step", "metric", "value"]])
+        if o is not None and len(o):
+            kept.append(o.assign(run=s.get("run"), variant=s.get("variant"), seed=s.get("seed"))[
+                ["run", "variant", "seed", *OUTCOME_COLUMNS]])
     summary = pd.DataFrame(summaries)
     _note_mixed_schedules(summary)
     metrics = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
         columns=["run", "variant", *meta["axes"], "seed", "step", "metric", "value"])
     _atomic_parquet(metrics, out / METRICS_FILE)
+    if kept:
+        _atomic(out / OUTCOMES_FILE, lambda tmp: _write_outcomes(pd.concat(kept, ignore_index=True), tmp))
+    else:  # none of this plan's runs kept outcomes: an earlier plan's file would be read as theirs
+        (out / OUTCOMES_FILE).unlink(missing_ok=True)
     _atomic_csv(summary, out / "summary.csv")
     return summary
 
@@ -402,6 +459,23 @@ def load(out: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
         raise ConfigError(str(path), "value", "holds a step or value that is not a number: damaged")
     check_runs(out, meta, summary, table)
     return meta, summary, table
+
+
+def load_outcomes(out: Path) -> pd.DataFrame | None:
+    """outcomes.parquet of a results directory, None where its runs kept none (a task without per-problem
+    outcomes, or results from before them); ConfigError naming a damaged one."""
+    path = out / OUTCOMES_FILE
+    if not path.is_file():
+        return None
+    try:
+        o = read_metrics_file(path)
+    except ValueError as e:
+        raise ConfigError(str(path), "<file>", f"{e}: damaged; rerun the sweep to rewrite it") from None
+    missing = [c for c in ["run", "variant", "seed", *OUTCOME_COLUMNS] if c not in o.columns]
+    if missing:
+        raise ConfigError(str(path), "<columns>",
+                          f"no column {', '.join(missing)}; has {', '.join(map(str, o.columns))}")
+    return o
 
 
 def finished_in_report(path: Path) -> int | None:

@@ -16,7 +16,10 @@ What a comparison of two variants on per-seed final values does (docs/statistics
 - ScaleRL's saturating curve R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) fitted to a mean
   curve against compute, with bootstrap CIs over seeds and a half-budget extrapolation check;
 - a group-sequential decision for seeds run in batches: O'Brien-Fleming-type alpha
-  spending (Lan-DeMets), `sequential_decision`, for `run --seeds auto:N`.
+  spending (Lan-DeMets), `sequential_decision`, for `run --seeds auto:N`;
+- the variance of a variant's mean held-out accuracy split between seeds and problems (a crossed
+  random-effects decomposition of the per-problem outcomes, `crossed_variance`) and the interval that
+  counts both.
 Powers, MDEs and TOST are computed here and checked against statsmodels in the tests.
 """
 from __future__ import annotations
@@ -502,6 +505,54 @@ def mean_ci(x: np.ndarray) -> tuple[float, float, float]:
         return m, m, m
     half = float(st.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
     return m, m - half, m + half
+
+
+# ------------------------------------------------- seeds and problems: a crossed design
+
+
+def crossed_variance(Y: np.ndarray, alpha: float = ALPHA) -> dict:
+    """How much of the variance of a variant's mean held-out accuracy comes from its seeds and how much from
+    which problems the held-out set happens to hold, and the interval that counts both.
+
+    Y: (seeds, problems) outcomes (0/1, or any number), every seed scored on the same problems: a crossed
+    design. Model: y_sj = mu + a_s + b_j + e_sj, independent, zero-mean, variances seed, problem and
+    residual (the seed x problem interaction and the coin of each answer). The estimators are the ANOVA
+    (method-of-moments) ones of a balanced two-way table without replication, E[MS_seed] = resid + J seed,
+    E[MS_problem] = resid + S problem, E[MS_resid] = resid (REML's too where none is negative; a negative
+    one is set to 0). The variance of the grand mean, as an estimate of mu over new seeds *and* new problems
+    from the same generator, is seed / S + problem / J + resid / (S J); its interval takes Student's t on
+    Satterthwaite's degrees of freedom for that sum of mean squares. The seeds-only interval (the mean of
+    per-seed means, t on S - 1: what the per-seed tables use) holds the problems fixed: it is the interval
+    for this held-out set, and misses problem / J.
+
+    Returns mean, the components, each one's share of the variance of the mean (seeds, problems, residual),
+    var_mean, df, ci (both), ci_seeds (seeds only); None below 2 seeds or 2 problems.
+    """
+    Y = np.asarray(Y, float)
+    S, J = Y.shape
+    if S < 2 or J < 2:
+        return None
+    mean = float(Y.mean())
+    seed_means, problem_means = Y.mean(1), Y.mean(0)
+    ms_seed = J * float(((seed_means - mean) ** 2).sum()) / (S - 1)
+    ms_problem = S * float(((problem_means - mean) ** 2).sum()) / (J - 1)
+    resid = Y - seed_means[:, None] - problem_means[None, :] + mean
+    ms_resid = float((resid ** 2).sum()) / ((S - 1) * (J - 1))
+    seed = max(0.0, (ms_seed - ms_resid) / J)
+    problem = max(0.0, (ms_problem - ms_resid) / S)
+    # var_mean = sum c_i MS_i / (S J): a component set to 0 drops its mean squares from the sum
+    c_seed, c_problem = float(seed > 0), float(problem > 0)
+    terms = [(c_seed * ms_seed, S - 1), (c_problem * ms_problem, J - 1),
+             ((1 - c_seed - c_problem) * ms_resid, (S - 1) * (J - 1))]
+    var_mean = sum(t for t, _ in terms) / (S * J)
+    parts = {"seeds": seed / S, "problems": problem / J, "residual": ms_resid / (S * J)}
+    df = sum(t for t, _ in terms) ** 2 / sum(t ** 2 / d for t, d in terms) if var_mean > 0 else math.inf
+    half = float(st.t.ppf(1 - alpha / 2, df)) * math.sqrt(var_mean)
+    half_seeds = float(st.t.ppf(1 - alpha / 2, S - 1)) * math.sqrt(ms_seed / (S * J))
+    return {"mean": mean, "seeds": S, "problems": J, "seed": seed, "problem": problem, "resid": ms_resid,
+            "ms": {"seed": ms_seed, "problem": ms_problem, "resid": ms_resid}, "var_mean": var_mean,
+            "share": {k: (v / var_mean if var_mean > 0 else math.nan) for k, v in parts.items()}, "df": df,
+            "ci": (mean - half, mean + half), "ci_seeds": (mean - half_seeds, mean + half_seeds)}
 
 
 # ------------------------------------------------------------- curves against compute

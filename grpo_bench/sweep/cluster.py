@@ -4,7 +4,7 @@ The `run` command is the Ray driver. It submits one task per population of unfin
 runs (runner.populations), asking for the ablation's `resources` ({cpus, gpus}) for the
 whole population, which trains in one process (a fraction of a GPU packs several
 populations onto one device). Each task calls runner.train_group, exactly what a local
-worker calls, and returns each run's (resolved config, metric rows, summary) triple;
+worker calls, and returns each run's (resolved config, metric rows, summary, outcomes);
 the driver writes the run directories itself, so nothing assumes a file
 system shared with the workers. The code travels with the job: the repository
 checkout (package and the top-level tasks/, without .git, .venv, results or

@@ -269,7 +269,7 @@ class Trackers:
         self.timeout = timeout_s()
 
     def log(self, result) -> None:
-        cfg, rows, summary = result
+        cfg, rows, summary = result[:3]
         for name, b in self.backends.items():
             if name in self.off:
                 continue

@@ -3,8 +3,8 @@
 Compatible runs (the same task, shapes and parts; seeds and numbers free) train together
 as a population in one process (engine.trainer.train_population), up to `--population N`
 members. Both executors (sweep/runner.py's local pool, sweep/cluster.py's Ray tasks) run the
-same `train_group` in a worker and send each run's result, a (resolved config, metric rows,
-summary) triple, back to the sweep's process, which alone writes run directories. Local
+same `train_group` in a worker and send each run's result, (resolved config, metric rows, summary,
+per-problem held-out outcomes), back to the sweep's process, which alone writes run directories. Local
 workers die with that process (SIGTERM, or PR_SET_PDEATHSIG where it is SIGKILLed).
 """
 from __future__ import annotations
@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from ..config.run import RunConfig, load_includes, resolve_run, run_dict
 
 
-Result = tuple[dict, list, dict]  # (resolved config, rows of (step, metric, value), summary)
+# (resolved config, rows of (step, metric, value), summary, rows of (step, problem, greedy, k_correct)); the
+# last is empty for a task that keeps no per-problem outcomes, and a result made by hand may leave it off
+Result = tuple[dict, list, dict, list]
 
 
 @dataclass
@@ -75,6 +77,7 @@ def train_group(specs: list[RunSpec], threads: int = 1, executor: str = "local",
     cfgs = [s.resolved for s in specs]
     cfg_dicts = [run_dict(c) for c in cfgs]
     rows: list[list] = [[] for _ in specs]
+    kept: list[list] = [[] for _ in specs]   # per-problem outcomes
     t0 = time.perf_counter()
     try:
         if isinstance(progress, tuple):
@@ -83,13 +86,13 @@ def train_group(specs: list[RunSpec], threads: int = 1, executor: str = "local",
             tick = (lambda n: queue.put((key, n))) if queue is not None else None  # noqa: E731
         else:
             tick = progress
-        outcomes = train_population(cfgs, rows, on_epoch=tick)
+        ends = train_population(cfgs, rows, on_epoch=tick, outcomes=kept)
     except Exception as e:  # recorded, not raised: one bad population must not end the sweep
-        outcomes = [e] * len(specs)
+        ends = [e] * len(specs)
         tb = traceback.format_exc(limit=-3)
     wall = round((time.perf_counter() - t0) / len(specs), 3)  # the population's time, shared by its runs
     results = []
-    for spec, cfg_dict, run_rows, out in zip(specs, cfg_dicts, rows, outcomes):
+    for spec, cfg_dict, run_rows, run_kept, out in zip(specs, cfg_dicts, rows, kept, ends):
         summary = {"run": spec.run_id, "variant": spec.variant, **spec.values, "seed": spec.seed}
         if isinstance(out, BaseException):
             trace = tb if "tb" in locals() else "".join(traceback.format_exception(out, limit=-3))
@@ -98,7 +101,7 @@ def train_group(specs: list[RunSpec], threads: int = 1, executor: str = "local",
             summary |= {"status": "ok", "error": ""} | out
         summary |= {"wall_s": wall, "population": len(specs), "executor": executor, "device": cfgs[0].device,
                     "threads": threads}
-        results.append((cfg_dict, run_rows, summary))
+        results.append((cfg_dict, run_rows, summary, run_kept))
     return results
 
 
@@ -139,7 +142,7 @@ def failed_result(spec: RunSpec, error: str, tb: str = "", population: int = 1, 
                "status": "failed", "error": error.splitlines()[0] if error else "failed", "traceback": tb,
                "wall_s": float("nan"), "population": population, "executor": executor, "device": cfg.device,
                "threads": threads}
-    return run_dict(cfg), [], summary
+    return run_dict(cfg), [], summary, []
 
 
 class WorkerLost(RuntimeError):

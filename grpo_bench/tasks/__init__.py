@@ -15,7 +15,8 @@ the exception in `task.failed` (member index -> exception) and goes on with a st
 the trainer takes `failed` after each call and fails those members alone, as each would
 have failed alone.
 
-The trainer (grpo_bench/engine/trainer.py) only ever calls the methods of `Task` below;
+The trainer (grpo_bench/engine/trainer.py) only ever calls the methods of `Task` below (and reads
+`outcomes`, where a task has them);
 everything model- or data-specific, the reference policy included, lives in the task.
 A task config has a `generation_budget` property: the most tokens a response may have.
 """
@@ -127,8 +128,13 @@ class Task(Protocol):
         """(P, B, n) rewards of n responses sampled from the reference policy for each prompt of the
         rollout (no grad): asked only for a delta part that needs "ref_rewards" (A*-PO's V*)."""
 
-    def evaluate(self) -> list[dict[str, float]]:
-        """Held-out metrics per member (e.g. {"eval/accuracy": 0.3}); {} if the task has none."""
+    def evaluate(self, mid_run: bool = False) -> list[dict[str, float]]:
+        """Held-out metrics per member (e.g. {"eval/accuracy": 0.3}); {} if the task has none. mid_run: an
+        evaluation between the first and the last, which a task may make cheaper (the LM's eval_subset); a
+        task without the parameter is called without it. A task that keeps each held-out problem's outcome
+        sets `outcomes` here: per member, {"greedy": [0/1 per problem], "k_correct": [right samples of k
+        per problem] or None}, problem j being the j-th of its held-out list; the trainer takes them after
+        each call."""
 
     def keep(self, idx: list[int]) -> None:
         """Only the members at idx go on (the others failed): narrow every per-member tensor."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..config.run import NEW_OPTION
 from ..numerics import rng
 from ..store.metrics import Metric
 from ..registry import register
@@ -139,6 +140,10 @@ class ArithmeticConfig:
     pass_k: int = 8
     """k of eval/pass@k and eval/mean@k (k samples per held-out problem: whether any is right, and the share
     that is); 0 skips both."""
+    eval_subset: int = field(default=0, metadata=NEW_OPTION)
+    """Held-out problems of an evaluation in the middle of a run: the first eval_subset of the eval_size
+    (eval/problems logs how many), for cheaper curves; the evaluations at step 0 and at the end always take
+    all of them. 0: all of them at every evaluation."""
 
     @property
     def generation_budget(self) -> int:
@@ -187,6 +192,7 @@ class ArithmeticConfig:
             raise ValueError(f"sampling.top_p: must be in (0, 1], got {self.sampling.top_p}")
         if not 0 <= self.lora.dropout < 1:
             raise ValueError(f"lora.dropout: must be in [0, 1), got {self.lora.dropout}")
+        check_eval_subset(self)
         for key, value in (("pass_k", self.pass_k), ("warmstart.steps", self.warmstart.steps)):
             if value < 0:
                 raise ValueError(f"{key}: must be >= 0, got {value}")
@@ -197,6 +203,12 @@ class ArithmeticConfig:
         elif self.model.source != shipped.SCRATCH:
             from .lm import models
             models.check_local_source(self.model.source)
+
+
+def check_eval_subset(cfg) -> None:
+    if not 0 <= cfg.eval_subset <= cfg.eval_size:
+        raise ValueError(f"eval_subset: must be in [0, eval_size = {cfg.eval_size}] (0: every held-out problem "
+                         f"at every evaluation), got {cfg.eval_subset}")
 
 
 EVAL_CHUNK = 256    # held-out problems per greedy generation call, per member
@@ -271,7 +283,8 @@ class Arithmetic:
         self._problems, self._models, self._rewards_mod, self._stacked = problems, models, rewards, stacked
         self.rewards = rewards.check(cfg.rewards, self.reward_task)
         self.failed: dict[int, Exception] = {}  # members whose own reward raised since the trainer last looked
-        self._evals, self._base_acc, self._passes, self._ref_draws = 0, None, 0, 0
+        self._evals, self._base_hits, self._passes, self._ref_draws = 0, None, 0, 0
+        self.outcomes: list[dict] | None = None  # each member's per-problem outcomes of the last evaluate
         self.residual = 0.0  # relative error of the last soft reference mix's rank cut
         self._setup_problems()
 
@@ -557,20 +570,23 @@ class Arithmetic:
     # ---------------------------------------------------------------- evaluation
 
     @torch.no_grad()
-    def evaluate(self) -> list[dict[str, float]]:
+    def evaluate(self, mid_run: bool = False) -> list[dict[str, float]]:
         """Held-out greedy accuracy, reward and format rate, pass@k and mean@k of k sampled completions,
-        and the gain in accuracy over the base model (the warm-start: the adapter switched off), per member."""
+        and the gain in accuracy over the base model (the warm-start: the adapter switched off), per member;
+        each problem's outcome in self.outcomes. mid_run: on the first eval_subset problems, where it is set."""
         # Sampling seeds come from the run seed and a counter, not from the training streams,
         # so that how often a run is evaluated never changes its training.
         self._evals += 1
         p, k = self.size, self.cfg.pass_k
+        heldout = self.heldout[:self.cfg.eval_subset] if mid_run and self.cfg.eval_subset else self.heldout
         names = ["accuracy", "reward", "format"] + (["pass@k", "mean@k"] if k else [])
         # Chunks of a fixed number of problems whatever P (greedy: EVAL_CHUNK; sampled: SAMPLE_CHUNK,
         # each chunk's k samples from the member's stream for that chunk), summed in problem order
         # at the end: a member's numbers are the ones it has alone.
         scores = [[[] for _ in names] for _ in range(p)]
-        for start in range(0, len(self.heldout), EVAL_CHUNK):
-            batch = self.heldout[start:start + EVAL_CHUNK]
+        right = [[] for _ in range(p)]   # per member, problem: how many of its k samples are right
+        for start in range(0, len(heldout), EVAL_CHUNK):
+            batch = heldout[start:start + EVAL_CHUNK]
             n = len(batch)
             ids, attn = self._prompts(batch)
             texts, mask, finished = self._decode(self._generate(ids.repeat(p, 1), attn.repeat(p, 1), None))
@@ -580,10 +596,10 @@ class Arithmetic:
                 scores[i][0] += self._correct(batch, texts[rows])
                 scores[i][1] += self._member_score(i, batch, texts[rows], mask[rows], finished[rows], 1)[0]
                 scores[i][2] += self._format(texts[rows], finished[rows].tolist())
-        for start in range(0, len(self.heldout), SAMPLE_CHUNK if k else len(self.heldout)):
+        for start in range(0, len(heldout), SAMPLE_CHUNK if k else len(heldout)):
             if not k:
                 break
-            batch = self.heldout[start:start + SAMPLE_CHUNK]
+            batch = heldout[start:start + SAMPLE_CHUNK]
             n = len(batch)
             ids, attn = self._prompts(batch)
             gens = [rng.stream(s, "eval", self._evals, start) for s in self.seeds]
@@ -593,24 +609,33 @@ class Arithmetic:
                 hits = torch.tensor(self._correct(batch, texts[i * n * k:(i + 1) * n * k], k)).view(n, k)
                 scores[i][3] += hits.amax(-1).tolist()   # some of the k samples is right
                 scores[i][4] += hits.mean(-1).tolist()   # the share of them that is: the sampler's accuracy
+                right[i] += hits.sum(-1).long().tolist()
+        # problem j is self.heldout[j]: a mid-run subset is the first problems, so the index is the same in both
+        self.outcomes = [{"greedy": [int(v) for v in member[0]], "k_correct": right[i] if k else None}
+                         for i, member in enumerate(scores)]
         totals = torch.tensor([[sum(v) for v in member] for member in scores], dtype=torch.float64)
-        base = self._base_accuracy()
+        base = self._base_accuracy(len(heldout))
         out = []
-        for row in (totals / len(self.heldout)).tolist():
+        for row in (totals / len(heldout)).tolist():
             d = {f"eval/{name}": v for name, v in zip(names, row)}
             d["eval/accuracy_gain"] = d["eval/accuracy"] - base
+            # curves that mix subset and full points say which is which; undeclared, since declaring it would
+            # change the task's declaration every committed ablation.json records
+            if self.cfg.eval_subset:
+                d["eval/problems"] = float(len(heldout))
             out.append(d)
         return out
 
-    def _base_accuracy(self) -> float:
-        """Held-out greedy accuracy of the base model (every adapter off), the same for every member."""
-        if self._base_acc is None:
-            hits = 0.0
+    def _base_accuracy(self, n: int | None = None) -> float:
+        """Greedy accuracy of the base model (every adapter off) on the first n held-out problems (all by
+        default), the same for every member."""
+        if self._base_hits is None:
+            self._base_hits = []
             with self._stacked.adapters(self.layers, self._stacked.OFF):
                 for start in range(0, len(self.heldout), 256):
                     batch = self.heldout[start:start + 256]
                     ids, attn = self._prompts(batch)
                     texts, _, _ = self._decode(self._generate(ids, attn, None))
-                    hits += sum(self._correct(batch, texts))
-            self._base_acc = hits / len(self.heldout)
-        return self._base_acc
+                    self._base_hits += self._correct(batch, texts)
+        n = len(self.heldout) if n is None else n
+        return sum(self._base_hits[:n]) / n

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
 
+from ..config.run import NEW_OPTION
 from ..numerics import rng
 from ..registry import register
-from .arithmetic import Arithmetic, LoraSection, ModelSection, SamplingSection
+from .arithmetic import Arithmetic, LoraSection, ModelSection, SamplingSection, check_eval_subset
 
 INSTALL = "pip install -e '.[gym]' (reasoning-gym==0.1.25)"
 TEMPLATES = ("auto", "compact", "chat")
@@ -313,6 +314,9 @@ class GymConfig:
     """Seed of the held-out generator; the same for every run so variants are compared on the same problems."""
     pass_k: int = 8
     """k of eval/pass@k and eval/mean@k; 0 skips both."""
+    eval_subset: int = field(default=0, metadata=NEW_OPTION)
+    """Held-out problems of an evaluation in the middle of a run: the first eval_subset (eval/problems logs
+    how many); those at step 0 and at the end take all eval_size. 0: all of them at every evaluation."""
 
     @property
     def generation_budget(self) -> int:
@@ -345,6 +349,7 @@ class GymConfig:
                            "lora.alpha": self.lora.alpha}.items():
             if value < 1:
                 raise ValueError(f"{key}: must be >= 1, got {value}")
+        check_eval_subset(self)
         if self.pass_k < 0:
             raise ValueError(f"pass_k: must be >= 0, got {self.pass_k}")
         if self.sampling.temperature <= 0:
