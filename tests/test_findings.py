@@ -356,7 +356,7 @@ def test_shipped_claims_load_on_every_setting(name):
     from pathlib import Path
     path = Path(__file__).resolve().parent.parent / "ablations" / f"{name}.yaml"
     settings = ablation_settings(path)
-    assert settings and set(settings) <= {"sort", "lm"}
+    assert settings and set(settings) <= {"sort", "lm", "countdown", "spell_backward"} and "lm" in settings
     for s in settings:
         abl = load_ablation(path, setting=s)
         assert len(abl.seeds) >= (5 if s == "sort" else 3)
@@ -370,6 +370,8 @@ TINY = {"sort": ["--set", "epochs=2", "--set", "inner_steps=1"],
         "lm": ["--set", "epochs=1", "--set", "inner_steps=1", "--set", "group_size=2", "--set", "eval_every=0",
                "--set", "task.prompts_per_step=2", "--set", "task.eval_size=20", "--set", "task.model.source=tiny-scratch",
                "--set", "task.model.layers=1", "--set", "task.model.width=32", "--set", "task.model.heads=2"]}
+# the reasoning-gym settings: the same from code, every held-out problem at every (one) evaluation
+TINY["countdown"] = TINY["spell_backward"] = TINY["lm"] + ["--set", "task.eval_subset=0"]
 
 
 @pytest.mark.parametrize("name", ["adv_norm", "dapo_ladder", "policy_losses", "kl_gradients", "length_bias",
@@ -483,3 +485,30 @@ def test_committed_findings_and_readme_table_are_what_the_results_give():
     assert (ROOT / "results" / "FINDINGS.md").read_text() == F.render(ROOT / "results")
     table = F.readme_table(ROOT / "results")
     assert table in (ROOT / "README.md").read_text(), table
+
+
+def test_an_lm_row_with_per_problem_outcomes_is_tested_on_seeds_and_problems(tmp_path):
+    """Where the results kept each problem's outcome, a final held-out accuracy row is tested on the seeds x
+    problems table of a − b (its last evaluation), and says so; the same results without outcomes.parquet are
+    tested on seeds alone. a's edge over b lives on a few problems only, so the verdict changes."""
+    rng = np.random.default_rng(2)
+    seeds, problems = range(5), range(200)
+    base = rng.random(200) < 0.5                                   # which problems b gets right
+    outcome = {("b", s): base & (rng.random(200) > 0.02) for s in seeds}
+    gain = np.zeros(200, bool)
+    gain[:6] = True                                                # a also gets these 6, every seed
+    outcome |= {("a", s): outcome[("b", s)] | gain for s in seeds}
+    values = {v: [float(outcome[(v, s)].mean()) for s in seeds] for v in "ab"}
+    claim = {"text": "a beats b", "source": "Someone (2025)", "expect": ["a > b"], "margin": {"lm": 0.01}}
+    write(tmp_path / "with" / "claimx_lm", "claimx", "lm", values, claim, column=LM)
+    write(tmp_path / "without" / "claimx_lm", "claimx", "lm", values, claim, column=LM)
+    rows = [{"run": f"{v}-s{s}", "variant": v, "seed": s, "step": step, "problem": j,
+             "greedy": int(outcome[(v, s)][j]), "k_correct": None}
+            for (v, s) in outcome for step in (0, 59) for j in problems]
+    pd.DataFrame(rows).to_parquet(tmp_path / "with" / "claimx_lm" / "outcomes.parquet")
+    cells = {}
+    for k in ("with", "without"):
+        text = render(tmp_path / k)
+        cells[k] = next(line for line in text.splitlines() if line.startswith("| `a > b`"))
+    assert "seeds × problems t (200 problems" in cells["with"] and "seeds × problems" not in cells["without"]
+    assert "**holds" in cells["without"] and "**holds" not in cells["with"]

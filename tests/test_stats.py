@@ -746,3 +746,79 @@ def test_the_interval_of_seeds_and_problems_covers_and_the_seeds_only_one_does_n
         hits += [r["ci"][0] <= 0.5 <= r["ci"][1], r["ci_seeds"][0] <= 0.5 <= r["ci_seeds"][1]]
     both, seeds_only = hits / n
     assert 0.93 <= both <= 0.97 and seeds_only <= 0.89, (both, seeds_only)   # 0.954 and 0.848 here
+
+
+# ------------------------------------------------------- seeds and problems in a verdict (crossed_pair)
+
+def _crossed_d(rng, S, J, seed_sd, problem_sd, resid_sd, shift=0.0):
+    """a − b outcomes, seeds by problems: shift + u_s + v_j + e_sj (v_j: how a − b varies from problem to
+    problem, fixed once the held-out set is drawn)."""
+    return (shift + seed_sd * rng.standard_normal((S, 1)) + problem_sd * rng.standard_normal((1, J))
+            + resid_sd * rng.standard_normal((S, J)))
+
+
+def test_a_crossed_row_is_tested_on_seeds_and_problems():
+    """The row's t uses the variance of Δ over new seeds and new problems, seed / S + problem / J + resid / (S J),
+    recomputed here from the table's mean squares, on Satterthwaite's degrees of freedom; Δ is unchanged and
+    the interval, TOST and MDE follow the new standard error."""
+    rng = np.random.default_rng(3)
+    D = _crossed_d(rng, 5, 300, 0.02, 0.3, 0.2, shift=0.03)
+    ns, nj = D.shape
+    x = pd.Series(0.5 + D.mean(1), index=range(ns))
+    y = pd.Series(np.full(ns, 0.5), index=range(ns))
+    m = D.mean()
+    ms_s = nj * ((D.mean(1) - m) ** 2).sum() / (ns - 1)
+    ms_p = ns * ((D.mean(0) - m) ** 2).sum() / (nj - 1)
+    ms_r = ((D - D.mean(1, keepdims=True) - D.mean(0, keepdims=True) + m) ** 2).sum() / ((ns - 1) * (nj - 1))
+    assert ms_s > ms_r and ms_p > ms_r  # every component positive here: var of the mean is (ms_s + ms_p - ms_r) / SJ
+    var = (ms_s + ms_p - ms_r) / (ns * nj)
+    df = (ms_s + ms_p - ms_r) ** 2 / (ms_s ** 2 / (ns - 1) + ms_p ** 2 / (nj - 1) + ms_r ** 2 / ((ns - 1) * (nj - 1)))
+    seeds_only = S.compare_pairs({"a": x, "b": y}, [("a", "b", ">")], 0.05)[0]
+    r = S.compare_pairs({"a": x, "b": y}, [("a", "b", ">")], 0.05, tables={("a", "b"): D})[0]
+    assert r["diff"] == pytest.approx(m) and r["se"] == pytest.approx(np.sqrt(var)) and r["df"] == pytest.approx(df)
+    assert r["p"] == pytest.approx(2 * st.t.sf(m / np.sqrt(var), df))
+    assert r["se"] > seeds_only["se"]          # the problems' spread adds to the seeds'
+    assert r["test"].startswith("seeds × problems t (300 problems")
+    lo, hi, conf, _ = r["ci"]
+    assert (hi - lo) / 2 == pytest.approx(st.t.ppf(1 - (1 - conf) / 2, df) * np.sqrt(var))
+    assert S.power_text(r).startswith("MDE") and r["mde"] > seeds_only["mde"]
+    # a table that does not give the row's Δ (other problems, another evaluation) leaves the row as it was
+    kept = S.compare_pairs({"a": x, "b": y}, [("a", "b", ">")], 0.05, tables={("a", "b"): D + 0.01})[0]
+    assert kept["se"] == seeds_only["se"] and "crossed" not in kept
+
+
+def test_crossed_rows_keep_the_false_positive_rate_for_new_problems():
+    """No effect over the population of problems (a − b is +v_j on some problems, −v_j on others), five
+    seeds, one held-out set per simulated ablation: the seeds-only paired t reads the held-out set's own
+    tilt as an effect far more often than alpha; the crossed test stays near alpha."""
+    rng = np.random.default_rng(11)
+    n, fp_seeds, fp_crossed = 400, 0, 0
+    for _ in range(n):
+        D = _crossed_d(rng, 5, 200, 0.01, 0.3, 0.3)
+        x = pd.Series(D.mean(1), index=range(5))
+        y = pd.Series(np.zeros(5), index=range(5))
+        fp_seeds += S.compare_pairs({"a": x, "b": y}, [("a", "b", None)], None)[0]["p"] < 0.05
+        fp_crossed += S.compare_pairs({"a": x, "b": y}, [("a", "b", None)], None,
+                                       tables={("a", "b"): D})[0]["p"] < 0.05
+    assert fp_seeds / n > 0.25 and fp_crossed / n < 0.08
+
+
+def test_more_seeds_cannot_decide_what_the_problems_hold_back():
+    """An undecided crossed row whose Δ is smaller than the held-out set's own spread of a − b: no number of
+    seeds decides it (problem / J does not shrink with seeds), and its text says why; where the seeds' spread
+    is what holds it back, the seeds needed are found and do decide (power >= 0.8 there, < 0.8 one fewer)."""
+    rng = np.random.default_rng(5)
+    v = rng.standard_normal(100)
+    D = 0.005 + 0.4 * (v - v.mean()) + 0.1 * rng.standard_normal((4, 100))  # this held-out set tilts nowhere
+    x, y = pd.Series(D.mean(1), index=range(4)), pd.Series(np.zeros(4), index=range(4))
+    r = S.compare_pairs({"a": x, "b": y}, [("a", "b", ">")], None, tables={("a", "b"): D})[0]
+    assert r["outcome"] == "undecided" and r["seeds_basis"] == "problems" and r["seeds_needed"] > S.MAX_SEEDS
+    assert "no number of seeds would decide it" in S.verdict_text(r)
+    D = _crossed_d(rng, 3, 2000, 0.05, 0.0, 0.3, shift=0.03)
+    x, y = pd.Series(D.mean(1), index=range(3)), pd.Series(np.zeros(3), index=range(3))
+    r = S.compare_pairs({"a": x, "b": y}, [("a", "b", ">")], None, tables={("a", "b"): D})[0]
+    assert r["outcome"] == "undecided" and r["seeds_basis"] == "observed"
+    n, c = r["seeds_needed"], r["crossed"]
+    se = lambda k: np.sqrt((c["seed"] + c["resid"] / c["problems"]) / k + c["problem"] / c["problems"])  # noqa: E731
+    assert S._power_se(r["diff"], se(n), n - 1, r["level"]) >= 0.8 > S._power_se(r["diff"], se(n - 1), n - 2,
+                                                                                      r["level"])

@@ -283,13 +283,17 @@ NOT_TESTABLE = "not testable"
 
 
 def compare_pairs(groups: dict[str, pd.Series | np.ndarray], pairs: list[tuple[str, str, str | None]],
-                  margin: float | None, alpha: float = ALPHA) -> list[dict]:
+                  margin: float | None, alpha: float = ALPHA,
+                  tables: dict[tuple[str, str], np.ndarray] | None = None) -> list[dict]:
     """Every pair (a, b, claim) tested, Holm-corrected over the list, each with its MDE, TOST and verdict.
 
     claim: ">" (the claim says a beats b), "=" (no difference) or None (a plain pair of an ablation).
     groups: per-seed values by variant; Series indexed by seed pair up where the seeds match.
     A paired comparison whose every difference is exactly 0 (the two variants ran the same numbers) is
     not testable: its row says so (`verdict` "not testable", `why`) and it stays out of Holm's m.
+    tables: (a, b) -> the (seeds, problems) table of a's outcomes minus b's, where the pair's values are
+    held-out accuracies kept problem by problem: the pair is then tested on it (crossed_pair), for new
+    problems as well as new seeds.
     Returns one dict per pair, in the list's order (see `two_sample`, `judge` and `interval` for the keys).
     """
     rows = []
@@ -297,6 +301,8 @@ def compare_pairs(groups: dict[str, pd.Series | np.ndarray], pairs: list[tuple[s
         r = two_sample(groups[a], groups[b]) | {"a": a, "b": b, "claim": claim, "margin": margin, "why": None,
                                                 "poi": prob_improvement(np.asarray(groups[a], float),
                                                                         np.asarray(groups[b], float))}
+        if tables and (a, b) in tables and r["paired"]:
+            crossed_pair(r, tables[(a, b)])
         if r["paired"] and r["diff"] == 0 and r["sd"] == 0:
             r["why"] = f"every paired difference is exactly 0 ({r['n']} seeds): the two ran the same numbers"
         rows.append(r)
@@ -329,7 +335,8 @@ def judge(r: dict) -> dict:
     the outcome itself for "a > b" and for a plain pair (claim None); for "a = b": holds (equivalent, or a
     negligible difference either way), fails (a difference not shown to be within ±δ) or undecided."""
     paired, level = r["paired"], r["level"]
-    r["mde"] = mde(r["sd"], r["n"], level, paired)
+    crossed = r.get("crossed")
+    r["mde"] = mde_se(r["se"], r["df"], level) if crossed else mde(r["sd"], r["n"], level, paired)
     sig, eq = r["significant"], r["equivalent"]
     if sig:
         outcome = ("holds" if r["diff"] > 0 else "reversed") + (", negligible" if eq else "")
@@ -341,12 +348,83 @@ def judge(r: dict) -> dict:
     else:
         r["verdict"] = outcome
     r["seeds_needed"], r["seeds_basis"] = None, None
-    if outcome == "undecided":
+    if outcome == "undecided" and crossed:
+        r["seeds_needed"], r["seeds_basis"] = crossed_seeds(r, level)
+    elif outcome == "undecided":
         # the cheaper of the two ways it can be decided, if the observed difference were the true one
         n_sig = seeds_to_detect(r["diff"], r["sd"], level, paired)
         n_eq = seeds_for_equivalence(r["diff"], r["sd"], r["margin"], level, paired) if r["margin"] else MAX_SEEDS + 1
         r["seeds_needed"], r["seeds_basis"] = (n_sig, "observed") if n_sig <= n_eq else (n_eq, "margin")
     return r
+
+
+def crossed_pair(r: dict, D: np.ndarray) -> dict:
+    """Re-test a paired row on D, the (seeds, problems) table of a's held-out outcomes minus b's on the same
+    seeds and problems: its mean is the row's Δ, and crossed_variance splits Δ's variance into seeds, problems
+    (how a − b varies across problems, as a new held-out set would draw them) and their interaction; the test
+    is t on that standard error with Satterthwaite's degrees of freedom, and TOST, the interval, the MDE and
+    the seeds that would decide an undecided row all use it. Left as it was (seeds only) where D does not
+    give the row's Δ (other problems, another evaluation) or nothing varies."""
+    c = crossed_variance(D)
+    if c is None or c["var_mean"] <= 0 or not math.isclose(c["mean"], r["diff"], rel_tol=1e-9, abs_tol=1e-9):
+        return r
+    se, df = math.sqrt(c["var_mean"]), c["df"]
+    p_t, lo, hi = t_from_summary(r["diff"], se, df)
+    r |= {"se": se, "df": df, "p": p_t, "p_t": p_t, "lo": lo, "hi": hi, "p_perm": math.nan,
+          "test": f"seeds × problems t ({c['problems']:,} problems, {df:.0f} df)",
+          "crossed": {k: c[k] for k in ("seeds", "problems", "seed", "problem", "resid", "share")}}
+    return r
+
+
+def _power_se(effect: float, se: float, df: float, alpha: float) -> float:
+    """Power of the two-sided t-test of a difference whose estimate has standard error se, at a true `effect`."""
+    nc, crit = abs(effect) / se, st.t.isf(alpha / 2, df)
+    return _nct_sf(crit, df, nc) + _nct_sf(crit, df, -nc)
+
+
+def mde_se(se: float, df: float, alpha: float, target: float = POWER) -> float:
+    """mde() for a test given its standard error and degrees of freedom (a crossed row's)."""
+    if se == 0:
+        return 0.0
+    if not math.isfinite(se):
+        return math.nan if math.isnan(se) else math.inf
+    f = lambda e: _power_se(e, se, df, alpha) - target  # noqa: E731
+    hi = 1e3 * se
+    if f(hi) < 0:
+        return math.inf
+    return float(optimize.brentq(f, 1e-12 * se, hi, xtol=1e-12 * se))
+
+
+def _tost_power_se(diff: float, se: float, df: float, margin: float, alpha: float) -> float:
+    crit = st.t.isf(alpha, df)
+    return max(0.0, _nct_sf(crit, df, (diff + margin) / se) + _nct_sf(crit, df, (margin - diff) / se) - 1)
+
+
+def crossed_seeds(r: dict, alpha: float, target: float = POWER) -> tuple[int, str]:
+    """(seeds, basis) that would decide an undecided crossed row on the same problems, if its Δ and variance
+    components were the true ones: Var(Δ) = (seed + resid / J) / S + problem / J, t on S - 1. More seeds never
+    shrink problem / J: where it alone forbids a decision, MAX_SEEDS + 1 with basis "problems"."""
+    c, d, m = r["crossed"], r["diff"], r["margin"]
+    J = c["problems"]
+    per_seed, fixed = c["seed"] + c["resid"] / J, c["problem"] / J
+
+    def decides(n: int) -> str | None:
+        se = math.sqrt(per_seed / n + fixed)
+        if se == 0 or _power_se(d, se, n - 1, alpha) >= target:
+            return "observed"
+        if m and abs(d) < m and _tost_power_se(d, se, n - 1, m, alpha) >= target:
+            return "margin"
+        return None
+
+    if decides(MAX_SEEDS) is None:
+        return MAX_SEEDS + 1, "problems" if fixed > 0 and decides(10 ** 9) is None else "observed"
+    lo, hi = 2, MAX_SEEDS   # decides() turns on once as n grows: bisect for the first n it does
+    if decides(lo):
+        return lo, decides(lo)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decides(mid) else (mid, hi)
+    return hi, decides(hi)
 
 
 def _adjusted(alpha: float, p: float, p_holm: float, fallback: float) -> float:
@@ -417,6 +495,9 @@ def verdict_text(r: dict) -> str:
             return "undecided (some values are not finite)"
         n = r["seeds_needed"]
         side = "pairs" if r["paired"] else "seeds per side"
+        if n > MAX_SEEDS and r["seeds_basis"] == "problems":
+            return ("undecided (no number of seeds would decide it: how a − b varies across problems, which a "
+                    f"new held-out set of {r['crossed']['problems']:,} would redraw, is as large as Δ)")
         if n > MAX_SEEDS:
             return f"undecided (more than {MAX_SEEDS} {side} would be needed)"
         why = "to detect the observed Δ" if r["seeds_basis"] == "observed" else f"to show it within ±{r['margin']:g}"
