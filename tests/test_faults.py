@@ -570,7 +570,7 @@ def _sweep_then(tmp_path, sig):
                              "--no-progress"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)   # its own group: every descendant is findable
     try:
-        deadline = time.time() + 180
+        deadline = time.time() + 600   # a safety bound: it waits for the short run however loaded
         while time.time() < deadline and not any(ST.finished(d) for d in (out / "runs").glob("short-*")):
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.05)

@@ -105,7 +105,7 @@ def test_kill_and_resume(tmp_path):
                              "--workers", "1", "--no-progress"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     runs = out / "runs"
-    deadline = time.time() + 120
+    deadline = time.time() + 600   # a safety bound, not a timing: the loop waits for two runs
     while time.time() < deadline and len([d for d in runs.glob("*") if not d.name.startswith(".")] if runs.exists() else []) < 2:
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
