@@ -411,9 +411,10 @@ def test_findings_name_the_presets_their_ablation_files_set(tmp_path):
     assert "on the sorting toy and the arithmetic LM," in render(root).splitlines()[2]
 
 
-def test_the_complete_run_with_more_seeds_is_judged_and_its_device_named(tmp_path):
+def test_the_complete_run_with_outcomes_and_more_seeds_is_judged_and_its_device_named(tmp_path):
     """A claim run twice on one task (results/<name>/ on a CPU, results/gpu/<name>/ on a GPU): the directory
-    whose planned runs all finished and that has more seeds is judged, its device named; the other is listed."""
+    whose planned runs all finished, then the one with per-problem outcomes, then the one with more seeds, is
+    judged, its device named; the other is listed."""
     claim = {"text": "a beats b", "source": "Someone (2025)", "expect": ["a > b"], "margin": {"lm": 0.01}}
     rng = np.random.default_rng(1)
     five = {"a": 0.6 + 0.01 * rng.standard_normal(5), "b": 0.5 + 0.01 * rng.standard_normal(5)}
@@ -428,7 +429,7 @@ def test_the_complete_run_with_more_seeds_is_judged_and_its_device_named(tmp_pat
     # the ten GPU seeds reverse what the five CPU seeds would say
     assert "0 of 1 hold, 1 reversed" in row and "10 seeds on Test GPU" in row
     assert ("arithmetic LM: `" + tmp_path.name + "/gpu/claimx_lm` on Test GPU; not judged: `"
-            + tmp_path.name + "/claimx_lm` on CPU (Test CPU) (5 seeds)") in text
+            + tmp_path.name + "/claimx_lm` on CPU (Test CPU) (5 seeds, no per-problem outcomes)") in text
     assert "Command: `python -m grpo_bench run x.yaml --set device=cuda`." in text
     # a run that did not finish every planned run loses to a complete one, however many seeds it planned
     summary = pd.read_csv(tmp_path / "gpu" / "claimx_lm" / "summary.csv")
@@ -436,7 +437,15 @@ def test_the_complete_run_with_more_seeds_is_judged_and_its_device_named(tmp_pat
     summary.to_csv(tmp_path / "gpu" / "claimx_lm" / "summary.csv", index=False)
     text = render(tmp_path)
     assert "arithmetic LM: `" + tmp_path.name + "/claimx_lm` on CPU (Test CPU)" in text
-    assert "(10 seeds, not every planned run finished)" in text
+    assert "(10 seeds, not every planned run finished, no per-problem outcomes)" in text
+    # complete again: per-problem outcomes win over seeds (the 10 seeds were tested without the problems' variance)
+    summary.loc[0, "status"] = "ok"
+    summary.to_csv(tmp_path / "gpu" / "claimx_lm" / "summary.csv", index=False)
+    pd.DataFrame([{"run": f"{v}-s{s}", "variant": v, "seed": s, "step": 59, "problem": j, "greedy": 1, "k_correct": None}
+                  for v in "ab" for s in range(5) for j in range(3)]).to_parquet(tmp_path / "claimx_lm" / "outcomes.parquet")
+    text = render(tmp_path)
+    assert "arithmetic LM: `" + tmp_path.name + "/claimx_lm` on CPU (Test CPU)" in text
+    assert "(10 seeds, no per-problem outcomes)" in text
 
 
 def test_a_claim_on_a_metric_no_run_writes_is_refused_when_the_file_loads(tmp_path):
@@ -512,3 +521,54 @@ def test_an_lm_row_with_per_problem_outcomes_is_tested_on_seeds_and_problems(tmp
         cells[k] = next(line for line in text.splitlines() if line.startswith("| `a > b`"))
     assert "seeds × problems t (200 problems" in cells["with"] and "seeds × problems" not in cells["without"]
     assert "**holds" in cells["without"] and "**holds" not in cells["with"]
+
+
+def test_a_curve_quantitys_problem_shares_are_worked_by_hand():
+    """The area of a curve whose middle evaluation scored 2 of 4 problems, split into each problem's share: by
+    hand, trapezoid weights 1/4, 1/2, 1/4 over samples 0, 100, 200; a subset point gives every problem its mean
+    (0.5) and its own problems 4/2 times their deviation from it. The shares average to the area. A one-line
+    bug (Horvitz-Thompson without the centring, a subset weight of 1, the weights of the value instead of the
+    area) changes at least one share."""
+    nan = float("nan")
+    o = pd.DataFrame({0: [0, 0, 1, 0], 5: [1, 0, nan, nan], 10: [1, 1, 1, 0]}, index=range(4), dtype=float)
+    curves = {("a", 0): (np.array([0.0, 100.0, 200.0]), np.array([0.25, 0.5, 0.75]), np.array([0, 5, 10]))}
+    area = F.problem_table({("a", 0): o}, curves, "a", [0], "area", None)
+    assert area.loc[0].tolist() == pytest.approx([1.0, 0.0, 0.75, 0.25])
+    assert area.loc[0].mean() == pytest.approx(F._values(pd.Series({0: 0.75}), "a", "area", None, curves)[0])
+    # read at 150 samples drawn: halfway from the subset point to the last (value), mean over [0, 150] (area)
+    half = F.problem_table({("a", 0): o}, curves, "a", [0], "final", 150.0)
+    assert half.loc[0].tolist() == pytest.approx([0.5 * 1.5 + 0.5 * 1, 0.5 * -0.5 + 0.5 * 1, 0.5 * 0.5 + 0.5, 0.5 * 0.5])
+    assert F.problem_table({("a", 0): o}, curves, "a", [0], "final", None).loc[0].tolist() == [1, 1, 1, 0]
+    # a point the outcomes lack: no table, so the row stays on seeds alone rather than on the wrong shares
+    assert F.problem_table({("a", 0): o.drop(columns=5)}, curves, "a", [0], "area", None) is None
+
+
+def test_area_and_equal_sample_rows_are_tested_on_seeds_and_problems(tmp_path):
+    """With outcomes at every evaluation (a 50-problem subset mid-run), the area row and both rows of an
+    ordering read at equal samples drawn are tested on seeds x problems, like the final row; the shares' means
+    are the per-seed values the seeds-only test uses (else crossed_pair would leave the row on seeds)."""
+    rng = np.random.default_rng(4)
+    seeds, n, steps = range(5), 200, (0, 5, 10)
+    drawn = {"a": (0, 640, 1280), "b": (0, 960, 1920)}                  # b draws 1.5x the samples
+    outcome, curves = {}, {}
+    for v in "ab":
+        for s in seeds:
+            for step, p in zip(steps, (0.2, 0.5, 0.7)):
+                y = (rng.random(n) < p + (0.05 if v == "a" else 0)).astype(float)
+                if step == 5:
+                    y[50:] = np.nan
+                outcome[(v, s, step)] = y
+            curves[(v, s)] = [(st, drawn[v][k], float(np.nanmean(outcome[(v, s, st)]))) for k, st in enumerate(steps)]
+    values = {v: [curves[(v, s)][-1][2] for s in seeds] for v in "ab"}
+    extra = {"final/samples": {v: [drawn[v][-1]] * 5 for v in "ab"}}
+    claim = {"text": "a beats b", "source": "Someone (2025)", "expect": ["a > b"], "margin": {"lm": 0.01}}
+    d = tmp_path / "claimx_lm"
+    write(d, "claimx", "lm", values, claim, column=LM, curves=curves, extra=extra)
+    pd.DataFrame([{"run": f"{v}-s{s}", "variant": v, "seed": s, "step": st, "problem": j, "greedy": y[j],
+                   "k_correct": None} for (v, s, st), y in outcome.items() for j in range(n) if not np.isnan(y[j])]
+                 ).to_parquet(d / "outcomes.parquet")
+    r = F.judge_setting(d, claim, "lm")
+    row = r["rows"][0]
+    assert row["budget"] == 1280
+    for q in ("final", "area"):
+        assert row["quantities"][q]["test"].startswith("seeds × problems t (200 problems"), q

@@ -45,7 +45,7 @@ from ..errors import ConfigError
 from ..config.ablation import check_orderings, load_ablation, parse_ordering
 from ..config.run import run_dict
 from ..store.metrics import final_names
-from ..store.rundir import load_outcomes, metrics_path, read_meta, read_table
+from ..store.rundir import OUTCOMES_FILE, load_outcomes, metrics_path, read_meta, read_table
 from .report import label_column
 from ..store.rundir import read_metrics_file
 
@@ -98,10 +98,10 @@ def inert_reason(task: metrics.TaskInfo | None, a, b) -> str | None:
     return "; ".join(dict.fromkeys(reasons)) or None
 
 
-def run_curves(directory: Path, metric: str) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
-    """(variant, seed) -> (samples drawn at each point, the metric there) of every run, from the results'
-    metrics table. A point's samples: samples/total at its step, interpolated between logged steps; a
-    held-out evaluation at step 0 ran before the first rollout (0 samples)."""
+def run_curves(directory: Path, metric: str) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(variant, seed) -> (samples drawn at each point, the metric there, the point's step) of every run, from
+    the results' metrics table. A point's samples: samples/total at its step, interpolated between logged steps;
+    a held-out evaluation at step 0 ran before the first rollout (0 samples)."""
     path = metrics_path(directory)
     if path is None:
         return {}
@@ -121,7 +121,7 @@ def run_curves(directory: Path, metric: str) -> dict[tuple[str, int], tuple[np.n
         x = np.interp(y.step.to_numpy(float), np.r_[-1.0, s.step.to_numpy(float)], np.r_[0.0, s.value.to_numpy(float)])
         if metric.startswith("eval/"):
             x[y.step.to_numpy() == 0] = 0.0
-        out[(str(variant), int(seed))] = (x, y.value.to_numpy(float))
+        out[(str(variant), int(seed))] = (x, y.value.to_numpy(float), y.step.to_numpy(int))
     return out
 
 
@@ -164,7 +164,7 @@ def judge_setting(directory: Path, claim: dict, setting: str | None = None, root
                if "final/samples" in ok and "seed" in ok else {})
     metric = metrics.metric_of(column) or column
     curves = run_curves(directory, metric)
-    problems = final_tables(directory, ok) if metric == "eval/accuracy" else {}
+    problems = outcome_runs(directory, ok) if metric == "eval/accuracy" else {}
 
     rows, seen = [], {}
     for e in claim["expect"]:
@@ -194,8 +194,10 @@ def judge_setting(directory: Path, claim: dict, setting: str | None = None, root
                 groups.pop(ga), groups.pop(gb)
                 continue
             pairs.append((ga, gb, r["claim"]))
-            if q == "final" and r["budget"] is None and r["a"] in problems and r["b"] in problems:
-                tables[(ga, gb)] = _difference(problems[r["a"]], problems[r["b"]])
+            ta, tb = (problem_table(problems, curves, v, groups[g].index, q, r["budget"]) if problems else None
+                      for v, g in ((r["a"], ga), (r["b"], gb)))
+            if ta is not None and tb is not None:
+                tables[(ga, gb)] = _difference(ta, tb)
         results = stats.compare_pairs(groups, pairs, margin, tables=tables)
         by_quantity[q] = {int(t["a"].split(":")[0]): t for t in results}
     sequential = _sequential(meta, directory, column, margin, judge_on)
@@ -217,16 +219,53 @@ def judge_setting(directory: Path, claim: dict, setting: str | None = None, root
             "sampled": _means(ok, "final/reward") if column != "final/reward" else None}
 
 
-def final_tables(directory: Path, ok: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """variant -> its finished runs' greedy outcomes at their last evaluation (the final one, every held-out
-    problem), seeds by problems; {} where the results kept no per-problem outcomes."""
+def outcome_runs(directory: Path, ok: pd.DataFrame) -> dict[tuple[str, int], pd.DataFrame]:
+    """(variant, seed) -> that finished run's greedy outcomes, problems by evaluation step (NaN where a mid-run
+    evaluation scored a subset); {} where the results kept no per-problem outcomes."""
     o = load_outcomes(directory)
     if o is None or o.empty:
         return {}
     o = o[o.run.astype(str).isin(set(ok.run.astype(str)))]
-    o = o[o.step == o.groupby("run", observed=True).step.transform("max")]
-    return {str(v): g.pivot_table(index="seed", columns="problem", values="greedy", aggfunc="first", observed=True)
-            for v, g in o.groupby(o.variant.astype(str))}
+    return {(str(v), int(s)): g.pivot_table(index="problem", columns="step", values="greedy", aggfunc="first",
+                                            observed=True)
+            for (v, s), g in o.groupby([o.variant.astype(str), "seed"], observed=True)}
+
+
+def problem_table(runs: dict, curves: dict, variant: str, seeds, quantity: str,
+                  budget: float | None) -> pd.DataFrame | None:
+    """Seeds by problems: each problem's share of the quantity a seed's value is, so that a row's mean over the
+    problems is that value. The final value (no budget) is the last evaluation's outcomes. Read from the curve (the
+    area, or a value at a common budget) it is linear in the curve's points, sum_t w_t acc_t (at_budget's weights),
+    and acc_t the mean over the problems evaluation t scored: problem p's share is the sum over t of
+    w_t * (acc_t + (outcome(p, t) - acc_t) * all problems / problems scored at t), the deviation counted only where
+    t scored p. A mid-run subset's deviations thus carry its sampling variance (its mean's, sd^2 / subset size),
+    while acc_t itself is every problem's: Horvitz-Thompson on the outcomes themselves would add the variance of
+    which problems the subset holds (about 4x the subset's own on a 250-of-1000 subset near 95%). None where a run
+    has no outcomes or its curve has a point its outcomes lack."""
+    rows = {}
+    for seed in seeds:
+        o = runs.get((variant, int(seed)))
+        if o is None or o.empty:
+            return None
+        if quantity == "final" and budget is None:
+            rows[seed] = o[o.columns.max()]
+            continue
+        c = curves.get((variant, int(seed)))
+        if c is None:
+            return None
+        x, _, steps = c
+        eye = np.eye(len(x))
+        w = np.array([at_budget(x, eye[t], x[-1] if budget is None else budget)[quantity == "area"]
+                      for t in range(len(x))])
+        share = pd.Series(0.0, index=o.index)
+        for t in np.flatnonzero(w):
+            if steps[t] not in o.columns:
+                return None
+            col = o[steps[t]]
+            m = col.mean()
+            share += w[t] * (m + (col - m).fillna(0.0) * (len(o) / col.notna().sum()))
+        rows[seed] = share
+    return pd.DataFrame(rows).T
 
 
 def _difference(a: pd.DataFrame, b: pd.DataFrame) -> np.ndarray:
@@ -273,7 +312,7 @@ def _values(finals: pd.Series, variant: str, quantity: str, budget: float | None
         c = curves.get((variant, int(seed)))
         if c is None:
             return None
-        x, y = c
+        x, y, _ = c
         value, area = at_budget(x, y, x[-1] if budget is None else budget)
         out[seed] = value if quantity == "final" else area
     return pd.Series(out, dtype=float)
@@ -389,7 +428,7 @@ def collect(root: Path) -> tuple[dict[str, dict], dict[str, metrics.TaskInfo], l
         setting = setting or (task.name if task else d.name)  # a file without settings: its task's name
         entry = families.setdefault(family, {"claim": claim, "source": meta.get("source", ""), "settings": {},
                                              "others": {}})
-        if setting in entry["settings"]:  # two runs of one claim on one task: the complete one with more seeds
+        if setting in entry["settings"]:  # two runs of one claim on one task: _completeness
             keep, other = sorted([entry["settings"][setting], d], key=_completeness, reverse=True)
             entry["settings"][setting] = keep
             entry["others"].setdefault(setting, []).append(other)
@@ -410,12 +449,15 @@ def collect(root: Path) -> tuple[dict[str, dict], dict[str, metrics.TaskInfo], l
     return families, tasks, order
 
 
-def _completeness(d: Path) -> tuple[bool, int]:
-    """(every planned run finished, seeds): which of two results directories of one claim and task to judge."""
+def _completeness(d: Path) -> tuple[bool, bool, int]:
+    """(every planned run finished, per-problem outcomes kept, seeds): which of two results directories of one
+    claim and task to judge. Outcomes before seeds: a test on seeds alone leaves out how much the verdict depends
+    on which held-out problems were drawn (most of the variance on the LM tasks), so more seeds without them
+    are a narrower interval for a narrower question."""
     meta = read_meta(d)
     summary = read_table(d / "summary.csv", ["run", "status"])
     done = set(summary.loc[summary.status == "ok", "run"])
-    return set(meta["runs"]) <= done, len(meta["seeds"])
+    return set(meta["runs"]) <= done, (d / OUTCOMES_FILE).is_file(), len(meta["seeds"])
 
 
 def device(d: Path) -> str:
@@ -598,7 +640,8 @@ def intro(where: str, tasks: dict[str, metrics.TaskInfo], order: list[str], name
         "*not testable here*, and in no count, when its variants differ only in parts the task declares inert, "
         "when every paired difference is exactly 0, or when its variants ran the same numbers as an earlier "
         "ordering's. Where the results kept each held-out problem's outcome (the LM tasks', from this version), a "
-        "final held-out accuracy row is tested on the seeds × problems table of a − b, seeds and problems as "
+        "held-out accuracy row (final, area, or read at equal samples) is tested on the seeds × problems table of "
+        "a − b, seeds and problems as "
         "crossed random effects, so its interval holds for a new held-out set as well as new seeds (the test is "
         "named *seeds × problems t*; docs/statistics.md). *Across tasks* says on how many of the tasks an ordering was tested on it holds (a negligible "
         "difference is not holding), and per claim how many orderings tested on two or more tasks hold on every "
@@ -712,8 +755,9 @@ def _shown(d: Path, root: Path) -> str:
 
 
 def _why_not(d: Path) -> str:
-    complete, seeds = _completeness(d)
-    return f"{seeds} seeds" + ("" if complete else ", not every planned run finished")
+    complete, outcomes, seeds = _completeness(d)
+    return f"{seeds} seeds" + ("" if complete else ", not every planned run finished") + \
+        ("" if outcomes else ", no per-problem outcomes")
 
 
 def write_findings(root: Path, out: Path | None = None) -> Path:
