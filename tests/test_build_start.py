@@ -79,3 +79,46 @@ def test_a_second_phase_is_the_checked_one(tmp_path):
 def test_bad_presets_are_refused_by_key(tmp_path, capsys, start, task, key):
     assert main(["build-start", str(preset(tmp_path, start, task))]) == 2
     assert f": {key}: " in capsys.readouterr().err
+
+
+ARITH = {"name": "arithmetic", "model": {"source": "shipped:cd_test"}, "ops": {"add": [0, 99]}, "eval_size": 16,
+         "pass_k": 2, "sampling": {"max_new_tokens": 8}}
+
+
+def test_an_arithmetic_start_with_check_every_stops_at_its_first_good_check(tmp_path, capsys):
+    """check_every on an arithmetic preset: held-out checks as a gym build has them (the model-size axis matches
+    a wider start's accuracy to the shipped one's this way); without it, exactly `steps` and one check."""
+    path = preset(tmp_path, START | {"greedy": None, "steps": 6}, ARITH)
+    assert main(["build-start", str(path)]) == 0
+    m = json.loads((tmp_path / "cd_test" / "manifest.json").read_text())
+    assert m["steps"] == 2 and [c["step"] for c in m["checks"]] == [2] and m["criterion_met"]
+    unchecked = {k: v for k, v in START.items() if k != "check_every"} | {"greedy": None, "steps": 6}
+    assert main(["build-start", str(preset(tmp_path, unchecked, ARITH)), "--out", str(tmp_path / "u")]) == 0
+    assert [c["step"] for c in json.loads((tmp_path / "u" / "cd_test" / "manifest.json").read_text())["checks"]] == [6]
+    capsys.readouterr()
+    assert main(["build-start", str(preset(tmp_path, START | {"greedy": [0.9, 1.0], "steps": 4}, ARITH)),
+                 "--out", str(tmp_path / "never")]) == 2
+    assert "start: no check met greedy in [0.9, 1.0]" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
+
+
+def test_a_check_leaves_the_training_after_it_as_it_was():
+    """A check samples from the model (torch's generator); the SFT steps after it must not see that: the weights
+    of 5 steps checked at every step are those of 5 steps unchecked, bit for bit."""
+    import torch
+    from grpo_bench.config.run import resolve_run
+    from grpo_bench.tasks.lm import build_start, warmstart
+    start = build_start.StartSection(**(START | {"steps": 5}))
+    cfg = resolve_run({"task": build_start._scratch_task(ARITH, start) | {
+        "warmstart": {"steps": 5, "batch": 8, "lr": 3e-3, "seed": 0, "scratchpad": 0.3}}}).task
+    seen = []
+
+    def check(model, tokenizer, s, acc):
+        seen.append(s)
+        torch.rand(1000)   # what sampling a check would draw
+        return False
+
+    checked, _, _ = warmstart._build(cfg, torch.device("cpu"), check)
+    plain, _, _ = warmstart._build(cfg, torch.device("cpu"))
+    assert seen == [1, 2, 3, 4, 5]
+    assert all(torch.equal(a, b) for a, b in zip(checked.state_dict().values(), plain.state_dict().values()))

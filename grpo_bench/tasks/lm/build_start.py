@@ -81,9 +81,11 @@ class StartSection:
     seed: int = 0
     """Seed of the initial weights and of the SFT data."""
     steps: int = 2000
-    """gym: the most SFT steps; arithmetic: exactly this many."""
-    check_every: int = 100
-    """gym: steps between held-out checks."""
+    """The most SFT steps (arithmetic without check_every: exactly this many). The warm-up is a tenth of it, so
+    a checked build stopped at step s trained exactly as an unchecked one of `steps` did up to s."""
+    check_every: int | None = None
+    """Steps between held-out checks, the build stopping at the first that meets the criterion (gym: 100 where
+    unset); arithmetic without it: `steps` steps, the criterion checked at the end (the retired build.py's)."""
     greedy: list | None = field(default_factory=lambda: [0.2, 0.4])
     """Held-out greedy accuracy [lo, hi] a start stops in; null: no criterion."""
     pass_ratio: float = 2.0
@@ -129,6 +131,8 @@ def read(path: Path) -> tuple[dict, StartSection, str]:
                                          and 0 <= start.greedy[0] <= start.greedy[1] <= 1):
         raise ConfigError(str(path), "start.greedy", f"expected [lo, hi] in [0, 1] or null, got {start.greedy!r}")
     for key in ("layers", "width", "heads", "batch", "steps", "check_every"):
+        if key == "check_every" and start.check_every is None:
+            continue
         if not isinstance(getattr(start, key), int) or getattr(start, key) < 1:
             raise ConfigError(str(path), f"start.{key}", f"must be an integer >= 1, got {getattr(start, key)!r}")
     if not 0 <= start.scratchpad <= 1:
@@ -227,7 +231,7 @@ def build_gym(task: dict, start: StartSection, out: Path, log=print) -> tuple[di
             seqs = warmstart.sequences(tokenizer, [e.compact() for e in batch], answers, True,
                                        tokenizer.eos_token_id, torch.device("cpu"))
             token_acc = warmstart.step(model, opt, sched, *seqs)
-            if not checked or (i % start.check_every and i != steps):
+            if not checked or (i % (start.check_every or 100) and i != steps):
                 continue
             model.eval()
             _save(model, tokenizer, out)
@@ -244,13 +248,34 @@ def build_gym(task: dict, start: StartSection, out: Path, log=print) -> tuple[di
 
 
 def build_arithmetic(task: dict, start: StartSection, out: Path, log=print) -> tuple[dict, list[dict], int]:
-    """The arithmetic task's warm-start (warmstart._build, one thread) for exactly start.steps steps."""
+    """The arithmetic task's warm-start (warmstart._build, one thread): exactly start.steps steps, or, with
+    check_every, stopped at the first check that meets the criterion (ValueError if none does)."""
     from . import warmstart
 
     section = _scratch_task(task, start) | {"warmstart": {"steps": start.steps, "batch": start.batch, "lr": start.lr,
                                                           "seed": start.seed, "scratchpad": start.scratchpad}}
     cfg = resolve_run({"task": section}).task
-    model, tokenizer, token_acc = warmstart._build(cfg, torch.device("cpu"))
+    checks = []
+
+    def check(model, tokenizer, s: int, token_acc: float) -> bool:
+        """True to stop: this check meets the criterion (or is past its window: later ones only climb)."""
+        if start.check_every is None or (s % start.check_every and s != start.steps):
+            return False
+        _save(model, tokenizer, out)
+        acc = evaluate(task, out) | {"step": s, "token_accuracy": token_acc}
+        checks.append(acc)
+        log(f"step {s}: greedy {acc['greedy']:.3f}, pass@k {acc['pass@k']:.3f}, token accuracy {token_acc:.3f}")
+        model.train()
+        return meets(start, acc) or (start.greedy is not None and acc["greedy"] > start.greedy[1])
+
+    model, tokenizer, token_acc = warmstart._build(cfg, torch.device("cpu"), check)
+    if start.check_every is not None:
+        if not checks or not meets(start, checks[-1]):
+            last = checks[-1] if checks else {"step": 0, "greedy": float("nan"), "pass@k": float("nan")}
+            raise ValueError(f"start: no check met greedy in {start.greedy} with pass@k >= {start.pass_ratio} x "
+                             f"greedy (last: step {last['step']}, greedy {last['greedy']:.3f}, pass@k "
+                             f"{last['pass@k']:.3f}); change lr, batch, steps or check_every")
+        return checks[-1], checks, checks[-1]["step"]
     _save(model, tokenizer, out)
     acc = evaluate(task, out) | {"step": start.steps, "token_accuracy": token_acc}
     log(f"step {start.steps}: greedy {acc['greedy']:.3f}, pass@k {acc['pass@k']}, token accuracy {token_acc:.3f}")

@@ -92,7 +92,8 @@ def checkpoint(cfg, device: torch.device) -> Path:
     return final
 
 
-def _build(cfg, device: torch.device):
+def _build(cfg, device: torch.device, check=None):
+    """check(model, tokenizer, step, token accuracy) -> True to stop there (build-start's held-out checks)."""
     model, tokenizer = models.starting_model(cfg, device, dtype=torch.float32)
     models.disable_dropout(model)
     # One CPU thread whatever the caller uses: float sums in another order change the
@@ -101,7 +102,7 @@ def _build(cfg, device: torch.device):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        accuracy = sft(model, tokenizer, cfg, device)
+        accuracy = sft(model, tokenizer, cfg, device, check)
     finally:
         torch.set_num_threads(threads)
     return model, tokenizer, accuracy
@@ -157,8 +158,10 @@ def step(model, opt, sched, ids, mask, labels) -> float:
         return ((logits.argmax(-1) == target) & counted).sum().item() / max(counted.sum().item(), 1)
 
 
-def sft(model, tokenizer, cfg, device: torch.device) -> float:
-    """Train on prompt -> answer for cfg.warmstart.steps batches; returns token accuracy of the last batch."""
+def sft(model, tokenizer, cfg, device: torch.device, check=None) -> float:
+    """Train on prompt -> answer for cfg.warmstart.steps batches, or until check(model, tokenizer, step, token
+    accuracy) says stop; returns token accuracy of the last batch. Training draws no torch randomness (its data
+    come from `rng`, dropout is off), so what a check samples leaves the steps after it as they were."""
     template = problems.resolve_template(cfg.template, tokenizer)
     eos = tokenizer.eos_token_id if template == "plain" else _chat_eos(tokenizer, model)
     exclude = problems.exclusion(problems.heldout(cfg.ops, cfg.eval_size, cfg.eval_seed, cfg.operands))
@@ -167,11 +170,16 @@ def sft(model, tokenizer, cfg, device: torch.device) -> float:
     model.train()
     opt, sched = optimizer(model, cfg.warmstart.lr, cfg.warmstart.steps)
     accuracy = 0.0
-    for _ in range(cfg.warmstart.steps):
+    for s in range(1, cfg.warmstart.steps + 1):
         batch = problems.train_batch(cfg.ops, cfg.warmstart.batch, rng, exclude, cfg.operands)
         # drawn only when asked for, so a run without scratchpads sees the data it always saw
         pads = [rng.random() < cfg.warmstart.scratchpad for _ in batch] if cfg.warmstart.scratchpad else None
         accuracy = step(model, opt, sched, *_sequences(tokenizer, batch, template, eos, device, pads))
+        if check is not None:
+            model.eval()
+            if check(model, tokenizer, s, accuracy):
+                break
+            model.train()
     model.eval()
     return accuracy
 
