@@ -14,7 +14,11 @@ recomputed after each, and a change is put down to the step at which the outcome
     margin     each task's margin from its headroom (toy 0.044, LM 0.027; were 0.02 and 0.03)
     samples    variants with different budgets compared at equal samples drawn
 
-The last step is FINDINGS v3 itself, which the script checks against findings.judge_setting.
+The last step is FINDINGS v3 itself, which the script checks against findings.judge_setting. The v2 cells
+are recomputed from the results as they were before the LM claims were rerun (commit V3_COMMIT, read with
+`git archive`: the rerun's numbers are not v2's). A second section lists every verdict that moved between
+FINDINGS at V3_COMMIT and FINDINGS now (the rerun of the arithmetic LM claims with seven evaluations and
+per-problem outcomes, tested on seeds x problems), with both cells' difference and test.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from grpo_bench.store.metrics import final_names
 from grpo_bench.store.rundir import read_meta, read_table
 
 V2_COMMIT = "b96bbe1"
+V3_COMMIT = "16f30c5"   # the last FINDINGS before the arithmetic LM claims were rerun (issue 27)
 V2_MARGIN = {"final/reward": 0.02, "final/eval/reward": 0.02, "final/eval/accuracy": 0.03}  # v2's global constants
 STEPS = ("outcomes", "testable", "metric", "margin", "samples")
 WHY = {"outcomes": "significant and inside ±δ: now *negligible*, not a hold or a reversal (significance "
@@ -209,10 +214,64 @@ def label_of(column: str) -> str:
     return label_column(column)
 
 
+def v3_cells(text: str) -> dict[tuple[str, str, str], tuple[str, str]]:
+    """(claim, task label, ordering) -> (outcome, the cell's difference and test) from v3's detail tables."""
+    out, claim, labels = {}, None, []
+    for line in text.splitlines():
+        if line.startswith("## "):
+            claim = line[3:].strip()
+        elif line.startswith("| ordering |"):
+            labels = [c.split(":")[0].strip() for c in line.strip("| \n").split(" | ")[1:]]
+        elif line.startswith("| `") and claim:
+            cells = line.strip("| \n").split(" | ")
+            for label, cell in zip(labels, cells[1:]):
+                found = re.search(r"\*\*(.+?)\*\*", cell)
+                if found:
+                    verdict = found.group(1).split(" (")[0].split(" within")[0]
+                    head = cell.split("<br>")[0].split(": ", 1)[-1]
+                    delta = re.search(r"Δ ([-+]?[0-9.]+)", head)
+                    test = head.split("; ")[1].split(", ρ")[0] if head.count("; ") else ""
+                    out[(claim, label, cells[0].strip("`"))] = (verdict, f"Δ {delta.group(1) if delta else '?'}; {test}")
+    return out
+
+
+def rerun_section(before: str, now: str) -> str:
+    old, new = v3_cells(before), v3_cells(now)
+    moved = [(k, old[k], new[k]) for k in old if k in new and old[k][0] != new[k][0]]
+    same = sum(1 for k in old if k in new and old[k][0] == new[k][0])
+    added = [k for k in new if k not in old]
+    lines = ["## What changed since the LM claims were rerun", "",
+             f"FINDINGS at commit {V3_COMMIT} judged the arithmetic LM's claims on results with four held-out "
+             "evaluations a run and no per-problem outcomes, tested on seeds alone (and policy_losses and "
+             "dapo_ladder on results/gpu's 10 CUDA seeds). They were rerun on the CPU with seven evaluations "
+             "(every 5 rollouts, 250 problems mid-run, all 1,000 at the start and end) and each problem's outcome "
+             "kept; training is bit-identical (the same final values run for run: an evaluation draws nothing "
+             "from the training's random streams), so what moved is the test (seeds × problems, for the final "
+             "value, the area and readings at equal samples), the area (seven points, not four), and for "
+             "policy_losses and dapo_ladder the seeds judged (the CPU's 5 with outcomes over the GPU's 10 "
+             f"without). {len(moved)} verdicts moved, {same} did not; {len(added)} cells are new (tasks or "
+             "orderings FINDINGS did not have then). Every cell as it was and as it is:", "",
+             "| claim | task | ordering | was | is | was: Δ; test | is: Δ; test |", "|---|---|---|---|---|---|---|"]
+    for (claim, label, e), (v0, c0), (v1, c1) in moved:
+        lines.append(f"| [{claim}](FINDINGS.md#{claim}) | {label} | `{e}` | {v0} | **{v1}** | {c0} | {c1} |")
+    return "\n".join(lines + [""])
+
+
 if __name__ == "__main__":
+    import tarfile
+    import tempfile
     root = Path(sys.argv[1] if len(sys.argv) > 1 else "results")
     text = Path(sys.argv[2]).read_text() if len(sys.argv) > 2 else subprocess.run(
         ["git", "show", f"{V2_COMMIT}:results/FINDINGS.md"], capture_output=True, text=True, check=True).stdout
+    before = subprocess.run(["git", "show", f"{V3_COMMIT}:results/FINDINGS.md"], capture_output=True, text=True,
+                            check=True).stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "archive", V3_COMMIT, "results", "ablations"], capture_output=True,
+                                 check=True).stdout
+        with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+            tar.extractall(tmp, filter="data")
+        first = main(Path(tmp) / "results", text)
     out = root / "FINDINGS_changes.md"
-    out.write_text(main(root, text))
+    out.write_text(first)   # render() appends this file: the rerun section compares the tables above it
+    out.write_text(first + "\n" + rerun_section(before, F.render(root)))
     print(out)
