@@ -369,9 +369,9 @@ TINY = {"sort": ["--set", "epochs=2", "--set", "inner_steps=1"],
         # a 1-layer model from code and 20 held-out problems: the machinery, not the shipped model
         "lm": ["--set", "epochs=1", "--set", "inner_steps=1", "--set", "group_size=2", "--set", "eval_every=0",
                "--set", "task.prompts_per_step=2", "--set", "task.eval_size=20", "--set", "task.model.source=tiny-scratch",
-               "--set", "task.model.layers=1", "--set", "task.model.width=32", "--set", "task.model.heads=2"]}
-# the reasoning-gym settings: the same from code, every held-out problem at every (one) evaluation
-TINY["countdown"] = TINY["spell_backward"] = TINY["lm"] + ["--set", "task.eval_subset=0"]
+               "--set", "task.model.layers=1", "--set", "task.model.width=32", "--set", "task.model.heads=2",
+               "--set", "task.eval_subset=0"]}   # every one of the 20 held-out problems at every (one) evaluation
+TINY["countdown"] = TINY["spell_backward"] = TINY["lm"]   # the reasoning-gym settings: the same, from code
 
 
 @pytest.mark.parametrize("name", ["adv_norm", "dapo_ladder", "policy_losses", "kl_gradients", "length_bias",
