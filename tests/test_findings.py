@@ -572,3 +572,26 @@ def test_area_and_equal_sample_rows_are_tested_on_seeds_and_problems(tmp_path):
     assert row["budget"] == 1280
     for q in ("final", "area"):
         assert row["quantities"][q]["test"].startswith("seeds × problems t (200 problems"), q
+
+
+def test_the_rerun_section_lists_each_verdict_that_moved_with_both_cells(tmp_path):
+    """scripts/findings_changes.py reads FINDINGS as render writes it: a cell whose outcome moved between two
+    versions is listed once, with both differences and tests; one that kept its outcome is not."""
+    import importlib.util
+    from helpers import ROOT
+    spec = importlib.util.spec_from_file_location("findings_changes", ROOT / "scripts" / "findings_changes.py")
+    fc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fc)
+    claim = {"text": "a beats b", "source": "Someone (2025)", "expect": ["a > b", "a > c"], "margin": {"lm": 0.01}}
+    rng = np.random.default_rng(3)
+    noise = {v: 0.002 * rng.standard_normal(6) for v in "abc"}
+    before = {"a": 0.6 + noise["a"], "b": 0.5 + noise["b"], "c": 0.5 + noise["c"]}
+    after = {"a": 0.6 + noise["a"], "b": 0.7 + noise["b"], "c": 0.5 + noise["c"]}
+    write(tmp_path / "v1" / "claimx_lm", "claimx", "lm", before, claim, column=LM)
+    write(tmp_path / "v2" / "claimx_lm", "claimx", "lm", after, claim, column=LM)
+    old, new = render(tmp_path / "v1"), render(tmp_path / "v2")
+    assert fc.v3_cells(old)[("claimx", "arithmetic LM", "a > b")][0] == "holds"
+    section = fc.rerun_section(old, new)
+    rows = [line for line in section.splitlines() if line.startswith("| [claimx]")]
+    assert len(rows) == 1 and "`a > b` | holds | **reversed** | Δ +0.1" in rows[0] and "Δ -0.1" in rows[0]
+    assert "1 verdicts moved, 1 did not" in section
