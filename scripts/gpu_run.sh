@@ -2,7 +2,7 @@
 # Everything the suite measures on a GPU, in one call, into results/gpu/ (README's GPU tables read it).
 #
 #   bash scripts/gpu_run.sh all    [OUTDIR]   # every stage below, each in its own time budget
-#   bash scripts/gpu_run.sh STAGES [OUTDIR]   # some of them, comma-separated: population,step,tests,sweep,bench
+#   bash scripts/gpu_run.sh STAGES [OUTDIR]   # some of them, comma-separated: population,step,tests,sweep,bench,claims
 #   bash scripts/gpu_run.sh dry    [OUTDIR]   # what `all` would run, without running it (no GPU needed)
 #
 # Stages, in the order `all` runs them (most wanted first: a call stopped at its limit keeps
@@ -14,6 +14,9 @@
 #   tests       kernel, log-prob, fused-head and population tests on CUDA, full sizes
 #   sweep       policy_losses' LM setting at 10 seeds on the GPU, populations of every seed
 #   bench       log-prob (bf16), loss and Qwen-width GRPO-step benchmarks against TRL's and Liger's own code
+#   claims      scripts/gpu_sweeps.py: the claim sweeps on the reasoning-gym tasks (and the wide arithmetic
+#               start, where tasks/arithmetic_scratchpad_wide/ exists) at 10 seeds, many sweeps at once;
+#               CLAIMS="ablations/x.yaml:setting ..." picks others. Needs reasoning-gym importable.
 # Budgets (seconds) can be overridden: BUDGET_population=200 bash scripts/gpu_run.sh all.
 # If $TAR_TO is set, OUTDIR is packed there after each stage (a lent machine returns few files).
 #
@@ -21,16 +24,16 @@
 # (pip install, or wheels on PYTHONPATH), else their rows skip with that reason.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-stage=${1:?"all, dry, or a stage: population step tests sweep bench"}
+stage=${1:?"all, dry, or a stage: population step tests sweep bench claims"}
 out=${2:-results/gpu}
 py=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-STAGES="population step tests sweep bench"
-declare -A BUDGET=([population]=170 [step]=100 [tests]=80 [sweep]=100 [bench]=90)
+STAGES="population step tests sweep bench claims"
+declare -A BUDGET=([population]=170 [step]=100 [tests]=80 [sweep]=100 [bench]=90 [claims]=400)
 for s in $STAGES; do v="BUDGET_$s"; [ -n "${!v:-}" ] && BUDGET[$s]=${!v}; done
 
 case $stage in
-  all|dry) todo=$STAGES ;;
+  all|dry) todo=${STAGES% claims} ;;  # claims is a call of its own: `all` is planned to fit one 8-minute call
   *) todo=${stage//,/ }
      for s in $todo; do
        case " $STAGES " in *" $s "*) ;; *) echo "gpu_run.sh: unknown stage '$s'; valid: all, dry, $STAGES" >&2; exit 2 ;; esac
@@ -70,6 +73,19 @@ run_stage() {  # name, then the command; killed at the stage's budget
   pack
 }
 
+default_claims() {  # the gym tasks' claims, those with no run yet first; then the wide start's, where built
+  local a s
+  echo ablations/dapo_ladder.yaml:countdown
+  for s in countdown spell_backward; do
+    # not fp32_head: its cast lives on the fused head, which backend=torch (the GPU populations') never takes
+    for a in sampler_mismatch adv_norm ref_policy length_bias aggregation entropy_control; do
+      echo ablations/$a.yaml:$s
+    done
+  done
+  [ -d tasks/arithmetic_scratchpad_wide ] && for a in policy_losses dapo_ladder sampler_mismatch; do echo ablations/$a.yaml:lm_wide; done
+  echo ablations/policy_losses.yaml:countdown ablations/policy_losses.yaml:spell_backward ablations/dapo_ladder.yaml:spell_backward
+}
+
 for s in $todo; do
   case $s in
     population) run_stage population $py scripts/gpu_population.py "$out" --budget-s "60,$((BUDGET[population] - 90))" ;;
@@ -80,6 +96,8 @@ for s in $todo; do
     sweep) run_stage sweep $py -m grpo_bench run ablations/policy_losses.yaml --setting lm --seeds 10 \
              --set device=cuda --set backend=torch --workers 1 --population 64 --no-progress \
              --out "$out/policy_losses_lm" ;;
+    claims) run_stage claims $py scripts/gpu_sweeps.py "$out" --seeds 10 --deadline-s $((BUDGET[claims] - 45)) \
+              --set device=cuda --set backend=torch ${CLAIMS:-$(default_claims)} ;;
     bench) GRPO_BENCH_JSONL=$out/bench.jsonl run_stage bench $py -m pytest -q -p no:cacheprovider -rs \
              tests/benchmarks/test_bench_logprobs.py tests/benchmarks/test_bench_loss.py tests/benchmarks/test_bench_lm_step.py \
              -k "bfloat16 or loss_forward or lm_step" --benchmark-only ;;

@@ -26,15 +26,36 @@ def test_all_refuses_in_one_line_without_cuda(tmp_path):
 
 
 def test_dry_lists_every_stage_with_its_budget_and_overrides():
+    """`all` is one call's worth (the claims stage, 400 s on its own, is asked for by name)."""
     r = _run("bash", "scripts/gpu_run.sh", "dry", BUDGET_sweep="7")
     assert r.returncode == 0
     assert r.stdout.splitlines() == ["population: budget 170 s", "step: budget 100 s", "tests: budget 80 s",
                                      "sweep: budget 7 s", "bench: budget 90 s"]
 
 
+def test_sweeps_run_in_order_skip_what_cannot_load_and_stop_at_the_deadline(tmp_path):
+    """scripts/gpu_sweeps.py on CPU: a sweep that loads runs to its results; one that cannot load is named and
+    skipped, not fatal; at the deadline the rest are recorded as not started, with exit 1."""
+    tiny = ["--set", "epochs=2", "--set", "eval_every=1", "--set", "log_every=1", "--seeds", "1"]
+    r = _run(sys.executable, "scripts/gpu_sweeps.py", str(tmp_path), "ablations/policy_losses.yaml:sort",
+             "ablations/policy_losses.yaml:nosuch", "--slots", "2", *tiny)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "policy_losses_nosuch: not run:" in r.stdout and "nosuch" in r.stdout
+    rows = list(csv.DictReader((tmp_path / "sweeps.csv").open()))
+    assert [(x["sweep"], x["workers"], x["status"]) for x in rows] == [("policy_losses_sort", "2", "ok")]
+    assert len(list((tmp_path / "policy_losses_sort" / "runs").iterdir())) == 5  # 5 variants x 1 seed
+
+    r = _run(sys.executable, "scripts/gpu_sweeps.py", str(tmp_path / "late"), "ablations/policy_losses.yaml:sort",
+             "--deadline-s", "0", *tiny)
+    assert r.returncode == 1
+    rows = list(csv.DictReader((tmp_path / "late" / "sweeps.csv").open()))
+    assert [(x["sweep"], x["status"]) for x in rows] == [("policy_losses_sort", "not started")]
+    assert not (tmp_path / "late" / "policy_losses_sort").exists()
+
+
 def test_unknown_stage_names_the_valid_ones():
     r = _run("bash", "scripts/gpu_run.sh", "benchmark")
-    assert r.returncode == 2 and "unknown stage 'benchmark'" in r.stderr and "population step tests sweep bench" in r.stderr
+    assert r.returncode == 2 and "unknown stage 'benchmark'" in r.stderr and "population step tests sweep bench claims" in r.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")

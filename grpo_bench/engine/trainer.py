@@ -170,7 +170,9 @@ def sample(task, pop: Population, epoch: int, group_size: int, budget: int,
         for i in retire.any(1).nonzero().flatten().tolist():  # a curriculum: the member's stream drops these prompts
             sel = retire[i].nonzero().flatten()
             task.retire(i, ro.prompts[i][sel] if isinstance(ro.prompts, Tensor) else [ro.prompts[i][j] for j in sel])
-        return ro.replace(rewards=rewards, mask=mask), keep if drops["any"] else None, m
+        # which groups to keep is bookkeeping beside the CPU's failed-member masks and draw counts, wherever the
+        # rollout lives (on CUDA, `n_kept & ~_mask(...)` mixed devices and every dynamic_sampling run failed)
+        return ro.replace(rewards=rewards, mask=mask), keep.cpu() if drops["any"] else None, m
 
     # a task that can sample with another copy of its policy takes it as `sampler`; others are never asked to
     draw = (lambda d: task.rollout(epoch, d, group_size)) if sampler is None else \
