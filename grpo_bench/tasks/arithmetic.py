@@ -179,11 +179,7 @@ class ArithmeticConfig:
         for key, value in positive.items():
             if value < 1:
                 raise ValueError(f"{key}: must be >= 1, got {value}")
-        if self.model.dtype not in ("auto", "fp32", "bf16"):
-            raise ValueError(f"model.dtype: unknown {self.model.dtype!r}; valid: auto, fp32, bf16")
-        if self.model.cast_lm_head_to_fp32 and run_cfg.backend == "torch":
-            raise ValueError("model.cast_lm_head_to_fp32: needs backend chunked, triton or auto (backend torch "
-                             "takes the model's own logits)")
+        check_numerics(self.model, run_cfg)
         if self.model.width % self.model.heads:
             raise ValueError(f"model.width: must be a multiple of model.heads ({self.model.heads}), got {self.model.width}")
         if self.sampling.temperature <= 0:
@@ -220,6 +216,17 @@ def completion_mask(tokens: Tensor, eos: Tensor) -> tuple[Tensor, Tensor]:
     is_end = torch.isin(tokens, eos)
     before = is_end.long().cumsum(-1) - is_end.long()  # EOS seen strictly before this token
     return (before == 0).float(), is_end.any(-1)
+
+
+
+def check_numerics(model, run_cfg) -> None:
+    """The model section's precision keys, as every LM task (arithmetic, gym) reads them."""
+    if model.dtype not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"model.dtype: unknown {model.dtype!r}; valid: auto, fp32, bf16")
+    if model.cast_lm_head_to_fp32 and run_cfg.backend == "torch":
+        # the cast lives on the fused head's path alone: under backend torch it would change nothing, silently
+        raise ValueError("model.cast_lm_head_to_fp32: needs backend chunked, triton or auto (backend torch "
+                         "takes the model's own logits)")
 
 
 @register("task", "arithmetic", config=ArithmeticConfig)

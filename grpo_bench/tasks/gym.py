@@ -31,7 +31,7 @@ from functools import lru_cache
 from ..config.run import NEW_OPTION
 from ..numerics import rng
 from ..registry import register
-from .arithmetic import Arithmetic, LoraSection, ModelSection, SamplingSection, check_eval_subset
+from .arithmetic import Arithmetic, LoraSection, ModelSection, SamplingSection, check_eval_subset, check_numerics
 
 INSTALL = "pip install -e '.[gym]' (reasoning-gym==0.1.25)"
 TEMPLATES = ("auto", "compact", "chat")
@@ -354,8 +354,7 @@ class GymConfig:
             raise ValueError(f"pass_k: must be >= 0, got {self.pass_k}")
         if self.sampling.temperature <= 0:
             raise ValueError(f"sampling.temperature: must be > 0, got {self.sampling.temperature}")
-        if self.model.dtype not in ("auto", "fp32", "bf16"):
-            raise ValueError(f"model.dtype: unknown {self.model.dtype!r}; valid: auto, fp32, bf16")
+        check_numerics(self.model, run_cfg)
         _check_shipped(self)
 
 
