@@ -74,6 +74,7 @@ def test_a_second_phase_is_the_checked_one(tmp_path):
     (START | {"then": {"steps": 4, "rate": 1.0}}, TASK, "start.then.rate"),
     (START | {"then": {"steps": 0}}, TASK, "start.then.steps"),
     (START | {"scratchpad": 1.5}, TASK, "start.scratchpad"),
+    (START | {"check_from": 0}, TASK, "start.check_from"),
     (START | {"then": {"steps": 4}}, {"name": "arithmetic", "model": {"source": "shipped:cd_test"}}, "start.then"),
 ])
 def test_bad_presets_are_refused_by_key(tmp_path, capsys, start, task, key):
@@ -92,6 +93,11 @@ def test_an_arithmetic_start_with_check_every_stops_at_its_first_good_check(tmp_
     assert main(["build-start", str(path)]) == 0
     m = json.loads((tmp_path / "cd_test" / "manifest.json").read_text())
     assert m["steps"] == 2 and [c["step"] for c in m["checks"]] == [2] and m["criterion_met"]
+    # check_from: the checks before it are skipped (the first check is then at step 4 of every-2), none else moves
+    late = START | {"greedy": None, "steps": 6, "check_from": 3}
+    assert main(["build-start", str(preset(tmp_path, late, ARITH)), "--out", str(tmp_path / "late")]) == 0
+    m = json.loads((tmp_path / "late" / "cd_test" / "manifest.json").read_text())
+    assert m["steps"] == 4 and [c["step"] for c in m["checks"]] == [4] and m["recipe"]["start"]["check_from"] == 3
     unchecked = {k: v for k, v in START.items() if k != "check_every"} | {"greedy": None, "steps": 6}
     assert main(["build-start", str(preset(tmp_path, unchecked, ARITH)), "--out", str(tmp_path / "u")]) == 0
     assert [c["step"] for c in json.loads((tmp_path / "u" / "cd_test" / "manifest.json").read_text())["checks"]] == [6]
