@@ -16,7 +16,8 @@ def test_every_shipped_directory_is_found():
 
 
 @pytest.mark.parametrize("preset, which", [("arithmetic_tiny", "arithmetic_tiny"),
-                                           ("arithmetic_scratchpad", "arithmetic_scratchpad")])
+                                           ("arithmetic_scratchpad", "arithmetic_scratchpad"),
+                                           ("arithmetic_scratchpad_wide", "arithmetic_scratchpad_wide")])
 def test_heldout_accuracy_is_the_recorded_one(tmp_path, monkeypatch, preset, which):
     monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path))
     from grpo_bench.registry import get
@@ -56,4 +57,4 @@ def test_sources_name_shipped_directories():
     assert cfg.task.eval_size == 200
     with pytest.raises(ConfigError) as err:
         resolve_run({"task": {"name": "arithmetic", "model": {"source": "shipped:nope"}}}, "x.yaml")
-    assert err.value.key == "task.model.source" and "valid: tiny, shipped:arithmetic_scratchpad, shipped:arithmetic_tiny" in str(err.value)
+    assert err.value.key == "task.model.source" and "valid: tiny, shipped:arithmetic_scratchpad, shipped:arithmetic_scratchpad_wide, shipped:arithmetic_tiny" in str(err.value)
