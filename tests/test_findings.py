@@ -356,7 +356,7 @@ def test_shipped_claims_load_on_every_setting(name):
     from pathlib import Path
     path = Path(__file__).resolve().parent.parent / "ablations" / f"{name}.yaml"
     settings = ablation_settings(path)
-    assert settings and set(settings) <= {"sort", "lm", "countdown", "spell_backward"} and "lm" in settings
+    assert settings and set(settings) <= {"sort", "lm", "lm_wide", "countdown", "spell_backward"} and "lm" in settings
     for s in settings:
         abl = load_ablation(path, setting=s)
         assert len(abl.seeds) >= (5 if s == "sort" else 3)
@@ -371,7 +371,8 @@ TINY = {"sort": ["--set", "epochs=2", "--set", "inner_steps=1"],
                "--set", "task.prompts_per_step=2", "--set", "task.eval_size=20", "--set", "task.model.source=tiny-scratch",
                "--set", "task.model.layers=1", "--set", "task.model.width=32", "--set", "task.model.heads=2",
                "--set", "task.eval_subset=0"]}   # every one of the 20 held-out problems at every (one) evaluation
-TINY["countdown"] = TINY["spell_backward"] = TINY["lm"]   # the reasoning-gym settings: the same, from code
+# the reasoning-gym settings and the wide start's: the same, from code
+TINY["countdown"] = TINY["spell_backward"] = TINY["lm_wide"] = TINY["lm"]
 
 
 @pytest.mark.parametrize("name", ["adv_norm", "dapo_ladder", "policy_losses", "kl_gradients", "length_bias",

@@ -235,5 +235,10 @@ def test_each_datasets_margin_comes_from_its_own_headroom():
     assert sb.margin == round(0.05 * (0.960 - 0.278), 3)
     assert metrics.declared_task("gym", {"name": "gym", "dataset": "chain_sum"}).margin is None
     assert metrics.declared_task("arithmetic").margin == round(0.05 * (0.818 - 0.280), 3)
+    # the model-size axis: the wide arithmetic start moves by its own amount (0.273 -> 0.565), the others by the class's
+    wide = metrics.declared_task("arithmetic", {"name": "arithmetic", "model": {"source": "shipped:arithmetic_scratchpad_wide"}})
+    assert wide.margin == round(0.05 * (0.565 - 0.273), 3) == 0.015 and "0.273 → 0.565" in wide.margin_rule
+    small = metrics.declared_task("arithmetic", {"name": "arithmetic", "model": {"source": "shipped:arithmetic_scratchpad"}})
+    assert small.margin == metrics.declared_task("arithmetic").margin
     meta = json.loads((ROOT / "results" / "countdown_grpo" / "ablation.json").read_text())
     assert metrics.recorded_task(meta).margin == cd.margin
