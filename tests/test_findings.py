@@ -90,7 +90,11 @@ def test_findings_from_two_settings(tmp_path):
     write(tmp_path / "claimx_sort", "claimx", "sort", sort, claim, extra={"final/reward": sampled})
     write(tmp_path / "claimx_lm", "claimx", "lm", lm, claim, column=LM)
     write(tmp_path / "other", "other", None, {"a": [1, 2]}, None)   # no claim: not a finding
+    # a sweep still running on a third task (ablation.json written, no summary yet): not judged, and no error
+    write(tmp_path / "claimx_countdown", "claimx", "countdown", lm, claim, column=LM)
+    (tmp_path / "claimx_countdown" / "summary.csv").unlink()
     text = render(tmp_path)
+    assert "claimx_countdown" not in text and "countdown" not in text.split("## claimx")[0]
     row = next(line for line in text.splitlines() if line.startswith("| [claimx]"))
     # 6 columns (across tasks the 5th); the claim's pipe is escaped
     assert len(re.findall(r"(?<!\\)\|", row)) == 7 and "1/\\|o\\|" in row

@@ -419,6 +419,8 @@ def collect(root: Path) -> tuple[dict[str, dict], dict[str, metrics.TaskInfo], l
     # results/<name>/ and one level down (results/gpu/<name>/: the same claims run on another device)
     for meta_file in sorted([*root.glob("*/ablation.json"), *root.glob("*/*/ablation.json")]):
         d = meta_file.parent
+        if not (d / "summary.csv").is_file():  # a sweep still running (or killed before it summed up): nothing to judge yet
+            continue
         meta = read_meta(d)
         claim, setting = meta.get("claim"), meta.get("setting")
         if not claim:
