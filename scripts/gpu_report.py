@@ -96,6 +96,22 @@ def kernel_table(df: pd.DataFrame, v: dict[str, str]) -> list[str]:
     return lines
 
 
+def claims_section(c: pd.DataFrame) -> list[str]:
+    """`gpu_run.sh claims` calls (claims.csv, one row per sweep): what finished, in how long."""
+    kept = c[(c.status == "ok") & (c.note == "")]
+    rows = ["| call | sweep | worker processes | status | wall s | note |", "|---:|---|---:|---|---:|---|"]
+    rows += [f"| {r.call} | `{r.sweep}` | {r.workers} | {r.status} | {r.wall_s:.0f} | {r.note} |" for r in c.itertuples()]
+    return ["## Claim sweeps", "",
+            f"`gpu_run.sh claims` (`scripts/gpu_sweeps.py`, `claims.csv`, `claims_call*.log`): {len(c.call.unique())} "
+            f"calls on {c.started_utc.iloc[0][:10]}, 10 seeds a variant, many sweeps at once with up to 3 worker "
+            f"processes each (one population of a variant's seeds per worker), stopped at a deadline. "
+            f"{len(kept)} sweeps are kept as results beside this file: "
+            + ", ".join(f"`{s}`" for s in kept.sweep) + ". Their models are bf16 (`model.dtype: auto` on CUDA) where "
+            "the CPU's are fp32, so a claim judged here is judged at another precision as well as on another device "
+            "(FINDINGS names the device of each). A countdown population of 10 took 160-180 s of wall time whether "
+            "8 or 15 worker processes shared the GPU: the host, not the device, sets the pace.", "", *rows, ""]
+
+
 def population_figure(pop: pd.DataFrame, path: Path, device: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for task, g in pop.groupby("task", sort=False):
@@ -183,6 +199,9 @@ def main(root: str = "results/gpu") -> str:
     if len(steps):
         kernels_figure(steps, d / "kernels.png", v)
         md += ["![median time per provider, each case](kernels.png)", ""]
+    claims_path = d / "claims.csv"
+    if claims_path.exists():
+        md += claims_section(pd.read_csv(claims_path, keep_default_na=False))
     (d / "README.md").write_text("\n".join(md))
     return "\n".join(md)
 

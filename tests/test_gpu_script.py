@@ -105,3 +105,26 @@ def test_readme_quotes_the_gpu_population_table_as_measured():
     text = (ROOT / "results/gpu/README.md").read_text()
     for line in gpu_report.population_table(gpu_report.pd.read_csv(ROOT / "results/gpu/population.csv")):
         assert line in text
+
+
+def test_gpu_readme_lists_the_claim_sweeps_it_keeps_and_they_are_there():
+    """results/gpu/README.md's claim-sweep section is gpu_report.py's output of claims.csv, and every sweep it
+    calls kept (finished, no note against it) is a results directory beside it with all its runs."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_report
+
+    c = gpu_report.pd.read_csv(ROOT / "results/gpu/claims.csv", keep_default_na=False)
+    text = (ROOT / "results/gpu/README.md").read_text()
+    assert all(line in text for line in gpu_report.claims_section(c))
+    kept = c[(c.status == "ok") & (c.note == "")].sweep.tolist()
+    assert kept
+    for name in kept:
+        meta = json.loads((ROOT / "results/gpu" / name / "ablation.json").read_text())
+        summary = gpu_report.pd.read_csv(ROOT / "results/gpu" / name / "summary.csv")
+        assert meta["device"] == "cuda" and len(meta["seeds"]) == 10
+        assert set(summary.loc[summary.status == "ok", "run"]) == set(meta["runs"])
+    # a sweep with a note (failed runs, or variants that could not differ) is not kept as a result
+    for name in c[c.note != ""].sweep:
+        assert not (ROOT / "results/gpu" / name).exists()
