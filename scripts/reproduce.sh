@@ -2,8 +2,13 @@
 # Rebuild everything under results/ from scratch, in the order the README presents it:
 # the five sorting ablations, the arithmetic ablation, every setting of every claim
 # ablation, then FINDINGS.md, the toy-vs-LM comparison and the gallery.
-# About 90 minutes on 2 CPU cores; each line prints its wall time so that the README's
-# timings can be checked. Pass ablation names to run only those (e.g. `loss_modes recipes`).
+# The toy and arithmetic-LM settings take about 90 minutes on 2 CPU cores; every claim's
+# reasoning-gym settings (countdown, spell_backward: 60-75 s a run on one core) and the wide
+# start's (lm_wide: about 85 s a run) add roughly 11 core-hours, so name what you want: each line
+# prints its wall time so that the README's timings can be checked. Pass ablation names to run
+# only those (e.g. `loss_modes recipes`, or `dapo_ladder:countdown` for one setting).
+# results/gpu/ is a GPU's: `bash scripts/gpu_run.sh all`, then `bash scripts/gpu_run.sh claims`.
+# The shipped starts (tasks/*/) are inputs, not results: `python -m grpo_bench build-start tasks/X.yaml`.
 # The kernel benchmarks are separate (README, Kernels): they want an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
