@@ -221,7 +221,8 @@ def v3_cells(text: str) -> dict[tuple[str, str, str], tuple[str, str]]:
         if line.startswith("## "):
             claim = line[3:].strip()
         elif line.startswith("| ordering |"):
-            labels = [c.split(":")[0].strip() for c in line.strip("| \n").split(" | ")[1:]]
+            # "arithmetic LM (lm)" is the arithmetic LM's column once the wide start (lm_wide) shares its task
+            labels = [c.split(":")[0].strip().removesuffix(" (lm)") for c in line.strip("| \n").split(" | ")[1:]]
         elif line.startswith("| `") and claim:
             cells = line.strip("| \n").split(" | ")
             for label, cell in zip(labels, cells[1:]):

@@ -594,9 +594,13 @@ def test_the_rerun_section_lists_each_verdict_that_moved_with_both_cells(tmp_pat
     after = {"a": 0.6 + noise["a"], "b": 0.7 + noise["b"], "c": 0.5 + noise["c"]}
     write(tmp_path / "v1" / "claimx_lm", "claimx", "lm", before, claim, column=LM)
     write(tmp_path / "v2" / "claimx_lm", "claimx", "lm", after, claim, column=LM)
+    # a second setting of the same task arrives (the wide start): the LM's column is now "arithmetic LM (lm)"
+    write(tmp_path / "v2" / "claimx_lm_wide", "claimx", "lm_wide", before, claim, column=LM,
+          meta={"task": M.declared_task("arithmetic").record()})
     old, new = render(tmp_path / "v1"), render(tmp_path / "v2")
+    assert "arithmetic LM (lm):" in new and "arithmetic LM (lm_wide):" in new
     assert fc.v3_cells(old)[("claimx", "arithmetic LM", "a > b")][0] == "holds"
     section = fc.rerun_section(old, new)
     rows = [line for line in section.splitlines() if line.startswith("| [claimx]")]
     assert len(rows) == 1 and "`a > b` | holds | **reversed** | Δ +0.1" in rows[0] and "Δ -0.1" in rows[0]
-    assert "1 verdicts moved, 1 did not" in section
+    assert "1 verdicts moved, 1 did not; 2 cells are new" in section
