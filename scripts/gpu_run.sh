@@ -14,8 +14,8 @@
 #   tests       kernel, log-prob, fused-head and population tests on CUDA, full sizes
 #   sweep       policy_losses' LM setting at 10 seeds on the GPU, populations of every seed
 #   bench       log-prob (bf16), loss and Qwen-width GRPO-step benchmarks against TRL's and Liger's own code
-#   claims      scripts/gpu_sweeps.py: the claim sweeps on the reasoning-gym tasks (and the wide arithmetic
-#               start, where tasks/arithmetic_scratchpad_wide/ exists) at 10 seeds, many sweeps at once;
+#   claims      scripts/gpu_sweeps.py: the claim sweeps on the reasoning-gym tasks and the wide arithmetic
+#               start at 10 seeds, those with no run yet first, many sweeps at once (a call of its own);
 #               CLAIMS="ablations/x.yaml:setting ..." picks others. Needs reasoning-gym importable.
 # Budgets (seconds) can be overridden: BUDGET_population=200 bash scripts/gpu_run.sh all.
 # If $TAR_TO is set, OUTDIR is packed there after each stage (a lent machine returns few files).
@@ -75,15 +75,14 @@ run_stage() {  # name, then the command; killed at the stage's budget
 
 default_claims() {  # the gym tasks' claims, those with no run yet first; then the wide start's, where built
   local a s
-  echo ablations/dapo_ladder.yaml:countdown
-  for s in countdown spell_backward; do
-    # not fp32_head: its cast lives on the fused head, which backend=torch (the GPU populations') never takes
-    for a in sampler_mismatch adv_norm ref_policy length_bias aggregation entropy_control; do
-      echo ablations/$a.yaml:$s
-    done
+  # not fp32_head: its cast lives on the fused head, which backend=torch (the GPU populations') never takes
+  for a in sampler_mismatch length_bias aggregation entropy_control; do echo ablations/$a.yaml:countdown; done
+  for a in sampler_mismatch adv_norm ref_policy length_bias aggregation entropy_control; do
+    echo ablations/$a.yaml:spell_backward
   done
-  [ -d tasks/arithmetic_scratchpad_wide ] && for a in policy_losses dapo_ladder sampler_mismatch; do echo ablations/$a.yaml:lm_wide; done
-  echo ablations/policy_losses.yaml:countdown ablations/policy_losses.yaml:spell_backward ablations/dapo_ladder.yaml:spell_backward
+  # then those that ran (on the CPU at 5 seeds, or here): at 10 seeds they would be judged instead
+  for a in policy_losses dapo_ladder sampler_mismatch; do echo ablations/$a.yaml:lm_wide; done
+  for s in countdown spell_backward; do echo ablations/policy_losses.yaml:$s ablations/dapo_ladder.yaml:$s; done
 }
 
 for s in $todo; do
