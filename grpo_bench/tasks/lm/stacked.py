@@ -23,6 +23,12 @@ from torch import Tensor, nn
 
 from .models import mix_low_rank
 
+try:  # transformers 5.2x renamed the KV cache (argument and output field) and warns on the old name
+    from transformers.modeling_outputs import CausalLMOutputWithPast as _Out
+    _CACHE = "cache" if "cache" in _Out.__dataclass_fields__ else "past_key_values"
+except ImportError:
+    _CACHE = "past_key_values"
+
 POLICY, OFF, REFERENCE = "policy", "off", "reference"
 
 
@@ -192,6 +198,6 @@ def generate(model: nn.Module, ids: Tensor, attention: Tensor, steps: int, eos: 
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
         pos = pos + 1
-        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=out.past_key_values,
-                    use_cache=True)
+        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, use_cache=True,
+                    **{_CACHE: getattr(out, _CACHE)})
     return (tokens, logprobs) if with_logprobs else tokens
