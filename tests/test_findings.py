@@ -107,7 +107,10 @@ def test_findings_from_two_settings(tmp_path):
     assert lm_cell == "does not hold (eval accuracy, final: 0 of 3 hold, 2 reversed, 1 undecided)"
     # the toy ranks a > b ~ c, the LM b ~ c > a: the orderings disagree
     tau = stats.kendalltau([np.mean(sort[v]) for v in "abc"], [np.mean(lm[v]) for v in "abc"]).statistic
-    assert tau_cell.startswith(f"{tau:+.2f}")
+    # two tasks: Kendall's W is (Spearman's rho + 1) / 2 over the three variants both ran
+    rho = stats.spearmanr([np.mean(sort[v]) for v in "abc"], [np.mean(lm[v]) for v in "abc"]).statistic
+    assert tau_cell.startswith(f"W {(rho + 1) / 2:.2f} (p ") and tau_cell.endswith("; 2 tasks, 3 variants) |")
+    assert f"pairwise Kendall τ: sorting toy ↔ arithmetic LM {tau:+.2f} (p " in text
     assert "other" not in text.split("## claimx")[0].split("|---|")[1]
     assert "note: (part) a note" in text and "Test CPU" in text and "1.5 min for 15 runs" in text
     assert "**Margin δ.** sorting toy: ±0.05 (the claim's margin); arithmetic LM: ±0.1 (the claim's margin)" in text

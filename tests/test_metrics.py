@@ -179,7 +179,7 @@ def test_a_task_declared_once_reaches_every_report(bandit, tmp_path, capsys):
     # FINDINGS.md: a column per setting, named by the task's declaration, in the file's order
     assert main(["findings", str(tmp_path / "res")]) == 0
     findings = (tmp_path / "res" / "FINDINGS.md").read_text()
-    assert "| claim | source | bandit toy | sorting toy | across tasks | bandit ↔ toy τ |" in findings
+    assert "| claim | source | bandit toy | sorting toy | across tasks | tasks agree (Kendall's W) |" in findings
     assert "- bandit toy (eval hit, final, 3 seeds): " in findings
     # the bandit's hit rate declares a margin of its own; the toy's is its task's, on its held-out reward
     assert "**Margin δ.** bandit toy: ±0.05 (the metric's declared margin); sorting toy: ±0.044 (the task's: " \

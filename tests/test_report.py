@@ -447,6 +447,30 @@ def test_compare_table_and_kendall_tau_by_hand(tmp_path):
     assert n == 4 and math.isclose(tau, 2 / 3) and math.isclose(p, 1 / 3)
 
 
+def test_kendall_w_by_hand_and_by_spearman():
+    S = lambda vals, names="abcd": pd.Series(vals, index=list(names))  # noqa: E731
+    # three tasks, four variants: rank sums 4, 7, 8, 11 (mean 7.5), S = 12.25 + 0.25 + 0.25 + 12.25 = 25;
+    # W = 12 S / (m^2 (n^3 - n)) = 300 / (9 * 60) = 5/9
+    w, p, m, n = C.kendall_w([S([1, 2, 3, 4]), S([2, 1, 3, 4]), S([1, 4, 2, 3])])
+    assert (m, n) == (3, 4) and math.isclose(w, 5 / 9)
+    # the same order on three tasks: W = 1, and only the 4! orders of each of the other two tasks that match
+    # the first reach it: p = 1/24^2, to within the 20,000 draws' resolution
+    w, p, _, _ = C.kendall_w([S([1, 2, 3, 4])] * 3)
+    assert w == 1 and abs(p - 1 / 576) < 0.001
+    # two tasks: W = (Spearman's rho + 1) / 2, ties included (scipy's rho, corrected here by hand in W)
+    a, b = S([0.1, 0.3, 0.3, 0.9, 0.5], "abcde"), S([0.2, 0.1, 0.4, 0.4, 0.8], "abcde")
+    w, p, _, n = C.kendall_w([a, b])
+    assert n == 5 and math.isclose(w, (stats.spearmanr(a, b).statistic + 1) / 2)
+    # reversed on two tasks: no agreement at all; p = 1 (every shuffle agrees at least that much)
+    w, p, _, _ = C.kendall_w([S([1, 2, 3, 4]), S([4, 3, 2, 1])])
+    assert w == 0 and p == 1
+    # only the variants every task ran; fewer than three shared, or one task: no W
+    w, _, _, n = C.kendall_w([S([1, 2, 3, 4]), S([1, 2, 3], "abc"), S([3, 2, 1, 0], "dcba")])
+    assert n == 3 and w == 1
+    assert math.isnan(C.kendall_w([S([1, 2], "ab"), S([1, 2], "ab")])[0])
+    assert math.isnan(C.kendall_w([S([1, 2, 3, 4])])[0])
+
+
 def test_compare_figure_rows_line_up(tmp_path):
     a = dir_with_means(tmp_path, "a", {"p": 0.1, "q": 0.2})
     b = dir_with_means(tmp_path, "b", {"q": 0.5, "r": 0.1})

@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
-from scipy.stats import kendalltau
+from scipy.stats import kendalltau, rankdata
 
 from . import report
 from ..store import stats
@@ -84,6 +84,35 @@ def kendall(a: pd.Series, b: pd.Series) -> tuple[float, float, int]:
         return math.nan, math.nan, len(shared)
     res = kendalltau(a[shared].to_numpy(), b[shared].to_numpy())
     return float(res.statistic), float(res.pvalue), len(shared)
+
+
+def kendall_w(orderings: list[pd.Series], draws: int = 20_000) -> tuple[float, float, int, int]:
+    """Kendall's W (coefficient of concordance, tie-corrected) between several tasks' orderings of the variants
+    they all ran, and its permutation p: each task's ranks shuffled independently (a fixed generator, so the
+    p is the same on every machine), which keeps each task's ties and is exact in expectation where the
+    chi-square approximation is poor (few tasks, few variants). (W, p, tasks, variants); W and p are nan
+    below two tasks or three shared variants."""
+    shared = [v for v in orderings[0].index if all(v in o.index for o in orderings[1:])] if orderings else []
+    m, n = len(orderings), len(shared)
+    if m < 2 or n < 3:
+        return math.nan, math.nan, m, n
+    ranks = np.stack([rankdata(o[shared].to_numpy(dtype=float)) for o in orderings])  # (m, n), ties averaged
+    ties = sum(float(np.sum(c ** 3 - c)) for r in ranks for c in np.unique(r, return_counts=True)[1:])
+    denom = m * m * (n ** 3 - n) - m * ties
+    if denom <= 0:  # every task ties every variant: no ordering to agree on
+        return math.nan, math.nan, m, n
+
+    def spread(r: np.ndarray) -> np.ndarray:  # S: squared deviations of the rank sums over variants
+        sums = r.sum(-2)
+        return ((sums - sums.mean(-1, keepdims=True)) ** 2).sum(-1)
+
+    w = 12 * float(spread(ranks)) / denom
+    rng = np.random.default_rng(0)
+    shuffled = np.take_along_axis(np.broadcast_to(ranks, (draws, m, n)),
+                                  rng.random((draws, m, n)).argsort(-1), -1)
+    null = 12 * spread(shuffled) / denom
+    p = (1 + int(np.sum(null >= w - 1e-12))) / (draws + 1)
+    return w, p, m, n
 
 
 def _union(sides: list[Side]) -> list[str]:
