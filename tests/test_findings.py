@@ -206,6 +206,40 @@ def test_area_and_equal_samples_read_from_the_curves(tmp_path):
     assert at_budget(np.array([0.0, 2.0]), np.array([0.0, 1.0]), 5.0) == (1.0, 0.5)   # past the end: the end
 
 
+def test_a_final_verdict_between_curves_that_level_off_says_so(tmp_path):
+    # `quick` and `slow` both level off at 0.8, quick by a quarter of the budget and slow by half: on the final
+    # value they are equivalent, and the note says the final compares where they level off, which the area does
+    # not (quick gets there first); `rising` still climbs at its last point, so `quick > rising` has no note
+    claim = {"text": "t", "source": "s", "expect": ["quick > slow", "quick > rising"], "margin": 0.05}
+    rng = np.random.default_rng(5)
+    n, drawn = 6, 1000.0
+    finals = {v: 0.8 + 0.002 * rng.standard_normal(n) for v in ("quick", "slow", "rising")}
+    curves = {}
+    for v, xs in finals.items():
+        for s, f in enumerate(xs):
+            c = curve(f, drawn)   # five evaluations, at 0, 25, 50, 75 and 100% of the budget
+            flat_from = {"quick": 1, "slow": 2}.get(v)
+            curves[(v, s)] = [(step, x, f if flat_from is not None and k >= flat_from else y)
+                              for k, (step, x, y) in enumerate(c)]
+    write(tmp_path / "p_sort", "p", "sort", finals, claim, curves=curves)
+    result = judge_setting(tmp_path / "p_sort", claim, "sort")
+    slow, rising = result["rows"]
+    assert slow["plateau"] == pytest.approx(0.5) and rising["plateau"] is None
+    assert slow["quantities"]["final"]["outcome"] == "equivalent" and slow["quantities"]["area"]["outcome"] == "holds"
+    text = render(tmp_path)
+    line = next(x for x in text.splitlines() if x.startswith("| `quick > slow` |"))
+    assert "at a plateau: both mean curves stay within ±0.05 of their final value from 50% of the budget on" in line
+    assert "at a plateau" not in next(x for x in text.splitlines() if x.startswith("| `quick > rising` |"))
+    assert "; 1 at a plateau from 50% of the budget (the area differs on 1))" in text
+    # the margin is inclusive and measured from the final value; the mean over seeds decides, not one seed
+    plateau = lambda *ys: F.plateau_from({("v", s): (np.array([0, 1, 2, 3.0]), np.array(y), None)  # noqa: E731
+                                          for s, y in enumerate(ys)}, "v", range(len(ys)), 0.05)
+    assert plateau([0.1, 0.5, 0.76, 0.8]) == pytest.approx(2 / 3)
+    assert plateau([0.1, 0.5, 0.74, 0.8]) == 1.0
+    assert plateau([0.1, 0.5, 0.70, 0.8], [0.1, 0.5, 0.82, 0.8]) == pytest.approx(2 / 3)
+    assert plateau([0.1, 0.78, 0.8, 0.8]) == pytest.approx(1 / 3)
+
+
 def ablation_file(root, name, variants, claim):
     (root / "ablations").mkdir(exist_ok=True)
     doc = {"name": name, "claim": claim, "settings": {"sort": {"task": "sort_hard", "epochs": 2, "seeds": 3}},

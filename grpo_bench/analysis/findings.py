@@ -54,6 +54,9 @@ from ..store.rundir import read_metrics_file
 LEGACY_SETTINGS = {"sort": "sort", "lm": "arithmetic"}
 QUANTITIES = ("final", "area")
 EQUAL_BUDGET = 1.01  # budgets further apart than this ratio are compared at the smaller one
+# a curve flat within the margin over its last half has levelled off: its final value is where it levels off,
+# and how fast it got there (the area) is a question the final value no longer answers
+PLATEAU = 0.5
 
 
 # ------------------------------------------------------------------ what a results directory holds
@@ -209,6 +212,9 @@ def judge_setting(directory: Path, claim: dict, setting: str | None = None, root
                 r["quantities"][q] = t | {"a": r["a"], "b": r["b"], "pair": r["pair"]}
         if sequential and judge_on in r["quantities"]:
             _apply_sequential(r["quantities"][judge_on], sequential, side.by_seed)
+        shares = [plateau_from(curves, v, side.by_seed[v].index, margin) for v in (r["a"], r["b"])]
+        r["plateau"] = (max(shares) if judge_on == "final" and r["budget"] is None and None not in shares
+                        and max(shares) <= PLATEAU else None)
     sweep = directory / "sweep.json"
     try:
         timing = json.loads(sweep.read_text()) if sweep.is_file() else None
@@ -318,6 +324,22 @@ def _values(finals: pd.Series, variant: str, quantity: str, budget: float | None
     return pd.Series(out, dtype=float)
 
 
+def plateau_from(curves: dict, variant: str, seeds, margin: float | None) -> float | None:
+    """The share of the budget from which the variant's mean curve over its seeds stays within ±margin of its
+    final value (0: flat from the first point; 1: still moving at the last); None without a margin or without
+    curves on one grid for every seed."""
+    cs = [curves.get((variant, int(s))) for s in seeds]
+    if not margin or not cs or any(c is None for c in cs) or len({tuple(c[0]) for c in cs}) != 1:
+        return None
+    x, y = np.asarray(cs[0][0], float), np.mean([c[1] for c in cs], axis=0)
+    if len(x) < 3 or x[-1] <= x[0]:
+        return None
+    i = len(y) - 1
+    while i > 0 and abs(y[i - 1] - y[-1]) <= margin:
+        i -= 1
+    return float((x[i] - x[0]) / (x[-1] - x[0]))
+
+
 def _means(ok: pd.DataFrame, column: str) -> pd.Series | None:
     return ok.groupby("variant", sort=False)[column].mean() if column in ok else None
 
@@ -405,6 +427,15 @@ def summarise(result: dict | None, reason: str | None, short: bool = False) -> s
     parts = [f"{c['hold']} of {n} hold"] + [f"{c[k]} {k}" for k in ("negligible", "equivalent", "reversed", "fail",
                                                                      "undecided") if c[k]]
     tail = f"; {c['not testable']} not testable{'' if short else ' here'}" if c["not testable"] else ""
+    flat = [r for r in result["rows"] if r.get("plateau") is not None]
+    if flat and not short:
+        other = next(q for q in QUANTITIES if q != result["judge"])
+        moved = sum(1 for r in flat if (r["quantities"].get(other) or {}).get("outcome")
+                    != r["quantities"][result["judge"]].get("outcome"))
+        tail += (f"; {len(flat)} at a plateau from {max(r['plateau'] for r in flat):.0%} of the budget ("
+                 + (f"the {other} agrees" if not moved else f"the {other} differs on {moved}") + ")")
+    elif flat:
+        tail += f"; {len(flat)} at a plateau"
     return f"{head} ({'' if short else where + ': '}{', '.join(parts)}{tail})"
 
 
@@ -512,6 +543,10 @@ def _cell(result: dict, r: dict) -> str:
         body = f"Δ {stats.interval_text(t)}; {test}; P(a > b) {t['poi']:.2f}; {stats.power_text(t)}"
         if q == own:
             parts.append(f"{_quantity(result, r, q)}: {body}: **{stats.verdict_text(t)}**")
+            if r.get("plateau") is not None:
+                parts.append(f"at a plateau: both mean curves stay within ±{result['margin']:g} of their final "
+                             f"value from {r['plateau']:.0%} of the budget on, so the final value compares where "
+                             "they level off, not how fast they get there (the area's question)")
         else:
             parts.append(f"{q} (beside; not the claim's quantity): Δ {t['diff']:+.3f}, p_holm {t['p_holm']:.2g}: "
                          f"{stats.verdict_text(t)}")
@@ -636,7 +671,10 @@ def intro(where: str, tasks: dict[str, metrics.TaskInfo], order: list[str], name
         "metric, named in every row: the task's held-out verdict metric unless the claim names another "
         f"({judged}; the sampled training reward is printed beside), and its value at the end of the budget "
         "(*final*) unless the claim says it is about the speed (*area*: the mean of the curve over the budget "
-        "against samples drawn); both are printed for every ordering and the claim's own decides. Two variants "
+        "against samples drawn); both are printed for every ordering and the claim's own decides. A final value "
+        "judged where both variants' mean curves stay within the margin of their end over the last half of the "
+        "budget or more is marked *at a plateau*: it compares where they level off, and the area beside is then "
+        "the only word on how fast they get there. Two variants "
         "that draw different numbers of samples (dynamic sampling) are both read at the smaller budget, and the "
         "row says so. Each ordering \"a > b\" is tested on per-seed values: seed by seed on a − b where the "
         f"variants ran the same seeds (paired t below {stats.N_PERM} pairs, a sign-flip permutation test from "
