@@ -447,6 +447,23 @@ def test_compare_table_and_kendall_tau_by_hand(tmp_path):
     assert n == 4 and math.isclose(tau, 2 / 3) and math.isclose(p, 1 / 3)
 
 
+def test_compare_calls_no_negligible_difference_a_disagreement(tmp_path):
+    # x - y is +0.010 on one task and -0.010 on the other, each exact across seeds (significant) and inside the
+    # claim's margin of 0.05: negligible both ways, so no task decided an order and none disagrees;
+    # w - y is +0.100 and -0.100, beyond the margin: opposite
+    a = dir_with_means(tmp_path, "one", {"w": 0.61, "x": 0.52, "y": 0.51})
+    b = dir_with_means(tmp_path, "two", {"w": 0.41, "x": 0.50, "y": 0.51})
+    for d in (a, b):
+        meta = json.loads((d / "ablation.json").read_text())
+        (d / "ablation.json").write_text(json.dumps(meta | {"claim": {"margin": 0.05}}))
+    res = cli("compare", a, b, "--out", tmp_path / "cmp")
+    assert res.returncode == 0, res.stderr
+    rows = {line.split(" | ")[0][2:]: line for line in (tmp_path / "cmp" / "COMPARE.md").read_text().splitlines()
+            if " vs `" in line}
+    assert "negligible" in rows["`x` vs `y`"] and rows["`x` vs `y`"].endswith("| — |")
+    assert rows["`w` vs `y`"].endswith("| opposite |")
+
+
 def test_kendall_w_by_hand_and_by_spearman():
     S = lambda vals, names="abcd": pd.Series(vals, index=list(names))  # noqa: E731
     # three tasks, four variants: rank sums 4, 7, 8, 11 (mean 7.5), S = 12.25 + 0.25 + 0.25 + 12.25 = 25;

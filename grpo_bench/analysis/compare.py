@@ -184,13 +184,13 @@ def orderings(sides: list[Side]) -> list[str]:
                 continue
             cells.append(f"{stats.verdict_text(t)}; Δ {t['diff']:+.3f}; {stats.which_test(t)}; p_holm {t['p_holm']:.2g}; "
                          f"{stats.power_text(t)}; P(a > b) {t['poi']:.2f}")
-            if t["significant"]:
+            if t["outcome"] in ("holds", "reversed"):  # a negligible difference orders nothing a claim is about
                 signs.add(t["diff"] > 0)
         agree = {1: "the same", 2: "opposite"}.get(len(signs), "—") if sum(c.startswith("`") for c in cells) >= 2 \
             else "—"
         lines.append(f"| `{a}` vs `{b}` | " + " | ".join(cells) + f" | {agree} |")
-    lines += ["", "Orderings: whether the directories that decided an order (beyond seed noise) agree on it; "
-              "— where fewer than two did."]
+    lines += ["", "Orderings: whether the directories that decided an order (beyond seed noise, and beyond the "
+              "margin: a negligible difference decides none) agree on it; — where fewer than two did."]
     return lines
 
 
