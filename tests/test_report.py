@@ -1454,3 +1454,16 @@ def test_report_splits_the_final_accuracy_between_seeds_and_problems(tmp_path):
     # without outcomes.parquet (a toy, or results from before it) the section is absent
     (d / ST.OUTCOMES_FILE).unlink()
     assert "## Seeds and problems" not in R.make_report(d).read_text()
+
+
+def test_committed_compare_is_what_the_code_makes(tmp_path, capsys, monkeypatch):
+    """results/compare_*/COMPARE.md is rebuilt from the two directories it names by today's code (it once lagged
+    the task margins by two versions)."""
+    monkeypatch.chdir(ROOT)
+    for committed in sorted((ROOT / "results").glob("compare_*/COMPARE.md")):
+        out = tmp_path / committed.parent.name
+        a, b = committed.parent.name.removeprefix("compare_").split("_vs_")
+        code, _, err = run_main(capsys, "compare", f"results/{a}", f"results/{b}", "--out", out)
+        assert code == 0, err
+        made = (out / "COMPARE.md").read_text().replace(str(out), f"results/{committed.parent.name}")
+        assert made == committed.read_text(), committed
