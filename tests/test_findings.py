@@ -383,6 +383,13 @@ def test_settings_and_claims_that_do_not_load(tmp_path):
           claim={**ok, "margin": {"lm": 0.03}})
     path.write_text(yaml.safe_dump({**doc, "claim": {**ok, "margin": 0.03}}, sort_keys=False))
     assert load_ablation(path).claim["margin"] == 0.03
+    # or a share (under 100%) of a variant's mean, which an '=' accepts before any run; the variant must exist
+    for margin in ("100% of y", "0% of y", "5 % y"):
+        fails(r"claim\.margin: expected a positive number in the metric's units \(e\.g\. 0\.02\), a share of a "
+              r"variant's mean \('5% of none', under 100%\)", claim={**ok, "margin": margin})
+    fails(r"claim\.margin: 'w' is no variant; valid: x, y, z$", claim={**ok, "margin": "5% of w"})
+    path.write_text(yaml.safe_dump({**doc, "claim": {**ok, "margin": "5% of y"}}, sort_keys=False))
+    assert load_ablation(path).claim["margin"] == "5% of y"
     for expect in ("x > y", [["x > y"]], []):
         fails(r"claim\.expect: expected a list of", claim={**ok, "expect": expect})
     for bad in ("x >= y", "x y", "x > y > z", "x vs y"):   # one > or = per comparison, named in the error
@@ -641,3 +648,17 @@ def test_the_rerun_section_lists_each_verdict_that_moved_with_both_cells(tmp_pat
     rows = [line for line in section.splitlines() if line.startswith("| [claimx]")]
     assert len(rows) == 1 and "`a > b` | holds | **reversed** | Δ +0.1" in rows[0] and "Δ -0.1" in rows[0]
     assert "1 verdicts moved, 1 did not; 2 cells are new" in section
+
+
+def test_a_margin_given_as_a_share_of_a_variant_is_taken_from_its_runs(tmp_path):
+    # kl_gradients' rule: "no better than no KL" within 5% of the drift the KL-free run reaches on that task
+    values = {"none": [10.0, 12.0, 14.0], "k1": [10.1, 12.0, 13.95], "k2": [3.0, 3.5, 4.0]}
+    claim = {"text": "t", "source": "s", "expect": ["k1 = none", "k1 > k2"], "metric": "final/kl/seq",
+             "margin": {"sort": "5% of none"}}
+    write(tmp_path / "c_sort", "c", "sort", values, claim, column="final/kl/seq")
+    result = judge_setting(tmp_path / "c_sort", claim, "sort")
+    assert result["margin"] == pytest.approx(0.6)  # 5% of 12.0
+    assert result["margin_source"] == "the claim's margin: 5% of none, whose mean here is 12"
+    eq = result["rows"][0]["quantities"]["final"]
+    assert eq["margin"] == pytest.approx(0.6) and eq["verdict"] == "holds"  # k1 - none: +0.1, 0, -0.05
+    assert "±0.6 (the claim's margin: 5% of none, whose mean here is 12)" in render(tmp_path)

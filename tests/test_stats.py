@@ -396,6 +396,16 @@ def test_margins_from_claims_tasks_and_metrics():
     assert S.claim_margin({"margin": 0.05}, "lm", "final/eval/accuracy", lm) == (0.05, "the claim's margin")
     assert S.claim_margin({"margin": {"lm": 0.04}}, "lm", "final/reward")[0] == 0.04
     assert S.claim_margin({"margin": {"lm": 0.04}}, "sort", "final/eval/reward", toy)[0] == 0.044
+    # a share of a variant's mean, for a metric whose scale only the runs tell (a KL drift): 5% of |-12.8|
+    means = pd.Series({"none": -12.8, "k1": 3.0})
+    margin, source = S.claim_margin({"margin": {"lm": "5% of none"}}, "lm", "final/kl/seq", None, means)
+    assert margin == pytest.approx(0.64) and source == "the claim's margin: 5% of none, whose mean here is 12.8"
+    assert S.claim_margin({"margin": " 2.5 %  of k1"}, "lm", "final/kl/seq", None, means)[0] == pytest.approx(0.075)
+    # before the runs (no means) or without that variant: no margin, and says why
+    assert S.claim_margin({"margin": "5% of none"}, "lm", "final/kl/seq") == (
+        None, "the claim's margin, 5% of none, with no mean of `none` to take it from")
+    assert S.claim_margin({"margin": "5% of gone"}, "lm", "final/kl/seq", None, means)[0] is None
+    assert S.relative_margin("5 of none") is None and S.relative_margin(0.05) is None
 
 
 # --------------------------------------------------------------------------------- aggregates

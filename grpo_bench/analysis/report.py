@@ -654,12 +654,16 @@ def groups_of(summary: pd.DataFrame, column: str, order: list[str]) -> dict[str,
     return out
 
 
-def column_margin(column: str, meta: dict | None = None, summary: pd.DataFrame | None = None) -> tuple[float | None, str]:
+def column_margin(column: str, meta: dict | None = None, summary: pd.DataFrame | None = None,
+                  means: pd.Series | None = None) -> tuple[float | None, str]:
     """The equivalence margin of a summary column: the claim's, else the task's on its verdict metric, else
-    the metric's own (stats.claim_margin). summary: to know the task of results that did not record it."""
+    the metric's own (stats.claim_margin). summary: to know the task of results that did not record it, and
+    the variants' means a margin given as a share of one needs (else `means`)."""
     meta = meta or {}
     task = metrics.task_of(meta, final_names(summary) if summary is not None else ())
-    return stats.claim_margin(meta.get("claim"), meta.get("setting"), column, task)
+    if means is None and summary is not None and {"status", "variant", column} <= set(summary.columns):
+        means = summary[summary.status == "ok"].groupby("variant")[column].mean()
+    return stats.claim_margin(meta.get("claim"), meta.get("setting"), column, task, means)
 
 
 def pairwise(summary: pd.DataFrame, column: str, order: list[str], meta: dict | None = None) -> list[dict]:

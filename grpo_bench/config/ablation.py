@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import registry
 from ..store import metrics
-from ..store.stats import split_ordering
+from ..store.stats import relative_margin, split_ordering
 from ..errors import ConfigError
 from .run import (MAX_SEEDS, SEED_LIMIT, RunConfig, _require, config_hash, load_includes, parse_set, resolve_run,
                   run_dict, set_dotted, task_name)
@@ -104,10 +104,14 @@ def _claim(value: Any, src: str) -> dict | None:
         raise ConfigError(src, "claim.judge", f"expected one of {', '.join(JUDGE)}, got {value['judge']!r}")
     margin = value.get("margin")
     for key, m in (margin.items() if isinstance(margin, dict) else [(None, margin)] if "margin" in value else []):
+        rel = relative_margin(m)
+        if rel is not None and 0 < rel[0] < 1:
+            continue
         if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float("inf"):
             raise ConfigError(src, "claim.margin" + (f".{key}" if key is not None else ""),
-                              f"expected a positive number in the metric's units (e.g. 0.02), or a mapping "
-                              f"setting -> number, got {m!r}")
+                              f"expected a positive number in the metric's units (e.g. 0.02), a share of a "
+                              f"variant's mean ('5% of none', under 100%), or a mapping setting -> either, "
+                              f"got {m!r}")
     return value
 
 
@@ -270,6 +274,12 @@ def check_orderings(claim: dict, configs: dict[str, "RunConfig"] | None, setting
             if metric is None:
                 continue
             column = metric if metric.startswith("final/") else metrics.final_column(metric)
+            own = claim.get("margin")
+            rel = relative_margin(own.get(setting) if isinstance(own, dict) else own)
+            if rel is not None:
+                if configs and rel[1] not in configs:
+                    raise ConfigError(where, "claim.margin", f"{rel[1]!r} is no variant; valid: {', '.join(configs)}")
+                continue
             if stats.claim_margin(claim, setting, column, task)[0] is None:
                 raise ConfigError(where, "claim.expect", f"{e!r}: an '=' needs an equivalence margin and {column} "
                                   "has none; give claim.margin (in the metric's units, with the reason)")

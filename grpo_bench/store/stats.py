@@ -49,15 +49,33 @@ def default_margin(column: str) -> float | None:
     return metrics.get(column).margin
 
 
+RELATIVE_MARGIN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s+of\s+(\S+)\s*$")
+
+
+def relative_margin(m) -> tuple[float, str] | None:
+    """(share, variant) of a margin written "P% of VARIANT" (P% of that variant's mean on the judged metric,
+    for a metric whose scale only a run can tell: a KL drift), else None."""
+    g = RELATIVE_MARGIN.match(m) if isinstance(m, str) else None
+    return (float(g[1]) / 100, g[2]) if g else None
+
+
 def claim_margin(claim: dict | None, setting: str | None, column: str,
-                 task: "metrics.TaskInfo | None" = None) -> tuple[float | None, str]:
-    """(margin, where it comes from): the claim's `margin` (one number, or one per setting), else the task's
-    own margin when the column is the task's verdict metric (or that less a constant), else the metric's."""
+                 task: "metrics.TaskInfo | None" = None, means: pd.Series | None = None) -> tuple[float | None, str]:
+    """(margin, where it comes from): the claim's `margin` (one number, one per setting, or "P% of VARIANT":
+    that share of the variant's mean in `means`), else the task's own margin when the column is the task's
+    verdict metric (or that less a constant), else the metric's."""
     m = (claim or {}).get("margin")
     if isinstance(m, dict):
         m = m.get(setting)
     if m is not None:
-        return float(m), "the claim's margin"
+        rel = relative_margin(m)
+        if rel is None:
+            return float(m), "the claim's margin"
+        share, ref = rel
+        ref_mean = float(means[ref]) if means is not None and ref in means.index else math.nan
+        if not math.isfinite(ref_mean) or ref_mean == 0:
+            return None, f"the claim's margin, {m.strip()}, with no mean of `{ref}` to take it from"
+        return share * abs(ref_mean), f"the claim's margin: {m.strip()}, whose mean here is {abs(ref_mean):.3g}"
     offset = metrics.get(column).offset_of  # accuracy gain is accuracy less a constant: the same differences
     if task is not None and task.margin is not None and task.verdict_metric in (
             column, offset and metrics.final_column(offset)):

@@ -59,8 +59,10 @@ def sequential_look(abl: Ablation, summary: pd.DataFrame, orderings: list[str], 
         return {"stopped": "failed", "reason": f"{len(failed)} of {len(summary)} runs failed (errors in summary.csv); "
                 "run the same command again to redo them and go on", **looks}
     column = decision_column(summary, abl)
-    margin, source = stats.claim_margin(abl.claim, abl.setting, column, decision_task(abl))
     ok = summary[summary[column].notna()]
+    # a margin given as a share of a variant's mean is taken from the seeds run so far, at every look
+    margin, source = stats.claim_margin(abl.claim, abl.setting, column, decision_task(abl),
+                                        ok.groupby("variant")[column].mean())
     values = {v: dict(zip(map(int, g.seed), map(float, g[column]))) for v, g in ok.groupby("variant", sort=False)}
     # no margin: equivalence cannot be shown (TOST within +-0 never passes), only an ordering
     decision = stats.sequential_decision(values, orderings, margin or 0.0, len(abl.seeds), batches)
