@@ -73,16 +73,23 @@ run_stage() {  # name, then the command; killed at the stage's budget
   pack
 }
 
-default_claims() {  # the gym tasks' claims, those with no run yet first; then the wide start's, where built
-  local a s
+default_claims() {  # every claim setting past the toy and the small LM: those with no result yet first
   # not fp32_head: its cast lives on the fused head, which backend=torch (the GPU populations') never takes
-  for a in sampler_mismatch length_bias aggregation entropy_control; do echo ablations/$a.yaml:countdown; done
-  for a in sampler_mismatch adv_norm ref_policy length_bias aggregation entropy_control; do
-    echo ablations/$a.yaml:spell_backward
-  done
-  # then those that ran (on the CPU at 5 seeds, or here): at 10 seeds they would be judged instead
-  for a in policy_losses dapo_ladder sampler_mismatch; do echo ablations/$a.yaml:lm_wide; done
-  for s in countdown spell_backward; do echo ablations/policy_losses.yaml:$s ablations/dapo_ladder.yaml:$s; done
+  $py - <<'PY'
+import pathlib, yaml
+todo, ran = [], []
+for f in sorted(pathlib.Path("ablations").glob("*.yaml")):
+    doc = yaml.safe_load(f.read_text())
+    if not doc.get("claim") or f.stem == "fp32_head":
+        continue
+    for s in doc.get("settings") or {}:
+        name = f"{f.stem}_{s}"
+        if s in ("sort", "lm") or pathlib.Path(f"results/gpu/{name}/summary.csv").is_file():
+            continue
+        # at 10 seeds a result that ran on the CPU at 5 would be judged instead of it
+        (ran if pathlib.Path(f"results/{name}/summary.csv").is_file() else todo).append(f"ablations/{f.name}:{s}")
+print(" ".join(todo + ran))
+PY
 }
 
 for s in $todo; do

@@ -1,6 +1,7 @@
 """scripts/gpu_run.sh and scripts/gpu_population.py off a GPU: they must fail clearly, not crash,
 and the population measurement's own logic (speed-up, memberwise equality) is checked on CPU."""
 import csv
+import re
 import os
 import subprocess
 import sys
@@ -128,3 +129,19 @@ def test_gpu_readme_lists_the_claim_sweeps_it_keeps_and_they_are_there():
     # a sweep with a note (failed runs, or variants that could not differ) is not kept as a result
     for name in c[c.note != ""].sweep:
         assert not (ROOT / "results/gpu" / name).exists()
+
+
+def test_default_claims_put_the_settings_with_no_result_first():
+    """The claims stage's default list reads the ablation files and results/: a setting with no result comes
+    before one that ran on the CPU, one the GPU already ran is left out, and fp32_head never (its cast lives
+    on the fused head, which the GPU's backend=torch never takes)."""
+    fn = re.search(r"^default_claims\(\) \{.*?^\}$", (ROOT / "scripts/gpu_run.sh").read_text(), re.S | re.M)[0]
+    r = _run("bash", "-c", f"py={sys.executable}\n{fn}\ndefault_claims")
+    assert r.returncode == 0, r.stderr
+    listed = r.stdout.split()
+    names = [f"{Path(a).stem}_{s}" for a, _, s in (x.partition(":") for x in listed)]
+    assert names and not any(n.startswith("fp32_head") or n.endswith(("_sort", "_lm")) for n in names)
+    ran = [(ROOT / "results" / n / "summary.csv").is_file() for n in names]
+    assert ran == sorted(ran)  # every unrun setting before every one that ran
+    assert not any((ROOT / "results/gpu" / n / "summary.csv").is_file() for n in names)
+    assert "adv_norm_countdown" not in names and "policy_losses_lm_wide" in names
