@@ -405,6 +405,8 @@ def test_margins_from_claims_tasks_and_metrics():
     assert S.claim_margin({"margin": "5% of none"}, "lm", "final/kl/seq") == (
         None, "the claim's margin, 5% of none, with no mean of `none` to take it from")
     assert S.claim_margin({"margin": "5% of gone"}, "lm", "final/kl/seq", None, means)[0] is None
+    # rounded to three significant digits, so the margin printed is the margin used: 5% of 2.5707 is 0.129
+    assert S.claim_margin({"margin": "5% of k1"}, "lm", "final/kl/seq", None, pd.Series({"k1": 2.5707}))[0] == 0.129
     assert S.relative_margin("5 of none") is None and S.relative_margin(0.05) is None
 
 

@@ -75,7 +75,8 @@ def claim_margin(claim: dict | None, setting: str | None, column: str,
         ref_mean = float(means[ref]) if means is not None and ref in means.index else math.nan
         if not math.isfinite(ref_mean) or ref_mean == 0:
             return None, f"the claim's margin, {m.strip()}, with no mean of `{ref}` to take it from"
-        return share * abs(ref_mean), f"the claim's margin: {m.strip()}, whose mean here is {abs(ref_mean):.3g}"
+        # three significant digits, as a task's margin is rounded: the number printed is the number used
+        return float(f"{share * abs(ref_mean):.3g}"), f"the claim's margin: {m.strip()}, whose mean here is {abs(ref_mean):.3g}"
     offset = metrics.get(column).offset_of  # accuracy gain is accuracy less a constant: the same differences
     if task is not None and task.margin is not None and task.verdict_metric in (
             column, offset and metrics.final_column(offset)):
