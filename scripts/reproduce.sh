@@ -3,8 +3,10 @@
 # the five sorting ablations, the arithmetic ablation, every setting of every claim
 # ablation, then FINDINGS.md, the toy-vs-LM comparison and the gallery.
 # The toy and arithmetic-LM settings take about 90 minutes on 2 CPU cores; every claim's
-# reasoning-gym settings (countdown, spell_backward: 60-75 s a run on one core) and the wide
-# start's (lm_wide: about 85 s a run) add roughly 11 core-hours, so name what you want: each line
+# reasoning-gym settings (countdown: 60-80 s a run on one core; spell_backward: 40-55 s) and the
+# wide start's (lm_wide: about 85 s a run) add roughly 12 core-hours (those committed by
+# 2026-11-27, all but sampler_mismatch's gym settings, took 10.8, summed from their sweep.json),
+# so name what you want: each line
 # prints its wall time so that the README's timings can be checked. Pass ablation names to run
 # only those (e.g. `loss_modes recipes`, or `dapo_ladder:countdown` for one setting).
 # results/gpu/ is a GPU's: `bash scripts/gpu_run.sh all`, then `bash scripts/gpu_run.sh claims`.
