@@ -6,3 +6,16 @@ import torch
 # set before any kernel module is imported, and conftest is imported first.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+import pytest
+
+
+@pytest.fixture
+def fp64():
+    """fp64 default dtype for exact comparisons, restored so that other modules keep fp32.
+    A module opts in with `pytestmark = pytest.mark.usefixtures("fp64")`."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)

@@ -11,13 +11,7 @@ from grpo_bench.algos import Batch
 from grpo_bench.numerics.kernels.spec import fused_names
 
 
-@pytest.fixture(autouse=True)
-def fp64():
-    # exact comparisons; restored so that other test modules keep fp32
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("fp64")
 
 
 def T(x):

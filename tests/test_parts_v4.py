@@ -33,12 +33,7 @@ from grpo_bench.engine.recipe import Recipe
 from grpo_bench.numerics.kernels.spec import fused_names
 
 
-@pytest.fixture(autouse=True)
-def fp64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("fp64")
 
 
 def T(x):

@@ -24,12 +24,7 @@ P = 3
 SHAPES = [(2, 4, 5), (3, 2, 7)]  # (B, G, T)
 
 
-@pytest.fixture(autouse=True)
-def fp64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("fp64")
 
 
 def _floaty(p: registry.Param) -> bool:
