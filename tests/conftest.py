@@ -19,3 +19,13 @@ def fp64():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(old)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread, the runner's default: with more, a reduction splits across threads by
+    its size, which a population changes, so bit-level contracts hold only at one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

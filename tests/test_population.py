@@ -25,14 +25,7 @@ LM = {"task": {"name": "arithmetic", "ops": {"add": [0, 99]}, "prompts_per_step"
       "group_size": 3, "epochs": 3, "inner_steps": 2, "eval_every": 2}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # the contract holds at one thread per population, the runner's default: with more, a
-    # reduction splits across threads by its size, which a population changes
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _untimed(rows):

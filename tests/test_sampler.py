@@ -15,12 +15,7 @@ SORT = {"task": {"name": "sort", "prompts": None, "n": 4, "vocab": 6, "num_promp
         "group_size": 4, "epochs": 12, "inner_steps": 3, "lr": 0.05}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _rows(**over):
