@@ -4,8 +4,8 @@
 # ablation, then FINDINGS.md, the toy-vs-LM comparison and the gallery.
 # The toy and arithmetic-LM settings take about 90 minutes on 2 CPU cores; every claim's
 # reasoning-gym settings (countdown: 60-80 s a run on one core; spell_backward: 40-55 s) and the
-# wide start's (lm_wide: about 85 s a run) add roughly 12 core-hours (those committed by
-# 2026-11-27, all but sampler_mismatch's gym settings, took 10.8, summed from their sweep.json),
+# wide start's (lm_wide: about 85 s a run) add roughly 15 core-hours (those committed by
+# 2026-11-27 took 14.5: 10.8 summed from their sweep.json, then sampler_mismatch's 3.7 at 10 seeds),
 # so name what you want: each line
 # prints its wall time so that the README's timings can be checked. Pass ablation names to run
 # only those (e.g. `loss_modes recipes`, or `dapo_ladder:countdown` for one setting).
