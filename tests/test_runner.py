@@ -588,3 +588,30 @@ def test_the_progress_bar_moves_with_the_epochs_of_a_population(tmp_path):
     ticks.clear()
     list(RN.local_results(groups[:1], 1, 1, tick=tick))
     assert ticks == [(0, len(groups[0]))] * 4
+
+
+def test_the_progress_bar_never_passes_its_total_when_epoch_reports_arrive_after_the_result(tmp_path):
+    """With many workers a population's last epoch reports can be read after its result (a 16-worker
+    machine showed 'clamping frac to range [0, 1]' and a negative ETA): they must not count."""
+    abl = _abl(tmp_path, {"loss": ["naive", "clipped"]}, seeds=2, base={**TINY, "epochs": 4})
+    groups = RN.populations(RN.plan(abl), 2, 2)
+
+    class Bar:
+        n = 0.0
+
+        def update(self, x):
+            self.n += x
+            assert self.n <= sum(map(len, groups)) + 1e-9, "the bar passed its total"
+
+    bar = Bar()
+    progress = RN._Progress(bar, groups)
+    progress.tick(0, len(groups[0]))                 # epoch 1 of 4
+    for spec in groups[0]:
+        bar.update(progress.finished(spec))          # its results land first ...
+    for _ in range(3):
+        progress.tick(0, len(groups[0]))             # ... then its other epochs' reports
+    for _ in range(4):
+        progress.tick(1, len(groups[1]))
+    for spec in groups[1]:
+        bar.update(progress.finished(spec))
+    assert bar.n == pytest.approx(sum(map(len, groups)))

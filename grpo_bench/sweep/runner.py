@@ -264,8 +264,11 @@ class _Progress:
         self.epochs = [max(1, g[0].resolved.epochs) for g in groups]
         self.shown = [0.0] * len(groups)     # runs' worth shown for each population so far
         self.of = {s.run_id: i for i, g in enumerate(groups) for s in g}
+        self.closed: set[int] = set()        # populations with a result in: their late ticks are dropped
 
     def tick(self, i: int, members: int) -> None:
+        if i in self.closed:  # an epoch report read after its population's results: the bar would pass 100%
+            return
         step = min(members / self.epochs[i], 0.99 * self.size[i] - self.shown[i])
         if step > 0:
             self.shown[i] += step
@@ -274,7 +277,10 @@ class _Progress:
     def finished(self, spec: RunSpec) -> float:
         """What is left of this run's share of the bar."""
         i = self.of.get(spec.run_id)
-        return 1.0 if i is None else 1.0 - self.shown[i] / self.size[i]
+        if i is None:
+            return 1.0
+        self.closed.add(i)
+        return 1.0 - self.shown[i] / self.size[i]
 
 
 def _report(bar, summary: dict, amount: float = 1.0) -> None:
