@@ -205,6 +205,8 @@ def _command(args) -> int:
 
 
 def _run(args) -> int:
+    from .numerics import cpu
+    cpu.pin()  # a run in this process (--workers 1) must compute nothing before it
     try:
         n_seeds, sequential = parse_seeds(args.seeds)
         if args.workers is not None and args.workers < 1:

@@ -2,6 +2,10 @@ import os
 
 import torch
 
+from grpo_bench.numerics import cpu
+
+cpu.pin()  # before any test computes, as `run` does: in-process numbers are a run's numbers
+
 # Triton kernels run in the interpreter where there is no GPU; the variable must be
 # set before any kernel module is imported, and conftest is imported first.
 if not torch.cuda.is_available():

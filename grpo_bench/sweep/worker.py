@@ -71,7 +71,9 @@ def train_group(specs: list[RunSpec], threads: int = 1, executor: str = "local",
     import torch
 
     from ..engine.trainer import train_population
+    from ..numerics import cpu
 
+    cpu.pin()  # before anything computes: the same bits on any x86-64 CPU
     # the same thread count in every kind of worker: it changes reduction order, so the bits
     torch.set_num_threads(threads)
     cfgs = [s.resolved for s in specs]

@@ -1,0 +1,88 @@
+"""The same bits under every instruction-set setting the installed libraries offer (grpo_bench/numerics/cpu.py).
+
+Each setting runs in a fresh process (MKL and ATen fix their paths at their first computation): the
+sorting toy, every loss mode, a budget long enough for the native paths to
+part at some step, compared on every logged metric bit for bit (20 epochs x 10 steps is enough). The same runs with the pin off
+(GRPO_BENCH_CPU_NUMERICS=native) must differ somewhere: otherwise the settings change nothing on
+this machine and the test proves nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_bench.numerics import cpu
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = r"""
+import hashlib, struct, sys
+from grpo_bench.config.ablation import load_ablation
+from grpo_bench.sweep.runner import plan
+from grpo_bench.sweep.worker import train_group
+from grpo_bench.numerics import cpu
+abl = load_ablation("ablations/loss_modes.yaml", seeds=1, sets=["epochs=20", "log_every=1", "eval_every=10"])
+h = hashlib.sha256()
+for spec in plan(abl):
+    (cfg, rows, summary, _), = train_group([spec])
+    assert summary["status"] == "ok", summary
+    h.update(repr([r for r in rows if not r[1].startswith(("time/", "perf/"))]).encode())  # not the clocks
+print(cpu.state(), h.hexdigest())
+"""
+# every setting the libraries read, whatever this CPU supports (a value it lacks falls back)
+SETTINGS = [{}, {"MKL_CBWR": "COMPATIBLE"}, {"MKL_CBWR": "AUTO"}, {"MKL_CBWR": "AVX2"}, {"MKL_CBWR": "AVX512"},
+            {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+            {"ATEN_CPU_CAPABILITY": "default"}, {"ATEN_CPU_CAPABILITY": "avx2"}, {"ATEN_CPU_CAPABILITY": "avx512"},
+            {"ONEDNN_MAX_CPU_ISA": "SSE41"}]
+
+
+def _toy(env: dict) -> tuple[str, str]:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+                          "GRPO_BENCH_CPU_NUMERICS")}
+    out = subprocess.run([sys.executable, "-c", TOY], cwd=ROOT, env=clean | env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    state, digest = out.stdout.split("\n")[-2].rsplit(" ", 1)
+    return state, digest
+
+
+needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without MKL: nothing to pin")
+
+
+@needs_mkl
+def test_toy_is_the_same_bits_under_every_instruction_set_setting():
+    native = {"GRPO_BENCH_CPU_NUMERICS": "native"}
+    envs = SETTINGS + [native, native | {"MKL_CBWR": "COMPATIBLE"}, native | {"ATEN_CPU_CAPABILITY": "default"}]
+    with ThreadPoolExecutor(2) as pool:  # a process each: the paths are fixed at a process's first computation
+        got = dict(zip(map(str, envs), pool.map(_toy, envs)))
+    pinned = [got[str(e)] for e in SETTINGS]
+    assert {s for s, _ in pinned} == {cpu.PINNED}, got
+    assert len({d for _, d in pinned}) == 1, got
+    # the control: unpinned, the settings change the bits, so the agreement above is the pin's doing
+    assert len({got[str(e)][1] for e in envs[len(SETTINGS):]}) > 1, f"the native paths agree here: {got}"
+
+
+def test_a_late_pin_warns_and_says_what_is_in_force():
+    code = ("import warnings, torch; from grpo_bench.numerics import cpu\n"
+            "torch.ones(64, 64) @ torch.ones(64, 64)\n"  # MKL and ATen have computed: too late
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always'); s = cpu.pin()\n"
+            "print(s); print(len(w), w[0].message if w else '')")
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "GRPO_BENCH_CPU_NUMERICS")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    state, warned = out.stdout.splitlines()[-2:]
+    if state == cpu.PINNED:
+        pytest.skip(f"this CPU's native paths are the pinned ones ({state}): nothing to warn about")
+    assert warned.startswith("1 ") and "may differ on another processor" in warned, out.stdout
+
+
+def test_this_test_process_is_pinned():
+    # conftest pins before any test computes, so in-process runs are a worker's numbers
+    assert os.environ.get("GRPO_BENCH_CPU_NUMERICS") == "native" or cpu.state() == cpu.PINNED
