@@ -192,18 +192,25 @@ def test_slug_and_plan(tmp_path):
 
 
 def test_device_auto_on_a_gpu_machine_plans_cuda_runs_with_their_own_ids(tmp_path, monkeypatch):
+    import torch
+    from grpo_bench import registry
+
     abl = _abl(tmp_path, {"loss": ["naive"]}, base={**TINY, "device": "auto"})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cpu = RN.plan(abl)
-    assert all(s.config["device"] == "auto" for s in cpu)  # a CPU machine's ids are unchanged
-    monkeypatch.setattr(RN, "_cuda", lambda: True)
+    assert all(s.config["device"] == "cpu" for s in cpu)  # auto on a CPU machine: a cpu run, with a cpu run's id
+    (tmp_path / "cpu").mkdir()
+    explicit = RN.plan(_abl(tmp_path / "cpu", {"loss": ["naive"]}, base={**TINY, "device": "cpu"}))
+    assert [s.run_id for s in explicit] == [s.run_id for s in cpu]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(registry.get("task", "sort"), "gpu_replaces_cores", 1e6, raising=False)
     gpu = RN.plan(abl)
     assert [s.config["device"] for s in gpu] == ["cuda", "cuda"]
     assert not {s.run_id for s in cpu} & {s.run_id for s in gpu}  # never resumed into each other
     assert [s.run_id.rsplit("-", 1)[0] for s in gpu] == [s.run_id.rsplit("-", 1)[0] for s in cpu]
     # an explicit device is kept as written
-    (tmp_path / "cpu").mkdir()
-    abl = _abl(tmp_path / "cpu", {"loss": ["naive"]}, base={**TINY, "device": "cpu"})
-    assert all(s.config["device"] == "cpu" for s in RN.plan(abl))
+    assert all(s.config["device"] == "cpu" for s in RN.plan(_abl(tmp_path / "cpu", {"loss": ["naive"]},
+                                                                  base={**TINY, "device": "cpu"})))
 
 
 def test_train_one_records_a_failure_and_never_raises():
@@ -615,3 +622,23 @@ def test_the_progress_bar_never_passes_its_total_when_epoch_reports_arrive_after
     for spec in groups[1]:
         bar.update(progress.finished(spec))
     assert bar.n == pytest.approx(sum(map(len, groups)))
+
+
+def test_device_auto_takes_the_gpu_only_where_it_beats_this_machines_cpu_workers(tmp_path, monkeypatch):
+    """`auto` (the default) means cuda where a GPU is and the task's measured gpu_replaces_cores exceeds the
+    cores here."""
+    from grpo_bench import registry
+    from grpo_bench.engine.trainer import auto_device
+
+    sort = registry.get("task", "sort")
+    cfg = RN.plan(_abl(tmp_path, seeds=1))[0].resolved
+    cfg.device = "auto"
+    monkeypatch.setattr(sort, "gpu_replaces_cores", 19.0, raising=False)
+    assert auto_device(cfg, cuda=True, cores=16) == "cuda"
+    assert auto_device(cfg, cuda=True, cores=32) == "cpu"     # 32 CPU workers outrun one GPU at 19 cores' worth
+    assert auto_device(cfg, cuda=False, cores=2) == "cpu"
+    monkeypatch.setattr(sort, "gpu_replaces_cores", None)      # never measured on a GPU: stays on the CPU
+    assert auto_device(cfg, cuda=True, cores=2) == "cpu"
+    cfg.device = "cpu"
+    monkeypatch.setattr(sort, "gpu_replaces_cores", 19.0)
+    assert auto_device(cfg, cuda=True, cores=2) == "cpu"      # what the file says, when it says a device

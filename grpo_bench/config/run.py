@@ -123,8 +123,9 @@ class RunConfig:
     """Run the task's held-out evaluation every N epochs (and at the start and the end); 0 = only at the end."""
     backend: str = "auto"
     """Log-prob / loss implementation: torch, chunked, triton, or auto (triton on CUDA, chunked on CPU)."""
-    device: str = "cpu"
-    """cpu, cuda, or auto (cuda when available)."""
+    device: str = "auto"
+    """cpu, cuda, or auto: cuda where a GPU is and does this task's runs faster than this machine's CPU workers
+    (the task's measured `gpu_replaces_cores` exceeds the cores here), else cpu; a run's config records which."""
     include: list = field(default_factory=list)
     """The user's Python files or directories (absolute paths) whose `@register`ed parts and tasks this run uses; an ablation's `include:` and `--include` fill it."""
     sampler: SamplerSection = field(default_factory=SamplerSection)

@@ -44,6 +44,7 @@ import collections
 import copy
 import dataclasses
 import inspect
+import os
 import time
 
 import torch
@@ -289,6 +290,18 @@ def train(cfg: RunConfig, rows: list[Row] | None = None, outcomes: list[Outcome]
     return result
 
 
+def auto_device(cfg: RunConfig, cuda: bool | None = None, cores: int | None = None) -> str:
+    """The device a run's `device` means here: `auto` is cuda where a GPU is and it does the task's work faster
+    than this machine's CPU workers would, i.e. the task's measured `gpu_replaces_cores` (runs per GPU-minute
+    over runs per CPU-core-minute, in one sitting: scripts/gpu_population.py) exceeds the cores here; else cpu."""
+    if cfg.device != "auto":
+        return cfg.device
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    replaces = getattr(registry.get("task", task_name(cfg)), "gpu_replaces_cores", None)
+    return "cuda" if cuda and replaces is not None and replaces > cores else "cpu"
+
+
 def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
                      on_epoch=None, outcomes: list[list[Outcome]] | None = None) -> list[dict | Exception]:
     """Train P runs as one population; rows[p] receives run p's metrics, outcomes[p] its per-problem held-out
@@ -298,8 +311,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
     rows = [[] for _ in cfgs] if rows is None else rows
     outcomes = [[] for _ in cfgs] if outcomes is None else outcomes
     for c in cfgs:
-        if c.device == "auto":
-            c.device = "cuda" if torch.cuda.is_available() else "cpu"
+        c.device = auto_device(c)
     cfg = cfgs[0]
     pop = Population(cfgs)
     recipe = pop.head

@@ -46,23 +46,20 @@ def run_id(label: str, seed: int, config_hash: str) -> str:
     return f"{slug}-s{seed}-{config_hash}"
 
 
-def _cuda() -> bool:
-    import torch
-    return torch.cuda.is_available()
-
-
 def plan(abl: Ablation, seeds: list[int] | None = None) -> list[RunSpec]:
     """Every variant x seed (abl.seeds unless given) as a run."""
+    from ..engine.trainer import auto_device  # torch: not at import, which `list` and `plot` share
+
     specs = []
     for (label, values, raw), variant_cfg in zip(abl.variants, abl.configs, strict=True):
         for seed in abl.seeds if seeds is None else seeds:
             cfg = dict(raw, seed=seed)
             resolved = with_seed(variant_cfg, seed)  # resolved once per variant, when the file loaded
-            if resolved.device == "auto" and _cuda():
-                # a CUDA run's numbers are not the CPU's (nor, in a population, the same run's alone):
-                # `auto` on a GPU machine becomes `cuda` in the config, so its run id differs from the
-                # CPU's and a results directory never mixes the two; a CPU machine's ids are unchanged
-                cfg["device"] = resolved.device = "cuda"
+            if resolved.device == "auto":
+                # a CUDA run's numbers are not the CPU's (nor, in a population, the same run's alone): `auto`
+                # becomes the device it means here in the config, so a results directory never mixes the two
+                # and a CPU run's id is the same whether its file says cpu or auto
+                cfg["device"] = resolved.device = auto_device(resolved)
             h = config_hash(resolved)
             flat = {k: v if isinstance(v, (str, int, float, bool, type(None))) else json.dumps(v) for k, v in values.items()}
             specs.append(RunSpec(run_id(label, seed, h), label, flat, seed, cfg, resolved))
