@@ -38,15 +38,16 @@ FLOOR: tl.constexpr = tl.constexpr(-1e30)
 
 
 @triton.jit
-def _tempered(ptrs, mask, temp, TEMPERED: tl.constexpr):
-    x = tl.load(ptrs, mask=mask, other=float("-inf")).to(tl.float32)
+def _tempered(ptrs, mask, keep, temp, TEMPERED: tl.constexpr):
+    # loads where `mask`, keeps where `keep` (-inf elsewhere): see `cl` in _fold_fwd
+    x = tl.where(keep, tl.load(ptrs, mask=mask, other=float("-inf")).to(tl.float32), float("-inf"))
     if TEMPERED:  # fp32(z) / T as the sampler divides (`/` may be approximate)
         x = tl.math.div_rn(x, temp)
     return x
 
 
 @triton.jit
-def _fold_fwd(z_ptr, sz, lab_ptr, st_ptr, sst, logp_ptr, ent_ptr, c, col0, temp,
+def _fold_fwd(z_ptr, sz, lab_ptr, st_ptr, sst, logp_ptr, ent_ptr, c, cl, col0, temp,
               BLOCK: tl.constexpr, WITH_ENTROPY: tl.constexpr, TEMPERED: tl.constexpr,
               FIRST: tl.constexpr, LAST: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
@@ -55,9 +56,11 @@ def _fold_fwd(z_ptr, sz, lab_ptr, st_ptr, sst, logp_ptr, ent_ptr, c, col0, temp,
     m = tl.full([BLOCK], FLOOR, tl.float32)
     s = tl.zeros([BLOCK], tl.float32)
     t = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, c, BLOCK):
+    # columns [c, cl) are the buffer's padding, read and dropped: with cl a multiple of 16 every
+    # tile's loads are 16-byte vectors, the last (odd-width) tile's included
+    for start in range(0, cl, BLOCK):
         idx = start + cols
-        x = tl.maximum(_tempered(base + idx, idx < c, temp, TEMPERED), FLOOR)
+        x = tl.maximum(_tempered(base + idx, idx < cl, idx < c, temp, TEMPERED), FLOOR)
         # either the max moves up to x (old terms scale by exp(m - x)) or the new term is exp(x - m)
         delta = x - m
         d = tl.exp(-tl.abs(delta))
@@ -72,7 +75,7 @@ def _fold_fwd(z_ptr, sz, lab_ptr, st_ptr, sst, logp_ptr, ent_ptr, c, col0, temp,
     ts = tl.sum(scale * (t + (m - mx) * s), axis=0)
     label = tl.load(lab_ptr + r).to(tl.int64) - col0
     here = (label >= 0) & (label < c)
-    x_lab = _tempered(base + label, here, temp, TEMPERED)
+    x_lab = _tempered(base + label, here, here, temp, TEMPERED)
     if FIRST:
         mm = mx
         s1 = ss
@@ -105,13 +108,13 @@ def _fold_fwd(z_ptr, sz, lab_ptr, st_ptr, sst, logp_ptr, ent_ptr, c, col0, temp,
 
 
 @triton.jit
-def _grad_tile(z_ptr, sz, lab_ptr, st_ptr, sst, ent_ptr, g_ptr, ge_ptr, c, col0, temp,
+def _grad_tile(z_ptr, sz, lab_ptr, st_ptr, sst, ent_ptr, g_ptr, ge_ptr, c, cl, col0, temp,
                BLOCK: tl.constexpr, WITH_ENTROPY: tl.constexpr, TEMPERED: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    inb = idx < c
+    inb = idx < cl  # the padding [c, cl) gets p = 0 and a 0 gradient, which no GEMM reads
     ptrs = z_ptr + r * sz + idx
-    x = tl.maximum(_tempered(ptrs, inb, temp, TEMPERED), FLOOR)
+    x = tl.maximum(_tempered(ptrs, inb, idx < c, temp, TEMPERED), FLOOR)
     logp = (x - tl.load(st_ptr + r)) - tl.load(st_ptr + sst + r)
     p = tl.exp(logp)
     g = tl.load(g_ptr + r)
@@ -125,15 +128,23 @@ def _grad_tile(z_ptr, sz, lab_ptr, st_ptr, sst, ent_ptr, g_ptr, ge_ptr, c, col0,
     tl.store(ptrs, dx.to(z_ptr.dtype.element_ty), mask=inb)
 
 
+def _load_bound(tile: Tensor) -> int:
+    """Columns the kernels read: the tile's width rounded up to 16 within the buffer's row stride, so
+    that Triton sees a bound divisible by 16 (its loads are then vectors, where the exact width of
+    an odd last tile would make every load of that tile scalar)."""
+    return min(-(-tile.shape[1] // 16) * 16, max(tile.stride(0), tile.shape[1]))
+
+
 def fold(tile: Tensor, labels: Tensor, state: Tensor, logp: Tensor, ent: Tensor | None, col0: int,
          temperature: float, first: bool, last: bool, cfg: dict) -> None:
     """Fold tile (r, c), unit stride on c, into state (4, N)[:, rows] (labels, logp, ent: those rows)."""
     block, warps = cfg["fwd"]
     r, c = tile.shape
+    cl = _load_bound(tile)
     if r:
         _fold_fwd[(r,)](tile, tile.stride(0), labels, state, state.stride(0), logp,
-                        logp if ent is None else ent, c, col0, float(temperature),
-                        BLOCK=min(block, triton.next_power_of_2(max(c, 16))), WITH_ENTROPY=ent is not None,
+                        logp if ent is None else ent, c, cl, col0, float(temperature),
+                        BLOCK=min(block, triton.next_power_of_2(max(cl, 16))), WITH_ENTROPY=ent is not None,
                         TEMPERED=temperature != 1.0, FIRST=first, LAST=last, num_warps=warps)
 
 
@@ -142,9 +153,10 @@ def grad(tile: Tensor, labels: Tensor, state: Tensor, ent: Tensor | None, g: Ten
     """Overwrite tile (r, c) with d(sum g logp + ge H)/dz; state (2, N)[:, rows]: max and log-sum-exp."""
     block, warps = cfg["bwd"]
     r, c = tile.shape
-    block = min(block, triton.next_power_of_2(max(c, 16)))
+    cl = _load_bound(tile)
+    block = min(block, triton.next_power_of_2(max(cl, 16)))
     if r:
-        _grad_tile[(r, triton.cdiv(c, block))](tile, tile.stride(0), labels, state, state.stride(0),
-                                               g if ent is None else ent, g, g if ge is None else ge, c, col0,
-                                               float(temperature), BLOCK=block, WITH_ENTROPY=ge is not None,
-                                               TEMPERED=temperature != 1.0, num_warps=warps)
+        _grad_tile[(r, triton.cdiv(cl, block))](tile, tile.stride(0), labels, state, state.stride(0),
+                                                g if ent is None else ent, g, g if ge is None else ge, c, cl, col0,
+                                                float(temperature), BLOCK=block, WITH_ENTROPY=ge is not None,
+                                                TEMPERED=temperature != 1.0, num_warps=warps)
