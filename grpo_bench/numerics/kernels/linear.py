@@ -35,7 +35,7 @@ from .chunked import default_rows as chunked_rows
 
 
 def default_rows(n: int, v: int, h: int, device: torch.device | str) -> int:
-    """Rows per chunk for n rows of hidden size h and vocabulary v."""
+    """Rows per chunk of the chunked schedule (and of linear_sum_pi_squared), n rows of hidden size h."""
     if torch.device(device).type == "cuda":
         # Liger-Kernel's rule (chunk logits about as large as the hidden states) gives 64-row
         # chunks at N = 8,192, V = 151,936, H = 896: 128 GEMMs that each read the whole head
