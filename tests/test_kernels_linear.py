@@ -105,6 +105,16 @@ def test_tiled_schedule_one_leaf(frozen):
     torch.testing.assert_close(g.double(), rg, rtol=1e-5, atol=1e-5)
 
 
+def test_tiled_schedule_without_rows():
+    # N = 0 (an empty micro-batch): empty log-probs, and a zero gradient, not an uninitialised one
+    w = torch.randn(33, 8, device=DEVICE).requires_grad_()
+    x = torch.zeros(0, 8, device=DEVICE).requires_grad_()
+    lp, _ = fused_linear_logprobs(x, w, torch.zeros(0, dtype=torch.long, device=DEVICE), use_triton=True)
+    assert lp.shape == (0,)
+    gx, gw = torch.autograd.grad(lp.sum(), (x, w))
+    assert gx.shape == (0, 8) and torch.equal(gw, torch.zeros_like(w))
+
+
 def test_fold_ignores_the_tiles_padding():
     # the kernels read a tile up to a bound divisible by 16, into the buffer's padding columns:
     # NaN and +inf there must change neither the log-sum-exp nor the gradient, nor be written over

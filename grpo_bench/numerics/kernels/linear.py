@@ -201,7 +201,7 @@ class TiledLinearLogProb(torch.autograd.Function):
         one_row, one_col = rows >= n, cols >= v  # a single tile across: its GEMM writes the gradient directly
         dh = torch.empty_like(hidden) if need_h else None
         dh32 = torch.empty(min(rows, n), hdim, **f32) if need_h and not one_col else None
-        dw = torch.empty_like(weight) if need_w and one_row else None
+        dw = (torch.empty_like if n else torch.zeros_like)(weight) if need_w and one_row else None  # no rows: 0
         dw32 = torch.zeros(v, hdim, **f32) if need_w and not one_row else None
         db = torch.zeros(v, **f32) if need_b else None
         buf = torch.empty(min(rows, n), cols, dtype=hidden.dtype, device=hidden.device)
