@@ -23,9 +23,9 @@ SCRIPT = textwrap.dedent("""
         import triton.backends.nvidia  # noqa: F401
     except ImportError as e:
         print("SKIP", e); sys.exit(0)
-    from grpo_bench.numerics.kernels import logprob as K, loss as L, spec as S
+    from grpo_bench.numerics.kernels import head as Hd, logprob as K, loss as L, spec as S
 
-    TYPES = {"x_ptr": "*bf16", "dx_ptr": "*bf16", "lab_ptr": "*i64"}
+    TYPES = {"x_ptr": "*bf16", "dx_ptr": "*bf16", "z_ptr": "*bf16", "lab_ptr": "*i64"}
 
     def signature(fn):
         sig = {}
@@ -50,6 +50,14 @@ SCRIPT = textwrap.dedent("""
     for kl in S.KLS.values():
         c = dict(LOSS=2, KL=kl, GATED=False, LO=0.8, HI=1.28, C=S.INF, TP=1.0, TN=1.0, BLOCK_T=1024)
         jobs += [(L._loss_fwd, c, 4), (L._loss_bwd, c, 4)]
+    # the fused head's kernels at every tuning-table entry: the GPU run times them all
+    for cfg in Hd.CONFIGS.values():
+        (fb, fw), (bb, bw) = cfg["fwd"], cfg["bwd"]
+        for ent, tempered, first, last in ((False, False, True, True), (True, True, False, False),
+                                           (True, False, True, False), (False, True, False, True)):
+            jobs.append((Hd._fold_fwd, dict(BLOCK=fb, WITH_ENTROPY=ent, TEMPERED=tempered, FIRST=first, LAST=last), fw))
+        for ent, tempered in ((False, False), (True, True)):
+            jobs.append((Hd._grad_tile, dict(BLOCK=bb, WITH_ENTROPY=ent, TEMPERED=tempered), bw))
     for fn, consts, warps in jobs:
         k = triton.compile(ASTSource(fn, signature(fn), constexprs=consts), target=target,
                            options={"num_warps": warps})

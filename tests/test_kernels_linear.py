@@ -1,10 +1,11 @@
 """The fused LM-head log-prob against hidden @ W^T + log_softmax in fp64: values and the
-gradients of hidden, weight and bias, with the rows split into several chunks."""
+gradients of hidden, weight and bias, with the rows split into several chunks (chunked schedule)
+and with rows and vocabulary split into tiles (tiled schedule, the Triton backend)."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo_bench.numerics.kernels.linear import default_rows, fused_linear_logprobs
+from grpo_bench.numerics.kernels.linear import default_rows, fused_linear_logprobs, tile_shape
 
 pytest.importorskip("triton")
 
@@ -52,6 +53,91 @@ def test_matches_fp64_reference(use_triton, dtype, with_bias, temperature):
         assert g.dtype == leaf.dtype and g.shape == leaf.shape
         scale = rg.abs().max().item()  # compare relative to the tensor's largest entry
         torch.testing.assert_close(g.double() / scale, rg / scale, **TOL[dtype])
+
+
+# (rows, cols) of the tiled schedule at N = 10, V = 100: one tile; rows split (dW in an fp32
+# accumulator); vocabulary split with every row (dh in an fp32 accumulator, dW written per tile,
+# the label's logit found in a later tile); both split, with a last tile 4 wide
+TILES = {"one": (None, None), "rows": (3, None), "cols": (None, 32), "both": (4, 48)}
+
+
+@pytest.mark.parametrize("tiles", TILES, ids=list(TILES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias,temperature", [(False, 1.0), (True, 0.7)], ids=["", "bias-T0.7"])
+def test_tiled_schedule_matches_fp64(tiles, dtype, with_bias, temperature):
+    rows, cols = TILES[tiles]
+    hidden, weight, bias, labels = inputs(2, 5, 16, 100, dtype, with_bias, seed=5)
+    labels[0, :3] = torch.tensor([0, 99, 96])  # first and last column; 96: in the 4-wide last tile
+    leaves = [t.clone().requires_grad_() for t in (hidden, weight) + ((bias,) if with_bias else ())]
+    lp, ent = fused_linear_logprobs(leaves[0], leaves[1], labels, with_entropy=True,
+                                    bias=leaves[2] if with_bias else None, use_triton=True, rows=rows, cols=cols,
+                                    temperature=temperature)
+    rleaves = [t.detach().double().requires_grad_() for t in leaves]
+    rlp, rent = reference(rleaves[0], rleaves[1], rleaves[2] if with_bias else None, labels, temperature)
+    torch.testing.assert_close(lp.double(), rlp, **TOL[dtype])
+    torch.testing.assert_close(ent.double(), rent, **TOL[dtype])
+    a = torch.randn(labels.shape, dtype=torch.float64, device=DEVICE, generator=torch.Generator().manual_seed(6))
+    for objective in ("both", "entropy only"):  # entropy only: the log-prob's incoming gradient is None
+        out = ent.double().sum() + ((lp.double() * a).sum() if objective == "both" else 0)
+        want = rent.sum() + ((rlp * a).sum() if objective == "both" else 0)
+        grads = torch.autograd.grad(out, leaves, retain_graph=True)
+        rgrads = torch.autograd.grad(want, rleaves, retain_graph=True)
+        for g, rg, leaf in zip(grads, rgrads, leaves):
+            assert g.dtype == leaf.dtype and g.shape == leaf.shape
+            scale = rg.abs().max().item()
+            torch.testing.assert_close(g.double() / scale, rg / scale, **TOL[dtype], msg=lambda m: f"{objective}: {m}")
+
+
+@pytest.mark.parametrize("frozen", ["weight", "hidden"])
+def test_tiled_schedule_one_leaf(frozen):
+    # a frozen head (LoRA elsewhere) skips dW; frozen hidden states skip dh; three tiles each way
+    hidden, weight, _, labels = inputs(3, 7, 8, 33, torch.float32, False, seed=7)
+    x = hidden.clone().requires_grad_(frozen == "weight")
+    w = weight.clone().requires_grad_(frozen == "hidden")
+    leaf = x if frozen == "weight" else w
+    lp, ent = fused_linear_logprobs(x, w, labels, use_triton=True, rows=8, cols=12)
+    assert ent is None
+    xr, wr = hidden.double().requires_grad_(), weight.double().requires_grad_()
+    rlp, _ = reference(xr, wr, None, labels)
+    torch.testing.assert_close(lp.double(), rlp, rtol=1e-5, atol=1e-5)
+    (g,) = torch.autograd.grad(lp.sum(), leaf)
+    (rg,) = torch.autograd.grad(rlp.sum(), xr if frozen == "weight" else wr)
+    torch.testing.assert_close(g.double(), rg, rtol=1e-5, atol=1e-5)
+
+
+def test_tiled_schedule_without_rows():
+    # N = 0 (an empty micro-batch): empty log-probs, and a zero gradient, not an uninitialised one
+    w = torch.randn(33, 8, device=DEVICE).requires_grad_()
+    x = torch.zeros(0, 8, device=DEVICE).requires_grad_()
+    lp, _ = fused_linear_logprobs(x, w, torch.zeros(0, dtype=torch.long, device=DEVICE), use_triton=True)
+    assert lp.shape == (0,)
+    gx, gw = torch.autograd.grad(lp.sum(), (x, w))
+    assert gx.shape == (0, 8) and torch.equal(gw, torch.zeros_like(w))
+
+
+def test_fold_ignores_the_tiles_padding():
+    # the kernels read a tile up to a bound divisible by 16, into the buffer's padding columns:
+    # NaN and +inf there must change neither the log-sum-exp nor the gradient, nor be written over
+    head = pytest.importorskip("grpo_bench.numerics.kernels.head")
+    gen = torch.Generator().manual_seed(8)
+    buf = torch.full((3, 128), float("nan"), device=DEVICE)
+    buf[1, 40:] = float("inf")
+    tile = buf[:, :37]  # 37 wide: the kernels read 48 columns
+    tile.copy_(torch.randn(3, 37, generator=gen).to(DEVICE))
+    labels = torch.tensor([0, 36, 5], device=DEVICE)
+    state = torch.empty(4, 3, device=DEVICE)
+    logp, ent = torch.empty(3, device=DEVICE), torch.empty(3, device=DEVICE)
+    cfg = head.CONFIGS["default"]
+    head.fold(tile, labels, state, logp, ent, 0, 1.0, first=True, last=True, cfg=cfg)
+    ls = torch.log_softmax(tile.double(), -1)
+    torch.testing.assert_close(logp.double(), ls.gather(1, labels[:, None])[:, 0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ent.double(), -(ls.exp() * ls).sum(-1), rtol=1e-6, atol=1e-6)
+    g = torch.ones(3, device=DEVICE)
+    head.grad(tile, labels, state[:2], None, g, None, 0, 1.0, cfg)
+    want = -ls.exp()
+    want[torch.arange(3), labels] += 1
+    torch.testing.assert_close(tile.double(), want, rtol=1e-6, atol=1e-6)
+    assert torch.isinf(buf[1, 48:]).all() and torch.isnan(buf[0, 48:]).all()  # beyond the bound: untouched
 
 
 def test_hidden_only_and_odd_chunks():
@@ -105,6 +191,25 @@ def test_chunk_rule():
     assert default_rows(320, 151_936, 128, "cpu") == 20
     assert default_rows(5, 151_936, 128, "cpu") == 1
     assert default_rows(1024, 52, 128, "cpu") == 1024
+
+
+def test_tile_rule():
+    mib = 1 << 20
+    # the benchmark's sizes: every row in one tile, the vocabulary in equal tiles, 128-aligned, within 256 MiB
+    for v, want in ((50_257, (16_384, 7_296)), (151_936, (16_384, 8_064))):
+        rows, cols = tile_shape(16_384, v, 2, 256 * mib, 4096)
+        assert (rows, cols) == want and cols % 128 == 0 and rows * cols * 2 <= 256 * mib
+        tiles = -(-v // cols)
+        assert v - (tiles - 1) * cols > 0.8 * cols  # the last tile is not a sliver
+    # too many rows for a 4,096-wide tile: rows are split instead, the tile still within budget
+    rows, cols = tile_shape(131_072, 151_936, 2, 256 * mib, 4096)
+    assert rows < 131_072 and cols >= 4096 and rows * cols * 2 <= 256 * mib
+    # a small vocabulary: one tile, padded to 128; a given row count keeps its cols within budget
+    assert tile_shape(8, 10, 2, 256 * mib, 4096) == (8, 128)
+    assert tile_shape(1024, 151_936, 2, 256 * mib, 4096, rows=100_000) == (1024, 76_032)
+    with pytest.raises(ValueError, match="head.py.*valid: default"):
+        fused_linear_logprobs(torch.zeros(2, 4), torch.zeros(5, 4), torch.zeros(2, dtype=torch.long), use_triton=True,
+                              config="nope")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="full-size kernel checks need a GPU")

@@ -17,6 +17,8 @@ hidden -> log p: the LM head fused with the log-prob, (N, H) hidden states and a
 no (N, V) logits held.
     materialised  hidden @ W^T, fp32 log_softmax, gather
     ours          linear_logprobs(backend="triton") (CUDA) / "chunked" (CPU)
+    ours:NAME     the same tiled schedule under another entry of kernels/head.py's tuning table
+                  (CONFIGS), timed beside it so one GPU run picks the default
     trl           TRL 1.16's trl.kernels.ChunkedLogProbFunction (cuBLAS tiles folded by its own
                   Triton kernel; no optional outputs asked for; its trainer's vocabulary tile)
     liger         Liger's LigerFusedLinearCrossEntropyLoss(reduction="none") = -log p
@@ -42,6 +44,15 @@ VOCABS = {50_257: "gpt2", 151_936: "qwen"}
 TRITON = {"ours", "trl", "liger"}
 
 
+def _head_candidates() -> list[str]:
+    """ours:NAME for every non-default entry of the fused head's tuning table (none without Triton)."""
+    try:
+        from grpo_bench.numerics.kernels.head import CONFIGS
+    except ImportError:
+        return []
+    return [f"ours:{name}" for name in CONFIGS if name != "default"]
+
+
 @dataclass(frozen=True)
 class Case:
     kind: str      # "loss" (logits -> loss) or "head" (hidden -> log p)
@@ -65,10 +76,12 @@ class Case:
 def cases(full: bool, device: str) -> dict[str, list[Case]]:
     if not full:
         loss = [Case("loss", p, 4, 9, 97) for p in ("torch", "ours", "trl", "liger")]
-        head = [Case("head", p, 24, 16, 97) for p in ("materialised", "ours", "trl", "liger")]
+        head = [Case("head", p, 24, 16, 97) for p in ("materialised", "ours", *_head_candidates(), "trl", "liger")]
     elif device == "cuda":
         loss = [Case("loss", p, 32, 512, v) for v in VOCABS for p in ("torch", "compile", "ours", "trl", "liger")]
         head = [Case("head", p, 16384, 896, v) for v in VOCABS for p in ("materialised", "ours", "trl", "liger")]
+        # the tuning candidates last: a run stopped at its budget has the comparison with the peers first
+        head += [Case("head", p, 16384, 896, v) for v in VOCABS for p in _head_candidates()]
     else:  # CPU: the Triton providers skip (interpreter timings mean nothing)
         loss = [Case("loss", p, 8, 128, 50_257) for p in ("torch", "compile")]
         head = [Case("head", p, 1024, 256, 50_257) for p in ("materialised", "ours")]
@@ -126,6 +139,9 @@ def head_provider(name: str, device: str):
     if name == "ours":
         backend = "triton" if device == "cuda" or not torch.cuda.is_available() else "chunked"
         return lambda h, w, y: linear_logprobs(h, w, y, backend=backend)[0]
+    if name.startswith("ours:"):
+        from grpo_bench.numerics.kernels.linear import fused_linear_logprobs
+        return lambda h, w, y: fused_linear_logprobs(h, w, y, use_triton=True, config=name[5:])[0]
     if name == "trl":
         fn = _peer("trl.kernels", "ChunkedLogProbFunction")
         chunk = _peer("trl.trainer.utils", "_CHUNKED_LOGPROB_CHUNK_SIZE")  # the vocabulary tile TRL's trainer uses
@@ -195,7 +211,7 @@ def head_inputs(case: Case, device: str):
 
 def test_step(bench, step_case, device):
     case = step_case
-    if case.provider in TRITON and device != "cuda" and bench.full:
+    if case.provider.split(":")[0] in TRITON and device != "cuda" and bench.full:
         pytest.skip(f"{case.provider} is a Triton kernel: off-GPU only its interpreter runs (smoke run)")
     t0 = time.perf_counter()
     if case.kind == "loss":

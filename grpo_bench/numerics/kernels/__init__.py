@@ -4,7 +4,8 @@ and the fused LM-head log-prob.
     chunked.py  pure torch, row-chunked: never holds an (N, V) fp32 tensor; the CPU path
     logprob.py  Triton: online-logsumexp log-prob (+ entropy), forward and backward
     loss.py     Triton: per-token ratio / clip / KL / mask / aggregation weights in one pass
-    linear.py   hidden @ W^T in row chunks feeding either of the two log-prob row ops
+    linear.py   hidden @ W^T in row chunks (torch row ops) or in aligned vocabulary tiles (head.py)
+    head.py     Triton: the tiled head's online-logsumexp fold and in-place gradient, its tuning table
 
 Nothing is imported here, so that `grpo_bench.numerics.logprobs` can use the torch paths on a
 machine where Triton is missing; the Triton modules are imported on first use.
