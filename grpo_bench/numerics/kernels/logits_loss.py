@@ -211,7 +211,7 @@ def fused_logits_loss(logits: Tensor, labels: Tensor, old_logp: Tensor, ref_logp
         return y.detach().reshape(-1, t).to(torch.float32).contiguous()
 
     write_grad = torch.is_grad_enabled() and logits.requires_grad
-    if inplace and write_grad and x.requires_grad and x.is_leaf:
+    if inplace and write_grad and logits.is_leaf:
         raise ValueError("inplace=True would overwrite a leaf tensor that requires grad; pass inplace=False")
     value, stats = FusedLogitsLoss.apply(x, labels.reshape(x.shape[:2]), rows(old_logp),
                                          rows(ref_logp) if spec.kl else None, rows(gate) if spec.gated else None,

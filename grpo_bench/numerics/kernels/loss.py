@@ -347,7 +347,8 @@ def launch_consts(spec: LossSpec, group: int) -> dict:
     changes it every rollout) and the aggregation's; cached, so a call builds nothing."""
     consts = spec.constants()
     del consts["COEF"]
-    return consts | dict(AGG=AGG_CODES[spec.aggregate], GP=triton.next_power_of_2(max(group, 1)), BLOCK_S=BLOCK_S)
+    return consts | dict(AGG=AGG_CODES[spec.aggregate], GP=triton.next_power_of_2(max(group, 1)),
+                           BLOCK_S=max(BLOCK_S, triton.next_power_of_2(max(group, 1))))
 
 
 def scale_rows(x: Tensor, g: Tensor) -> None:
