@@ -23,6 +23,7 @@ short list the GPU benchmark tries (tests/benchmarks/test_bench_grpo_step.py).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -32,7 +33,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from .chunked import as_bl
-from .loss import (BLOCK_S, BLOCK_T_MAX, _lengths, _seq_weight, _store_part, _token, launch_consts, reduce_parts,
+from .loss import (BLOCK_T_MAX, _lengths, _seq_weight, _store_part, _token, launch_consts, reduce_parts,
                    scale_rows, stats_dict)
 from .spec import LossSpec
 
@@ -144,11 +145,16 @@ def _logits_loss_fwd(x_ptr, lab_ptr, old_ptr, ref_ptr, gate_ptr, adv_ptr, mask_p
                 _zero_row(dbase, V, BLOCK_V)
 
 
+@functools.lru_cache(maxsize=8)
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _programs(n_rows: int, per_sm: int, device: torch.device) -> int:
-    if per_sm and device.type == "cuda":
-        n = per_sm * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        n = n_rows
+    """per_sm programs per SM striding over the rows (bounds the rows in flight, so a row's second
+    pass can find it in L2), or one program per row (per_sm 0, or off CUDA)."""
+    n = per_sm * _sms(device.index if device.index is not None else torch.cuda.current_device()) \
+        if per_sm and device.type == "cuda" else n_rows
     return max(1, min(n_rows, n, MAX_PROGRAMS))
 
 
@@ -161,7 +167,7 @@ class FusedLogitsLoss(torch.autograd.Function):
         s, t, v = x.shape
         n = s * t
         dev = x.device
-        consts = launch_consts(spec, group)
+        consts = launch_consts(spec, group, s)
         block, warps, per_sm, reverse = config(v)
         lengths = torch.empty(s, dtype=torch.float32, device=dev)
         parts = torch.empty(max(n, 1), 8, dtype=torch.float32, device=dev)

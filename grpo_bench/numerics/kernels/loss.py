@@ -49,7 +49,7 @@ MAX_PROGRAMS = 1 << 20  # any positive values are correct; tests shrink them
 # 512-1024 tokens and 8 warps were fastest, 256 tokens or 2-4 warps up to 15% slower.
 BLOCK_T_MAX = 1024
 NUM_WARPS = 8
-BLOCK_S = 1024  # lengths read per step when a program builds w_s from all of them
+BLOCK_S = 1024  # at most this many lengths read per step when a program builds w_s from all of them
 N_PARTS = 8  # per part (sequence or token): w*total, w*gated policy, KL, low, high, extra, tokens, (pad)
 # the statistics _reduce writes, in order
 STATS = ("loss/policy", "clip/frac", "clip/low_frac", "clip/high_frac", "clip/extra_frac", "kl/value", "tokens")
@@ -342,13 +342,15 @@ def seq_weights(aggregate: str, lengths: Tensor, t: int, max_len: int | None, gr
 
 
 @functools.lru_cache(maxsize=256)
-def launch_consts(spec: LossSpec, group: int) -> dict:
+def launch_consts(spec: LossSpec, group: int, n_seq: int) -> dict:
     """The compile-time constants of spec (its COEF excepted: a runtime argument, an adaptive beta
-    changes it every rollout) and the aggregation's; cached, so a call builds nothing."""
+    changes it every rollout) and the aggregation's; cached, so a call builds nothing. BLOCK_S
+    covers the n_seq lengths in one step when it can (a batch size: it changes rarely)."""
     consts = spec.constants()
     del consts["COEF"]
-    return consts | dict(AGG=AGG_CODES[spec.aggregate], GP=triton.next_power_of_2(max(group, 1)),
-                           BLOCK_S=max(BLOCK_S, triton.next_power_of_2(max(group, 1))))
+    gp = triton.next_power_of_2(max(group, 1))
+    block_s = max(gp, min(BLOCK_S, triton.next_power_of_2(max(n_seq, 16))))
+    return consts | dict(AGG=AGG_CODES[spec.aggregate], GP=gp, BLOCK_S=block_s)
 
 
 def scale_rows(x: Tensor, g: Tensor) -> None:
@@ -381,7 +383,7 @@ class FusedGRPOLoss(torch.autograd.Function):
     def forward(ctx, logp: Tensor, old: Tensor, ref: Tensor | None, gate: Tensor | None, deltas: Tensor,
                 mask: Tensor, spec: LossSpec, group: int, write_grad: bool):
         s, t = logp.shape
-        consts = launch_consts(spec, group)
+        consts = launch_consts(spec, group, s)
         dev = logp.device
         lengths = torch.empty(s, dtype=torch.float32, device=dev)
         parts = torch.empty(max(s, 1), 8, dtype=torch.float32, device=dev)
