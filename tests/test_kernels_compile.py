@@ -58,6 +58,8 @@ SCRIPT = textwrap.dedent("""
         for write in (True, False):
             jobs += [(L._loss_fwd, clipped | dict(AGG=a, WRITE_GRAD=write, BLOCK_T=1024), 8),
                      (LL._logits_loss_fwd, clipped | dict(AGG=a, WRITE_GRAD=write, BLOCK_V=2048, REVERSE=True), 8)]
+    small = clipped | dict(AGG=5, WRITE_GRAD=True, BLOCK_S=32, GP=8)  # prompt_mean at a batch's BLOCK_S
+    jobs += [(L._loss_fwd, small | dict(BLOCK_T=1024), 8), (LL._logits_loss_fwd, small | dict(BLOCK_V=2048, REVERSE=True), 8)]
     for block, warps, _, reverse in LL.CONFIGS + [c for _, c in LL.TILES]:
         jobs.append((LL._logits_loss_fwd, clipped | dict(AGG=2, WRITE_GRAD=True, BLOCK_V=block, REVERSE=reverse), warps))
     jobs += [(L._lengths, dict(BLOCK_T=1024), 4), (L._reduce, dict(BLOCK=1024), 8), (L._scale_rows, dict(BLOCK=4096), 8)]

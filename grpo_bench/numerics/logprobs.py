@@ -191,8 +191,7 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
                         kl_name, float(kl_coef) if use_kl else 0.0, gate is not None, extra)
         if backend == "triton" or spec.fusable():  # auto falls back for parts and terms the kernel lacks
             from .kernels.loss import fused_grpo_loss
-            value, stats = fused_grpo_loss(logp, old_logp, ref_logp, deltas, mask, spec, gate)
-            return value, {k: v.detach() for k, v in stats.items()}
+            return fused_grpo_loss(logp, old_logp, ref_logp, deltas, mask, spec, gate)  # statistics: no gradient
 
     loss_fn, agg_fn = loss_entry.obj, agg_entry.obj
     on = mask > 0
@@ -262,8 +261,8 @@ def grpo_loss_from_logits(logits: Tensor, labels: Tensor, old_logp: Tensor, ref_
         if spec.fusable():
             from .kernels.logits_loss import fused_logits_loss
             out = fused_logits_loss(logits, labels, old_logp, ref_logp, deltas, mask, spec, gate, inplace)
-            if out is not None:
-                return out[0], {k: v.detach() for k, v in out[1].items()}
+            if out is not None:  # None: GSPO
+                return out
     logp = token_logprobs(logits, labels, backend=backend)[0]
     return grpo_loss(logp, old_logp, ref_logp, deltas, mask, loss=loss, aggregate=aggregate, kl=kl, kl_coef=kl_coef,
                      gate=gate, backend=backend, context=context)

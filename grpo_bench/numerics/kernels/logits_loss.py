@@ -34,7 +34,7 @@ from torch.autograd.function import once_differentiable
 
 from .chunked import as_bl
 from .loss import (BLOCK_T_MAX, _lengths, _seq_weight, _store_part, _token, launch_consts, reduce_parts,
-                   scale_rows, stats_dict)
+                   rows, scale_rows, stats_dict)
 from .spec import LossSpec
 
 FLOOR: tl.constexpr = tl.constexpr(-1e30)  # logprob.py's clamp: -inf logits never meet -inf in a subtraction
@@ -213,14 +213,10 @@ def fused_logits_loss(logits: Tensor, labels: Tensor, old_logp: Tensor, ref_logp
     if x.shape[1] != t:
         raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree on T")
 
-    def rows(y: Tensor) -> Tensor:
-        return y.detach().reshape(-1, t).to(torch.float32).contiguous()
-
     write_grad = torch.is_grad_enabled() and logits.requires_grad
     if inplace and write_grad and logits.is_leaf:
         raise ValueError("inplace=True would overwrite a leaf tensor that requires grad; pass inplace=False")
-    value, stats = FusedLogitsLoss.apply(x, labels.reshape(x.shape[:2]), rows(old_logp),
-                                         rows(ref_logp) if spec.kl else None, rows(gate) if spec.gated else None,
-                                         deltas.detach().reshape(-1).to(torch.float32).contiguous(), rows(mask), spec,
-                                         group, write_grad, inplace)
+    value, stats = FusedLogitsLoss.apply(x, labels.reshape(x.shape[:2]), rows(old_logp, t),
+                                         rows(ref_logp, t) if spec.kl else None, rows(gate, t) if spec.gated else None,
+                                         rows(deltas, 1).view(-1), rows(mask, t), spec, group, write_grad, inplace)
     return value, stats_dict(stats, spec)

@@ -413,13 +413,21 @@ class FusedGRPOLoss(torch.autograd.Function):
 
 
 def stats_dict(stats: Tensor, spec: LossSpec) -> dict[str, Tensor]:
-    """_reduce's vector as compose_loss's statistics (views, no launch)."""
-    out = {"loss/policy": stats[0], "clip/frac": stats[1], "clip/low_frac": stats[2], "clip/high_frac": stats[3]}
+    """_reduce's vector as compose_loss's statistics (views without gradient, no launch)."""
+    policy, frac, low, high, extra, kl, _, _ = stats.unbind()
+    out = {"loss/policy": policy, "clip/frac": frac, "clip/low_frac": low, "clip/high_frac": high}
     if spec.loss in EXTRA_REGION:
-        out[f"clip/{EXTRA_REGION[spec.loss]}_frac"] = stats[4]
+        out[f"clip/{EXTRA_REGION[spec.loss]}_frac"] = extra
     if spec.kl:
-        out["kl/value"] = stats[5]
+        out["kl/value"] = kl
     return out
+
+
+def rows(x: Tensor, t: int) -> Tensor:
+    """x (..., T) as contiguous fp32 (S, T) rows, a view when it already is one (the usual case: no copy,
+    few calls, since the loss is launch-bound). A gradient never flows to these inputs."""
+    y = x.reshape(-1, t)
+    return y if y.dtype == torch.float32 and y.is_contiguous() else y.detach().to(torch.float32).contiguous()
 
 
 def fused_grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: Tensor, mask: Tensor,
@@ -430,12 +438,8 @@ def fused_grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, del
     # the kernel's rows are responses; prompt_mean needs their groups (the second-to-last axis)
     group = logp.shape[-2] if spec.aggregate == "prompt_mean" and logp.dim() >= 2 else 1
 
-    def rows(x: Tensor) -> Tensor:
-        return x.detach().reshape(-1, t).to(torch.float32).contiguous()
-
     write_grad = torch.is_grad_enabled() and logp.requires_grad
-    value, stats = FusedGRPOLoss.apply(logp.reshape(-1, t).contiguous(), rows(old_logp),
-                                       rows(ref_logp) if spec.kl else None, rows(gate) if spec.gated else None,
-                                       deltas.detach().reshape(-1).to(torch.float32).contiguous(), rows(mask), spec,
-                                       group, write_grad)
+    value, stats = FusedGRPOLoss.apply(logp.reshape(-1, t).contiguous(), rows(old_logp, t),
+                                       rows(ref_logp, t) if spec.kl else None, rows(gate, t) if spec.gated else None,
+                                       rows(deltas, 1).view(-1), rows(mask, t), spec, group, write_grad)
     return value, stats_dict(stats, spec)
