@@ -184,9 +184,10 @@ def test_configs_agree():
 
 
 def test_env_config_is_checked(monkeypatch):
-    monkeypatch.setenv("GRPO_BENCH_LOGITS_LOSS_CFG", "1000,8,0,1")
-    with pytest.raises(ValueError, match="GRPO_BENCH_LOGITS_LOSS_CFG"):
-        LL.config(50_257)
+    for bad in ("1000,8,0,1", "4096,16", "big,8,0,1"):
+        monkeypatch.setenv("GRPO_BENCH_LOGITS_LOSS_CFG", bad)
+        with pytest.raises(ValueError, match="GRPO_BENCH_LOGITS_LOSS_CFG"):
+            LL.config(50_257)
     monkeypatch.setenv("GRPO_BENCH_LOGITS_LOSS_CFG", "4096,16,2,0")
     assert LL.config(50_257) == (4096, 16, 2, False)
 

@@ -18,8 +18,8 @@ logits themselves when the caller allows (inplace=True: the logits are garbage a
 Three launches around it: loss._lengths (tokens per sequence), this kernel, loss._reduce (the
 scalar and the statistics). GSPO's sequence ratio needs every log-prob of a sequence before
 any token's gradient, so it goes through token_logprobs + grpo_loss instead (fused_logits_loss
-returns None for it). Launch configurations: TILES below, measured on an H100; CONFIGS is the
-short list the GPU benchmark tries (tests/benchmarks/test_bench_grpo_step.py).
+returns None for it). Launch configurations: TILES below; CONFIGS is the short list the GPU
+benchmark tries side by side (tests/benchmarks/test_bench_grpo_step.py), whose winner belongs in TILES.
 """
 from __future__ import annotations
 
@@ -41,12 +41,16 @@ FLOOR: tl.constexpr = tl.constexpr(-1e30)  # logprob.py's clamp: -inf logits nev
 MAX_PROGRAMS = 1 << 20  # any positive value is correct; tests shrink it
 
 # (BLOCK_V, num_warps, programs per SM (0: one program per row), REVERSE) by vocabulary:
-# the first entry whose bound is >= V. Chosen from logprob.py's H100 tuning (narrow tiles
-# for reading, 16 warps for writing) until the GPU run's config sweep says otherwise.
+# the first entry whose bound is >= V. Not yet measured for this kernel: chosen from
+# logprob.py's H100 tuning (narrow tiles and many rows in flight for reading, wide tiles and
+# 16 warps for writing) until the GPU run's sweep (CONFIGS) says otherwise.
 TILES = [(65_536, (2048, 8, 0, True)), (1 << 62, (4096, 16, 0, True))]
-# The short list the benchmark times per vocabulary (each compiles once, ~1 s).
-CONFIGS = [(1024, 4, 0, True), (2048, 8, 0, True), (4096, 16, 0, True), (2048, 8, 0, False), (4096, 8, 2, True),
-           (8192, 16, 1, True), (2048, 4, 4, True)]
+# The short list the GPU benchmark times per vocabulary (one compile each, ~1-2 s). One
+# program per row keeps the most bytes in flight; a few programs per SM bound the rows in
+# flight (132 SMs x 2 x 100 KB rows at V = 50,257 is 26 MB, inside the H100's 50 MB L2), so the
+# second pass may read from L2 rather than HBM, at the cost of fewer loads in flight.
+CONFIGS = [(1024, 4, 0, True), (2048, 8, 0, True), (4096, 16, 0, True), (2048, 8, 0, False), (4096, 8, 4, True),
+           (8192, 16, 2, True), (8192, 16, 1, True), (2048, 4, 4, True)]
 MAX_PER_THREAD = 64  # BLOCK_V / (32 * num_warps) fp32 values a thread holds per tile: past this, spills
 
 
@@ -61,9 +65,12 @@ def config(v: int):
     """TILES' entry for V, or $GRPO_BENCH_LOGITS_LOSS_CFG = "BLOCK_V,warps,per_sm,reverse" (the sweep)."""
     env = os.environ.get("GRPO_BENCH_LOGITS_LOSS_CFG")
     if env:
-        b, w, p, r = (int(x) for x in env.split(","))
-        cfg = (b, w, p, bool(r))
-        if not valid(cfg):
+        try:
+            b, w, p, r = (int(x) for x in env.split(","))
+            cfg = (b, w, p, bool(r))
+        except ValueError:
+            cfg = None
+        if cfg is None or not valid(cfg):
             raise ValueError(f"GRPO_BENCH_LOGITS_LOSS_CFG={env!r} is not a valid configuration (BLOCK_V a power of "
                              f"two <= 65536, warps in 1..32, at most {MAX_PER_THREAD} values a thread)")
         return cfg
