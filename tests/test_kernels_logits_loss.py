@@ -153,6 +153,11 @@ def test_strided_logits_and_inplace():
     assert v3.item() == value.item() and torch.equal(g3, want) and torch.equal(logits.detach(), want)
     with pytest.raises(ValueError, match="leaf"):
         grpo_loss_from_logits(leaf, y, old, ref, deltas, mask, backend="triton", inplace=True, **kw)
+    # logits an op kept for its own backward (tanh keeps its output) must not be overwritten silently
+    capped = leaf.tanh()
+    v4, _ = grpo_loss_from_logits(capped, y, old, ref, deltas, mask, backend="triton", inplace=True, **kw)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(v4, leaf)
 
 
 def test_one_backward_and_no_grad():

@@ -189,6 +189,8 @@ class FusedLogitsLoss(torch.autograd.Function):
                 dx.stride(0), dx.stride(1), v, group, float(t if spec.max_len is None else spec.max_len),
                 float(spec.kl_coef) if spec.kl else 0.0, WRITE_GRAD=write_grad, BLOCK_V=block, REVERSE=reverse,
                 num_warps=warps, **consts)
+        if inplace and write_grad:  # so that an op that saved these logits for its backward (tanh) fails loudly
+            torch.autograd.graph.increment_version(x)
         value, stats = reduce_parts(parts, n)
         ctx.grad = dx if write_grad else None
         ctx.mark_non_differentiable(stats)
