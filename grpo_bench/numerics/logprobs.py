@@ -146,7 +146,8 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: T
     region the loss reports, see algos/losses.py; low and high always), kl/value (token mean
     of the estimator, with a KL term); with corrections mismatch/* (corrections.mismatch)
     and correction/<name>/<region>_frac (share of the tokens of `mask`); loss/entropy with
-    entropy, loss/nll with an NLL term.
+    entropy, loss/nll with an NLL term. On the triton backend the fused kernel writes the gradient
+    in the forward (kernels/loss.py): the backward may then run once per forward.
     """
     use_kl = kl is not None and kl_coef != 0
     return compose_loss(logp, old_logp, ref_logp, deltas, mask, loss=_resolve("loss", loss, context),
