@@ -80,20 +80,39 @@ def bench_rows(path: Path) -> pd.DataFrame:
         e = d["extra_info"]
         rows.append({"group": e["group"], "provider": e["provider"], "median_ms": d["stats"]["median"] * 1e3,
                      "iqr_ms": d["stats"]["iqr"] * 1e3, "rounds": d["stats"]["rounds"], "gb_per_s": e["gb_per_s"],
-                     "peak_mem_mb": e["peak_mem_mb"]})
+                     "peak_mem_mb": e["peak_mem_mb"], "kernel": e.get("kernel", ""),
+                     **{k: e.get(k, float("nan")) for k in ("of_bound", "of_bound2", "bound_ms", "copy_gb_per_s")}})
     return pd.DataFrame(rows)
 
 
+def _share(r) -> str:
+    """Share of the case's memory bound (bytes over the measured copy bandwidth): one read of the
+    logits, and in brackets two (a log-sum-exp pass and a gradient pass), where recorded."""
+    if pd.isna(r.of_bound):
+        return "—"
+    return f"{r.of_bound:.0%}" + ("" if pd.isna(r.of_bound2) else f" ({r.of_bound2:.0%})")
+
+
 def kernel_table(df: pd.DataFrame, v: dict[str, str]) -> list[str]:
-    lines = ["| case | provider | median ms (IQR) | x fastest | effective GB/s | peak extra memory (MB) |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = ["| case | provider | median ms (IQR) | x fastest | effective GB/s | of bound | peak extra memory (MB) |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for group, g in df.groupby("group", sort=False):
         best = g.median_ms.min()
         for _, r in g.sort_values("median_ms").iterrows():
             who = PEERS.get(r.provider, r.provider).format(**{"trl": v.get("trl", "?"), "liger": v.get("liger", "?")})
             lines.append(f"| {group} | {who} | {r.median_ms:.2f} ({r.iqr_ms:.2f}) | {r.median_ms / best:.2f} "
-                         f"| {r.gb_per_s:.0f} | {r.peak_mem_mb:.0f} |")
+                         f"| {r.gb_per_s:.0f} | {_share(r)} | {r.peak_mem_mb:.0f} |")
     return lines
+
+
+def bound_note(df: pd.DataFrame) -> list[str]:
+    bw = df.copy_gb_per_s.dropna() if "copy_gb_per_s" in df else pd.Series(dtype=float)
+    if not len(bw):
+        return []
+    return [f"Of bound: the case's bound time over the provider's median, the bound being the bytes the case must "
+            f"move (the unmasked rows' logits read once, or twice in brackets; the whole gradient written; the "
+            f"small inputs once) over the device-to-device copy bandwidth measured in the same run, "
+            f"{bw.median():,.0f} GB/s (tests/benchmarks: hot_path_bytes, loss_bytes, conftest.copy_bandwidth).", ""]
 
 
 def claims_section(c: pd.DataFrame) -> list[str]:
@@ -193,9 +212,17 @@ def main(root: str = "results/gpu") -> str:
     for name, title in (("step.jsonl", "The hot path against the peers"), ("bench.jsonl", "Log-prob kernels")):
         df = bench_rows(d / name)
         if len(df):
+            configs = df[df.kernel == "loss_config"]
             md += [f"## {title}", "", f"`{name}`: medians of 20 rounds after a warm-up, bf16 inputs; each provider "
-                   "checked against fp64 before it was timed.", "", *kernel_table(df, v), ""]
+                   "checked against fp64 before it was timed.", "", *kernel_table(df[df.kernel != "loss_config"], v),
+                   "", *bound_note(df)]
+            if len(configs):
+                md += ["Launch configurations of the logits -> loss kernel (`kernels/logits_loss.py` CONFIGS: "
+                       "BLOCK_V x warps, programs per SM, second pass reversed), each checked against the default "
+                       "one:", "", *kernel_table(configs, v), ""]
     steps = bench_rows(d / "step.jsonl")
+    if len(steps):
+        steps = steps[steps.kernel != "loss_config"]
     if len(steps):
         kernels_figure(steps, d / "kernels.png", v)
         md += ["![median time per provider, each case](kernels.png)", ""]

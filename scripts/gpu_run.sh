@@ -98,7 +98,8 @@ for s in $todo; do
     step) GRPO_BENCH_JSONL=$out/step.jsonl run_stage step $py -m pytest -q -p no:cacheprovider -rs \
             tests/benchmarks/test_bench_grpo_step.py --benchmark-only ;;
     tests) run_stage tests $py -m pytest -q -p no:cacheprovider -rs tests/test_population.py tests/test_arithmetic_fused.py \
-             tests/test_kernels_linear.py tests/test_kernels_logprob.py tests/test_kernels_loss.py tests/test_logprobs.py ;;
+             tests/test_kernels_linear.py tests/test_kernels_logprob.py tests/test_kernels_loss.py \
+             tests/test_kernels_logits_loss.py tests/test_logprobs.py ;;
     sweep) run_stage sweep $py -m grpo_bench run ablations/policy_losses.yaml --setting lm --seeds 10 \
              --set device=cuda --set backend=torch --workers 1 --population 64 --no-progress \
              --out "$out/policy_losses_lm" ;;

@@ -5,7 +5,8 @@
 The benchmark's configuration (clipped 0.2 / 0.28, k3 at beta 0.04, seq_mean_token_mean), fp32
 (B, G, T) = (64, 16, 4096) and (64, 16, 16384): a torch.profiler table of one forward+backward
 (kernels against the torch ops around them), then every (BLOCK_T, num_warps) timed with
-triton.testing.do_bench, forward+backward through autograd as the trainer calls it.
+triton.testing.do_bench, forward+backward through autograd as the trainer calls it. The table
+the kernel uses lives beside it (kernels/loss.py: BLOCK_T_MAX, NUM_WARPS).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def inputs(b, g, t):
 
 
 def main(path: str) -> None:
-    default = L._launch_consts
+    default = L.BLOCK_T_MAX, L.NUM_WARPS
     rows = []
     for shape in [(64, 16, 4096), (64, 16, 16384)]:
         args = inputs(*shape)
@@ -49,11 +50,12 @@ def main(path: str) -> None:
         print(f"== {shape}: 5 forward+backward")
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12))
         for block, warps in itertools.product((256, 512, 1024, 2048, 4096), (2, 4, 8, 16)):
-            L._launch_consts = lambda spec, t, b=block, w=warps: {**default(spec, t), "BLOCK_T": b, "num_warps": w}
+            L.BLOCK_T_MAX, L.NUM_WARPS = block, warps
             ms = triton.testing.do_bench(step)
             rows.append(dict(b=shape[0], g=shape[1], t=shape[2], block_t=block, warps=warps, ms=ms))
-        L._launch_consts = default
-        rows.append(dict(b=shape[0], g=shape[1], t=shape[2], block_t=min(L.BLOCK_T_MAX, shape[2]), warps="rule 4",
+        L.BLOCK_T_MAX, L.NUM_WARPS = default
+        rows.append(dict(b=shape[0], g=shape[1], t=shape[2], block_t=min(L.BLOCK_T_MAX, shape[2]),
+                         warps=f"rule {L.NUM_WARPS}",
                          ms=triton.testing.do_bench(step)))
         compiled = torch.compile(lambda *a: grpo_loss(*a, **{**CONFIG, "backend": "torch"})[0])
         torch.autograd.grad(compiled(*args), args[0])

@@ -1,6 +1,7 @@
 """scripts/gpu_run.sh and scripts/gpu_population.py off a GPU: they must fail clearly, not crash,
 and the population measurement's own logic (speed-up, memberwise equality) is checked on CPU."""
 import csv
+import json
 import re
 import os
 import subprocess
@@ -145,3 +146,24 @@ def test_default_claims_put_the_settings_with_no_result_first():
     assert ran == sorted(ran)  # every unrun setting before every one that ran
     assert not any((ROOT / "results/gpu" / n / "summary.csv").is_file() for n in names)
     assert "adv_norm_countdown" not in names and "policy_losses_lm_wide" in names
+
+
+def test_kernel_table_reports_the_share_of_the_measured_bound(tmp_path):
+    """bench.run's bound fields reach results/gpu/README.md: the share of the one-read bound, the two-read one in
+    brackets, the copy bandwidth they came from, and the kernel's launch configurations in a table of their own."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_report
+    group = "logits->GRPO loss fwd+bwd 32x512 V=50257 (gpt2) bf16"
+
+    def line(provider, ms, kernel="loss", **bound):
+        info = {"group": group, "provider": provider, "gb_per_s": 1.0, "peak_mem_mb": 1.0, "kernel": kernel, **bound}
+        return json.dumps({"extra_info": info, "stats": {"median": ms / 1e3, "iqr": 0.0, "rounds": 20}})
+    (tmp_path / "step.jsonl").write_text("\n".join([
+        line("ours", 2.0, of_bound=0.5, of_bound2=0.75, bound_ms=1.0, copy_gb_per_s=2900.0),
+        line("torch", 8.0),
+        line("ours 2048x8w rev", 2.5, kernel="loss_config", of_bound=0.4, of_bound2=0.6, copy_gb_per_s=2900.0)]))
+    df = gpu_report.bench_rows(tmp_path / "step.jsonl")
+    table = gpu_report.kernel_table(df[df.kernel != "loss_config"], {})
+    assert any("| grpo_bench (Triton) | 2.00 (0.00) | 1.00 | 1 | 50% (75%) |" in t for t in table)
+    assert any("| torch eager | 8.00 (0.00) | 4.00 | 1 | — |" in t for t in table)
+    assert "2,900 GB/s" in gpu_report.bound_note(df)[0]

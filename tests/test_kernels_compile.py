@@ -23,9 +23,10 @@ SCRIPT = textwrap.dedent("""
         import triton.backends.nvidia  # noqa: F401
     except ImportError as e:
         print("SKIP", e); sys.exit(0)
-    from grpo_bench.numerics.kernels import head as Hd, logprob as K, loss as L, spec as S
+    from grpo_bench.numerics.kernels import head as Hd, logprob as K, logits_loss as LL, loss as L, spec as S
 
     TYPES = {"x_ptr": "*bf16", "dx_ptr": "*bf16", "z_ptr": "*bf16", "lab_ptr": "*i64"}
+    FLOATS = ("coef", "temp", "norm")
 
     def signature(fn):
         sig = {}
@@ -35,7 +36,7 @@ SCRIPT = textwrap.dedent("""
             elif p.name.endswith("_ptr"):
                 sig[p.name] = TYPES.get(p.name, "*fp32")
             else:  # strides are int64 so that row * stride never wraps
-                sig[p.name] = "fp32" if p.name in ("coef", "temp") else "i64" if p.name[0] == "s" else "i32"
+                sig[p.name] = "fp32" if p.name in FLOATS else "i64" if p.name[0] == "s" else "i32"
         return sig
 
     target = GPUTarget("cuda", 90, 32)
@@ -43,13 +44,25 @@ SCRIPT = textwrap.dedent("""
     for ent, tempered in ((False, False), (True, False), (True, True)):
         for fn in (K._logprob_fwd, K._logprob_bwd):
             jobs.append((fn, dict(BLOCK_V=4096, WITH_ENTROPY=ent, TEMPERED=tempered), 16))
+    agg = dict(AGG=2, WRITE_GRAD=True, BLOCK_S=1024, GP=16)
     for code, _ in S.LOSSES.values():
         for kl, gated in ((0, False), (3, True), (7, False)):
-            c = dict(LOSS=code, KL=kl, GATED=gated, LO=0.8, HI=1.28, C=3.0, TP=1.0, TN=1.05, BLOCK_T=1024)
-            jobs += [(L._loss_fwd, c, 4), (L._loss_bwd, c, 4)]
+            c = dict(LOSS=code, KL=kl, GATED=gated, LO=0.8, HI=1.28, C=3.0, TP=1.0, TN=1.05)
+            jobs += [(L._loss_fwd, c | agg | dict(BLOCK_T=1024), 8),
+                     (LL._logits_loss_fwd, c | agg | dict(BLOCK_V=2048, REVERSE=True), 8)]
     for kl in S.KLS.values():
-        c = dict(LOSS=2, KL=kl, GATED=False, LO=0.8, HI=1.28, C=S.INF, TP=1.0, TN=1.0, BLOCK_T=1024)
-        jobs += [(L._loss_fwd, c, 4), (L._loss_bwd, c, 4)]
+        c = dict(LOSS=2, KL=kl, GATED=False, LO=0.8, HI=1.28, C=S.INF, TP=1.0, TN=1.0)
+        jobs += [(L._loss_fwd, c | agg | dict(BLOCK_T=1024), 8)]
+    clipped = dict(LOSS=2, KL=3, GATED=False, LO=0.8, HI=1.28, C=S.INF, TP=1.0, TN=1.0, BLOCK_S=1024, GP=16)
+    for a in range(len(S.AGGREGATES)):
+        for write in (True, False):
+            jobs += [(L._loss_fwd, clipped | dict(AGG=a, WRITE_GRAD=write, BLOCK_T=1024), 8),
+                     (LL._logits_loss_fwd, clipped | dict(AGG=a, WRITE_GRAD=write, BLOCK_V=2048, REVERSE=True), 8)]
+    small = clipped | dict(AGG=5, WRITE_GRAD=True, BLOCK_S=32, GP=8)  # prompt_mean at a batch's BLOCK_S
+    jobs += [(L._loss_fwd, small | dict(BLOCK_T=1024), 8), (LL._logits_loss_fwd, small | dict(BLOCK_V=2048, REVERSE=True), 8)]
+    for block, warps, _, reverse in LL.CONFIGS + [c for _, c in LL.TILES]:
+        jobs.append((LL._logits_loss_fwd, clipped | dict(AGG=2, WRITE_GRAD=True, BLOCK_V=block, REVERSE=reverse), warps))
+    jobs += [(L._lengths, dict(BLOCK_T=1024), 4), (L._reduce, dict(BLOCK=1024), 8), (L._scale_rows, dict(BLOCK=4096), 8)]
     # the fused head's kernels at every tuning-table entry: the GPU run times them all
     for cfg in Hd.CONFIGS.values():
         (fb, fw), (bb, bw) = cfg["fwd"], cfg["bwd"]

@@ -220,3 +220,52 @@ def test_unknown_parts_are_rejected():
                                                  ("unclipped", "k1", "seq_mean_token_sum_norm")])
 def test_full_size_gpu(loss, kl, aggregate):
     compare(batch(b=64, g=16, t=4096, seed=5), atol=1e-6, loss=LOSSES[loss], kl=kl, kl_coef=0.05, aggregate=aggregate)
+
+
+def test_grad_output_scales_the_gradient_written_in_the_forward():
+    # the forward writes d loss / d logp for grad_output 1; the backward scales it (and only then)
+    logp, old, ref, deltas, mask = batch(seed=9)
+    kw = dict(loss=LOSSES["clipped"], aggregate="seq_mean_token_mean", kl="k3", kl_coef=0.1)
+    x = logp.clone().requires_grad_()
+    value, _ = grpo_loss(x, old, ref, deltas, mask, backend="triton", **kw)
+    (g,) = torch.autograd.grad(value * -3.0, x)
+    xr = logp.double().requires_grad_()
+    rvalue, _ = grpo_loss(xr, old.double(), ref.double(), deltas.double(), mask.double(), backend="torch", **kw)
+    (rg,) = torch.autograd.grad(rvalue * -3.0, xr)
+    torch.testing.assert_close(g.double(), rg, rtol=1e-5, atol=1e-7)
+
+
+def test_one_backward_and_no_grad():
+    logp, old, ref, deltas, mask = batch(seed=10)
+    kw = dict(loss="clipped", aggregate="token_mean", backend="triton")
+    x = logp.clone().requires_grad_()
+    value, _ = grpo_loss(x, old, ref, deltas, mask, **kw)
+    value.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="once per forward"):
+        value.backward()
+    with torch.no_grad():
+        v2, _ = grpo_loss(x, old, ref, deltas, mask, **kw)
+    assert v2.item() == value.item() and not v2.requires_grad
+
+
+@pytest.mark.parametrize("aggregate", S.AGGREGATES)
+def test_kernel_weights_match_seq_weights(aggregate, small_tiles):
+    # the kernel builds w_s from all lengths itself (more sequences than one BLOCK_S step, groups of 3);
+    # token_sum on per-token losses of 1 at each token exposes w_s * len_s for each sequence
+    b, g, t = 5, 3, 4
+    lengths = torch.tensor([0, 0, 0, 2, 0, 1, 4, 4, 3, 0, 1, 0, 2, 2, 2])
+    mask = (torch.arange(t) < lengths[:, None]).to(F32).view(b, g, t).to(DEVICE)
+    monkeypatch_block = L.BLOCK_S
+    L.BLOCK_S = 4
+    L.launch_consts.cache_clear()
+    try:
+        logp = torch.zeros(b, g, t, dtype=F32, device=DEVICE).requires_grad_()
+        deltas = -torch.ones(b, g, dtype=F32, device=DEVICE)  # naive loss: -logp * A = logp, d/dlogp = 1
+        agg = {"name": aggregate, "max_len": 6} if aggregate == "seq_mean_token_sum_norm" else aggregate
+        value, _ = grpo_loss(logp, logp.detach(), None, deltas, mask, loss="naive", aggregate=agg, backend="triton")
+        (grad,) = torch.autograd.grad(value, logp)
+    finally:
+        L.BLOCK_S = monkeypatch_block
+        L.launch_consts.cache_clear()
+    w = L.seq_weights(aggregate, lengths.to(torch.float64), t, 6 if aggregate.endswith("norm") else None, g)
+    torch.testing.assert_close(grad.double().cpu(), (w.view(b, g, 1) * mask.double().cpu()), rtol=1e-6, atol=0)

@@ -31,7 +31,7 @@ from .kernels import check_triton
 from .kernels.chunked import _LOG_FLOOR, chunked_logprobs, chunked_sum_pi_squared, rows_sum_pi_squared
 from .kernels.linear import fused_linear_logprobs
 from .kernels.linear import linear_sum_pi_squared as fused_linear_sum_pi_squared
-from .kernels.spec import EXTRA_REGION, LossSpec
+from .kernels.spec import LossSpec
 
 
 @lru_cache(maxsize=1)
@@ -146,7 +146,8 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: T
     region the loss reports, see algos/losses.py; low and high always), kl/value (token mean
     of the estimator, with a KL term); with corrections mismatch/* (corrections.mismatch)
     and correction/<name>/<region>_frac (share of the tokens of `mask`); loss/entropy with
-    entropy, loss/nll with an NLL term.
+    entropy, loss/nll with an NLL term. On the triton backend the fused kernel writes the gradient
+    in the forward (kernels/loss.py): the backward may then run once per forward.
     """
     use_kl = kl is not None and kl_coef != 0
     return compose_loss(logp, old_logp, ref_logp, deltas, mask, loss=_resolve("loss", loss, context),
@@ -191,16 +192,7 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
                         kl_name, float(kl_coef) if use_kl else 0.0, gate is not None, extra)
         if backend == "triton" or spec.fusable():  # auto falls back for parts and terms the kernel lacks
             from .kernels.loss import fused_grpo_loss
-            value, sums = fused_grpo_loss(logp, old_logp, ref_logp, deltas, mask, spec, gate)
-            n = sums["tokens"].clamp(min=1)
-            regions = {"low": sums["low"], "high": sums["high"]}
-            if loss_name in EXTRA_REGION:
-                regions[EXTRA_REGION[loss_name]] = sums["extra"]
-            stats = {"loss/policy": sums["policy"], "clip/frac": sum(regions.values()) / n,
-                     **{f"clip/{k}_frac": v / n for k, v in regions.items()}}
-            if use_kl:
-                stats["kl/value"] = sums["kl_sum"] / n
-            return value, {k: v.detach() for k, v in stats.items()}
+            return fused_grpo_loss(logp, old_logp, ref_logp, deltas, mask, spec, gate)  # statistics: no gradient
 
     loss_fn, agg_fn = loss_entry.obj, agg_entry.obj
     on = mask > 0
@@ -242,6 +234,39 @@ def compose_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas
         if use_kl:
             stats["kl/value"] = masked_mean(kl_tok, mask)
     return value, {k: v.detach() for k, v in stats.items()}
+
+
+def grpo_loss_from_logits(logits: Tensor, labels: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: Tensor,
+                          mask: Tensor, *, loss: str | dict = "clipped", aggregate: str | dict = "seq_mean_token_mean",
+                          kl: str | dict | None = None, kl_coef: float = 0.0, gate: Tensor | None = None,
+                          backend: str = "auto", inplace: bool = False,
+                          context: dict | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """grpo_loss(token_logprobs(logits, labels)[0], old_logp, ...): logits (..., T, V), labels and the
+    loss's inputs as grpo_loss's; the same value, gradient (on the logits) and statistics.
+
+    On the triton backend, for the parts kernels/spec.py lists (GSPO excepted), one kernel
+    (kernels/logits_loss.py) computes the loss and writes d loss / d logits in the forward, in
+    the logits' dtype, skipping masked rows; its backward runs once per forward. inplace=True
+    writes that gradient into the logits themselves (they are garbage afterwards; not for a leaf).
+    Otherwise it is the composition, on `backend`.
+    """
+    use_kl = kl is not None and kl_coef != 0
+    if use_kl and ref_logp is None:
+        raise ValueError("kl_coef != 0 needs ref_logp")
+    if resolve_backend(backend, logits) == "triton":
+        loss_part, agg_part = _resolve("loss", loss, context), _resolve("aggregate", aggregate, context)
+        spec = LossSpec(loss_part[0].name, tuple(sorted(loss_part[1].items())), agg_part[0].name,
+                        tuple(sorted(agg_part[1].items())), _resolve("kl", kl, context)[0].name if use_kl else None,
+                        float(kl_coef) if use_kl else 0.0, gate is not None,
+                        ("token_deltas",) if deltas.dim() == labels.dim() else ())
+        if spec.fusable():
+            from .kernels.logits_loss import fused_logits_loss
+            out = fused_logits_loss(logits, labels, old_logp, ref_logp, deltas, mask, spec, gate, inplace)
+            if out is not None:  # None: GSPO
+                return out
+    logp = token_logprobs(logits, labels, backend=backend)[0]
+    return grpo_loss(logp, old_logp, ref_logp, deltas, mask, loss=loss, aggregate=aggregate, kl=kl, kl_coef=kl_coef,
+                     gate=gate, backend=backend, context=context)
 
 
 def loss_needs_ref(name: str) -> bool:

@@ -6,6 +6,9 @@ once, nothing timed (so the normal test run stays fast and still catches a broke
 provider). Each timed benchmark records in extra_info: rows/s, effective GB/s (the
 bytes an ideal kernel must move, over the median time), peak extra memory and the device;
 `python -m grpo_bench.analysis.bench_report` turns the --benchmark-json file into results/kernels/.
+A benchmark that names `bounds` (bytes its case must move at the least) also records each
+as a time, bytes over this machine's copy bandwidth (copy_bandwidth: a device-to-device copy
+timed in the same session), and the share of it the provider reaches (of_<name>).
 
 Peak extra memory: on CUDA, torch.cuda.max_memory_allocated() above what was allocated
 before the call. On CPU torch has no such counter, so the call is run once more under
@@ -76,7 +79,8 @@ class Bench:
     benchmark: object
     full: bool
 
-    def run(self, fn: Callable[[], object], *, group: str, rows: int, nbytes: int, **info) -> None:
+    def run(self, fn: Callable[[], object], *, group: str, rows: int, nbytes: int,
+            bounds: dict[str, int] | None = None, **info) -> None:
         def call():
             out = fn()
             sync()
@@ -101,8 +105,41 @@ class Bench:
             load_avg=os.getloadavg()[0], omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", ""),
             memory_method="cuda.max_memory_allocated" if DEVICE == "cuda" else "torch.profiler CPU allocator",
             **info)
+        if bounds:
+            bw = copy_bandwidth()
+            self.benchmark.extra_info["copy_gb_per_s"] = bw / 1e9
+            for name, nb in bounds.items():
+                self.benchmark.extra_info |= {f"{name}_bytes": nb, f"{name}_ms": nb / bw * 1e3,
+                                              f"of_{name}": nb / bw / median}
         _MEASURED.append((group, info.get("provider", ""), median * 1e3, peak / 2**20))
         _append_jsonl(self.benchmark)
+
+
+_BANDWIDTH: dict[str, float] = {}
+
+
+def copy_bandwidth(device: str = DEVICE) -> float:
+    """Bytes per second a device-to-device copy moves (each byte read once and written once), median of
+    10 copies of 1 GiB (64 MiB on CPU), measured once a session: the machine's achievable bandwidth."""
+    if device not in _BANDWIDTH:
+        n = 1 << 30 if device == "cuda" else 1 << 26
+        src = torch.ones(n, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        times = []
+        for _ in range(12):
+            if device == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                dst.copy_(src)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                dst.copy_(src)
+                times.append(time.perf_counter() - t0)
+        _BANDWIDTH[device] = 2 * n / sorted(times[2:])[len(times[2:]) // 2]
+    return _BANDWIDTH[device]
 
 
 def _append_jsonl(benchmark) -> None:

@@ -6,7 +6,8 @@ logits -> loss: (B*G, T, V) logits to the GRPO loss (clipped 0.2 / 0.28, k3 KL a
 seq_mean_token_mean, temperature 1) and its gradient on the logits.
     torch     token_logprobs(backend="torch") then grpo_loss(backend="torch")
     compile   torch.compile of that composition
-    ours      token_logprobs(backend="triton") then grpo_loss(backend="triton")
+    ours      grpo_loss_from_logits(backend="triton"): one kernel reads each unmasked row for its
+              log-sum-exp and at once for its gradient, written in the forward (kernels/logits_loss.py)
     trl       TRL 1.16's own Triton kernel, trl.kernels.selective_log_softmax_and_entropy (it
               returns the entropy too), then the same torch loss
     liger     Liger-Kernel 0.8.5's fused GRPO loss, liger_kernel.transformers.grpo_loss.triton_grpo_loss
@@ -28,6 +29,14 @@ log_softmax in fp64 and the objective of tests/benchmarks/test_bench_loss.refere
 papers' formulas), its gradient on a fixed set of rows by the chain rule
 dL/dx = dL/dlogp (onehot - softmax x); the head's log p on every row against fp64 logits.
 A plain pytest run calls every provider once at tiny sizes (Triton in its interpreter).
+
+Each logits -> loss case records its memory bounds (hot_path_bytes over the copy bandwidth
+measured in the same session, conftest.copy_bandwidth): `bound`, the unmasked rows' logits
+read once (what a kernel that keeps a row on chip would move), and `bound2`, read twice (a
+log-sum-exp pass, then a gradient pass: what every provider here does); of_bound and
+of_bound2 are the shares of them each provider reaches. test_logits_loss_config times the
+kernel's launch configurations (kernels/logits_loss.CONFIGS) on the same cases, after the
+providers (a run stopped at its budget keeps the comparison).
 """
 from __future__ import annotations
 
@@ -38,7 +47,7 @@ import pytest
 import torch
 
 from benchmarks.test_bench_loss import CONFIG, reference as loss_reference
-from grpo_bench.numerics.logprobs import grpo_loss, linear_logprobs, token_logprobs
+from grpo_bench.numerics.logprobs import grpo_loss, grpo_loss_from_logits, linear_logprobs, token_logprobs
 
 VOCABS = {50_257: "gpt2", 151_936: "qwen"}
 TRITON = {"ours", "trl", "liger"}
@@ -85,7 +94,45 @@ def cases(full: bool, device: str) -> dict[str, list[Case]]:
     else:  # CPU: the Triton providers skip (interpreter timings mean nothing)
         loss = [Case("loss", p, 8, 128, 50_257) for p in ("torch", "compile")]
         head = [Case("head", p, 1024, 256, 50_257) for p in ("materialised", "ours")]
-    return {"step_case": loss + head}
+    return {"step_case": loss + head, "config_case": config_cases(full, device)}
+
+
+@dataclass(frozen=True)
+class ConfigCase:
+    case: Case
+    cfg: tuple  # (BLOCK_V, num_warps, programs per SM, reverse), as kernels/logits_loss.CONFIGS
+
+    @property
+    def id(self) -> str:
+        return f"{self.case.id}-" + "-".join(str(int(c)) for c in self.cfg)
+
+
+def config_cases(full: bool, device: str) -> list[ConfigCase]:
+    try:
+        from grpo_bench.numerics.kernels.logits_loss import CONFIGS
+    except ImportError:  # no Triton: nothing to sweep
+        return []
+    if not full:  # smoke: the test's wiring, one configuration in the interpreter
+        return [ConfigCase(Case("loss", "ours", 4, 9, 97), CONFIGS[0])]
+    if device != "cuda":
+        return []
+    return [ConfigCase(Case("loss", "ours", 32, 512, v), cfg) for v in VOCABS for cfg in CONFIGS]
+
+
+def hot_path_bytes(rows: int, t: int, v: int, itemsize: int, unmasked: int, reads: int = 1) -> int:
+    """Bytes logits -> GRPO loss -> d loss / d logits must move: the logits of the unmasked tokens read
+    `reads` times (a masked token needs no log-prob), a gradient row written for every token (zeros
+    where masked), the label (int64), old and ref log-probs (fp32) of each unmasked token, every
+    token's mask (fp32), one advantage per response and the scalar loss (fp32)."""
+    n = rows * t
+    return reads * unmasked * v * itemsize + n * v * itemsize + 16 * unmasked + 4 * n + 4 * rows + 4
+
+
+def test_hot_path_bytes_by_hand():
+    # 2 responses x 3 tokens, V = 10, bf16, 4 unmasked tokens: logits 4*10*2 = 80 read once, the
+    # gradient 6*10*2 = 120, labels+old+ref 4*16 = 64, mask 6*4 = 24, advantages 2*4 = 8, loss 4
+    assert hot_path_bytes(2, 3, 10, 2, 4) == 80 + 120 + 64 + 24 + 8 + 4 == 300
+    assert hot_path_bytes(2, 3, 10, 2, 4, reads=2) == 380
 
 
 def _peer(module: str, name: str):
@@ -111,7 +158,11 @@ def loss_provider(name: str):
     if name == "compile":
         return _COMPILED.setdefault("loss", torch.compile(_loss_torch, dynamic=False))
     if name == "ours":
-        return lambda *a: _loss_torch(*a, backend="triton")
+        def ours(x, y, old, ref, deltas, mask):
+            b, g, t = old.shape
+            return grpo_loss_from_logits(x.view(b, g, t, -1), y.view(b, g, t), old, ref, deltas, mask,
+                                         backend="triton", **CONFIG)[0]
+        return ours
     if name == "trl":
         fn = _peer("trl.kernels", "selective_log_softmax_and_entropy")
 
@@ -231,6 +282,9 @@ def test_step(bench, step_case, device):
             return torch.autograd.grad(fn(xg, y, old, ref, deltas, mask), xg)[0]
         n = case.rows * case.t
         nbytes = 3 * n * case.v * 2 + 4 * 4 * n  # logits read twice, their gradient written; old, ref, mask, logp
+        unmasked = int((mask > 0).sum())
+        bounds = {f"bound{'' if k == 1 else k}": hot_path_bytes(case.rows, case.t, case.v, 2, unmasked, k)
+                  for k in (1, 2)}
     else:
         fn = head_provider(case.provider, device)
         hidden, weight, y, ref = head_inputs(case, device)
@@ -245,5 +299,47 @@ def test_step(bench, step_case, device):
             return torch.autograd.grad(fn(h, w, y), (h, w), g)
         n = case.rows
         nbytes = 2 * (case.rows + case.v) * case.t * 2  # read hidden and head, write both gradients
-    bench.run(step, group=case.group, rows=n, nbytes=nbytes, kernel=case.kind, mode="fwd+bwd",
+        bounds = None
+    bench.run(step, group=case.group, rows=n, nbytes=nbytes, bounds=bounds, kernel=case.kind, mode="fwd+bwd",
               provider=case.provider, n=n, v=case.v, dtype="bfloat16", check_s=time.perf_counter() - t0)
+
+
+_SWEEP: dict = {}  # V -> the inputs and the default configuration's loss and gradient
+
+
+def test_logits_loss_config(bench, config_case, device, monkeypatch):
+    """One launch configuration of the logits -> loss kernel: the same numbers as the default one
+    (which test_step checks against fp64), then timed; a configuration that fails to compile or
+    launch on this GPU skips with the reason, so the sweep never stops the run."""
+    case, cfg = config_case.case, config_case.cfg
+    from grpo_bench.numerics.kernels import logits_loss as LL
+    if not LL.valid(cfg):
+        pytest.skip(f"{cfg} is not a valid configuration")
+    fn = loss_provider("ours")
+    if case.v not in _SWEEP:
+        _SWEEP.clear()
+        x, y, old, ref, deltas, mask, _ = loss_inputs(case, device)
+        xg = x.detach().requires_grad_()
+        value = fn(xg, y, old, ref, deltas, mask)
+        _SWEEP[case.v] = (x, y, old, ref, deltas, mask), value.detach(), torch.autograd.grad(value, xg)[0]
+    (x, y, old, ref, deltas, mask), want, want_grad = _SWEEP[case.v]
+    block, warps, per_sm, reverse = cfg
+    name = f"{block}x{warps}w" + (f" {per_sm}/SM" if per_sm else "") + (" rev" if reverse else "")
+    monkeypatch.setenv("GRPO_BENCH_LOGITS_LOSS_CFG", f"{block},{warps},{per_sm},{int(reverse)}")
+    xg = x.detach().requires_grad_()
+
+    def step():
+        return torch.autograd.grad(fn(xg, y, old, ref, deltas, mask), xg)[0]
+    try:
+        value = fn(xg, y, old, ref, deltas, mask)
+        grad = torch.autograd.grad(value, xg)[0]
+    except Exception as e:  # noqa: BLE001 - a configuration this GPU cannot run is a result, not a crash
+        pytest.skip(f"configuration {name} failed here: {type(e).__name__}: {e}"[:300])
+    torch.testing.assert_close(value, want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad.float(), want_grad.float(), rtol=2e-2, atol=1e-2 * want_grad.abs().max().item())
+    unmasked = int((mask > 0).sum())
+    bounds = {f"bound{'' if k == 1 else k}": hot_path_bytes(case.rows, case.t, case.v, 2, unmasked, k) for k in (1, 2)}
+    n = case.rows * case.t
+    bench.run(step, group=f"logits->GRPO loss kernel configurations {case.rows}x{case.t} V={case.v} bf16", rows=n,
+              nbytes=3 * n * case.v * 2 + 16 * n, bounds=bounds, kernel="loss_config", mode="fwd+bwd",
+              provider=f"ours {name}", n=n, v=case.v, dtype="bfloat16")

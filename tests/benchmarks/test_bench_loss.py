@@ -7,7 +7,9 @@
 The configuration is the common GRPO one: clipped ratio (DAPO's 0.2 / 0.28), k3 KL with
 beta = 0.04, seq_mean_token_mean; logp, old, ref and mask are fp32 (B, G, T). Before it is
 timed, every provider's loss and gradient are checked against that objective written out
-here in fp64 (reference()), not against the registry the providers are built from.
+here in fp64 (reference()), not against the registry the providers are built from. Each case
+records its memory bound (loss_bytes over the session's measured copy bandwidth, see
+conftest.copy_bandwidth) and the share of it each provider reaches (of_bound).
 """
 from __future__ import annotations
 
@@ -79,6 +81,18 @@ def reference(logp, old, ref, deltas, mask, clip_low=0.2, clip_high=0.28, beta=0
     return per_seq.mean()
 
 
+def loss_bytes(b: int, g: int, t: int, unmasked: int) -> int:
+    """Bytes the loss and its gradient must move: logp, old and ref (fp32) of each unmasked token read
+    once, every token's mask read and its gradient written (fp32), one advantage per response, the loss."""
+    n = b * g * t
+    return 12 * unmasked + 8 * n + 4 * b * g + 4
+
+
+def test_loss_bytes_by_hand():
+    # 1 x 2 responses of 4 tokens, 5 unmasked: 5*12 = 60 read, 8*4 = 32 mask, 8*4 = 32 gradient, 2*4 = 8, 4
+    assert loss_bytes(1, 2, 4, 5) == 60 + 32 + 32 + 8 + 4 == 136
+
+
 def test_reference_by_hand():
     # one response of two tokens: ratio e^0.5 is clipped at 1.28 for a positive advantage,
     # ratio e^-0.5 is not clipped (min picks the unclipped, smaller term); k3 from log r by hand
@@ -136,5 +150,6 @@ def test_loss_forward_backward(bench, loss_case, device):
     # gradient written
     nbytes = 9 * 4 * tokens
     extra = {"compile_s": compile_s} if case.provider == "compile" else {}
-    bench.run(step, group=case.group, rows=tokens, nbytes=nbytes, kernel="grpo_loss", mode="fwd+bwd",
+    bounds = {"bound": loss_bytes(case.b, case.g, case.t, int((rest[-1] > 0).sum()))}
+    bench.run(step, group=case.group, rows=tokens, nbytes=nbytes, bounds=bounds, kernel="grpo_loss", mode="fwd+bwd",
               provider=case.provider, n=tokens, b=case.b, g=case.g, t=case.t, dtype="float32", **extra)

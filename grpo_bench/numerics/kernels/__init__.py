@@ -1,9 +1,11 @@
 """Kernels behind grpo_bench.numerics.logprobs: the selected-token log-prob, the fused GRPO loss
-and the fused LM-head log-prob.
+(on log-probs or on logits) and the fused LM-head log-prob.
 
     chunked.py  pure torch, row-chunked: never holds an (N, V) fp32 tensor; the CPU path
     logprob.py  Triton: online-logsumexp log-prob (+ entropy), forward and backward
-    loss.py     Triton: per-token ratio / clip / KL / mask / aggregation weights in one pass
+    loss.py     Triton: per-token ratio / clip / KL / mask / aggregation weights in one pass, the
+                gradient written in the forward
+    logits_loss.py  Triton: logits -> GRPO loss, each row's lse and gradient in one program
     linear.py   hidden @ W^T in row chunks (torch row ops) or in aligned vocabulary tiles (head.py)
     head.py     Triton: the tiled head's online-logsumexp fold and in-place gradient, its tuning table
 

@@ -1,4 +1,4 @@
-"""Triton GRPO loss: ratio, clip, KL, gate, mask and aggregation in one pass, forward and backward.
+"""Triton GRPO loss: ratio, clip, KL, gate, mask and aggregation in one pass, with the gradient.
 
 Every registry aggregation is linear in the per-sequence masked sums of the per-token
 loss, with a weight per sequence that depends only on the mask (n = responses with at
@@ -12,24 +12,29 @@ least one token; an empty response is not part of the batch, see algos/aggregate
     prompt_mean              w_s = [len_p > 0] / (max(len_p, 1) * n_p), len_p the tokens of s's group,
                              n_p the groups with any token (the group is the second-to-last axis)
 
-So the forward kernel (one program per sequence, looping over T) only emits, per
-sequence, the sums of the policy loss and of the KL, the token counts of the clip
-regions (low, high, the loss's own: dual_clip's cap) and the length; torch turns those
-into the scalar. The backward kernel recomputes each token's derivative and scales it by
-g * w_s, reading logp/old/ref/gate/mask once and writing d loss / d logp once. GSPO's
-sequence ratio needs a masked mean over T before any token, so its forward loops over T
-twice and stores the ratio for the backward.
+The weights are known before any log-prob is, so d loss / d logp_t = w_s * (gate * dpol_t +
+beta * dkl_t) is too once logp_t is read: the forward writes the gradient (for grad_output
+1) beside the loss, and no backward pass reads the inputs again. Three launches a call,
+whatever the configuration: _lengths (tokens per sequence, from the mask), _loss_fwd (one
+program per sequence: w_s from all the lengths, every token's loss, statistics and
+gradient) and _reduce (one program: the scalar loss and the statistics, final, so no torch
+op follows). The backward is _scale_rows, which returns at once when grad_output is 1 (it
+reads it on the device: no host sync) and otherwise scales the stored gradient in place; so
+the backward may run once per forward. GSPO's sequence ratio needs a masked mean over T
+before any token, so its program loops over T twice. The per-token loss launch was bound by
+launches and torch glue at (64, 16, 4096) (results/gpu/bench.jsonl): hence the few launches.
 
 The gradient matches autograd's on ties too (ratio exactly 1, the first inner step):
 torch.minimum splits a tie's gradient evenly and clamp passes it on the closed interval,
 so inside the trust region it is that of ratio * A. old_logp, ref_logp, the gate and the
 deltas are data here (no gradient), as they are in GRPO. The parts it covers and the
 constants it takes from their parameters are in kernels/spec.py; every constant is a
-compile-time one, so a run compiles once per configuration.
+compile-time one, so a run compiles once per configuration. logits_loss.py applies the same
+per-token algebra to the log-probs it computes from logits.
 """
 from __future__ import annotations
 
-import dataclasses
+import functools
 
 import torch
 import triton
@@ -37,11 +42,18 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .spec import LossSpec
+from .spec import AGGREGATES, EXTRA_REGION, LossSpec
 
 MAX_PROGRAMS = 1 << 20  # any positive values are correct; tests shrink them
+# Tuning (H100, fp32 (64, 16, 4096), scripts/tune_loss.py before this rework): tiles of
+# 512-1024 tokens and 8 warps were fastest, 256 tokens or 2-4 warps up to 15% slower.
 BLOCK_T_MAX = 1024
-N_STATS = 6  # per sequence: policy sum, KL sum, low, high, extra-region counts, length
+NUM_WARPS = 8
+BLOCK_S = 1024  # at most this many lengths read per step when a program builds w_s from all of them
+N_PARTS = 8  # per part (sequence or token): w*total, w*gated policy, KL, low, high, extra, tokens, (pad)
+# the statistics _reduce writes, in order
+STATS = ("loss/policy", "clip/frac", "clip/low_frac", "clip/high_frac", "clip/extra_frac", "kl/value", "tokens")
+AGG_CODES = {name: i for i, name in enumerate(AGGREGATES)}
 
 
 @triton.jit
@@ -160,17 +172,85 @@ def _gspo_ratio(logp_ptr, old_ptr, mask_ptr, row, T, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def _loss_fwd(logp_ptr, old_ptr, ref_ptr, gate_ptr, adv_ptr, mask_ptr, stats_ptr, ratio_ptr, S, T,
+def _lengths(mask_ptr, len_ptr, S, T, BLOCK_T: tl.constexpr):
+    """Unmasked tokens of each sequence (fp32, exact up to 2^24)."""
+    for s in tl.range(tl.program_id(0).to(tl.int64), S, tl.num_programs(0)):
+        acc = tl.zeros([BLOCK_T], tl.float32)
+        for t0 in range(0, T, BLOCK_T):
+            idx = t0 + tl.arange(0, BLOCK_T)
+            m = tl.load(mask_ptr + s * T + idx, mask=idx < T, other=0.0)
+            acc += (m > 0).to(tl.float32)
+        tl.store(len_ptr + s, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _seq_weight(len_ptr, s, S, G, norm, AGG: tl.constexpr, BLOCK_S: tl.constexpr, GP: tl.constexpr):
+    """w_s of the table above, from all S lengths: every program reads them (a few KB, from L2),
+    so no launch sits between the lengths and the loss."""
+    if AGG == 1:  # token_sum
+        w = 1.0
+    elif AGG == 5:  # prompt_mean: groups of G adjacent responses
+        cols = tl.arange(0, GP)
+        len_p = tl.sum(tl.load(len_ptr + (s // G) * G + cols, mask=cols < G, other=0.0), axis=0)
+        BLOCK_P: tl.constexpr = BLOCK_S // GP
+        rows = tl.arange(0, BLOCK_P)
+        n_acc = tl.zeros([BLOCK_P], tl.float32)
+        P = S // G
+        for p0 in range(0, P, BLOCK_P):
+            p = p0 + rows
+            x = tl.load(len_ptr + p[:, None] * G + cols[None, :], mask=(p[:, None] < P) & (cols[None, :] < G),
+                        other=0.0)
+            n_acc += (tl.sum(x, axis=1) > 0).to(tl.float32)
+        n_p = tl.maximum(tl.sum(n_acc, axis=0), 1.0)
+        w = (len_p > 0).to(tl.float32) / (tl.maximum(len_p, 1.0) * n_p)
+    else:
+        len_s = tl.load(len_ptr + s)
+        tot = tl.zeros([BLOCK_S], tl.float32)
+        cnt = tl.zeros([BLOCK_S], tl.float32)
+        for i0 in range(0, S, BLOCK_S):
+            idx = i0 + tl.arange(0, BLOCK_S)
+            ln = tl.load(len_ptr + idx, mask=idx < S, other=0.0)
+            tot += ln
+            cnt += (ln > 0).to(tl.float32)
+        n = tl.maximum(tl.sum(cnt, axis=0), 1.0)
+        has = (len_s > 0).to(tl.float32)
+        if AGG == 0:  # token_mean
+            w = 1.0 / tl.maximum(tl.sum(tot, axis=0), 1.0)
+        elif AGG == 2:  # seq_mean_token_mean
+            w = has / (tl.maximum(len_s, 1.0) * n)
+        elif AGG == 3:  # seq_mean_token_sum
+            w = has / n
+        else:  # seq_mean_token_sum_norm
+            w = has / (n * norm)
+    return w
+
+
+@triton.jit
+def _store_part(part_ptr, w, pol, kl, low, high, extra, tokens, coef):
+    """One part's row of _reduce's input: w*(policy + beta*KL), w*policy, KL, region counts, tokens."""
+    tl.store(part_ptr, w * (pol + coef * kl))
+    tl.store(part_ptr + 1, w * pol)
+    tl.store(part_ptr + 2, kl)
+    tl.store(part_ptr + 3, low)
+    tl.store(part_ptr + 4, high)
+    tl.store(part_ptr + 5, extra)
+    tl.store(part_ptr + 6, tokens)
+
+
+@triton.jit
+def _loss_fwd(logp_ptr, old_ptr, ref_ptr, gate_ptr, adv_ptr, mask_ptr, len_ptr, part_ptr, grad_ptr,
+              S, T, G, norm, coef,
               LOSS: tl.constexpr, KL: tl.constexpr, GATED: tl.constexpr,
               LO: tl.constexpr, HI: tl.constexpr, C: tl.constexpr, TP: tl.constexpr, TN: tl.constexpr,
-              BLOCK_T: tl.constexpr):
+              AGG: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_S: tl.constexpr,
+              GP: tl.constexpr):
     for s in tl.range(tl.program_id(0).to(tl.int64), S, tl.num_programs(0)):
         row = s * T
         adv = tl.load(adv_ptr + s).to(tl.float32)
+        w = _seq_weight(len_ptr, s, S, G, norm, AGG, BLOCK_S, GP)
         seq_ratio = 1.0
         if LOSS == 3:
             seq_ratio = _gspo_ratio(logp_ptr, old_ptr, mask_ptr, row, T, BLOCK_T)
-            tl.store(ratio_ptr + s, seq_ratio)
         pol_acc = tl.zeros([BLOCK_T], tl.float32)
         kl_acc = tl.zeros([BLOCK_T], tl.float32)
         low_acc = tl.zeros([BLOCK_T], tl.float32)
@@ -183,7 +263,7 @@ def _loss_fwd(logp_ptr, old_ptr, ref_ptr, gate_ptr, adv_ptr, mask_ptr, stats_ptr
             m = tl.load(mask_ptr + row + idx, mask=inb, other=0.0)
             lp = tl.load(logp_ptr + row + idx, mask=inb, other=0.0).to(tl.float32)
             old, ref, gate = _operands(old_ptr, ref_ptr, gate_ptr, row + idx, inb, lp, LOSS, KL, GATED)
-            pol, kl, low, high, extra, _, _ = _token(lp, old, ref, adv, seq_ratio, LOSS, KL, LO, HI, C, TP, TN)
+            pol, kl, low, high, extra, dpol, dkl = _token(lp, old, ref, adv, seq_ratio, LOSS, KL, LO, HI, C, TP, TN)
             on = m > 0  # where, not a product: a padded token's inf must not reach the sum
             pol_acc += tl.where(on, gate * pol, 0.0)
             kl_acc += tl.where(on, kl, 0.0)
@@ -191,40 +271,59 @@ def _loss_fwd(logp_ptr, old_ptr, ref_ptr, gate_ptr, adv_ptr, mask_ptr, stats_ptr
             high_acc += tl.where(on, high, 0.0)
             extra_acc += tl.where(on, extra, 0.0)
             len_acc += on.to(tl.float32)
-        out = stats_ptr + s * 6
-        tl.store(out, tl.sum(pol_acc, axis=0))
-        tl.store(out + 1, tl.sum(kl_acc, axis=0))
-        tl.store(out + 2, tl.sum(low_acc, axis=0))
-        tl.store(out + 3, tl.sum(high_acc, axis=0))
-        tl.store(out + 4, tl.sum(extra_acc, axis=0))
-        tl.store(out + 5, tl.sum(len_acc, axis=0))
+            if WRITE_GRAD:
+                grad = tl.where(on, w * (gate * dpol + coef * dkl), 0.0)
+                tl.store(grad_ptr + row + idx, grad.to(grad_ptr.dtype.element_ty), mask=inb)
+        _store_part(part_ptr + s * 8, w, tl.sum(pol_acc, axis=0), tl.sum(kl_acc, axis=0), tl.sum(low_acc, axis=0),
+                    tl.sum(high_acc, axis=0), tl.sum(extra_acc, axis=0), tl.sum(len_acc, axis=0), coef)
 
 
 @triton.jit
-def _loss_bwd(logp_ptr, old_ptr, ref_ptr, gate_ptr, adv_ptr, mask_ptr, w_ptr, ratio_ptr, dlogp_ptr, S, T, coef,
-              LOSS: tl.constexpr, KL: tl.constexpr, GATED: tl.constexpr,
-              LO: tl.constexpr, HI: tl.constexpr, C: tl.constexpr, TP: tl.constexpr, TN: tl.constexpr,
-              BLOCK_T: tl.constexpr):
-    for s in tl.range(tl.program_id(0).to(tl.int64), S, tl.num_programs(0)):
-        row = s * T
-        adv = tl.load(adv_ptr + s).to(tl.float32)
-        w = tl.load(w_ptr + s)
-        seq_ratio = 1.0
-        if LOSS == 3:
-            seq_ratio = tl.load(ratio_ptr + s)
-        for t0 in range(0, T, BLOCK_T):
-            idx = t0 + tl.arange(0, BLOCK_T)
-            inb = idx < T
-            m = tl.load(mask_ptr + row + idx, mask=inb, other=0.0)
-            lp = tl.load(logp_ptr + row + idx, mask=inb, other=0.0).to(tl.float32)
-            old, ref, gate = _operands(old_ptr, ref_ptr, gate_ptr, row + idx, inb, lp, LOSS, KL, GATED)
-            _, _, _, _, _, dpol, dkl = _token(lp, old, ref, adv, seq_ratio, LOSS, KL, LO, HI, C, TP, TN)
-            grad = tl.where(m > 0, w * (gate * dpol + coef * dkl), 0.0)
-            tl.store(dlogp_ptr + row + idx, grad.to(dlogp_ptr.dtype.element_ty), mask=inb)
+def _pick(v, cols, k: tl.constexpr):
+    return tl.sum(tl.where(cols == k, v, 0.0), axis=0)
+
+
+@triton.jit
+def _reduce(part_ptr, n, value_ptr, stats_ptr, BLOCK: tl.constexpr):
+    """One program: the parts' (n, 8) rows summed in a fixed order (deterministic), then the loss
+    and the statistics of STATS, final."""
+    cols = tl.arange(0, 8)
+    acc = tl.zeros([BLOCK, 8], tl.float32)
+    for i0 in range(0, n, BLOCK):
+        rows = i0 + tl.arange(0, BLOCK)
+        acc += tl.load(part_ptr + rows[:, None] * 8 + cols[None, :], mask=(rows[:, None] < n) & (cols[None, :] < 7),
+                       other=0.0)
+    tot = tl.sum(acc, axis=0)
+    low, high, extra, tokens = _pick(tot, cols, 3), _pick(tot, cols, 4), _pick(tot, cols, 5), _pick(tot, cols, 6)
+    inv = 1.0 / tl.maximum(tokens, 1.0)
+    tl.store(value_ptr, _pick(tot, cols, 0))
+    out = tl.where(cols == 0, _pick(tot, cols, 1), 0.0)
+    out = tl.where(cols == 1, (low + high + extra) * inv, out)
+    out = tl.where(cols == 2, low * inv, out)
+    out = tl.where(cols == 3, high * inv, out)
+    out = tl.where(cols == 4, extra * inv, out)
+    out = tl.where(cols == 5, _pick(tot, cols, 2) * inv, out)
+    out = tl.where(cols == 6, tokens, out)
+    tl.store(stats_ptr + cols, out)
+
+
+@triton.jit
+def _scale_rows(x_ptr, g_ptr, n_rows, L, sb, sl, V, BLOCK: tl.constexpr):
+    """x[r] *= g in place, rows addressed as in logprob.py; nothing at all when g == 1."""
+    g = tl.load(g_ptr).to(tl.float32)
+    if g != 1.0:
+        cols = tl.arange(0, BLOCK)
+        for r in tl.range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
+            base = x_ptr + (r // L) * sb + (r % L) * sl
+            for c0 in range(0, V, BLOCK):
+                idx = c0 + cols
+                x = tl.load(base + idx, mask=idx < V, other=0.0).to(tl.float32)
+                tl.store(base + idx, (x * g).to(x_ptr.dtype.element_ty), mask=idx < V)
 
 
 def seq_weights(aggregate: str, lengths: Tensor, t: int, max_len: int | None, group: int = 1) -> Tensor:
-    """(S,) weights with aggregate(per_token, mask) == sum_s w_s * (masked sum of sequence s)."""
+    """(S,) weights with aggregate(per_token, mask) == sum_s w_s * (masked sum of sequence s): the torch
+    statement of _seq_weight, which the tests hold it to."""
     if aggregate == "prompt_mean":  # S = prompts * group, a prompt's responses adjacent
         per_prompt = lengths.view(-1, group).sum(-1, keepdim=True)
         n_p = (per_prompt > 0).to(lengths.dtype).sum().clamp(min=1)
@@ -242,62 +341,105 @@ def seq_weights(aggregate: str, lengths: Tensor, t: int, max_len: int | None, gr
     return has / (n * (t if max_len is None else max_len))
 
 
-def _launch_consts(spec: LossSpec, t: int) -> dict:
+@functools.lru_cache(maxsize=256)
+def launch_consts(spec: LossSpec, group: int, n_seq: int) -> dict:
+    """The compile-time constants of spec (its COEF excepted: a runtime argument, an adaptive beta
+    changes it every rollout) and the aggregation's; cached, so a call builds nothing. BLOCK_S
+    covers the n_seq lengths in one step when it can (a batch size: it changes rarely)."""
     consts = spec.constants()
-    del consts["COEF"]  # a runtime argument: an adaptive beta changes it every rollout
-    return consts | dict(BLOCK_T=min(BLOCK_T_MAX, triton.next_power_of_2(max(t, 16))), num_warps=4)
+    del consts["COEF"]
+    gp = triton.next_power_of_2(max(group, 1))
+    block_s = max(gp, min(BLOCK_S, triton.next_power_of_2(max(n_seq, 16))))
+    return consts | dict(AGG=AGG_CODES[spec.aggregate], GP=gp, BLOCK_S=block_s)
+
+
+def scale_rows(x: Tensor, g: Tensor) -> None:
+    """x (B, L, V) with unit stride on V, or (S, T) contiguous: x *= g in place (no-op launch when g == 1)."""
+    if x.dim() == 2:
+        n, big_l, sb, sl, v = x.shape[0], 1, x.stride(0), 0, x.shape[1]
+    else:
+        n, big_l, sb, sl, v = x.shape[0] * x.shape[1], x.shape[1], x.stride(0), x.stride(1), x.shape[2]
+    if n:
+        block = min(4096, triton.next_power_of_2(max(v, 16)))
+        _scale_rows[(min(n, 1024),)](x, g.reshape(()).to(torch.float32), n, big_l, sb, sl, v, BLOCK=block,
+                                     num_warps=8 if block >= 2048 else 4)
+
+
+def reduce_parts(parts: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    value = torch.empty((), dtype=torch.float32, device=parts.device)
+    stats = torch.empty(8, dtype=torch.float32, device=parts.device)
+    _reduce[(1,)](parts, n, value, stats, BLOCK=1024, num_warps=8)
+    return value, stats
 
 
 class FusedGRPOLoss(torch.autograd.Function):
-    """logp, old, ref, gate (S, T), deltas (S,), mask (S, T) fp32 -> loss (), per-sequence stats (S, 6)."""
+    """logp, old, ref, gate, mask (S, T), deltas (S,) -> loss (), statistics (8,) in STATS order.
+
+    The gradient is written by the forward (for grad_output 1) when write_grad; the backward
+    scales it in place, so it runs once.
+    """
 
     @staticmethod
     def forward(ctx, logp: Tensor, old: Tensor, ref: Tensor | None, gate: Tensor | None, deltas: Tensor,
-                mask: Tensor, spec: LossSpec):
+                mask: Tensor, spec: LossSpec, group: int, write_grad: bool):
         s, t = logp.shape
-        consts = _launch_consts(spec, t)
-        ref_ = ref if ref is not None else old      # any valid pointer; KL=0 never reads it
-        gate_ = gate if gate is not None else mask  # likewise with GATED=False
-        stats = torch.zeros(s, 6, dtype=torch.float32, device=logp.device)
-        ratio = torch.ones(s, dtype=torch.float32, device=logp.device)
-        grid = (max(1, min(s, MAX_PROGRAMS)),)
+        consts = launch_consts(spec, group, s)
+        dev = logp.device
+        lengths = torch.empty(s, dtype=torch.float32, device=dev)
+        parts = torch.empty(max(s, 1), 8, dtype=torch.float32, device=dev)
+        grad = torch.empty_like(logp) if write_grad else parts  # parts: any valid pointer, never written
         if s:
-            _loss_fwd[grid](logp, old, ref_, gate_, deltas, mask, stats, ratio, s, t, **consts)
-        w = seq_weights(spec.aggregate, stats[:, 5], t, spec.max_len, spec.group)
-        coef = spec.constants()["COEF"]
-        total = stats[:, 0] + coef * stats[:, 1]
-        ctx.save_for_backward(logp, old, ref_, gate_, deltas, mask, w, ratio)
-        ctx.consts, ctx.grid, ctx.coef = consts, grid, coef
+            block = min(BLOCK_T_MAX, triton.next_power_of_2(max(t, 16)))
+            grid = (max(1, min(s, MAX_PROGRAMS)),)
+            _lengths[grid](mask, lengths, s, t, BLOCK_T=block, num_warps=4)
+            _loss_fwd[grid](logp, old, ref if ref is not None else old, gate if gate is not None else mask, deltas,
+                            mask, lengths, parts, grad, s, t, group, float(t if spec.max_len is None else spec.max_len),
+                            float(spec.kl_coef) if spec.kl else 0.0, WRITE_GRAD=write_grad, BLOCK_T=block,
+                            num_warps=NUM_WARPS, **consts)
+        value, stats = reduce_parts(parts, s)
+        ctx.grad = grad if write_grad else None
         ctx.mark_non_differentiable(stats)
-        return (w * total).sum(), stats
+        return value, stats
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g: Tensor, _g_stats: Tensor | None):
-        logp, old, ref, gate, deltas, mask, w, ratio = ctx.saved_tensors
-        s, t = logp.shape
-        dlogp = torch.empty_like(logp)
-        if s:
-            _loss_bwd[ctx.grid](logp, old, ref, gate, deltas, mask, (w * g).contiguous(), ratio, dlogp, s, t,
-                                ctx.coef, **ctx.consts)
-        return dlogp, None, None, None, None, None, None
+        grad, ctx.grad = ctx.grad, None
+        if grad is None:
+            raise RuntimeError("the fused GRPO loss wrote its gradient in the forward and has handed it out: its "
+                               "backward runs once per forward (no second backward through the same graph)")
+        scale_rows(grad, g)
+        return grad, None, None, None, None, None, None, None, None
+
+
+def stats_dict(stats: Tensor, spec: LossSpec) -> dict[str, Tensor]:
+    """_reduce's vector as compose_loss's statistics (views without gradient, no launch)."""
+    policy, frac, low, high, extra, kl, _, _ = stats.unbind()
+    out = {"loss/policy": policy, "clip/frac": frac, "clip/low_frac": low, "clip/high_frac": high}
+    if spec.loss in EXTRA_REGION:
+        out[f"clip/{EXTRA_REGION[spec.loss]}_frac"] = extra
+    if spec.kl:
+        out["kl/value"] = kl
+    return out
+
+
+def rows(x: Tensor, t: int) -> Tensor:
+    """x (..., T) as contiguous fp32 (S, T) rows, a view when it already is one (the usual case: no copy,
+    few calls, since the loss is launch-bound). A gradient never flows to these inputs."""
+    y = x.reshape(-1, t)
+    return y if y.dtype == torch.float32 and y.is_contiguous() else y.detach().to(torch.float32).contiguous()
 
 
 def fused_grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: Tensor, mask: Tensor,
                     spec: LossSpec, gate: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-    """logp (..., T), deltas (...) -> scalar loss, per-sequence sums (see grpo_bench.numerics.logprobs.grpo_loss)."""
+    """logp (..., T), deltas (...) -> scalar loss, statistics (see grpo_bench.numerics.logprobs.grpo_loss)."""
     spec.check()
     t = logp.shape[-1]
-    if spec.aggregate == "prompt_mean":  # the kernel's rows are responses; prompt_mean needs their groups
-        spec = dataclasses.replace(spec, group=logp.shape[-2] if logp.dim() >= 2 else 1)
+    # the kernel's rows are responses; prompt_mean needs their groups (the second-to-last axis)
+    group = logp.shape[-2] if spec.aggregate == "prompt_mean" and logp.dim() >= 2 else 1
 
-    def rows(x: Tensor) -> Tensor:
-        return x.detach().reshape(-1, t).to(torch.float32).contiguous()
-
-    value, per_seq = FusedGRPOLoss.apply(logp.reshape(-1, t).contiguous(), rows(old_logp),
-                                         rows(ref_logp) if spec.kl else None, rows(gate) if spec.gated else None,
-                                         deltas.detach().reshape(-1).contiguous(), rows(mask), spec)
-    pol, kl, low, high, extra, lengths = per_seq.unbind(1)
-    return value, {"policy": (seq_weights(spec.aggregate, lengths, t, spec.max_len, spec.group) * pol).sum(),
-                   "kl_sum": kl.sum(), "low": low.sum(), "high": high.sum(), "extra": extra.sum(),
-                   "tokens": lengths.sum()}
+    write_grad = torch.is_grad_enabled() and logp.requires_grad
+    value, stats = FusedGRPOLoss.apply(logp.reshape(-1, t).contiguous(), rows(old_logp, t),
+                                       rows(ref_logp, t) if spec.kl else None, rows(gate, t) if spec.gated else None,
+                                       rows(deltas, 1).view(-1), rows(mask, t), spec, group, write_grad)
+    return value, stats_dict(stats, spec)

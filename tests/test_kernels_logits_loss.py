@@ -1,0 +1,205 @@
+"""grpo_loss_from_logits: the one-kernel logits -> GRPO loss (kernels/logits_loss.py) against the
+composition token_logprobs + grpo_loss in fp64 (torch backend), value, statistics and the
+gradient on the logits, for every fused loss, aggregation and KL estimator; plus what the
+kernel does differently from that composition: masked rows and zero-gradient rows it never
+reads for a gradient, a gradient written in the forward (grad_output scaling, one backward,
+no gradient under no_grad), the gradient written into the logits themselves.
+"""
+import pytest
+import torch
+
+from grpo_bench.numerics.logprobs import grpo_loss, grpo_loss_from_logits, token_logprobs
+
+pytest.importorskip("triton")
+from grpo_bench.numerics.kernels import logits_loss as LL  # noqa: E402
+from grpo_bench.numerics.kernels import spec as S  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+F32 = torch.float32
+LOSSES = {
+    "naive": "naive", "unclipped": "unclipped",
+    "clipped": {"name": "clipped", "clip_low": 0.2, "clip_high": 0.28},
+    "gspo": {"name": "gspo", "clip_low": 0.05, "clip_high": 0.05},
+    "dual_clip": {"name": "dual_clip", "clip_low": 0.2, "clip_high": 0.2, "clip_c": 1.5},
+    "cispo": {"name": "cispo", "clip_low": 0.3, "clip_high": 0.2},
+    "sapo": {"name": "sapo", "tau_pos": 1.5, "tau_neg": 2.0},
+}
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(monkeypatch):
+    monkeypatch.setattr(LL, "TILES", [(1 << 62, (16, 1, 0, True))])  # V = 37: three tiles, the last ragged
+    monkeypatch.setattr(LL, "MAX_PROGRAMS", 5)  # programs loop over the rows
+    monkeypatch.delenv("GRPO_BENCH_LOGITS_LOSS_CFG", raising=False)
+
+
+def batch(b=2, g=3, t=6, v=37, seed=0, spread=0.4, dtype=torch.bfloat16):
+    """logits (B, G, T, V), labels, old/ref near the true log-probs (ratios both sides of the clip
+    bounds), mixed-sign and zero deltas, ragged masks, one fully masked response."""
+    gen = torch.Generator().manual_seed(seed)
+    x = (2 * torch.randn(b, g, t, v, generator=gen)).to(dtype)
+    y = torch.randint(0, v, (b, g, t), generator=gen)
+    lp = torch.log_softmax(x.double(), -1).gather(-1, y[..., None])[..., 0]
+    old = (lp + spread * torch.randn(lp.shape, generator=gen, dtype=torch.float64)).to(F32)
+    ref = (lp + spread * torch.randn(lp.shape, generator=gen, dtype=torch.float64)).to(F32)
+    deltas = torch.randn(b, g, generator=gen, dtype=F32)
+    deltas[0, 1] = 0.0
+    lengths = torch.randint(1, t + 1, (b, g), generator=gen)
+    mask = (torch.arange(t) < lengths.unsqueeze(-1)).to(F32)
+    mask[-1, -1] = 0.0
+    return [z.to(DEVICE) for z in (x, y, old, ref, deltas, mask)]
+
+
+def reference(x, y, old, ref, deltas, mask, g=1.0, gate=None, **kw):
+    xr = x.detach().double().requires_grad_()
+    lp = token_logprobs(xr, y, backend="torch")[0]
+    value, stats = grpo_loss(lp, old.double(), ref.double(), deltas.double(), mask.double(), backend="torch",
+                             gate=None if gate is None else gate.double(), **kw)
+    (grad,) = torch.autograd.grad(value * g, xr)
+    return value, stats, grad
+
+
+def compare(data, g=1.0, rtol=1e-5, gate=None, **kw):
+    x, y, old, ref, deltas, mask = data
+    xa = x.clone().requires_grad_()
+    value, stats = grpo_loss_from_logits(xa, y, old, ref, deltas, mask, backend="triton", gate=gate, **kw)
+    (grad,) = torch.autograd.grad(value * g, xa)
+    rvalue, rstats, rgrad = reference(x, y, old, ref, deltas, mask, g, gate, **kw)
+    assert grad.dtype == x.dtype and grad.shape == x.shape
+    torch.testing.assert_close(value.double(), rvalue, rtol=rtol, atol=1e-6)
+    assert stats.keys() == rstats.keys()
+    for k in stats:
+        torch.testing.assert_close(stats[k].double(), rstats[k].double(), rtol=rtol, atol=1e-6, msg=k)
+    # the gradient is rounded once to the logits' dtype: bf16 keeps 8 bits
+    tol = 1e-5 if x.dtype == F32 else 8e-3
+    torch.testing.assert_close(grad.double(), rgrad, rtol=tol, atol=tol * rgrad.abs().max().item())
+    return value, grad
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+def test_every_loss(loss):
+    # each loss once with a KL estimator (rotating) and once without; gspo takes the composition
+    kl = sorted(S.KLS)[sorted(LOSSES).index(loss) % len(S.KLS)]
+    data = batch(seed=1, spread=0.6)
+    compare(data, loss=LOSSES[loss], aggregate="seq_mean_token_mean")
+    compare(data, loss=LOSSES[loss], aggregate="token_mean", kl=kl, kl_coef=0.1)
+
+
+@pytest.mark.parametrize("aggregate", S.AGGREGATES)
+def test_every_aggregation(aggregate):
+    agg = {"name": aggregate, "max_len": 9} if aggregate == "seq_mean_token_sum_norm" else aggregate
+    compare(batch(seed=2), loss=LOSSES["clipped"], aggregate=agg, kl="k3", kl_coef=0.04)
+
+
+@pytest.mark.parametrize("kl", sorted(S.KLS))
+def test_every_kl(kl):
+    compare(batch(seed=3, spread=0.8, b=1), loss=LOSSES["dual_clip"], aggregate="seq_mean_token_sum", kl=kl,
+            kl_coef=0.3)
+
+
+def test_fp32_logits_and_gate():
+    data = batch(seed=4, dtype=F32)
+    gate = (torch.rand(data[1].shape, generator=torch.Generator().manual_seed(0)) > 0.5).to(F32).to(DEVICE)
+    compare(data, gate=gate, loss=LOSSES["cispo"], aggregate="prompt_mean", kl="k3", kl_coef=0.1)
+
+
+def test_grad_output_scales_the_stored_gradient():
+    compare(batch(seed=5, dtype=F32), g=-2.5, loss=LOSSES["clipped"], aggregate="seq_mean_token_mean", kl="k2",
+            kl_coef=0.1)
+
+
+def test_masked_rows_are_never_read():
+    # NaN logits under the mask (and in a fully masked response) reach neither the value nor the
+    # gradient: the kernel does not read those rows, it writes their gradient as zeros
+    x, y, old, ref, deltas, mask = batch(seed=6, dtype=F32)
+    dirty = torch.where(mask[..., None] > 0, x, torch.full_like(x, float("nan")))
+    kw = dict(loss=LOSSES["clipped"], aggregate="seq_mean_token_mean", kl="k3", kl_coef=0.1)
+    value, grad = compare((x, y, old, ref, deltas, mask), **kw)
+    xa = dirty.clone().requires_grad_()
+    v2, _ = grpo_loss_from_logits(xa, y, old, ref, deltas, mask, backend="triton", **kw)
+    (g2,) = torch.autograd.grad(v2, xa)
+    assert torch.isfinite(v2) and torch.isfinite(g2).all()
+    assert v2.item() == value.item()
+    assert torch.equal(g2, grad) and (g2[mask == 0] == 0).all()
+
+
+def test_zero_gradient_rows_and_empty_batch():
+    x, y, old, ref, deltas, mask = batch(seed=7)
+    # no KL and a zero advantage: every token's dL/dlogp is 0, the gradient pass is skipped
+    value, grad = compare((x, y, old, ref, torch.zeros_like(deltas), mask), loss="unclipped",
+                          aggregate="token_mean")
+    assert value.item() == 0.0 and (grad == 0).all()
+    for aggregate in S.AGGREGATES:
+        value, grad = compare((x, y, old, ref, deltas, torch.zeros_like(mask)), loss="clipped", kl="k2",
+                              kl_coef=0.1, aggregate=aggregate)
+        assert value.item() == 0.0 and (grad == 0).all()
+
+
+def test_strided_logits_and_inplace():
+    # Liger's layout: logits (R, T + 1, V), the last position unused, read in place through a view
+    x, y, old, ref, deltas, mask = batch(seed=8, b=1, dtype=F32)
+    kw = dict(loss=LOSSES["clipped"], aggregate="seq_mean_token_mean", kl="k3", kl_coef=0.04)
+    padded = torch.cat([x[0], x[0, :, :1]], 1)  # (G, T + 1, V)
+    value, want = compare((x, y, old, ref, deltas, mask), **kw)
+    base = padded.clone().requires_grad_()
+    v2, _ = grpo_loss_from_logits(base[:, :-1], y[0], old[0], ref[0], deltas[0], mask[0], backend="triton", **kw)
+    (g2,) = torch.autograd.grad(v2, base)
+    assert v2.item() == value.item() and torch.equal(g2[:, :-1], want[0]) and (g2[:, -1] == 0).all()
+    # inplace: the gradient lands in the logits' own storage (a non-leaf, as a head's output is)
+    leaf = x.clone().requires_grad_()
+    logits = leaf * 1.0
+    v3, _ = grpo_loss_from_logits(logits, y, old, ref, deltas, mask, backend="triton", inplace=True, **kw)
+    (g3,) = torch.autograd.grad(v3, leaf)
+    assert v3.item() == value.item() and torch.equal(g3, want) and torch.equal(logits.detach(), want)
+    with pytest.raises(ValueError, match="leaf"):
+        grpo_loss_from_logits(leaf, y, old, ref, deltas, mask, backend="triton", inplace=True, **kw)
+    # logits an op kept for its own backward (tanh keeps its output) must not be overwritten silently
+    capped = leaf.tanh()
+    v4, _ = grpo_loss_from_logits(capped, y, old, ref, deltas, mask, backend="triton", inplace=True, **kw)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(v4, leaf)
+
+
+def test_one_backward_and_no_grad():
+    x, y, old, ref, deltas, mask = batch(seed=9)
+    kw = dict(loss="clipped", aggregate="token_mean", backend="triton")
+    xa = x.clone().requires_grad_()
+    value, _ = grpo_loss_from_logits(xa, y, old, ref, deltas, mask, **kw)
+    value.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="once per forward"):
+        value.backward()
+    with torch.no_grad():
+        v2, _ = grpo_loss_from_logits(xa, y, old, ref, deltas, mask, **kw)
+    assert v2.item() == value.item()
+
+
+def test_configs_agree():
+    # every configuration of the GPU sweep's list computes the same numbers (interpreter: tiles shrunk 64x)
+    data = batch(seed=10, b=1, v=300)
+    kw = dict(loss=LOSSES["clipped"], aggregate="seq_mean_token_mean", kl="k3", kl_coef=0.04)
+    want = compare(data, **kw)
+    for block, warps, per_sm, reverse in LL.CONFIGS:
+        assert LL.valid((block, warps, per_sm, reverse))
+        LL.TILES = [(1 << 62, (block // 64, warps, per_sm, reverse))]
+        xa = data[0].clone().requires_grad_()
+        v, _ = grpo_loss_from_logits(xa, *data[1:], backend="triton", **kw)
+        (g,) = torch.autograd.grad(v, xa)
+        assert v.item() == want[0].item() and torch.equal(g, want[1])
+    assert not LL.valid((3000, 8, 0, True)) and not LL.valid((65536, 4, 0, True))
+
+
+def test_env_config_is_checked(monkeypatch):
+    for bad in ("1000,8,0,1", "4096,16", "big,8,0,1"):
+        monkeypatch.setenv("GRPO_BENCH_LOGITS_LOSS_CFG", bad)
+        with pytest.raises(ValueError, match="GRPO_BENCH_LOGITS_LOSS_CFG"):
+            LL.config(50_257)
+    monkeypatch.setenv("GRPO_BENCH_LOGITS_LOSS_CFG", "4096,16,2,0")
+    assert LL.config(50_257) == (4096, 16, 2, False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="full-size kernel checks need a GPU")
+@pytest.mark.parametrize("v", [50_257, 151_936])
+def test_full_size_gpu(v, monkeypatch):
+    monkeypatch.undo()
+    compare(batch(b=4, g=8, t=64, v=v, seed=11), rtol=2e-5, loss=LOSSES["clipped"], aggregate="seq_mean_token_mean",
+            kl="k3", kl_coef=0.04)
