@@ -35,6 +35,16 @@ for spec in plan(abl):
     h.update(repr([r for r in rows if not r[1].startswith(("time/", "perf/"))]).encode())  # not the clocks
 print(cpu.state(), h.hexdigest())
 """
+LM = r"""
+import hashlib
+from grpo_bench.sweep.worker import train_group, RunSpec
+from grpo_bench.numerics import cpu
+cfg = {"task": {"name": "arithmetic_tiny", "prompts_per_step": 4, "pass_k": 0}, "epochs": 3, "group_size": 4,
+       "inner_steps": 2, "log_every": 1, "eval_every": 1, "lr": 1e-2, "seed": 0}
+(c, rows, summary, _), = train_group([RunSpec("lm", "v", {}, 0, cfg)])
+assert summary["status"] == "ok", summary
+print(cpu.state(), hashlib.sha256(repr([r for r in rows if not r[1].startswith(("time/", "perf/"))]).encode()).hexdigest())
+"""
 # every setting the libraries read, whatever this CPU supports (a value it lacks falls back)
 SETTINGS = [{}, {"MKL_CBWR": "COMPATIBLE"}, {"MKL_CBWR": "AUTO"}, {"MKL_CBWR": "AVX2"}, {"MKL_CBWR": "AVX512"},
             {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
@@ -42,11 +52,11 @@ SETTINGS = [{}, {"MKL_CBWR": "COMPATIBLE"}, {"MKL_CBWR": "AUTO"}, {"MKL_CBWR": "
             {"ONEDNN_MAX_CPU_ISA": "SSE41"}]
 
 
-def _toy(env: dict) -> tuple[str, str]:
+def _toy(env: dict, code: str = TOY) -> tuple[str, str]:
     clean = {k: v for k, v in os.environ.items()
              if k not in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
                           "GRPO_BENCH_CPU_NUMERICS")}
-    out = subprocess.run([sys.executable, "-c", TOY], cwd=ROOT, env=clean | env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean | env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     state, digest = out.stdout.split("\n")[-2].rsplit(" ", 1)
@@ -67,6 +77,18 @@ def test_toy_is_the_same_bits_under_every_instruction_set_setting():
     assert len({d for _, d in pinned}) == 1, got
     # the control: unpinned, the settings change the bits, so the agreement above is the pin's doing
     assert len({got[str(e)][1] for e in envs[len(SETTINGS):]}) > 1, f"the native paths agree here: {got}"
+
+
+@needs_mkl
+def test_a_short_lm_run_is_the_same_bits_under_each_library_setting():
+    """The tiny GPT-2 with LoRA (transformers' layers, the chunked log-probs, sampling): 3 rollouts x 2 steps."""
+    native = {"GRPO_BENCH_CPU_NUMERICS": "native"}
+    envs = [{}, {"MKL_CBWR": "COMPATIBLE"}, {"ATEN_CPU_CAPABILITY": "default"}, native,
+            native | {"ATEN_CPU_CAPABILITY": "default"}]
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda e: _toy(e, LM), envs))
+    assert len({d for _, d in got[:3]}) == 1 and {s for s, _ in got[:3]} == {cpu.PINNED}, got
+    assert len({d for _, d in got[3:]}) > 1, f"the native paths agree here: {got}"
 
 
 def test_a_late_pin_warns_and_says_what_is_in_force():

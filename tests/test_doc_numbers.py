@@ -1,0 +1,61 @@
+"""Numbers in README.md and docs/ that come from committed results are held to those files here.
+
+A table of mean ± std over seeds is recomputed from its directory's summary.csv; a sweep's
+"N s for M runs" from its sweep.json. `python tests/test_doc_numbers.py` prints every held table as
+it should read, to paste after a rerun.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (page, results directory, [(column header, summary.csv column)]): the tables the pages show
+TABLES = [
+    ("README.md", "loss_modes", [("final rollout reward", "final/reward"),
+                                 ("held-out exact-sort accuracy", "final/eval/accuracy")]),
+    *[("docs/results.md", d, [("final reward", "final/reward"), ("held-out accuracy", "final/eval/accuracy")])
+      for d in ("delta_modes", "kl_estimators", "ref_refresh")],
+]
+SWEEP = re.compile(r"\[report\]\((?:\.\./)?results/([\w-]+)/REPORT\.md\); (\d+) s for (\d+) runs")
+
+
+def table(directory: str, columns: list[tuple[str, str]]) -> str:
+    s = pd.read_csv(ROOT / "results" / directory / "summary.csv")
+    s = s[s.status == "ok"]
+    variants = json.loads((ROOT / "results" / directory / "ablation.json").read_text())["variants"]
+    lines = ["| variant | " + " | ".join(h for h, _ in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for v in variants:
+        rows = s[s.variant == v]
+        cells = [f"{rows[c].mean():.3f} ± {rows[c].std(ddof=1):.3f}" for _, c in columns]
+        lines.append(f"| `{v}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("page, directory, columns", TABLES, ids=[f"{p}:{d}" for p, d, _ in TABLES])
+def test_a_result_table_on_a_page_is_its_summary(page, directory, columns):
+    assert table(directory, columns) in (ROOT / page).read_text(), \
+        f"{page}'s {directory} table is not its summary.csv's; `python tests/test_doc_numbers.py` prints it"
+
+
+def test_a_sweep_time_on_a_page_is_its_sweep_json():
+    seen = 0
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for name, secs, runs in SWEEP.findall(page.read_text()):
+            sweep = json.loads((ROOT / "results" / name / "sweep.json").read_text())
+            assert (int(secs), int(runs)) == (round(sweep["wall_s"]), sweep["runs"]), (page.name, name, sweep)
+            seen += 1
+    assert seen >= 4  # README's loss_modes and arithmetic_lora, the three toy sweeps of docs/results.md
+
+
+if __name__ == "__main__":
+    for page, directory, columns in TABLES:
+        sweep = json.loads((ROOT / "results" / directory / "sweep.json").read_text())
+        print(f"{page}: {directory} ({round(sweep['wall_s'])} s for {sweep['runs']} runs)\n{table(directory, columns)}\n",
+              file=sys.stdout)
