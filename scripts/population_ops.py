@@ -6,13 +6,15 @@ A GPU runs a population as fast as the host can launch its kernels, so what the 
 epoch, counted on any device, predicts the GPU's pace: an ATen call is (about) a kernel launch
 or a host-side tensor op, a line of grpo_bench's Python is host time. A population whose every
 step is batched across members does the same count at every P; one that loops over members
-grows with P. Counted per epoch (the median over epochs 1.. of the harness's toy: loss_modes'
-clipped variant on sort_converge, no evaluation, backend torch), for each P:
-  aten_ops        calls that reach torch's dispatcher below autograd and vmap (TorchDispatchMode)
-  py_lines        lines of grpo_bench's own code executed (sys.settrace)
-  host_copies     aten::_to_copy / copy_ calls whose source is a CPU tensor (what becomes a host-to-device
-                  copy on a GPU) and .item()/tolist() reads of tensors (what becomes a device sync)
---device-path runs the paths a CUDA run takes (rng.device_streams) on the CPU, so that they are counted here.
+grows with P. Counted on the harness's toy (loss_modes' clipped variant on sort_converge, 10 inner
+steps an epoch, metrics logged every 10th epoch, no evaluation, backend torch), for each P:
+  aten_ops, py_lines, host_syncs   per epoch that logs nothing (the median over epochs 1..):
+      calls that reach torch's dispatcher below autograd and vmap (TorchDispatchMode), lines of
+      grpo_bench's own code executed (sys.settrace), and host syncs: reads of a tensor's value by
+      the host (.item(), .tolist(), bool()) and nonzero. An upper bound for a GPU: the toy's one_hot
+      checks its indices on the CPU (two reads a forward), on CUDA with a device assert instead
+  log_*   what an epoch that logs adds (its last step writes every member's metric rows)
+--device-path runs the paths a CUDA run takes (rng.DEVICE_PATHS) on the CPU, so that they are counted here.
 """
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ from grpo_bench.numerics import rng  # noqa: E402
 from grpo_bench.engine.trainer import train_population  # noqa: E402
 
 PACKAGE = str(ROOT / "grpo_bench")
-READS = {torch.ops.aten._local_scalar_dense.default}
+# what makes the host wait for a GPU: reading a value, or a result whose size depends on values
+READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default, torch.ops.aten.is_nonzero.default}
 
 
 class Counter(TorchDispatchMode):
@@ -85,21 +88,24 @@ def count(p: int, epochs: int) -> dict:
         sys.settrace(None)
     per = [tuple(b - a for a, b in zip(m0, m1)) for m0, m1 in zip(marks, marks[1:])]
     med = [statistics.median(x[i] for x in per) for i in range(3)]
-    return {"P": p, "aten_ops": int(med[0]), "py_lines": int(med[1]), "host_reads": int(med[2])}
+    top = [max(x[i] for x in per) - med[i] for i in range(3)]
+    names = ("aten_ops", "py_lines", "host_syncs")
+    return {"P": p, **{k: int(v) for k, v in zip(names, med)}, **{f"log_{k}": int(v) for k, v in zip(names, top)}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="8,64,256,1024")
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=12, help="the 10th logs")
     ap.add_argument("--device-path", action="store_true", help="count the paths a CUDA run takes (on the CPU)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    rng.DEVICE_STREAMS = True if args.device_path else None
-    print("P,aten_ops_per_epoch,py_lines_per_epoch,host_reads_per_epoch", flush=True)
-    for p in map(int, args.sizes.split(",")):
+    rng.DEVICE_PATHS = True if args.device_path else None
+    for i, p in enumerate(map(int, args.sizes.split(","))):
         r = count(p, args.epochs)
-        print(f"{r['P']},{r['aten_ops']},{r['py_lines']},{r['host_reads']}", flush=True)
+        if i == 0:
+            print(",".join(r), flush=True)
+        print(",".join(str(v) for v in r.values()), flush=True)
 
 
 if __name__ == "__main__":

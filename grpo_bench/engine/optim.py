@@ -44,6 +44,7 @@ class StackedOptimizer:
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params] if adam else []
         # the kernel reads the step from a device tensor: counted there in place, never copied from the host
         self.step_tensor = torch.zeros((), device=self.params[0].device) if self.params else None
+        self._groups = None
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -51,7 +52,9 @@ class StackedOptimizer:
 
     def groups(self) -> list[tuple[float, float, list[slice]]]:
         """(lr, weight decay, the slices of members it updates): one slice per member on the CPU, one per
-        run of consecutive members sharing both on a device."""
+        run of consecutive members sharing both on a device. Computed once: the members change only in keep()."""
+        if self._groups is not None:
+            return self._groups
         batched = bool(self.params) and rng.device_paths(self.params[0].device)
         out: dict[tuple[float, float], list[slice]] = {}
         last = None
@@ -62,7 +65,8 @@ class StackedOptimizer:
             else:
                 slices.append(slice(i, i + 1))
             last = key
-        return [(*key, slices) for key, slices in out.items()]
+        self._groups = [(*key, slices) for key, slices in out.items()]
+        return self._groups
 
     @torch.no_grad()
     def step(self) -> None:
@@ -84,6 +88,7 @@ class StackedOptimizer:
 
     def keep(self, idx: list[int]) -> None:
         """Only the members at idx go on (the others failed); rebind() then takes the narrowed parameters."""
+        self._groups = None
         self.lr = [self.lr[i] for i in idx]
         self.weight_decay = [self.weight_decay[i] for i in idx]
         self.exp_avg = [s[idx] for s in self.exp_avg]

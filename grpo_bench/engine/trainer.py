@@ -344,6 +344,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
     # per epoch, (1 + tails, P) of reward/mean and the tail metrics, kept where they were computed and read
     # in one copy when the population changes and at the end: no host sync per epoch
     history: list[Tensor] = []
+    ent_coef = None
 
     def log(step: int, per_member: list[dict[str, float]]) -> None:
         for m, d in zip(alive, per_member):
@@ -456,17 +457,17 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
         # a member's first non-finite loss this epoch, (step, value), noticed at the next host sync
         bad_step = torch.full((p,), -1, dtype=torch.long, device=params[0].device)
         bad_value = torch.zeros(p, device=params[0].device)
-        ent_coef = torch.tensor([c for _, c in pop.entropy], dtype=torch.float32, device=params[0].device)
+        if recipe.use_entropy or epoch == 0 or len(ent_coef) != p:  # only a controller or a failure changes it
+            ent_coef = torch.tensor([c for _, c in pop.entropy], dtype=torch.float32, device=params[0].device)
 
         def check(k: int) -> list[int]:
             """Fail the members whose loss went non-finite by inner step k (one host read); their indices."""
             nonlocal p, bad_step, bad_value, ent_coef
-            steps = bad_step.tolist()
-            bad = [i for i, b in enumerate(steps) if b >= 0]
+            bad = (bad_step >= 0).nonzero().flatten().tolist()
             if bad:
-                vals = bad_value.tolist()
-                fail(bad, [_raised(NonFiniteLoss(f"non-finite loss {vals[i]} at epoch {epoch}, inner step {steps[i]}"))
-                           for i in bad])
+                steps, vals = bad_step[bad].tolist(), bad_value[bad].tolist()
+                fail(bad, [_raised(NonFiniteLoss(f"non-finite loss {v} at epoch {epoch}, inner step {k_}"))
+                           for v, k_ in zip(vals, steps)])
                 if alive:
                     keep = [i for i in range(p) if i not in bad]
                     ep.keep(keep)
