@@ -494,3 +494,78 @@ def test_lm_sampling_and_pass_at_k_noise_is_the_seeds_and_shared_across_variants
     c_resp, c_eval = draws(1, 1e-3)   # same variant, another seed
     assert torch.equal(a_resp, b_resp) and torch.equal(a_eval, b_eval)
     assert not torch.equal(a_resp, c_resp) and not torch.equal(a_eval, c_eval)
+
+
+# --------------------------------------------------------------- the device paths (what a GPU runs)
+
+
+def _hash_reference(seed: int, key: tuple, i: int) -> int:
+    """rng.bits32 in plain Python integers, written from the hash's definition (lowbias32, three keyed rounds)."""
+    import hashlib
+
+    def mix(x):
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+    h = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little")
+    lo, hi = seed & 0xFFFFFFFF, seed >> 32
+    k0 = mix(mix(lo ^ (h & 0xFFFFFFFF)) ^ hi)
+    k1 = mix(mix(hi ^ (h >> 32)) ^ lo ^ 0x85EBCA6B)
+    return mix(((mix(mix(i ^ k0) + k1)) & 0xFFFFFFFF) ^ k0)
+
+
+def test_device_streams_are_the_hash_and_uniform():
+    """rng's counter-based streams: each element is the keyed hash of its index (a full-width Python reference,
+    so the split 16-bit multiply is exact), a seed's numbers do not depend on the other seeds drawn beside it,
+    and the uniforms and integers are evenly spread."""
+    seeds = torch.tensor([0, 7, 2**40 + 3])
+    bits = rng.bits32(seeds, ("sample", 4, 1), (3, 5))
+    for p, s in enumerate(seeds.tolist()):
+        assert bits[p].flatten().tolist() == [_hash_reference(s, ("sample", 4, 1), i) for i in range(15)]
+    assert torch.equal(rng.bits32(seeds[1:2], ("sample", 4, 1), (3, 5))[0], bits[1])   # alone as in a population
+    assert not torch.equal(rng.bits32(seeds, ("sample", 4, 2), (3, 5)), bits)          # another draw: other numbers
+    u = rng.uniform(torch.arange(64), ("u",), (4096,))
+    assert u.min() >= 0 and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.003 and abs(u.var().item() - 1 / 12) < 0.002
+    r = rng.randint(torch.arange(64), ("r",), (4096,), 6)
+    counts = torch.bincount(r.flatten(), minlength=6).double()
+    chi2 = ((counts - counts.mean()) ** 2 / counts.mean()).sum().item()
+    assert r.min() == 0 and r.max() == 5 and chi2 < 20.5  # 5 degrees of freedom: p = 0.001
+
+
+def _aten_ops_per_epoch(p: int) -> list[int]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+    cfgs = [resolve_run({**SORT, "seed": s, "epochs": 4, "eval_every": 0, "log_every": 100}) for s in range(p)]
+    marks = []
+    with Count():
+        train_population(cfgs, on_epoch=lambda _: marks.append(Count.n))
+    return [b - a for a, b in zip(marks, marks[1:-1])]  # the last epoch logs
+
+
+def test_device_paths_do_the_same_work_at_every_population_size(monkeypatch):
+    """On the paths a GPU takes, an epoch makes as many ATen calls (about: kernel launches) at P = 2 as at
+    P = 6: nothing loops over members. A draw or an optimizer view per member fails it; so do the CPU paths."""
+    monkeypatch.setattr(rng, "DEVICE_PATHS", True)
+    small, large = _aten_ops_per_epoch(2), _aten_ops_per_epoch(6)
+    assert small == large and len(small) == 2
+    monkeypatch.setattr(rng, "DEVICE_PATHS", False)
+    assert _aten_ops_per_epoch(6)[0] > _aten_ops_per_epoch(2)[0]
+
+
+def test_device_paths_keep_common_random_numbers(monkeypatch):
+    """On the device paths a run's numbers are still its own: seed 1 trains the same inside a population of
+    three as alone (to rounding: the CPU's fused optimizer rounds a run of members by a ulp here and there)."""
+    monkeypatch.setattr(rng, "DEVICE_PATHS", True)
+    together, alone = _both_ways([{**SORT, "seed": s, "eval_every": 0} for s in (5, 1, 9)])
+    (_, rows_p), (_, rows_a) = together[1], alone[1]
+    assert [r[:2] for r in _untimed(rows_p)] == [r[:2] for r in _untimed(rows_a)]
+    for (_, name, a), (_, _, b) in zip(_untimed(rows_p), _untimed(rows_a)):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-6), name
