@@ -57,16 +57,16 @@ TASKS = {
 TINY = {"toy": ("epochs=3", "inner_steps=2", "eval_every=0"),
         "lm": ("epochs=1", "task.prompts_per_step=2", "group_size=2", "task.sampling.max_new_tokens=8")}
 FIELDS = ["task", "population", "runs", "wall_s", "s_per_run", "runs_per_device_minute", "speedup",
-          "peak_mem_mb", "mem_per_member_mb", "cpu_cores_replaced", "device", "settings"]
+          "peak_mem_mb", "mem_per_member_mb", "cpu_cores_replaced", "cuda_graphs", "device", "settings"]
 
 
 class Deadline(Exception):
     """A case still training at its task's deadline: abandoned, the rows already written stay."""
 
 
-def configs(task: str, seeds: list[int], device: str, tiny: bool) -> list:
+def configs(task: str, seeds: list[int], device: str, tiny: bool, graphs: bool = False) -> list:
     spec = TASKS[task]
-    sets = [*spec["sets"], f"device={device}", *(TINY[task] if tiny else ())]
+    sets = [*spec["sets"], f"device={device}", *(TINY[task] if tiny else ()), *(["cuda_graphs=true"] if graphs else [])]
     abl = load_ablation(ROOT / "ablations" / f"{spec['ablation']}.yaml", seeds=max(seeds) + 1, sets=sets)
     runs = [s for s in plan(abl) if s.variant == spec["variant"] and s.seed in seeds]
     return [resolve_run(s.config, s.run_id) for s in runs]
@@ -126,11 +126,11 @@ def equality(task: str, alone: list[list], together: list[list]) -> list[dict]:
     return list(out.values())
 
 
-def profile(task: str, p: int, device: str, tiny: bool, out: Path) -> None:
+def profile(task: str, p: int, device: str, tiny: bool, out: Path, graphs: bool = False) -> None:
     """Top kernels of a short run of P members, and how busy the device was."""
     from torch.profiler import ProfilerActivity, profile as prof
 
-    cfgs = configs(task, list(range(p)), device, tiny)
+    cfgs = configs(task, list(range(p)), device, tiny, graphs)
     for c in cfgs:
         c.epochs = min(c.epochs, 3)
         c.eval_every = 0
@@ -150,14 +150,14 @@ def profile(task: str, p: int, device: str, tiny: bool, out: Path) -> None:
     syncs = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize"))
     row = {"task": task, "population": p, "epochs": cfgs[0].epochs, "wall_s": round(wall, 4),
            "device_busy_s": round(busy, 4), "device_busy_share": round(busy / wall, 4), "kernel_launches": launches,
-           "memcpy_calls": copies, "syncs": syncs, "device": device}
+           "memcpy_calls": copies, "syncs": syncs, "cuda_graphs": "on" if graphs else "off", "device": device}
     path = out / "population_profile.csv"
     old = list(csv.DictReader(path.open())) if path.exists() else []
     write(path, list(row), old + [row])
     head = (f"{task} P={p}, {cfgs[0].epochs} epochs x {cfgs[0].inner_steps} inner steps, device {device}: "
             f"wall {wall:.2f} s under the profiler, device busy {busy:.3f} s ({busy / wall:.1%} of wall), "
             f"{launches} kernel launches\n\n")
-    (out / f"profile_{task}_p{p}.txt").write_text(head + events.table(sort_by=key, row_limit=15) + "\n")
+    (out / f"profile_{task}_p{p}{'_graphs' if graphs else ''}.txt").write_text(head + events.table(sort_by=key, row_limit=15) + "\n")
 
 
 def cpu_runs_per_minute(task: str, tiny: bool) -> float:
@@ -181,6 +181,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny sizes (the script's CPU test)")
     ap.add_argument("--tasks", default="toy,lm")
+    ap.add_argument("--graphs", default="both", choices=("off", "on", "both"),
+                    help="the toy's P > 1 with cuda_graphs off, on or both (CUDA only; the LM is never graphed)")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_population.py: --device cuda but torch.cuda.is_available() is False (use --device cpu)")
@@ -194,10 +196,13 @@ def main() -> None:
         start = time.perf_counter()
         deadline = start + budgets[task]
         sizes = ((1, 2, 3) if task == "toy" else (1, 2)) if args.tiny else TASKS[task]["sizes"]
+        modes = {"off": [False], "on": [True], "both": [False, True]}[args.graphs]
+        if task != "toy" or args.device != "cuda":
+            modes = [False]  # a captured step needs CUDA and the toy's static step
         train(configs(task, [0], args.device, args.tiny)[:1], args.device)  # warm-up: CUDA context, kernels, caches
         cpu_rate = cpu_runs_per_minute(task, args.tiny)
         base, alone_rows = None, None
-        for p in sizes:
+        for p, graphs in [(p, g) for p in sizes for g in ([False] if p == 1 else modes)]:
             if time.perf_counter() > deadline:
                 print(f"{task} P={p}: skipped, the task's {budgets[task]:.0f} s budget is spent", flush=True)
                 continue
@@ -209,8 +214,8 @@ def main() -> None:
                         walls.append(wall), peaks.append(peak), alone_rows.extend(r)
                     wall, peak, runs = sum(walls), max(peaks), 2
                 else:
-                    wall, peak, together = train(configs(task, list(range(p)), args.device, args.tiny), args.device,
-                                                 deadline)
+                    wall, peak, together = train(configs(task, list(range(p)), args.device, args.tiny, graphs),
+                                                 args.device, deadline)
                     runs = p
             except Deadline:
                 print(f"{task} P={p}: stopped at the task's {budgets[task]:.0f} s deadline", flush=True)
@@ -221,20 +226,20 @@ def main() -> None:
             per_run = wall / runs
             if p == 1:
                 base = (per_run, peak)
-            row = {"task": task, "population": p, "runs": runs, "wall_s": float(f"{wall:.6g}"), "s_per_run": float(f"{per_run:.6g}"),
-                   "runs_per_device_minute": round(60 / per_run, 2), "speedup": round(base[0] / per_run, 2),
-                   "peak_mem_mb": round(peak, 1),
+            row = {"task": task, "population": p, "runs": runs, "wall_s": float(f"{wall:.6g}"),
+                   "s_per_run": float(f"{per_run:.6g}"), "runs_per_device_minute": round(60 / per_run, 2),
+                   "speedup": round(base[0] / per_run, 2), "peak_mem_mb": round(peak, 1),
                    "mem_per_member_mb": round((peak - base[1]) / (p - 1), 2) if p > 1 and not math.isnan(peak) else "",
-                   "cpu_cores_replaced": round(60 / per_run / cpu_rate, 2),
+                   "cpu_cores_replaced": round(60 / per_run / cpu_rate, 2), "cuda_graphs": "on" if graphs else "off",
                    "device": name, "settings": " ".join(TASKS[task]["sets"] + (TINY[task] if args.tiny else ()))}
             rows.append(row)
             write(out / "population.csv", FIELDS, rows)
             print(row, flush=True)
         done = [r["population"] for r in rows if r["task"] == task]
-        for p in sorted({1, max(done, default=1)}):
+        for p, graphs in [(1, False)] + [(max(done, default=1), g) for g in modes if max(done, default=1) > 1]:
             if time.perf_counter() - start > budgets[task] * 1.25:
                 break
-            profile(task, p, args.device, args.tiny, out)
+            profile(task, p, args.device, args.tiny, out, graphs)
 
 
 if __name__ == "__main__":

@@ -569,3 +569,20 @@ def test_device_paths_keep_common_random_numbers(monkeypatch):
     assert [r[:2] for r in _untimed(rows_p)] == [r[:2] for r in _untimed(rows_a)]
     for (_, name, a), (_, _, b) in zip(_untimed(rows_p), _untimed(rows_a)):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-6), name
+
+
+def test_a_graphed_step_reads_each_epochs_inputs(monkeypatch):
+    """cuda_graphs: the step a CUDA graph replays, run on the CPU through the graph's own copies of its inputs,
+    gives every row and failure of the eager steps: each epoch's tensors reach the copies (stale ones would
+    train on epoch 0's batch), the step index reaches the failure message, bad members are found."""
+    from grpo_bench.engine.graphs import StepGraph
+    monkeypatch.setattr(StepGraph, "devices", ("cuda", "cpu"))
+    raws = [{**SORT, "seed": s, "optimizer": "sgd", "lr": lr, "log_every": 2}
+            for s, lr in [(0, 0.05), (1, 1e30), (2, 0.05)]]
+    runs = []
+    for graphs in (False, True):
+        cfgs = [resolve_run({**copy.deepcopy(r), "cuda_graphs": graphs}) for r in raws]
+        rows = [[] for _ in cfgs]
+        results = train_population(cfgs, rows)
+        runs.append(([_untimed(r) for r in rows], [r if isinstance(r, dict) else str(r) for r in results]))
+    assert runs[0] == runs[1] and "non-finite loss" in runs[0][1][1]

@@ -58,6 +58,7 @@ from ..algos.corrections import mismatch
 from ..algos.deltas import Extra
 from ..config.run import RunConfig, task_name
 from ..store.metrics import tail as tail_metrics
+from .graphs import StepGraph
 from .optim import StackedOptimizer, clip_grad_norm, clip_limits
 from .recipe import Recipe
 from ..tasks import Rollout
@@ -345,6 +346,12 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
     # in one copy when the population changes and at the end: no host sync per epoch
     history: list[Tensor] = []
     ent_coef = None
+    k_t = torch.zeros((), dtype=torch.long, device=params[0].device)  # the inner step, for a captured step to read
+    # a CUDA graph of the inner step where it is static (RunConfig.cuda_graphs); dropped when a member fails
+    graphable = (cfg.cuda_graphs and params[0].device.type in StepGraph.devices and getattr(task, "graphable", False)
+                 and cfg.inner_steps > 1 and not step_filters and not loss_per_member and sampler is None
+                 and not recipe.use_entropy)
+    graph = None
 
     def log(step: int, per_member: list[dict[str, float]]) -> None:
         for m, d in zip(alive, per_member):
@@ -379,8 +386,9 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
         history.clear()
 
     def fail(bad: list[int], errors: list[Exception]) -> None:
-        nonlocal params, max_norm, limit, samples
+        nonlocal params, max_norm, limit, samples, graph
         flush()
+        graph = None  # the population's shapes change: a new graph, captured after its warm-up
         for i, e in zip(bad, errors):
             results[alive[i]] = e
         idx = [i for i in range(len(alive)) if i not in bad]
@@ -456,7 +464,9 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
                                     for name in ["reward/mean", *tail_metrics(type(task))]]))
         # a member's first non-finite loss this epoch, (step, value), noticed at the next host sync
         bad_step = torch.full((p,), -1, dtype=torch.long, device=params[0].device)
-        bad_value = torch.zeros(p, device=params[0].device)
+        bad_value = torch.zeros(p, dtype=torch.float64, device=params[0].device)
+        if graph is None and graphable and alive:
+            graph = StepGraph(None, shared=("k",))  # k_t: filled in place before every step
         if recipe.use_entropy or epoch == 0 or len(ent_coef) != p:  # only a controller or a failure changes it
             ent_coef = torch.tensor([c for _, c in pop.entropy], dtype=torch.float32, device=params[0].device)
 
@@ -479,7 +489,8 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
             step = epoch * cfg.inner_steps + k
             t1 = time.perf_counter()
             ro = ep.ro
-            logp, entropy = first if first is not None else task.logprobs(ro)
+            graphed = graph is not None and first is None
+            logp, entropy = (None, None) if graphed else first if first is not None else task.logprobs(ro)
             first = None
             gate, filter_metrics = None, {}
             if step_filters:
@@ -493,18 +504,39 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
                 return recipe.loss(logp_, old, ref, d, mask_, gate_, kl_coef=beta, numbers=numbers, entropy=ent,
                                    entropy_coef=ent_coef, positive=positive, sampler_logp=sampled)
 
-            value, stats = pop.map(loss_fn, logp, ep.old_logp, ep.ref_logp if recipe.loss_ref else None, ep.deltas,
-                                   ro.mask, gate, ep.kl_coef, entropy if recipe.use_entropy else None, ent_coef,
-                                   ro.rewards > 0, ro.sampler_logp, per_member=loss_per_member, key=("loss", step))
-            finite = torch.isfinite(value)
-            # a member whose loss is not finite gives no gradient to the others, with no host sync to find it
-            new = ~finite & (bad_step < 0)
-            bad_step = torch.where(new, k, bad_step)
-            bad_value = torch.where(new, value.detach(), bad_value)
-            opt.zero_grad()
-            torch.where(finite, value, torch.zeros_like(value)).sum().backward()
-            gnorm = clip_grad_norm(params, limit)
-            opt.step()
+            def update(ro_: Rollout, logp_: Tensor, entropy_: Tensor | None, gate_: Tensor | None, s: dict) -> tuple:
+                """Loss, backward, clipping and the optimizer on the epoch's tensors `s`; a member's first non-finite
+                loss (step, value) into s's bad_step and bad_value in place. No host sync: a CUDA graph replays it."""
+                value_, stats_ = pop.map(loss_fn, logp_, s["old_logp"], s.get("ref_logp"), s["deltas"], ro_.mask,
+                                         gate_, s["kl_coef"], entropy_ if recipe.use_entropy else None, s["ent_coef"],
+                                         ro_.rewards > 0, ro_.sampler_logp, per_member=loss_per_member,
+                                         key=("loss", step))
+                finite = torch.isfinite(value_)
+                # a member whose loss is not finite gives no gradient to the others, with no host sync to find it
+                new = ~finite & (s["bad_step"] < 0)
+                s["bad_step"].copy_(torch.where(new, s["k"], s["bad_step"]))
+                s["bad_value"].copy_(torch.where(new, value_.detach().double(), s["bad_value"]))
+                opt.zero_grad()
+                torch.where(finite, value_, torch.zeros_like(value_)).sum().backward()
+                gnorm_ = clip_grad_norm(params, limit)
+                opt.step()
+                return value_, stats_, gnorm_, logp_, entropy_, s["bad_step"], s["bad_value"]
+
+            k_t.fill_(k)
+            state = {"old_logp": ep.old_logp, "deltas": ep.deltas, "kl_coef": ep.kl_coef, "ent_coef": ent_coef,
+                     "k": k_t, "bad_step": bad_step, "bad_value": bad_value}
+            if recipe.loss_ref:
+                state["ref_logp"] = ep.ref_logp
+            if graph is not None and first is None:
+                def captured(s: dict) -> tuple:  # the toy's log-probs read its prompts and responses only
+                    ro_ = ep.ro.replace(prompts=s["prompts"], responses=s["responses"], mask=s["mask"],
+                                        rewards=s["rewards"])
+                    return update(ro_, *task.logprobs(ro_), None, s)
+                graph.fn = captured
+                state |= {"prompts": ro.prompts, "responses": ro.responses, "mask": ro.mask, "rewards": ro.rewards}
+                value, stats, gnorm, logp, entropy, bad_step, bad_value = graph(state)
+            else:
+                value, stats, gnorm, logp, entropy, bad_step, bad_value = update(ro, logp, entropy, gate, state)
             if sampler is not None:
                 sampler.updated(params)
             if recipe.use_entropy:  # each member's controller, from the mean entropy of its step

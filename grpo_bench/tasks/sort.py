@@ -173,6 +173,9 @@ class SortTask:
     headroom = (0.060, 0.939, "the default recipe (z-score, PPO clip 0.2, per-response mean, no KL) on "
                 "sort_converge, 600 rollouts x 10 steps, 20 seeds: results/dapo_ladder_sort `grpo`")
     margin_fraction = 0.05
+    # its log-probs read a rollout's prompts and responses only, so a captured training step (cuda_graphs,
+    # engine/graphs.py) can read them from the graph's buffers
+    graphable = True
     # parts that do the same on this task: every response has exactly n tokens (the budget), never cut off
     inert = {"aggregate": (("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "prompt_mean"),
                            "every toy response has exactly n tokens, so these aggregations are one average"),
