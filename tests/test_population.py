@@ -586,3 +586,16 @@ def test_a_graphed_step_reads_each_epochs_inputs(monkeypatch):
         results = train_population(cfgs, rows)
         runs.append(([_untimed(r) for r in rows], [r if isinstance(r, dict) else str(r) for r in results]))
     assert runs[0] == runs[1] and "non-finite loss" in runs[0][1][1]
+
+
+def test_lm_device_streams_keep_common_random_numbers(monkeypatch):
+    """The LM on the device paths (its sampling noise from rng.DeviceStreams, one draw a token for every member):
+    seed 1's samples are its own, the same inside a population as alone, and other than seed 0's."""
+    monkeypatch.setattr(rng, "DEVICE_PATHS", True)
+    together, alone = _both_ways([{**LM, "seed": s, "epochs": 2, "eval_every": 0} for s in (0, 1)])
+    untimed = [[r for r in _untimed(rows) if r[1] in ("reward/mean", "response/length")] for _, rows in together]
+    assert untimed[1] == [r for r in _untimed(alone[1][1]) if r[1] in ("reward/mean", "response/length")]
+    assert untimed[0] != untimed[1]
+    streams = rng.DeviceStreams(torch.tensor([4, 4]), "sample", 0, 0)
+    first, second = streams.rand(3), streams.rand(3)
+    assert torch.equal(first[0], first[1]) and not torch.equal(first, second)  # a seed's own, drawn in order

@@ -88,3 +88,20 @@ def randint(seeds: torch.Tensor, key: tuple, shape: tuple[int, ...], high: int) 
     if not 0 < high < 2 ** 31:
         raise ValueError(f"high: expected 0 < high < 2**31, got {high}")
     return (bits32(seeds, key, shape) * high) >> 32
+
+
+class DeviceStreams:
+    """Each member's stream on the device, drawn in order as a list of CPU generators is: draw d of member p
+    is uniform((seeds[p], *key, d)). What an LM's generation loop takes for its sampling noise on a GPU (one
+    draw a token, every member at once, nothing copied from the host)."""
+
+    def __init__(self, seeds: torch.Tensor, *key):
+        self.seeds, self.key, self.draws = seeds, key, 0
+
+    def __len__(self) -> int:
+        return len(self.seeds)
+
+    def rand(self, *shape: int) -> torch.Tensor:
+        """(P, *shape) uniforms in [0, 1): every member's next draw."""
+        self.draws += 1
+        return uniform(self.seeds, (*self.key, self.draws - 1), shape)
