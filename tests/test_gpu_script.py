@@ -85,6 +85,20 @@ def test_population_script_measures_and_compares_members_on_cpu(tmp_path):
     # on CPU a member's numbers are bitwise those it has alone (tests/test_population.py); the file says so
     assert all(int(x["rows"]) > 0 and x["bitwise_equal"] == x["rows"] and float(x["max_abs_diff"]) == 0 for x in eq)
     assert (tmp_path / "profile_toy_p1.txt").read_text().startswith("toy P=1, ")
+    # one CPU core's rate, measured in the same process, against each row's
+    assert all(float(x["cpu_cores_replaced"]) > 0 for x in rows) and "one CPU core, P=2:" in r.stdout
+    prof = list(csv.DictReader((tmp_path / "population_profile.csv").open()))
+    assert [int(x["population"]) for x in prof] == [1, 3] and all(int(x["kernel_launches"]) == 0 for x in prof)
+
+
+def test_population_case_stops_at_its_deadline():
+    """A case still training at its task's deadline raises Deadline after an epoch (the script skips its row)."""
+    import time
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_population
+    cfgs = gpu_population.configs("toy", [0, 1], "cpu", tiny=True)
+    with pytest.raises(gpu_population.Deadline):
+        gpu_population.train(cfgs, "cpu", deadline=time.perf_counter())
 
 
 def test_readme_quotes_the_gpu_population_table_as_measured():

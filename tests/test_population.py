@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from grpo_bench.config.run import resolve_run
+from grpo_bench.numerics import rng
 from grpo_bench.engine.optim import StackedOptimizer, clip_grad_norm
 from grpo_bench.sweep.worker import RunSpec, populations, population_key
 from grpo_bench.engine.trainer import NonFiniteLoss, train, train_population
@@ -135,17 +136,25 @@ def test_members_must_share_their_structure():
 # --------------------------------------------------------------------- the optimiser
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["cpu", "device_paths"])
 @pytest.mark.parametrize("kind", ["adam", "adamw", "sgd"])
-def test_stacked_optimizer_equals_torch_on_each_member(kind):
+def test_stacked_optimizer_equals_torch_on_each_member(kind, batched, monkeypatch):
     """One optimiser over (P, ...) parameters equals torch.optim's on each member alone, to the bit,
-    each member with its own learning rate and weight decay."""
+    each member with its own learning rate and weight decay. On the device paths members 0-1 and 3-4,
+    which share theirs, go through one fused call each, over slices whose odd sizes (7, 1031) put the
+    CPU kernel's vector tail elsewhere than alone: equal within rounding there (bitwise on CUDA)."""
+    monkeypatch.setattr(rng, "DEVICE_PATHS", batched)
     gen = torch.Generator().manual_seed(0)
-    lr, wd = [1e-2, 3e-3, 1e-2], [0.0, 0.1, 0.05]
-    stacked = [torch.randn(3, 5, 4, generator=gen).requires_grad_(), torch.randn(3, 7, generator=gen).requires_grad_()]
-    alone = [[p[i].detach().clone().requires_grad_() for p in stacked] for i in range(3)]
+    lr, wd = [1e-2, 1e-2, 3e-3, 1e-2, 1e-2], [0.1, 0.1, 0.1, 0.05, 0.05]
+    stacked = [torch.randn(5, 5, 4, generator=gen).requires_grad_(), torch.randn(5, 7, generator=gen).requires_grad_(),
+               torch.randn(5, 1031, generator=gen).requires_grad_()]
+    alone = [[p[i].detach().clone().requires_grad_() for p in stacked] for i in range(5)]
     cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[kind]
     torch_opts = [cls(ps, lr=lr[i], weight_decay=wd[i], fused=True) for i, ps in enumerate(alone)]
     opt = StackedOptimizer(stacked, kind, lr, wd)
+    one = lambda *i: [slice(j, j + 1) for j in i]  # noqa: E731
+    assert [g[2] for g in opt.groups()] == ([[slice(0, 2)], [slice(2, 3)], [slice(3, 5)]] if batched else
+                                            [one(0, 1), one(2), one(3, 4)])
     for _ in range(4):
         grads = [torch.randn(p.shape, generator=gen) for p in stacked]
         for p, g in zip(stacked, grads):
@@ -156,12 +165,13 @@ def test_stacked_optimizer_equals_torch_on_each_member(kind):
         opt.step()
         for o in torch_opts:
             o.step()
-    for i in range(3):
+    for i in range(5):
         for p, q in zip(stacked, alone[i]):
-            assert torch.equal(p[i], q)
-    # and to torch's default (not fused) implementation within rounding
-    ref = [p[0].detach().clone().requires_grad_() for p in stacked]
-    assert all(torch.isfinite(p).all() for p in ref)
+            if batched:
+                torch.testing.assert_close(p[i], q, rtol=1e-6, atol=1e-7)
+            else:
+                assert torch.equal(p[i], q)
+    assert not torch.equal(stacked[0][0], alone[1][0])  # a member's update is its own, not a neighbour's
 
 
 def test_clipping_is_each_members_own_global_norm():
@@ -484,3 +494,108 @@ def test_lm_sampling_and_pass_at_k_noise_is_the_seeds_and_shared_across_variants
     c_resp, c_eval = draws(1, 1e-3)   # same variant, another seed
     assert torch.equal(a_resp, b_resp) and torch.equal(a_eval, b_eval)
     assert not torch.equal(a_resp, c_resp) and not torch.equal(a_eval, c_eval)
+
+
+# --------------------------------------------------------------- the device paths (what a GPU runs)
+
+
+def _hash_reference(seed: int, key: tuple, i: int) -> int:
+    """rng.bits32 in plain Python integers, written from the hash's definition (lowbias32, three keyed rounds)."""
+    import hashlib
+
+    def mix(x):
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+    h = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little")
+    lo, hi = seed & 0xFFFFFFFF, seed >> 32
+    k0 = mix(mix(lo ^ (h & 0xFFFFFFFF)) ^ hi)
+    k1 = mix(mix(hi ^ (h >> 32)) ^ lo ^ 0x85EBCA6B)
+    return mix(((mix(mix(i ^ k0) + k1)) & 0xFFFFFFFF) ^ k0)
+
+
+def test_device_streams_are_the_hash_and_uniform():
+    """rng's counter-based streams: each element is the keyed hash of its index (a full-width Python reference,
+    so the split 16-bit multiply is exact), a seed's numbers do not depend on the other seeds drawn beside it,
+    and the uniforms and integers are evenly spread."""
+    seeds = torch.tensor([0, 7, 2**40 + 3])
+    bits = rng.bits32(seeds, ("sample", 4, 1), (3, 5))
+    for p, s in enumerate(seeds.tolist()):
+        assert bits[p].flatten().tolist() == [_hash_reference(s, ("sample", 4, 1), i) for i in range(15)]
+    assert torch.equal(rng.bits32(seeds[1:2], ("sample", 4, 1), (3, 5))[0], bits[1])   # alone as in a population
+    assert not torch.equal(rng.bits32(seeds, ("sample", 4, 2), (3, 5)), bits)          # another draw: other numbers
+    u = rng.uniform(torch.arange(64), ("u",), (4096,))
+    assert u.min() >= 0 and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.003 and abs(u.var().item() - 1 / 12) < 0.002
+    r = rng.randint(torch.arange(64), ("r",), (4096,), 6)
+    counts = torch.bincount(r.flatten(), minlength=6).double()
+    chi2 = ((counts - counts.mean()) ** 2 / counts.mean()).sum().item()
+    assert r.min() == 0 and r.max() == 5 and chi2 < 20.5  # 5 degrees of freedom: p = 0.001
+
+
+def _aten_ops_per_epoch(p: int) -> list[int]:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+    cfgs = [resolve_run({**SORT, "seed": s, "epochs": 4, "eval_every": 0, "log_every": 100}) for s in range(p)]
+    marks = []
+    with Count():
+        train_population(cfgs, on_epoch=lambda _: marks.append(Count.n))
+    return [b - a for a, b in zip(marks, marks[1:-1])]  # the last epoch logs
+
+
+def test_device_paths_do_the_same_work_at_every_population_size(monkeypatch):
+    """On the paths a GPU takes, an epoch makes as many ATen calls (about: kernel launches) at P = 2 as at
+    P = 6: nothing loops over members. A draw or an optimizer view per member fails it; so do the CPU paths."""
+    monkeypatch.setattr(rng, "DEVICE_PATHS", True)
+    small, large = _aten_ops_per_epoch(2), _aten_ops_per_epoch(6)
+    assert small == large and len(small) == 2
+    monkeypatch.setattr(rng, "DEVICE_PATHS", False)
+    assert _aten_ops_per_epoch(6)[0] > _aten_ops_per_epoch(2)[0]
+
+
+def test_device_paths_keep_common_random_numbers(monkeypatch):
+    """On the device paths a run's numbers are still its own: seed 1 trains the same inside a population of
+    three as alone (to rounding: the CPU's fused optimizer rounds a run of members by a ulp here and there)."""
+    monkeypatch.setattr(rng, "DEVICE_PATHS", True)
+    together, alone = _both_ways([{**SORT, "seed": s, "eval_every": 0} for s in (5, 1, 9)])
+    (_, rows_p), (_, rows_a) = together[1], alone[1]
+    assert [r[:2] for r in _untimed(rows_p)] == [r[:2] for r in _untimed(rows_a)]
+    for (_, name, a), (_, _, b) in zip(_untimed(rows_p), _untimed(rows_a)):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-6), name
+
+
+def test_a_graphed_step_reads_each_epochs_inputs(monkeypatch):
+    """cuda_graphs: the step a CUDA graph replays, run on the CPU through the graph's own copies of its inputs,
+    gives every row and failure of the eager steps: each epoch's tensors reach the copies (stale ones would
+    train on epoch 0's batch), the step index reaches the failure message, bad members are found."""
+    from grpo_bench.engine.graphs import StepGraph
+    monkeypatch.setattr(StepGraph, "devices", ("cuda", "cpu"))
+    raws = [{**SORT, "seed": s, "optimizer": "sgd", "lr": lr, "log_every": 2}
+            for s, lr in [(0, 0.05), (1, 1e30), (2, 0.05)]]
+    runs = []
+    for graphs in (False, True):
+        cfgs = [resolve_run({**copy.deepcopy(r), "cuda_graphs": graphs}) for r in raws]
+        rows = [[] for _ in cfgs]
+        results = train_population(cfgs, rows)
+        runs.append(([_untimed(r) for r in rows], [r if isinstance(r, dict) else str(r) for r in results]))
+    assert runs[0] == runs[1] and "non-finite loss" in runs[0][1][1]
+
+
+def test_lm_device_streams_keep_common_random_numbers(monkeypatch):
+    """The LM on the device paths (its sampling noise from rng.DeviceStreams, one draw a token for every member):
+    seed 1's samples are its own, the same inside a population as alone, and other than seed 0's."""
+    monkeypatch.setattr(rng, "DEVICE_PATHS", True)
+    together, alone = _both_ways([{**LM, "seed": s, "epochs": 2, "eval_every": 0} for s in (0, 1)])
+    untimed = [[r for r in _untimed(rows) if r[1] in ("reward/mean", "response/length")] for _, rows in together]
+    assert untimed[1] == [r for r in _untimed(alone[1][1]) if r[1] in ("reward/mean", "response/length")]
+    assert untimed[0] != untimed[1]
+    streams = rng.DeviceStreams(torch.tensor([4, 4]), "sample", 0, 0)
+    first, second = streams.rand(3), streams.rand(3)
+    assert torch.equal(first[0], first[1]) and not torch.equal(first, second)  # a seed's own, drawn in order

@@ -30,7 +30,8 @@ SEED_LIMIT = 2**63
 MAX_SEEDS = 100_000  # a bound on `seeds: N`: 10**9 would allocate the plan before a single run
 
 
-# the metadata of a task field added after results were published: absent from run_dict at its default
+# the metadata of a field (a task's or the run's) added after results were published: absent from run_dict
+# at its default
 NEW_OPTION = {"absent_at_default": True}
 
 Part = Union[str, dict]  # a registered name, or {name: <name>, <param>: <value>, ...}
@@ -126,6 +127,10 @@ class RunConfig:
     device: str = "auto"
     """cpu, cuda, or auto: cuda where a GPU is and does this task's runs faster than this machine's CPU workers
     (the task's measured `gpu_replaces_cores` exceeds the cores here), else cpu; a run's config records which."""
+    cuda_graphs: bool = field(default=False, metadata=NEW_OPTION)
+    """On CUDA, capture one inner training step of the toy as a CUDA graph and replay it (engine/graphs.py): one
+    launch a step instead of hundreds. Only where the step is static (inner_steps > 1, no step filter, no per-member
+    or Triton loss, no sampler, no entropy controller); elsewhere, and if capture fails, steps run as usual."""
     include: list = field(default_factory=list)
     """The user's Python files or directories (absolute paths) whose `@register`ed parts and tasks this run uses; an ablation's `include:` and `--include` fill it."""
     sampler: SamplerSection = field(default_factory=SamplerSection)
@@ -362,6 +367,9 @@ def run_dict(cfg: RunConfig) -> dict:
         # never set it stay what they were (a task field marked field(..., metadata=NEW_OPTION))
         if f.metadata.get("absent_at_default") and d["task"][f.name] == f.default:
             del d["task"][f.name]
+    for f in dataclasses.fields(cfg):
+        if f.metadata.get("absent_at_default") and d[f.name] == f.default:
+            del d[f.name]
     if not d["include"]:  # absent, not [], so the ids of runs without user code stay what they were
         del d["include"]
     return d

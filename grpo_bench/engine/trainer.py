@@ -44,6 +44,7 @@ import collections
 import copy
 import dataclasses
 import inspect
+import math
 import os
 import time
 
@@ -58,7 +59,8 @@ from ..algos.corrections import mismatch
 from ..algos.deltas import Extra
 from ..config.run import RunConfig, task_name
 from ..store.metrics import tail as tail_metrics
-from .optim import StackedOptimizer, clip_grad_norm
+from .graphs import StepGraph
+from .optim import StackedOptimizer, clip_grad_norm, clip_limits
 from .recipe import Recipe
 from ..tasks import Rollout
 
@@ -90,6 +92,7 @@ class Population:
         keys = [k for k in head.numbers() if "." in k] + ["nll_coef"]   # the parts' float parameters, NLL's weight
         self.numbers = {k: torch.tensor([r.numbers()[k] for r in self.recipes]) for k in keys}  # (P,) fp32
         self.entropy = [(r.entropy_state, r.entropy_coef) for r in self.recipes]  # each controller's (state, coef)
+        self._on_device: tuple = (None, None)  # (device, numbers there): copied once, not at every map
 
     def __len__(self) -> int:
         return len(self.recipes)
@@ -100,6 +103,7 @@ class Population:
         self.kl_coef = [self.kl_coef[i] for i in idx]
         self.entropy = [self.entropy[i] for i in idx]
         self.numbers = {k: v[idx] for k, v in self.numbers.items()}
+        self._on_device = (None, None)
 
     def map(self, fn, *args, per_member: bool, key: tuple = ()):
         """fn(*member_args, numbers=...) for every member, outputs stacked on a leading axis.
@@ -113,7 +117,9 @@ class Population:
         if device is not None:
             # vmap batches a (P,) tensor into one element per member, which is no longer the 0-dim CPU
             # scalar that CUDA ops accept beside CUDA tensors: numbers and coefficients go to the device
-            numbers = {k: v.to(device) for k, v in numbers.items()}
+            if self._on_device[0] != device:
+                self._on_device = (device, {k: v.to(device) for k, v in numbers.items()})
+            numbers = self._on_device[1]
             args = tuple(a.to(device) if isinstance(a, Tensor) else a for a in args)
         if not per_member:
             dims = tuple(None if a is None else 0 for a in args)
@@ -265,7 +271,7 @@ def _rows(metrics: dict[str, Tensor | list | float], p: int) -> list[dict[str, f
     tensors = {k: v for k, v in metrics.items() if isinstance(v, Tensor)}
     out = [{} for _ in range(p)]
     if tensors:
-        table = torch.stack([v.detach().double().reshape(p).cpu() for v in tensors.values()], 1).tolist()
+        table = _to_host([v.detach().double().reshape(p) for v in tensors.values()]).t().tolist()
         for d, row in zip(out, table):
             # NaN: not measured for this member (e.g. no correct answer to take a length of), as alone
             d.update((k, v) for k, v in zip(tensors, row) if v == v)
@@ -274,6 +280,18 @@ def _rows(metrics: dict[str, Tensor | list | float], p: int) -> list[dict[str, f
             for d, x in zip(out, v if isinstance(v, list) else [v] * p):
                 d[k] = float(x)
     return out
+
+
+def _to_host(values: list[Tensor]) -> Tensor:
+    """Equal-shaped tensors stacked on the CPU, with one device-to-host copy per device (not one per tensor)."""
+    by_device: dict[torch.device, list[int]] = {}
+    for i, v in enumerate(values):
+        by_device.setdefault(v.device, []).append(i)
+    out: list = [None] * len(values)
+    for idx in by_device.values():
+        for i, v in zip(idx, torch.stack([values[i] for i in idx]).cpu()):
+            out[i] = v
+    return torch.stack(out)
 
 
 def train(cfg: RunConfig, rows: list[Row] | None = None, outcomes: list[Outcome] | None = None) -> dict:
@@ -321,6 +339,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
     opt = StackedOptimizer(params, cfg.optimizer, [c.lr for c in cfgs], [c.weight_decay for c in cfgs])
     sampler = Sampler(task.policy, params, cfg.sampler) if cfg.sampler.active else None
     max_norm = [c.max_grad_norm for c in cfgs]
+    limit = clip_limits(max_norm, params[0].device)
     alive = list(range(len(cfgs)))            # which run each member is
     results: list = [None] * len(cfgs)
     budget = cfg.task.generation_budget
@@ -334,7 +353,17 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
     # per-rollout metrics declared `tail` (grpo_bench/store/metrics.py), summarised as final/<metric> over the
     # last 10% of epochs (final/reward is reward/mean's): what a claim naming a training metric is judged on
     tails: list[dict[str, list[float]]] = [{m: [] for m in tail_metrics(type(task))} for _ in cfgs]
-    samples = [0.0] * len(cfgs)
+    samples = torch.zeros(len(cfgs), dtype=torch.float64)  # responses drawn so far, per member alive
+    # per epoch, (1 + tails, P) of reward/mean and the tail metrics, kept where they were computed and read
+    # in one copy when the population changes and at the end: no host sync per epoch
+    history: list[Tensor] = []
+    ent_coef = None
+    k_t = torch.zeros((), dtype=torch.long, device=params[0].device)  # the inner step, for a captured step to read
+    # a CUDA graph of the inner step where it is static (RunConfig.cuda_graphs); dropped when a member fails
+    graphable = (cfg.cuda_graphs and params[0].device.type in StepGraph.devices and getattr(task, "graphable", False)
+                 and cfg.inner_steps > 1 and not step_filters and not loss_per_member and sampler is None
+                 and not recipe.use_entropy)
+    graph = None
 
     def log(step: int, per_member: list[dict[str, float]]) -> None:
         for m, d in zip(alive, per_member):
@@ -355,8 +384,23 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
             fail(list(failed), list(failed.values()))
         return [d for i, d in enumerate(evals) if i not in failed]
 
+    def flush() -> None:
+        """The epoch history of every member alive, from its device tensors to each run's lists."""
+        if not history:
+            return
+        names = ["reward/mean", *tail_metrics(type(task))]
+        for m, epochs in zip(alive, torch.stack(history).permute(2, 0, 1).tolist()):
+            for row in epochs:
+                epoch_rewards[m].append(row[0])
+                for name, v in zip(names[1:], row[1:]):
+                    if v == v:  # NaN: not measured this epoch
+                        tails[m][name].append(v)
+        history.clear()
+
     def fail(bad: list[int], errors: list[Exception]) -> None:
-        nonlocal params, max_norm
+        nonlocal params, max_norm, limit, samples, graph
+        flush()
+        graph = None  # the population's shapes change: a new graph, captured after its warm-up
         for i, e in zip(bad, errors):
             results[alive[i]] = e
         idx = [i for i in range(len(alive)) if i not in bad]
@@ -368,6 +412,8 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
             params = [p for p in task.policy.parameters() if p.requires_grad]
             opt.rebind(params)
             max_norm = [max_norm[i] for i in idx]
+            limit = clip_limits(max_norm, params[0].device)
+            samples = samples[idx]
             if sampler is not None:
                 sampler.keep(idx)
 
@@ -393,10 +439,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
             if not alive:
                 break
             p = len(alive)
-        responses = ep.metrics.pop("samples/responses").tolist()
-        for i, m in enumerate(alive):
-            samples[m] += responses[i]
-        ep.metrics["samples/total"] = [samples[m] for m in alive]
+        samples += ep.metrics.pop("samples/responses").double()
         task.policy.train()
         first = None
         with torch.no_grad():
@@ -412,7 +455,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
         extra = _extra(task, ep.ro, recipe, ep.old_logp, old_ent)
         if ep.ro.sampler_logp is not None:  # how far the sampler is from the trainer on what it sampled
             ep.metrics |= vmap(mismatch)(ep.old_logp, ep.ro.sampler_logp, ep.ro.mask)
-        ep.kl_coef = torch.tensor(pop.kl_coef, dtype=torch.float64)
+        ep.kl_coef = torch.tensor(pop.kl_coef, dtype=torch.float64, device=params[0].device)
 
         def advantages(rewards, mask_, lengths_, finished_, components, old, ref, greedy_, beta, *more, numbers):
             x = Extra(mask_, *more) if recipe.extra_needs else None
@@ -425,19 +468,41 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
                                          per_member=adv_per_member, key=("advantages", epoch))
         ep.observed = adv_metrics.pop("kl/observed", None)
         ep.metrics |= adv_metrics
+        ep.metrics["samples/total"] = samples.clone()  # last, where the rows have always had it
         rollout_s = time.perf_counter() - t0
-        ep.rows = _rows(ep.metrics, p)
-        for m, d in zip(alive, ep.rows):
-            epoch_rewards[m].append(d["reward/mean"])
-            for name in tails[m]:
-                if name in d:
-                    tails[m][name].append(d[name])
+        nan = torch.full((p,), math.nan, dtype=torch.float64, device=ep.metrics["reward/mean"].device)
+        history.append(torch.stack([ep.metrics[name].detach().double().reshape(p).to(nan.device)
+                                    if name in ep.metrics else nan
+                                    for name in ["reward/mean", *tail_metrics(type(task))]]))
+        # a member's first non-finite loss this epoch, (step, value), noticed at the next host sync
+        bad_step = torch.full((p,), -1, dtype=torch.long, device=params[0].device)
+        bad_value = torch.zeros(p, dtype=torch.float64, device=params[0].device)
+        if graph is None and graphable and alive:
+            graph = StepGraph(None, shared=("k",))  # k_t: filled in place before every step
+        if recipe.use_entropy or epoch == 0 or len(ent_coef) != p:  # only a controller or a failure changes it
+            ent_coef = torch.tensor([c for _, c in pop.entropy], dtype=torch.float32, device=params[0].device)
+
+        def check(k: int) -> list[int]:
+            """Fail the members whose loss went non-finite by inner step k (one host read); their indices."""
+            nonlocal p, bad_step, bad_value, ent_coef
+            bad = (bad_step >= 0).nonzero().flatten().tolist()
+            if bad:
+                steps, vals = bad_step[bad].tolist(), bad_value[bad].tolist()
+                fail(bad, [_raised(NonFiniteLoss(f"non-finite loss {v} at epoch {epoch}, inner step {k_}"))
+                           for v, k_ in zip(vals, steps)])
+                if alive:
+                    keep = [i for i in range(p) if i not in bad]
+                    ep.keep(keep)
+                    bad_step, bad_value, ent_coef = bad_step[keep], bad_value[keep], ent_coef[keep]
+                    p = len(alive)
+            return bad
 
         for k in range(cfg.inner_steps):
             step = epoch * cfg.inner_steps + k
             t1 = time.perf_counter()
             ro = ep.ro
-            logp, entropy = first if first is not None else task.logprobs(ro)
+            graphed = graph is not None and first is None
+            logp, entropy = (None, None) if graphed else first if first is not None else task.logprobs(ro)
             first = None
             gate, filter_metrics = None, {}
             if step_filters:
@@ -451,26 +516,64 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
                 return recipe.loss(logp_, old, ref, d, mask_, gate_, kl_coef=beta, numbers=numbers, entropy=ent,
                                    entropy_coef=ent_coef, positive=positive, sampler_logp=sampled)
 
-            ent_coef = torch.tensor([c for _, c in pop.entropy], dtype=torch.float32)
-            value, stats = pop.map(loss_fn, logp, ep.old_logp, ep.ref_logp if recipe.loss_ref else None, ep.deltas,
-                                   ro.mask, gate, ep.kl_coef, entropy if recipe.use_entropy else None, ent_coef,
-                                   ro.rewards > 0, ro.sampler_logp, per_member=loss_per_member, key=("loss", step))
-            finite = torch.isfinite(value)
-            bad = [] if bool(finite.all()) else (~finite).nonzero().flatten().tolist()
-            opt.zero_grad()
-            (value[finite].sum() if bad else value.sum()).backward()
-            gnorm = clip_grad_norm(params, max_norm)
-            opt.step()
+            def update(ro_: Rollout, logp_: Tensor, entropy_: Tensor | None, gate_: Tensor | None, s: dict) -> tuple:
+                """Loss, backward, clipping and the optimizer on the epoch's tensors `s`; a member's first non-finite
+                loss (step, value) into s's bad_step and bad_value in place. No host sync: a CUDA graph replays it."""
+                value_, stats_ = pop.map(loss_fn, logp_, s["old_logp"], s.get("ref_logp"), s["deltas"], ro_.mask,
+                                         gate_, s["kl_coef"], entropy_ if recipe.use_entropy else None, s["ent_coef"],
+                                         ro_.rewards > 0, ro_.sampler_logp, per_member=loss_per_member,
+                                         key=("loss", step))
+                finite = torch.isfinite(value_)
+                # a member whose loss is not finite gives no gradient to the others, with no host sync to find it
+                new = ~finite & (s["bad_step"] < 0)
+                s["bad_step"].copy_(torch.where(new, s["k"], s["bad_step"]))
+                s["bad_value"].copy_(torch.where(new, value_.detach().double(), s["bad_value"]))
+                opt.zero_grad()
+                torch.where(finite, value_, torch.zeros_like(value_)).sum().backward()
+                gnorm_ = clip_grad_norm(params, limit)
+                opt.step()
+                return value_, stats_, gnorm_, logp_, entropy_, s["bad_step"], s["bad_value"]
+
+            k_t.fill_(k)
+            state = {"old_logp": ep.old_logp, "deltas": ep.deltas, "kl_coef": ep.kl_coef, "ent_coef": ent_coef,
+                     "k": k_t, "bad_step": bad_step, "bad_value": bad_value}
+            if recipe.loss_ref:
+                state["ref_logp"] = ep.ref_logp
+            if graph is not None and first is None:
+                def captured(s: dict) -> tuple:  # the toy's log-probs read its prompts and responses only
+                    ro_ = ep.ro.replace(prompts=s["prompts"], responses=s["responses"], mask=s["mask"],
+                                        rewards=s["rewards"])
+                    return update(ro_, *task.logprobs(ro_), None, s)
+                graph.fn = captured
+                state |= {"prompts": ro.prompts, "responses": ro.responses, "mask": ro.mask, "rewards": ro.rewards}
+                value, stats, gnorm, logp, entropy, bad_step, bad_value = graph(state)
+            else:
+                value, stats, gnorm, logp, entropy, bad_step, bad_value = update(ro, logp, entropy, gate, state)
             if sampler is not None:
                 sampler.updated(params)
             if recipe.use_entropy:  # each member's controller, from the mean entropy of its step
                 stats["entropy/coef"] = ent_coef
+                entropies = stats["loss/entropy"].tolist()
                 pop.entropy = [r.next_entropy_coef(h, state) for r, (state, _), h in
-                               zip(pop.recipes, pop.entropy, stats["loss/entropy"].tolist())]
+                               zip(pop.recipes, pop.entropy, entropies)]
+                ent_coef = torch.tensor([c for _, c in pop.entropy], dtype=torch.float32, device=params[0].device)
             dt = (time.perf_counter() - t1 + (rollout_s if k == 0 else 0.0)) / p
 
             # the end of each window: with log_every = K that is the most off-policy step
-            if (step + 1) % cfg.log_every == 0 or step == total_steps - 1:
+            logging = (step + 1) % cfg.log_every == 0 or step == total_steps - 1
+            # a part run member by member may raise on a failed member's NaN: those look at every step
+            synced = logging or recipe.use_entropy or loss_per_member or step_per_member
+            bad = check(k) if synced or k == cfg.inner_steps - 1 else []
+            if not alive:
+                break
+            if logging:
+                if bad:  # a member whose loss went non-finite logs nothing of this step, as a run alone raises first
+                    keep = [i for i in range(len(value)) if i not in bad]
+                    value, logp, entropy, gnorm = value[keep], logp[keep], _pick(entropy, keep), gnorm[keep]
+                    stats, filter_metrics = _pick(stats, keep), _pick(filter_metrics, keep)
+                    ro = ep.ro
+                if ep.rows is None:
+                    ep.rows = _rows(ep.metrics, p)
                 m = {"loss/total": value, **stats, "grad/norm": gnorm}
                 m |= vmap(_step_metrics, in_dims=(0, 0, 0, None if entropy is None else 0))(
                     logp, ep.old_logp, ro.mask, entropy)
@@ -482,17 +585,7 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
                                                 key=("kl", step))
                 m |= filter_metrics
                 step_rows = _rows(m | {"time/step_s": dt}, p)
-                # a member whose loss went non-finite logs nothing of this step, as a run alone raises first
-                log(step, [{**s, **e, "epoch": float(epoch)} if i not in bad else {}
-                           for i, (s, e) in enumerate(zip(step_rows, ep.rows))])
-            if bad:
-                p_vals = value.tolist()
-                fail(bad, [_raised(NonFiniteLoss(f"non-finite loss {p_vals[i]} at epoch {epoch}, inner step {k}"))
-                           for i in bad])
-                if not alive:
-                    break
-                ep.keep([i for i in range(p) if i not in bad])
-                p = len(alive)
+                log(step, [{**s, **e, "epoch": float(epoch)} for s, e in zip(step_rows, ep.rows)])
         if not alive:
             break
         if cfg.kl_coef > 0:
@@ -504,13 +597,15 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
         if on_epoch is not None:
             on_epoch(len(alive))
 
+    flush()
     if alive:
         final_evals = evaluate(total_steps - 1)
+        total_samples = dict(zip(alive, samples.tolist()))
         for m, evals in zip(alive, final_evals):
             rewards = epoch_rewards[m]
             tail = max(1, len(rewards) // 10)
             summary = {"final/reward": sum(rewards[-tail:]) / tail, "final/reward_first": rewards[0],
-                       "final/samples": samples[m]}
+                       "final/samples": total_samples[m]}
             for name, values in tails[m].items():
                 if values:  # a metric a task logs only some epochs (no correct answer yet) averages what it has
                     last = values[-max(1, len(values) // 10):]
@@ -574,6 +669,13 @@ def _extra(task, ro: Rollout, recipe: Recipe, old_logp: Tensor, old_ent: Tensor 
                 old_ent if "entropy" in needs else None,
                 task.sum_pi_squared(ro) if "sum_pi_sq" in needs else None,
                 task.reference_rewards(ro, recipe.ref_samples) if "ref_rewards" in needs else None)
+
+
+def _pick(x, idx: list[int]):
+    """x (a (P, ...) tensor, a dict of them or None) at the members idx."""
+    if isinstance(x, dict):
+        return {k: _pick(v, idx) for k, v in x.items()}
+    return None if x is None else x[idx]
 
 
 def _raised(e: Exception) -> Exception:

@@ -409,7 +409,7 @@ class Arithmetic:
         p, g, b = self.size, group_size, self.cfg.prompts_per_step
         batches = [self._train_batch(s, exclude, epoch, draw) for s, exclude in zip(self.seeds, self._exclude)]
         ids, attn = self._prompts([q for batch in batches for q in batch])          # (P B, L)
-        gens = [rng.stream(s, "sample", epoch, draw) for s in self.seeds]
+        gens = self._streams("sample", epoch, draw)
         out = self._generate(ids.repeat_interleave(g, 0), attn.repeat_interleave(g, 0), gens, sampler,
                              with_logprobs=sampler is not None)                 # (P B G, T)
         tokens, sampler_logp = out if sampler is not None else (out, None)
@@ -535,7 +535,7 @@ class Arithmetic:
         p, b = rollout.rewards.shape[:2]
         ids, attn = rollout.extra["prompt_ids"].view(p * b, -1), rollout.extra["prompt_mask"].view(p * b, -1)
         self._ref_draws += 1
-        gens = [rng.stream(s, "reference_samples", self._ref_draws) for s in self.seeds]
+        gens = self._streams("reference_samples", self._ref_draws)
         with self._stacked.adapters(self.layers, self._stacked.REFERENCE):
             tokens = self._generate(ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0), gens)
         texts, mask, finished = self._decode(tokens)
@@ -580,6 +580,13 @@ class Arithmetic:
                                   finished[i * b:(i + 1) * b], 1)[0] for i, batch in enumerate(rollout.prompts)]
         return torch.tensor(out, dtype=torch.float32, device=self.device)
 
+    def _streams(self, *key) -> list[torch.Generator] | rng.DeviceStreams:
+        """Each member's sampling stream for `key`: CPU generators, or on a GPU counter-based streams on the device
+        (rng.device_paths): other numbers, the same common random numbers, no host work per member and token."""
+        if rng.device_paths(self.device):
+            return rng.DeviceStreams(torch.tensor(self.seeds, dtype=torch.int64, device=self.device), *key)
+        return [rng.stream(s, *key) for s in self.seeds]
+
     def keep(self, idx: list[int]) -> None:
         self.seeds = [self.seeds[i] for i in idx]
         self._exclude = [self._exclude[i] for i in idx]
@@ -621,7 +628,7 @@ class Arithmetic:
             batch = heldout[start:start + SAMPLE_CHUNK]
             n = len(batch)
             ids, attn = self._prompts(batch)
-            gens = [rng.stream(s, "eval", self._evals, start) for s in self.seeds]
+            gens = self._streams("eval", self._evals, start)
             texts, _, _ = self._decode(self._generate(ids.repeat_interleave(k, 0).repeat(p, 1),
                                                       attn.repeat_interleave(k, 0).repeat(p, 1), gens))
             for i in range(p):

@@ -173,6 +173,9 @@ class SortTask:
     headroom = (0.060, 0.939, "the default recipe (z-score, PPO clip 0.2, per-response mean, no KL) on "
                 "sort_converge, 600 rollouts x 10 steps, 20 seeds: results/dapo_ladder_sort `grpo`")
     margin_fraction = 0.05
+    # its log-probs read a rollout's prompts and responses only, so a captured training step (cuda_graphs,
+    # engine/graphs.py) can read them from the graph's buffers
+    graphable = True
     # parts that do the same on this task: every response has exactly n tokens (the budget), never cut off
     inert = {"aggregate": (("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "prompt_mean"),
                            "every toy response has exactly n tokens, so these aggregations are one average"),
@@ -196,6 +199,7 @@ class SortTask:
         self.retired: list[set[tuple[int, ...]]] = [set() for _ in self.seeds]  # each member's curriculum
         self._ref_draws = 0  # reference_rewards calls so far: each draws from its own streams
         self.failed: dict[int, Exception] = {}
+        self._seed_tensor = None  # the seeds on the device, for its random streams
         # The held-out set is the same for every seed, so eval numbers compare across runs.
         g = torch.Generator().manual_seed(12345)
         self.eval_set = torch.randint(0, cfg.vocab, (cfg.eval_prompts, cfg.n), generator=g).to(self.device)
@@ -218,10 +222,23 @@ class SortTask:
     def size(self) -> int:
         return len(self.seeds)
 
+    def _device_streams(self) -> bool:
+        """Draw from rng's counter-based streams on the device, every member in one batch (rng.device_paths);
+        a member with retired prompts redraws from its CPU stream, so a curriculum keeps the CPU path."""
+        return rng.device_paths(self.device) and not any(self.retired)
+
+    @property
+    def seed_tensor(self) -> Tensor:
+        if self._seed_tensor is None:
+            self._seed_tensor = torch.tensor(self.seeds, dtype=torch.int64, device=self.device)
+        return self._seed_tensor
+
     def _prompts(self, epoch: int, draw: int) -> Tensor:
         cfg = self.cfg
         if self.fixed is not None:
             return self.fixed.expand(self.size, -1, -1)
+        if self._device_streams():
+            return rng.randint(self.seed_tensor, ("prompts", epoch, draw), (cfg.num_prompts, cfg.n), cfg.vocab)
         out = []
         for seed, retired in zip(self.seeds, self.retired):
             gen = rng.stream(seed, "prompts", epoch, draw)
@@ -237,16 +254,21 @@ class SortTask:
     def rollout(self, epoch: int, draw: int, group_size: int, sampler: nn.Module | None = None) -> Rollout:
         prompts = self._prompts(epoch, draw)                                    # (P, B, n)
         model = self.policy if sampler is None else sampler
+        device_streams = self._device_streams()
         with torch.no_grad():
             # a low-precision sampler computes in its dtype; its logits are sampled from in fp32
             logits = model(prompts.to(self.device)).float()
-            probs = torch.softmax(logits, dim=-1).cpu()                         # (P, B, n, V)
+            probs = torch.softmax(logits, dim=-1)                               # (P, B, n, V)
         p, b, n, v = probs.shape
-        # Inverse-CDF sampling with each member's own uniforms, drawn on the CPU: identical
-        # streams on any device, and two variants with the same seed and similar policies
-        # draw similar responses (common random numbers).
-        u = torch.stack([torch.rand(b, n, group_size, generator=rng.stream(s, "sample", epoch, draw))
-                         for s in self.seeds])                                  # (P, B, n, G)
+        # Inverse-CDF sampling with each member's own uniforms: two variants with the same seed and
+        # similar policies draw similar responses (common random numbers). Drawn on the CPU, the same on
+        # any device; or, on a GPU, from the device's counter-based streams (rng.device_paths).
+        if device_streams:
+            u = rng.uniform(self.seed_tensor, ("sample", epoch, draw), (b, n, group_size))
+        else:
+            probs = probs.cpu()
+            u = torch.stack([torch.rand(b, n, group_size, generator=rng.stream(s, "sample", epoch, draw))
+                             for s in self.seeds])                              # (P, B, n, G)
         draws = torch.searchsorted(probs.cumsum(-1), u).clamp(max=v - 1)       # (P, B, n, G)
         responses = draws.permute(0, 1, 3, 2).to(self.device)                  # (P, B, G, n)
         rewards, metrics, components = score(self.rewards, prompts, responses, self.failed)
@@ -291,10 +313,14 @@ class SortTask:
         """(P, B, n) rewards of n responses the reference policy samples for each prompt, by inverse CDF
         with each member's own uniforms (its stream of such draws)."""
         self._ref_draws += 1
-        probs = torch.softmax(self.reference(rollout.prompts).float(), -1).cpu()      # (P, B, npos, V)
+        probs = torch.softmax(self.reference(rollout.prompts).float(), -1)             # (P, B, npos, V)
         p, b, npos, v = probs.shape
-        u = torch.stack([torch.rand(b, npos, n, generator=rng.stream(s, "reference_samples", self._ref_draws))
-                         for s in self.seeds])                                       # (P, B, npos, n)
+        if rng.device_paths(self.device):
+            u = rng.uniform(self.seed_tensor, ("reference_samples", self._ref_draws), (b, npos, n))
+        else:
+            probs = probs.cpu()
+            u = torch.stack([torch.rand(b, npos, n, generator=rng.stream(s, "reference_samples", self._ref_draws))
+                             for s in self.seeds])                                   # (P, B, npos, n)
         draws = torch.searchsorted(probs.cumsum(-1), u).clamp(max=v - 1)
         return score(self.rewards, rollout.prompts, draws.permute(0, 1, 3, 2).to(self.device))[0]
 
@@ -326,6 +352,7 @@ class SortTask:
 
     def keep(self, idx: list[int]) -> None:
         self.seeds = [self.seeds[i] for i in idx]
+        self._seed_tensor = None
         self.retired = [self.retired[i] for i in idx]
         self.policy.keep(idx)
         self.reference.keep(idx)

@@ -152,7 +152,8 @@ def adapters(layers: list[StackedLoRA], mode: str):
             layer.mode = m
 
 
-def _next_tokens(logits: Tensor, gens: list[torch.Generator] | None, temperature: float, top_p: float) -> Tensor:
+def _next_tokens(logits: Tensor, gens: list[torch.Generator] | "rng.DeviceStreams" | None, temperature: float,
+                 top_p: float) -> Tensor:
     """(N,) next tokens from fp32 logits (N, V): argmax without gens, else a sample per member's stream."""
     if gens is None:
         return logits.argmax(-1)
@@ -162,8 +163,13 @@ def _next_tokens(logits: Tensor, gens: list[torch.Generator] | None, temperature
         probs, order = torch.softmax(scaled, -1).sort(-1, descending=True)
         outside = probs.cumsum(-1) - probs > top_p
         scaled = scaled.masked_fill(torch.zeros_like(outside).scatter(-1, order, outside), -math.inf)
+    from ...numerics import rng
+
     n = logits.shape[0] // len(gens)
-    u = torch.cat([torch.rand(n, logits.shape[-1], generator=g) for g in gens]).to(logits.device)
+    if isinstance(gens, rng.DeviceStreams):  # on a GPU: every member's draw at once, on the device
+        u = gens.rand(n, logits.shape[-1]).view(-1, logits.shape[-1])
+    else:
+        u = torch.cat([torch.rand(n, logits.shape[-1], generator=g) for g in gens]).to(logits.device)
     gumbel = -torch.log(-torch.log(u))  # u = 0 gives -inf: never chosen
     return (scaled + gumbel).argmax(-1)
 
