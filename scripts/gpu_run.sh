@@ -7,13 +7,14 @@
 #
 # Stages, in the order `all` runs them (most wanted first: a call stopped at its limit keeps
 # what finished, since every stage writes its files as it goes):
-#   population  scripts/gpu_population.py: toy P = 1, 8, 64, 256 and LM P = 1, 8, 32, 64,
-#               runs per GPU-minute, memory per member, member == alone, profiles
 #   step        tests/benchmarks/test_bench_grpo_step.py: logits -> GRPO loss and the fused head,
-#               bf16 fwd+bwd, ours beside TRL 1.16's trl.kernels and Liger 0.8.5's fused GRPO loss
+#               bf16 fwd+bwd, ours beside TRL 1.16's trl.kernels and Liger 0.8.5's fused GRPO loss,
+#               then the launch configurations of the tuning tables
+#   population  scripts/gpu_population.py: toy P = 1 .. 4,096 (CUDA graphs off and on) and LM P = 1 .. 128,
+#               runs per GPU-minute, one CPU core's rate beside it, device-busy share, memory, member == alone
 #   tests       kernel, log-prob, fused-head and population tests on CUDA, full sizes
-#   sweep       policy_losses' LM setting at 10 seeds on the GPU, populations of every seed
 #   bench       log-prob (bf16), loss and Qwen-width GRPO-step benchmarks against TRL's and Liger's own code
+#   sweep       policy_losses' LM setting at 10 seeds on the GPU, populations of every seed (not in `all`)
 #   claims      scripts/gpu_sweeps.py: the claim sweeps on the reasoning-gym tasks and the wide arithmetic
 #               start at 10 seeds, those with no run yet first, many sweeps at once (a call of its own);
 #               CLAIMS="ablations/x.yaml:setting ..." picks others. Needs reasoning-gym importable.
@@ -28,12 +29,12 @@ stage=${1:?"all, dry, or a stage: population step tests sweep bench claims"}
 out=${2:-results/gpu}
 py=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-STAGES="population step tests sweep bench claims"
-declare -A BUDGET=([population]=170 [step]=100 [tests]=80 [sweep]=100 [bench]=90 [claims]=400)
+STAGES="step population tests bench sweep claims"
+declare -A BUDGET=([step]=160 [population]=200 [tests]=90 [bench]=80 [sweep]=100 [claims]=400)
 for s in $STAGES; do v="BUDGET_$s"; [ -n "${!v:-}" ] && BUDGET[$s]=${!v}; done
 
 case $stage in
-  all|dry) todo=${STAGES% claims} ;;  # claims is a call of its own: `all` is planned to fit one 8-minute call
+  all|dry) todo=${STAGES% sweep claims} ;;  # sweep and claims are calls of their own: `all` fits one 9-minute call
   *) todo=${stage//,/ }
      for s in $todo; do
        case " $STAGES " in *" $s "*) ;; *) echo "gpu_run.sh: unknown stage '$s'; valid: all, dry, $STAGES" >&2; exit 2 ;; esac
@@ -94,12 +95,12 @@ PY
 
 for s in $todo; do
   case $s in
-    population) run_stage population $py scripts/gpu_population.py "$out" --budget-s "60,$((BUDGET[population] - 90))" ;;
+    population) run_stage population $py scripts/gpu_population.py "$out" --budget-s "$((BUDGET[population] / 2)),$((BUDGET[population] / 2 - 15))" ;;
     step) GRPO_BENCH_JSONL=$out/step.jsonl run_stage step $py -m pytest -q -p no:cacheprovider -rs \
             tests/benchmarks/test_bench_grpo_step.py --benchmark-only ;;
-    tests) run_stage tests $py -m pytest -q -p no:cacheprovider -rs tests/test_population.py tests/test_arithmetic_fused.py \
-             tests/test_kernels_linear.py tests/test_kernels_logprob.py tests/test_kernels_loss.py \
-             tests/test_kernels_logits_loss.py tests/test_logprobs.py ;;
+    tests) run_stage tests $py -m pytest -q -p no:cacheprovider -rs tests/test_kernels_logits_loss.py \
+             tests/test_kernels_linear.py tests/test_kernels_loss.py tests/test_kernels_logprob.py tests/test_logprobs.py \
+             tests/test_arithmetic_fused.py tests/test_population.py ;;
     sweep) run_stage sweep $py -m grpo_bench run ablations/policy_losses.yaml --setting lm --seeds 10 \
              --set device=cuda --set backend=torch --workers 1 --population 64 --no-progress \
              --out "$out/policy_losses_lm" ;;

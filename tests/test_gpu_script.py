@@ -29,10 +29,10 @@ def test_all_refuses_in_one_line_without_cuda(tmp_path):
 
 def test_dry_lists_every_stage_with_its_budget_and_overrides():
     """`all` is one call's worth (the claims stage, 400 s on its own, is asked for by name)."""
-    r = _run("bash", "scripts/gpu_run.sh", "dry", BUDGET_sweep="7")
+    r = _run("bash", "scripts/gpu_run.sh", "dry", BUDGET_population="7")
     assert r.returncode == 0
-    assert r.stdout.splitlines() == ["population: budget 170 s", "step: budget 100 s", "tests: budget 80 s",
-                                     "sweep: budget 7 s", "bench: budget 90 s"]
+    assert r.stdout.splitlines() == ["step: budget 160 s", "population: budget 7 s", "tests: budget 90 s",
+                                     "bench: budget 80 s"]
 
 
 def test_sweeps_run_in_order_skip_what_cannot_load_and_stop_at_the_deadline(tmp_path):
@@ -57,7 +57,7 @@ def test_sweeps_run_in_order_skip_what_cannot_load_and_stop_at_the_deadline(tmp_
 
 def test_unknown_stage_names_the_valid_ones():
     r = _run("bash", "scripts/gpu_run.sh", "benchmark")
-    assert r.returncode == 2 and "unknown stage 'benchmark'" in r.stderr and "population step tests sweep bench claims" in r.stderr
+    assert r.returncode == 2 and "unknown stage 'benchmark'" in r.stderr and "step population tests bench sweep claims" in r.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
