@@ -39,7 +39,7 @@ def wide(tmp_path_factory):
 
 
 def make(task: dict, backend: str):
-    cfg = resolve_run({"task": merge(SMALL, task), "group_size": 3, "backend": backend})
+    cfg = resolve_run({"task": merge(SMALL, task), "group_size": 3, "backend": backend, "device": "cpu"})
     return get("task", "arithmetic")(cfg.task, cfg)
 
 

@@ -101,19 +101,18 @@ def test_population_case_stops_at_its_deadline():
         gpu_population.train(cfgs, "cpu", deadline=time.perf_counter())
 
 
-def test_readme_quotes_the_gpu_population_table_as_measured():
-    """README's H100 speed-ups and the goals' verdicts are results/gpu/population.csv's (no drift after a rerun)."""
-    rows = list(csv.DictReader((ROOT / "results/gpu/population.csv").open()))
+def test_readme_quotes_the_gpu_tables_as_measured():
+    """README's GPU population and hot-path tables are gpu_report.readme_tables of results/gpu (no drift after a
+    rerun), and the goals' verdicts in them are the files' numbers against issue 44's goals."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_report
+
+    pop, hot = gpu_report.readme_tables(ROOT / "results/gpu")
     readme = (ROOT / "README.md").read_text()
-    for task, goal, name in (("toy", 50, "sorting toy"), ("lm", 10, "arithmetic LM (LoRA)")):
-        mine = [r for r in rows if r["task"] == task]
-        best = max(mine, key=lambda r: float(r["speedup"]))
-        alone = next(r for r in mine if r["population"] == "1")
-        row = next(line for line in readme.splitlines() if line.startswith(f"| {name} |"))
-        gpu = row.split("|")[3]
-        assert f"**{float(best['speedup']):.1f}x** at P = {best['population']}" in gpu
-        assert f"{float(alone['runs_per_device_minute']):.1f} → {float(best['runs_per_device_minute']):.1f}" in gpu
-        assert f"goal {goal}x: {'met' if float(best['speedup']) >= goal else 'not met'}" in gpu
+    assert pop in readme and hot in readme
+    rows = list(csv.DictReader((ROOT / "results/gpu/population.csv").open()))
+    toy = max(float(r["runs_per_device_minute"]) for r in rows if r["task"] == "toy")
+    assert (f"goal 20,000: {'met' if toy >= 20_000 else 'not met'}") in pop
     # and results/gpu/README.md, which README links for every P, is gpu_report.py's output of these files
     sys.path.insert(0, str(ROOT / "scripts"))
     import gpu_report

@@ -76,7 +76,7 @@ def test_tiled_schedule_matches_fp64(tiles, dtype, with_bias, temperature):
     rlp, rent = reference(rleaves[0], rleaves[1], rleaves[2] if with_bias else None, labels, temperature)
     torch.testing.assert_close(lp.double(), rlp, **TOL[dtype])
     torch.testing.assert_close(ent.double(), rent, **TOL[dtype])
-    a = torch.randn(labels.shape, dtype=torch.float64, device=DEVICE, generator=torch.Generator().manual_seed(6))
+    a = torch.randn(labels.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(6)).to(DEVICE)
     for objective in ("both", "entropy only"):  # entropy only: the log-prob's incoming gradient is None
         out = ent.double().sum() + ((lp.double() * a).sum() if objective == "both" else 0)
         want = rent.sum() + ((rlp * a).sum() if objective == "both" else 0)

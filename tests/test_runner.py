@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -642,3 +643,14 @@ def test_device_auto_takes_the_gpu_only_where_it_beats_this_machines_cpu_workers
     cfg.device = "cpu"
     monkeypatch.setattr(sort, "gpu_replaces_cores", 19.0)
     assert auto_device(cfg, cuda=True, cores=2) == "cpu"      # what the file says, when it says a device
+
+
+def test_each_tasks_gpu_replaces_cores_is_the_measured_one():
+    """The numbers `device: auto` decides by are results/gpu/population.csv's, at the default population (64)."""
+    import csv
+    from grpo_bench import registry
+
+    rows = {(r["task"], r["population"], r.get("cuda_graphs", "off")): float(r["cpu_cores_replaced"])
+            for r in csv.DictReader((Path(__file__).resolve().parents[1] / "results/gpu/population.csv").open())}
+    assert registry.get("task", "sort").gpu_replaces_cores == rows[("toy", "64", "off")]
+    assert registry.get("task", "arithmetic").gpu_replaces_cores == rows[("lm", "64", "off")]

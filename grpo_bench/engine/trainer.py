@@ -62,7 +62,7 @@ from ..store.metrics import tail as tail_metrics
 from .graphs import StepGraph
 from .optim import StackedOptimizer, clip_grad_norm, clip_limits
 from .recipe import Recipe
-from ..tasks import Rollout
+from ..tasks import Rollout, device_for
 
 Row = tuple[int, str, float]  # (step, metric, value)
 Outcome = tuple[int, int, int, int | None]  # (step, problem, greedy right 0/1, right samples of k or None)
@@ -309,15 +309,8 @@ def train(cfg: RunConfig, rows: list[Row] | None = None, outcomes: list[Outcome]
 
 
 def auto_device(cfg: RunConfig, cuda: bool | None = None, cores: int | None = None) -> str:
-    """The device a run's `device` means here: `auto` is cuda where a GPU is and it does the task's work faster
-    than this machine's CPU workers would, i.e. the task's measured `gpu_replaces_cores` (runs per GPU-minute
-    over runs per CPU-core-minute, in one sitting: scripts/gpu_population.py) exceeds the cores here; else cpu."""
-    if cfg.device != "auto":
-        return cfg.device
-    cuda = torch.cuda.is_available() if cuda is None else cuda
-    cores = (os.cpu_count() or 1) if cores is None else cores
-    replaces = getattr(registry.get("task", task_name(cfg)), "gpu_replaces_cores", None)
-    return "cuda" if cuda and replaces is not None and replaces > cores else "cpu"
+    """cfg's device as it runs here (tasks.device_for: `auto` by the task's measured gpu_replaces_cores)."""
+    return device_for(cfg.device, registry.get("task", task_name(cfg)), cuda, cores)
 
 
 def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,

@@ -23,6 +23,7 @@ A task config has a `generation_budget` property: the most tokens a response may
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -82,6 +83,18 @@ class Rollout:
             extra={k: join([p.extra[k] for p in parts]) for k in first.extra}, metrics={},
             components=None if first.components is None else join([p.components for p in parts]),
             sampler_logp=None if first.sampler_logp is None else join([p.sampler_logp for p in parts]))
+
+
+def device_for(name: str, task_cls, cuda: bool | None = None, cores: int | None = None) -> str:
+    """The device a run's `device` means here. `auto` is cuda where a GPU is and it does the task's work faster
+    than this machine's CPU workers would: the task's measured `gpu_replaces_cores` (runs per GPU-minute over
+    runs per CPU-core-minute at the default population, scripts/gpu_population.py) exceeds the cores here."""
+    if name != "auto":
+        return name
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    replaces = getattr(task_cls, "gpu_replaces_cores", None)
+    return "cuda" if cuda and replaces is not None and replaces > cores else "cpu"
 
 
 def guarded(failed: dict[int, Exception], member: int, fn, stand_in):

@@ -26,7 +26,7 @@ from ..algos import rewards as algos_rewards
 from ..numerics.kernels.chunked import _LOG_FLOOR
 from ..store.metrics import Metric
 from ..registry import register
-from . import Rollout, guarded
+from . import Rollout, device_for, guarded
 
 LECTURE_PROMPTS = [[1, 0, 2], [3, 2, 4], [1, 2, 3]]
 
@@ -162,6 +162,9 @@ class SortTask:
     """Sort n integers with a non-autoregressive toy policy (CS336 lecture 17)."""
 
     label, short = "sorting toy", "toy"
+    # `device: auto` (tasks.device_for): one H200 at the default population (64, no CUDA graphs) did the work of
+    # this many CPU cores (results/gpu/population.csv, held by tests/test_runner.py), so 16 CPU workers outrun it
+    gpu_replaces_cores = 4.45
     # The headline leads with the rollout reward (positions right: smoother than an exact sort, a 0/1 per
     # prompt), drawn beside the held-out exact-sort accuracy, what a converging run is converging to.
     main_metric = "final/reward"
@@ -192,7 +195,7 @@ class SortTask:
         self.cfg = cfg
         self.seeds = [c.seed for c in run_cfgs]
         self.rewards = algos_rewards.check(cfg.rewards, "sort")
-        self.device = torch.device(run_cfgs[0].device)
+        self.device = torch.device(device_for(run_cfgs[0].device, type(self)))
         self.policy = SortPolicy(cfg.vocab, cfg.n, cfg.dim, self.seeds).to(self.device)
         self.reference = copy.deepcopy(self.policy).requires_grad_(False)
         self.fixed = None if cfg.prompts is None else torch.tensor(cfg.prompts, device=self.device)
