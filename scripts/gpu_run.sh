@@ -96,7 +96,8 @@ PY
 for s in $todo; do
   case $s in
     population) run_stage population $py scripts/gpu_population.py "$out" --budget-s "$((BUDGET[population] / 2)),$((BUDGET[population] / 2 - 15))" ;;
-    step) GRPO_BENCH_JSONL=$out/step.jsonl run_stage step $py -m pytest -q -p no:cacheprovider -rs \
+    step) rm -f "$out/step.jsonl"  # the report reads this run's lines only
+          GRPO_BENCH_JSONL=$out/step.jsonl run_stage step $py -m pytest -q -p no:cacheprovider -rs \
             tests/benchmarks/test_bench_grpo_step.py --benchmark-only ;;
     tests) run_stage tests $py -m pytest -q -p no:cacheprovider -rs tests/test_kernels_logits_loss.py \
              tests/test_kernels_linear.py tests/test_kernels_loss.py tests/test_kernels_logprob.py tests/test_logprobs.py \
@@ -106,7 +107,8 @@ for s in $todo; do
              --out "$out/policy_losses_lm" ;;
     claims) run_stage claims $py scripts/gpu_sweeps.py "$out" --seeds 10 --deadline-s $((BUDGET[claims] - 45)) \
               --set device=cuda --set backend=torch ${CLAIMS:-$(default_claims)} ;;
-    bench) GRPO_BENCH_JSONL=$out/bench.jsonl run_stage bench $py -m pytest -q -p no:cacheprovider -rs \
+    bench) rm -f "$out/bench.jsonl"
+           GRPO_BENCH_JSONL=$out/bench.jsonl run_stage bench $py -m pytest -q -p no:cacheprovider -rs \
              tests/benchmarks/test_bench_logprobs.py tests/benchmarks/test_bench_loss.py tests/benchmarks/test_bench_lm_step.py \
              -k "bfloat16 or loss_forward or lm_step" --benchmark-only ;;
   esac
