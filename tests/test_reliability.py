@@ -13,6 +13,7 @@ from grpo_bench.sweep import runner as RN
 from grpo_bench.sweep import worker as WK
 from grpo_bench.config.ablation import load_ablation
 from test_faults import TINY, one_line, run_main, write
+from helpers import needs
 
 
 @pytest.fixture(autouse=True)
@@ -434,7 +435,7 @@ def test_out_as_a_dangling_symlink_is_one_line(tmp_path, capsys):
 
 def test_a_bad_local_model_is_refused_for_the_gym_task_too(tmp_path):
     """The reasoning-gym task loads the same local directories: the same check when its config loads."""
-    pytest.importorskip("reasoning_gym")
+    needs("gym")
     from grpo_bench.config.run import resolve_run
     from grpo_bench.errors import ConfigError
 
