@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # distributions whose import name is not theirs with - as _
 IMPORT_NAMES = {"mlflow-skinny": "mlflow", "pyyaml": "yaml", "pillow": "PIL", "scikit-learn": "sklearn"}
-HIDE_ENV = "GRPO_BENCH_HIDE_EXTRA"   # conftest makes this extra's modules unimportable (tests/test_faults.py)
+HIDE_ENV = "GRPO_BENCH_HIDE_EXTRA"   # conftest makes these extras' modules unimportable (extra,extra,...)
 
 
 @lru_cache(maxsize=1)
