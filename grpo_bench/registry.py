@@ -72,6 +72,25 @@ AXES: dict[str, tuple[str, ...] | None] = {
     "task": None,
 }
 
+# What a part of each axis takes and returns, in the words of the one-line error that refuses a user's part
+# that does not (algos/contracts.py calls it on tiny tensors of these shapes when it registers)
+CONTRACTS: dict[str, str] = {
+    "delta": "fn(rewards (B, G), lengths (B, G), greedy (B,), components (B, G, C), extra: Extra, *, params) -> "
+             "deltas: a finite tensor (B, G), or (B, G, T) for a token_level part",
+    "loss": "fn(logp, old_logp (B, G, T), deltas (B, G) or (B, G, T), mask (B, G, T), *, params) -> "
+            "(per-token loss: a finite tensor (B, G, T), {region name: tensor (B, G, T)})",
+    "aggregate": "fn(per_token (B, G, T), mask (B, G, T), *, params) -> a finite 0-d tensor",
+    "kl": "fn(logp, ref_logp, old_logp (B, G, T), *, params) -> per-token estimate: a finite tensor (B, G, T)",
+    "correction": "fn(logp, old_logp, sampler_logp (B, G, T), deltas (B, G), mask (B, G, T), *, params) -> "
+                  "(weight: a finite tensor (B, G, T), keep: a bool tensor (B, G, T), {region name: tensor (B, G, T)})",
+    "kl_ctrl": "fn(coef, observed_kl, n_samples, *, params) -> the next coefficient: a finite number",
+    "entropy_ctrl": "fn(coef or state, entropy or None, *, params) -> (state, the next coefficient: a finite number)",
+    "ref_update": "fn(epoch, *, params) -> the policy's weight in the reference mix: a finite number",
+    "filter": "fn(batch: Batch, *, params) -> a Batch (rewards (B, G), mask (B, G, T))",
+    "reward": "fn(prompts, completions, **kwargs) -> list of finite floats, one per completion (TRL's signature)",
+    "task": "cls(task_config, run_configs) -> a Task (grpo_bench/tasks/__init__.py)",
+}
+
 # Axes whose parts are pure tensor functions. Each such part gives the same result under
 # torch.func.vmap over a leading population axis of its tensor arguments and of its float
 # parameters (as 0-d tensors) as a loop over the members does, or is registered with
@@ -205,6 +224,32 @@ def _params(axis: str, name: str, fn: Callable) -> dict[str, Param]:
     return out
 
 
+def _refuse(e: "Entry", problem: str) -> PartContractError:
+    return PartContractError(f"{e.axis} {e.name!r} in {origin(e)}: {problem}; a {e.axis} part is "
+                             f"{CONTRACTS[e.axis]}")
+
+
+# algos/contracts.py's check (set when the package's parts load, as this module may not import torch) and the
+# axes it covers; the users' parts it has passed
+_CONTRACT: dict = {"check": None, "axes": ()}
+_CHECKED: set[tuple[str, str]] = set()
+
+
+def set_contract_check(check: Callable, axes: tuple[str, ...]) -> None:
+    _CONTRACT.update(check=check, axes=axes)
+
+
+def _check_contract(e: "Entry") -> None:
+    """A user's part called on tiny inputs of its axis's shapes, once; PartContractError if it fails."""
+    if (e.axis, e.name) in _CHECKED or not origin(e) or _CONTRACT["check"] is None \
+            or e.axis not in _CONTRACT["axes"]:
+        return
+    problem = _CONTRACT["check"](e)
+    if problem:
+        raise _refuse(e, problem)
+    _CHECKED.add((e.axis, e.name))
+
+
 def register(axis: str, name: str, *, config: type | None = None, **traits) -> Callable:
     if axis not in _REGISTRY:
         raise ValueError(f"unknown axis {axis!r}; valid: {', '.join(AXES)}")
@@ -214,8 +259,16 @@ def register(axis: str, name: str, *, config: type | None = None, **traits) -> C
             raise ValueError(f"{axis} {name!r} registered twice")
         lines = (inspect.getdoc(obj) or "").strip().splitlines()
         source = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Source:")), "")
-        params = _params(axis, name, obj) if AXES[axis] is not None else {}
-        _REGISTRY[axis][name] = Entry(axis, name, obj, lines[0] if lines else "", source, config, traits, params)
+        e = Entry(axis, name, obj, lines[0] if lines else "", source, config, traits)
+        try:
+            params = _params(axis, name, obj) if AXES[axis] is not None else {}
+        except TypeError as err:
+            if origin(e):  # a user's: one line naming its file and what the axis takes
+                raise _refuse(e, str(err).removeprefix(f"{axis} {name!r}: ")) from None
+            raise
+        e = dataclasses.replace(e, params=params)
+        _check_contract(e)  # before it is registered: a refused part is not left behind
+        _REGISTRY[axis][name] = e
         return obj
 
     return deco
@@ -244,6 +297,11 @@ class IncludeError(ValueError):
     """A user's module could not be loaded: the message names the file and the first line of the error."""
 
 
+class PartContractError(IncludeError):
+    """A user's part that does not take or return what its axis does: one line naming it, its file and the
+    axis's contract (CONTRACTS)."""
+
+
 def include(path: str | Path) -> list[Path]:
     """Load a user's Python file, or every `*.py` in a directory (not `_*`), so its `@register`
     calls fill the registries. Each file is loaded once per process, under a module name of
@@ -267,6 +325,9 @@ def include(path: str | Path) -> list[Path]:
         _INCLUDED[key] = name
         try:
             spec.loader.exec_module(mod)
+        except PartContractError:  # names the file already
+            del sys.modules[name], _INCLUDED[key]
+            raise
         except Exception as e:  # noqa: BLE001 - the user's code: one line naming the file
             del sys.modules[name], _INCLUDED[key]
             line = next((str(a) for a in [e] if str(a)), type(e).__name__).splitlines()[0]
@@ -346,6 +407,11 @@ def entry(axis: str, name: str) -> Entry:
         _from_module(axis, name)
     if name not in parts:
         raise UnknownPart(axis, name)
+    try:
+        _check_contract(parts[name])  # a part registered before the package's parts (and its check) loaded
+    except PartContractError:
+        del parts[name]
+        raise
     return parts[name]
 
 

@@ -1,9 +1,61 @@
+import importlib
 import os
+import re
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# distributions whose import name is not theirs with - as _
+IMPORT_NAMES = {"mlflow-skinny": "mlflow", "pyyaml": "yaml", "pillow": "PIL", "scikit-learn": "sklearn"}
+HIDE_ENV = "GRPO_BENCH_HIDE_EXTRA"   # conftest makes these extras' modules unimportable (extra,extra,...)
+
+
+@lru_cache(maxsize=1)
+def extras() -> dict[str, tuple[str, ...]]:
+    """Each optional extra of pyproject.toml but `dev` (the suite's own) -> the modules it installs."""
+    # read by pattern, not tomllib: the suite runs on Python 3.10 too
+    text = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]")[1].split("\n[")[0]
+    text = "\n".join(line for line in text.splitlines() if not line.strip().startswith("#"))
+    out = {}
+    for extra, body in re.findall(r"^([\w-]+)\s*=\s*\[(.*?)\]", text, re.M | re.S):
+        if extra != "dev":
+            reqs = re.findall(r'"([^"]+)"', body)
+            names = [re.split(r"[<>=!~\[;@ ]", r, maxsplit=1)[0].strip().lower() for r in reqs]
+            out[extra] = tuple(IMPORT_NAMES.get(n, n.replace("-", "_")) for n in names)
+    return out
+
+
+def needs(extra: str):
+    """Skip the calling test (at a module's top: the module) where an extra is not installed, with the reason
+    and the command that installs it; else the extra's first module."""
+    import pytest
+
+    mods = []
+    for name in extras()[extra]:
+        try:
+            mods.append(importlib.import_module(name))
+        except ImportError:
+            pytest.skip(f"needs the {extra} extra, pip install -e '.[{extra}]' ({name} is not installed)",
+                        allow_module_level=True)
+    return mods[0]
+
+
+def installed(extra: str) -> bool:
+    try:
+        for name in extras()[extra]:
+            importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+def hide_extra(extra: str) -> None:
+    """This process as where `extra` is not installed: its modules neither import nor are found."""
+    for name in extras()[extra]:
+        sys.modules[name] = None
 
 
 def cli(*args, cwd=None, timeout=300, **popen):

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from helpers import cpu_allocations
+from helpers import cpu_allocations, needs
 
 from grpo_bench.config.run import resolve_run
 from grpo_bench.config.presets import merge
@@ -124,7 +124,7 @@ def test_fused_equals_materialised(case, wide):
 
 def test_triton_backend_through_the_task():
     # the Triton row ops (in the interpreter off-GPU) behind the same task path, tempered
-    pytest.importorskip("triton")
+    needs("triton")
     from grpo_bench.numerics.kernels import triton_usable
 
     if not triton_usable(torch.zeros(1)):

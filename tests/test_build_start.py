@@ -8,8 +8,9 @@ import yaml
 
 from grpo_bench.__main__ import main
 from grpo_bench.tasks.lm import shipped
+from helpers import needs
 
-pytest.importorskip("reasoning_gym")
+needs("gym")
 
 TASK = {"name": "gym", "dataset": "countdown", "config": {"min_numbers": 3, "max_numbers": 3, "max_value": 9},
         "model": {"source": "shipped:cd_test"}, "eval_size": 16, "pass_k": 2, "sampling": {"max_new_tokens": 12}}

@@ -11,7 +11,7 @@ from grpo_bench.__main__ import main
 from grpo_bench.errors import ConfigError
 from grpo_bench.config.ablation import load_ablation
 from grpo_bench.store.rundir import lock_out
-from helpers import cli
+from helpers import cli, needs
 
 LOSSES = "valid: " + ", ".join(registry.names("loss"))
 DELTAS = "valid: " + ", ".join(registry.names("delta"))
@@ -120,7 +120,7 @@ def test_resources_from_file_and_set(tmp_path):
 @pytest.mark.parametrize("executor", ["local", "ray"])
 def test_busy_or_unwritable_out_is_one_line(tmp_path, capsys, executor):
     if executor == "ray":
-        pytest.importorskip("ray")  # without it, `Ray is not installed` comes first (the next test)
+        needs("ray")  # without it, `Ray is not installed` comes first (the next test)
     path = write(tmp_path, {"base": BASE, "grid": {"seed": [0]}})
     out = tmp_path / "o"
 
@@ -148,7 +148,7 @@ def test_ray_missing_or_unreachable_is_one_line(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "o").exists()
     monkeypatch.undo()
 
-    pytest.importorskip("ray")
+    needs("ray")
     with socket.socket() as s:  # a port nobody listens on once closed
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -3,14 +3,14 @@ import json
 import re
 
 import pytest
+from helpers import ROOT, needs
 
-pytest.importorskip("reasoning_gym")
+needs("gym")
 
 from grpo_bench.errors import ConfigError  # noqa: E402
 from grpo_bench.config.run import resolve_run
 from grpo_bench.registry import get  # noqa: E402
 from grpo_bench.tasks import gym  # noqa: E402
-from helpers import ROOT  # noqa: E402
 
 SMALL = {"name": "gym", "dataset": "countdown", "config": {"min_numbers": 4, "max_numbers": 4},
          "model": {"layers": 1, "width": 32, "heads": 2}, "prompts_per_step": 4, "eval_size": 20, "pass_k": 2}

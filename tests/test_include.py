@@ -217,3 +217,91 @@ def test_soft_clip_is_the_formula_it_states():
                        torch.ones(1, 1, 1), tau=0.2)
     assert regions == {}
     assert loss.item() == pytest.approx(-2 * (1 + 0.2 * math.tanh((math.exp(0.1) - 1) / 0.2)), rel=1e-6)
+
+
+# ------------------------------------------- a user's part held to its axis's contract when it loads (issue 45)
+
+CONTRACT_CASES = {
+    "loss returns one tensor": ("loss", "def part(logp, old_logp, deltas, mask):\n"
+                                "    return -torch.exp(logp - old_logp) * deltas[..., None]\n",
+                                "returned a Tensor, not a pair (per-token loss, regions)"),
+    "loss of the wrong arity": ("loss", "def part(logp, old_logp, deltas):\n    return -logp, {}\n",
+                                "positional arguments must be ('logp', 'old_logp', 'deltas', 'mask'), "
+                                "got ('logp', 'old_logp', 'deltas')"),
+    "loss per response, not per token": ("loss", "def part(logp, old_logp, deltas, mask):\n"
+                                         "    return -(logp * mask).sum(-1) * deltas, {}\n",
+                                         "the per-token loss has shape (2, 3), expected (2, 3, 8)"),
+    "loss not finite": ("loss", "def part(logp, old_logp, deltas, mask):\n"
+                        "    return torch.log(logp) * deltas[..., None], {}\n",
+                        "the per-token loss is not finite"),
+    "loss raises": ("loss", "def part(logp, old_logp, deltas, mask):\n    return logp @ mask, {}\n",
+                    "raised RuntimeError: "),
+    "kl returns a float": ("kl", "def part(logp, ref_logp, old_logp):\n    return 0.1\n",
+                           "the per-token estimate is a float, not a tensor"),
+    "aggregate per response": ("aggregate", "def part(per_token, mask):\n    return (per_token * mask).sum(-1)\n",
+                               "the aggregate has shape (2, 3), expected ()"),
+    "delta of the wrong shape": ("delta", "def part(rewards, lengths, greedy, components, extra):\n"
+                                 "    return rewards.flatten()\n", "the deltas has shape (6,), expected (2, 3)"),
+    "ref_update returns None": ("ref_update", "def part(epoch):\n    pass\n", "what it returned is a NoneType"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONTRACT_CASES))
+def test_a_users_part_that_breaks_its_axis_contract_is_refused_when_it_loads(tmp_path, case):
+    """Before: it registered, every run of it failed late (`too many values to unpack (expected 2)` in
+    REPORT.md) naming neither the part nor what it must return. Now the include itself is one line naming the
+    part, its file, what is wrong and the axis's contract; the part is not left registered."""
+    axis, body, problem = CONTRACT_CASES[case]
+    f = tmp_path / "mine.py"
+    f.write_text(f"import torch\nfrom grpo_bench.registry import register\n\n\n@register({axis!r}, 'mine')\n{body}")
+    with pytest.raises(registry.IncludeError) as e:
+        registry.include(f)
+    line = str(e.value)
+    assert "\n" not in line and line.startswith(f"{axis} 'mine' in {f}: {problem}"), line
+    assert line.endswith(f"; a {axis} part is {registry.CONTRACTS[axis]}"), line
+    assert "mine" not in registry.names(axis)
+
+
+def test_the_loss_returning_one_tensor_is_one_line_from_run_and_module_function(tmp_path, monkeypatch):
+    """The issue's case end to end: `run` with the include exits 2 on one line naming the loss and its file,
+    before any run; `module:function` naming the same function does too, naming the config key."""
+    d = tmp_path / "parts"
+    d.mkdir()
+    (d / "one_tensor.py").write_text("import torch\nfrom grpo_bench.registry import register\n\n\n"
+                                     "def loss(logp, old_logp, deltas, mask):\n"
+                                     "    return -torch.exp(logp - old_logp) * deltas[..., None]\n\n\n"
+                                     "register('loss', 'one_tensor')(loss)\n")
+    abl = _ablation(tmp_path, ["parts/one_tensor.py"], {"a": {"loss": "one_tensor"}}, seeds=1)
+    r = _cli("run", str(abl), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"error: {abl}: include: loss 'one_tensor' in {d / 'one_tensor.py'}: returned a Tensor, "
+                           "not a pair (per-token loss, regions); a loss part is fn(logp, old_logp (B, G, T)"), line
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "bare_loss.py").write_text("import torch\n\ndef loss(logp, old_logp, deltas, mask):\n"
+                                           "    return -logp * deltas[..., None]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        resolve_run({**TINY, "loss": "bare_loss:loss"})
+    assert e.value.key == "loss" and f"loss 'bare_loss:loss' in {tmp_path / 'bare_loss.py'}: returned a Tensor" \
+        in str(e.value), str(e.value)
+
+
+def test_every_shipped_part_meets_its_axis_contract():
+    """The check refuses nothing the package ships: each of its parts, called as a user's would be, passes
+    (a check too strict for a real part would refuse users' parts like it)."""
+    from grpo_bench.algos import contracts
+
+    checked = 0
+    for axis in contracts.CHECKED_AXES:
+        for name in registry.names(axis):
+            assert contracts.problem(registry.entry(axis, name)) is None, (axis, name)
+            checked += 1
+    assert checked >= 60
+    assert set(contracts.CHECKED_AXES) | {"reward", "task"} == set(registry.AXES) == set(registry.CONTRACTS)
+
+
+def test_the_include_docs_show_each_axis_contract():
+    text = (ROOT / "docs" / "extending.md").read_text()
+    for axis, contract in registry.CONTRACTS.items():
+        assert f"| `{axis}` | `{contract}` |" in text, axis

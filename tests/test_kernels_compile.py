@@ -11,8 +11,9 @@ import sys
 import textwrap
 
 import pytest
+from helpers import needs
 
-pytest.importorskip("triton")
+needs("triton")
 
 SCRIPT = textwrap.dedent("""
     import os, sys

@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from grpo_bench.numerics.kernels.linear import default_rows, fused_linear_logprobs, tile_shape
+from helpers import needs
 
-pytest.importorskip("triton")
+needs("triton")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=3e-2, atol=3e-2)}

@@ -8,10 +8,11 @@ import math
 
 import pytest
 import torch
+from helpers import needs
 
 from grpo_bench.numerics.kernels import chunked as C
 
-pytest.importorskip("triton")
+needs("triton")
 from grpo_bench.numerics.kernels import logprob as K  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -10,11 +10,12 @@ import math
 
 import pytest
 import torch
+from helpers import needs
 
 from grpo_bench import registry
 from grpo_bench.numerics.logprobs import grpo_loss
 
-pytest.importorskip("triton")
+needs("triton")
 from grpo_bench.numerics.kernels import loss as L  # noqa: E402
 from grpo_bench.numerics.kernels import spec as S  # noqa: E402
 

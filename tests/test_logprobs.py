@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from grpo_bench.numerics.logprobs import grpo_loss, linear_logprobs, resolve_backend, selective_log_softmax, token_logprobs
+from helpers import needs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32 = torch.float32  # explicit everywhere: another test module sets the default dtype to fp64
@@ -188,7 +189,7 @@ def test_auto_picks_triton_only_when_every_tensor_is_on_cuda():
 
     import grpo_bench.numerics.logprobs as LP
     cpu = torch.zeros(1)
-    pytest.importorskip("triton")
+    needs("triton")
     LP._has_triton.cache_clear()  # looked up afresh, not as an earlier test left it
     assert resolve_backend("auto", Cuda(), Cuda()) == "triton"
     assert resolve_backend("auto", Cuda(), cpu) == "chunked" and resolve_backend("auto", cpu) == "chunked"

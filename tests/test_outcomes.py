@@ -20,6 +20,7 @@ from grpo_bench.errors import ConfigError
 from grpo_bench.registry import get
 from grpo_bench.store import rundir as ST
 from grpo_bench.sweep import runner as RN
+from helpers import needs
 
 SMALL = {"name": "arithmetic", "ops": {"add": [0, 99]}, "model": {"source": "tiny-scratch", "layers": 1, "width": 32,
          "heads": 2}, "prompts_per_step": 4, "sampling": {"max_new_tokens": 5}, "eval_size": 12, "pass_k": 2}
@@ -130,7 +131,7 @@ def test_without_pass_at_k_k_correct_is_none():
 
 @pytest.mark.parametrize("subset", [0, 7])
 def test_the_gym_task_keeps_the_verifiers_outcomes(subset):
-    pytest.importorskip("reasoning_gym")
+    needs("gym")
     base = {"name": "gym", "dataset": "countdown", "config": {"min_numbers": 4, "max_numbers": 4},
             "model": {"layers": 1, "width": 32, "heads": 2}, "prompts_per_step": 4, "eval_size": 20, "pass_k": 2,
             "eval_subset": subset}

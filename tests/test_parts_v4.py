@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers import close, rand_batch
+from helpers import close, rand_batch, needs
 
 from grpo_bench import registry
 from grpo_bench.algos.deltas import Extra
@@ -310,7 +310,7 @@ def test_a2po_loss_is_handed_the_reference_and_the_recipe_computes_it():
 
 
 def _trl_a2po():
-    pytest.importorskip("trl")
+    needs("trl")
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

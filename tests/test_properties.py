@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from grpo_bench import registry
 from grpo_bench.numerics.logprobs import grpo_loss, token_logprobs
+from helpers import needs
 
 F64 = torch.float64
 # no explain phase: it traces lines with sys.settrace, which scripts/mutate.py uses too
@@ -420,7 +421,7 @@ def test_grpo_loss_backends_against_the_composition(backend, data, loss, kl, agg
 @given(data=token_batches(), loss=st.sampled_from(FUSED_LOSSES), kl=st.sampled_from(FUSED_KLS),
        agg=st.sampled_from(registry.names("aggregate")), seed=st.integers(0, 3))
 def test_fused_kernel_against_the_composition(data, loss, kl, agg, seed):
-    pytest.importorskip("triton")
+    needs("triton")
     if not torch.cuda.is_available():
         import os
         if os.environ.get("TRITON_INTERPRET") != "1":

@@ -19,8 +19,9 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from helpers import ROOT, needs
 
-ray = pytest.importorskip("ray")  # the ray extra (pip install -e '.[ray]'); without it these tests skip
+ray = needs("ray")  # the ray extra (pip install -e '.[ray]'); without it these tests skip
 
 from grpo_bench.sweep.cluster import Session
 from grpo_bench.errors import ConfigError
@@ -28,7 +29,6 @@ from grpo_bench.config.ablation import load_ablation
 from grpo_bench.sweep.worker import SCHEDULE
 from grpo_bench.store.rundir import finished
 from grpo_bench.sweep.runner import run_ablation
-from helpers import ROOT
 
 ABLATION = {
     "name": "ray_test",

@@ -13,6 +13,7 @@ from grpo_bench.sweep import runner as RN
 from grpo_bench.sweep import worker as WK
 from grpo_bench.config.ablation import load_ablation
 from test_faults import TINY, one_line, run_main, write
+from helpers import needs
 
 
 @pytest.fixture(autouse=True)
@@ -434,7 +435,7 @@ def test_out_as_a_dangling_symlink_is_one_line(tmp_path, capsys):
 
 def test_a_bad_local_model_is_refused_for_the_gym_task_too(tmp_path):
     """The reasoning-gym task loads the same local directories: the same check when its config loads."""
-    pytest.importorskip("reasoning_gym")
+    needs("gym")
     from grpo_bench.config.run import resolve_run
     from grpo_bench.errors import ConfigError
 
@@ -623,3 +624,92 @@ def test_under_load_busy_loops_end_with_the_script(tmp_path, sig):
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+
+
+# ------------------------------------------- a reward's timeout: every reward, the task's limit (issue 45)
+
+
+def test_a_reward_that_sleeps_forever_ends_its_member_within_the_tasks_limit(tmp_path, monkeypatch):
+    """A reward that sleeps forever (time.sleep(1e6)) on its second call, member 1's first rollout, at the
+    completion of index 5 (prompt 2, G = 2): member 1 fails with RewardTimeout naming the reward, the task's
+    limit (task.reward_timeout, no environment variable) and the prompt; members 0 and 2 finish as they do
+    alone, and the population ends within the limit plus a few seconds. Before: the limit was 300 s and the
+    line named no prompt; a task had no limit of its own."""
+    import time
+
+    from grpo_bench.config.run import resolve_run
+    from grpo_bench.engine.trainer import train, train_population
+
+    monkeypatch.delenv("GRPO_BENCH_REWARD_TIMEOUT", raising=False)
+    (tmp_path / "sleeps_on_second_call.py").write_text(
+        "import time\nCALLS = []\n"
+        "def reward(prompts, completions, **kw):\n"
+        "    CALLS.append(1)\n"
+        "    out = []\n"
+        "    for j, c in enumerate(completions):\n"
+        "        if len(CALLS) == 2 and j == 5:\n"
+        "            time.sleep(1e6)\n"
+        "        out.append(float(c == sorted(c)))\n"
+        "    return out\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    task = {**TINY["task"], "num_prompts": 4, "rewards": {"sleeps_on_second_call:reward": 1.0}, "reward_timeout": 1}
+    raws = [{**TINY, "task": task, "eval_every": 0, "seed": s} for s in range(3)]
+    t0 = time.monotonic()
+    results = train_population([resolve_run(r) for r in raws])
+    took = time.monotonic() - t0
+    assert took < 1 + 5, took
+    assert type(results[1]).__name__ == "RewardTimeout", results[1]
+    assert str(results[1]) == ("reward 'sleeps_on_second_call:reward' did not return within 1 s at prompt 2 of 4 "
+                               "(index of the last completion it read: 5); task.reward_timeout or "
+                               "GRPO_BENCH_REWARD_TIMEOUT sets the limit")
+    import sleeps_on_second_call
+    for i in (0, 2):
+        sleeps_on_second_call.CALLS[:] = [1, 1]   # past the hanging call: the reward as it is for them
+        assert results[i] == train(resolve_run(raws[i])), i
+
+
+@pytest.mark.parametrize("spec", ["correct", "score", "mod:fn"])
+def test_every_reward_call_is_bounded_the_tasks_own_a_verifier_and_a_users(spec):
+    """The limit held only `module:function` rewards: a registered one (the task's own, reasoning-gym's
+    verifier `score`) ran unbounded. A reward that reads nothing before hanging says so."""
+    import time
+
+    from grpo_bench.algos import rewards
+
+    def hangs(prompts, completions, **kw):
+        time.sleep(30)
+
+    t0 = time.monotonic()
+    with pytest.raises(rewards.RewardTimeout) as e:
+        rewards.combine({spec: (hangs, 1.0)}, ["p"] * 4, ["c"] * 4, limit=0.3, group=2, answer=[1] * 4)
+    assert time.monotonic() - t0 < 3
+    assert str(e.value).startswith(f"reward {spec!r} did not return within 0.3 s before reading any of its 4 "
+                                   "completions;"), str(e.value)
+
+
+def test_reward_timeout_default_fits_each_task_and_is_checked():
+    """Each task has its own default limit, which resolve_run checks, and the environment variable overrides."""
+    from grpo_bench.algos import rewards
+    from grpo_bench.config.run import resolve_run
+    from grpo_bench.errors import ConfigError
+
+    assert resolve_run({"task": {"name": "sort"}}).task.reward_timeout == 10.0
+    assert resolve_run({"task": {"name": "arithmetic"}}).task.reward_timeout == 30.0
+    with pytest.raises(ConfigError, match=r"task.reward_timeout: seconds >= 0 \(0: no limit\), got -1"):
+        resolve_run({"task": {"name": "sort", "reward_timeout": -1}})
+    assert rewards.timeout_s(10.0) == 10.0 and rewards.timeout_s() == rewards.REWARD_TIMEOUT_S
+
+
+def test_a_reward_sees_plain_lists_whatever_tracks_its_reading():
+    """What tracks how far a reward read is a list: the reward's own list operations are unchanged."""
+    from grpo_bench.algos import rewards
+
+    seen = {}
+
+    def looks(prompts, completions, **kw):
+        seen.update(isinstance=isinstance(completions, list), eq=completions == ["a", "b"], n=len(completions),
+                    copy=list(completions), sl=completions[::-1], neg=completions[-1])
+        return [1.0, 0.0]
+
+    assert rewards.call("m:f", looks, ["p", "q"], ["a", "b"], limit=5) == [1.0, 0.0]
+    assert seen == {"isinstance": True, "eq": True, "n": 2, "copy": ["a", "b"], "sl": ["b", "a"], "neg": "b"}

@@ -8,6 +8,7 @@ more precise than pixels, and through the written PNGs where only pixels tell.
 import itertools
 import json
 import math
+import re
 import zlib
 
 import numpy as np
@@ -629,7 +630,7 @@ def test_report_markdown_by_hand():
     meta = {"name": "t", "description": "Does b beat a?", "source": "t.yaml", "seeds": list(range(6)),
             "runs": list(summary.run) + ["never-ran"]}
     md = R._markdown(meta, summary, summary[summary.status == "ok"], [("final/reward", "final reward", "reward/mean")],
-                     ["a", "b", "c"], [("curves.png", "the curves")]).splitlines()
+                     ["a", "b", "c"], [("curves.png", "the curves", "<!-- data -->")]).splitlines()
     assert md[:4] == ["# Ablation: t", "", "Does b beat a?", ""]
     assert md[4].startswith("Source `t.yaml`; seeds [0, 1, 2, 3, 4, 5]; 15 runs finished, 1 failed, 1 not run.")
     cell = {v: f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}" for v, xs in finals.items()}
@@ -660,7 +661,7 @@ def test_report_markdown_by_hand():
                                f"{stats.trim_mean(x['a'], 0.25):.3f} [")
     assert md[md.index("## Failed runs"):] == ["## Failed runs", "", "| run | error |", "|---|---|",
                                                "| `c-s5` | boom / bang |", "",
-                                               "## Plots", "", "![the curves](curves.png)", "", "*the curves*"]
+                                               "## Plots", "", "![the curves](curves.png)", "<!-- data -->", "", "*the curves*"]
 
 
 def test_pairwise_and_answer_at_their_edges():
@@ -1375,8 +1376,7 @@ def test_a_redraw_removes_the_figures_its_report_no_longer_draws(tmp_path):
 
 def test_committed_results_match_the_code():
     """Every committed results directory's ablation.json is what its ablation file makes today (description,
-    task, declared curves and metrics, run ids: no retraining needed to check), and its figures are the ones
-    its REPORT.md links. Run ids are planned with the sweep's own --set (results/gpu ran with device=cuda)."""
+    task, declared curves and metrics, run ids: no retraining needed to check). Run ids are planned with the sweep's own --set (results/gpu ran with device=cuda)."""
     import shlex
 
     from grpo_bench.sweep.runner import plan
@@ -1401,8 +1401,6 @@ def test_committed_results_match_the_code():
         assert {k: meta.get(k) for k in record} == record, d
         assert meta["description"] == abl.description, d
         assert [s.run_id for s in plan(abl, meta["seeds"])] == meta["runs"], d
-        linked = R._linked_figures(d / "REPORT.md")
-        assert linked == {p.name for p in d.glob("*.png")}, d
         checked += 1
     assert checked >= 25
 
@@ -1456,14 +1454,36 @@ def test_report_splits_the_final_accuracy_between_seeds_and_problems(tmp_path):
     assert "## Seeds and problems" not in R.make_report(d).read_text()
 
 
-def test_committed_compare_is_what_the_code_makes(tmp_path, capsys, monkeypatch):
-    """results/compare_*/COMPARE.md is rebuilt from the two directories it names by today's code (it once lagged
-    the task margins by two versions)."""
-    monkeypatch.chdir(ROOT)
-    for committed in sorted((ROOT / "results").glob("compare_*/COMPARE.md")):
-        out = tmp_path / committed.parent.name
-        a, b = committed.parent.name.removeprefix("compare_").split("_vs_")
-        code, _, err = run_main(capsys, "compare", f"results/{a}", f"results/{b}", "--out", out)
+def _committed_dirs() -> list:
+    """Every directory under results/ that holds a report, a comparison or an ablation's files."""
+    marks = ("REPORT.md", "COMPARE.md", "ablation.json")
+    return sorted({p.parent for m in marks for p in (ROOT / "results").glob(f"**/{m}")})
+
+
+@pytest.mark.parametrize("d", _committed_dirs(), ids=lambda d: str(d.relative_to(ROOT / "results")))
+def test_committed_report_figures_and_compare_are_what_the_code_writes(d, tmp_path, capsys, monkeypatch):
+    """Each committed REPORT.md (or COMPARE.md) is, character for character, what `plot` (or the `compare`
+    command it names) writes from the directory's files today, and its figure files are the ones that
+    writes. A figure is held by its data, not its pixels: the text carries each figure's digest of what it
+    draws (grpo_bench/analysis/figdata.py), so a change to a figure's code or data changes the text.
+    results/headroom_search_start's REPORT.md once lagged the interval wording and margins by versions."""
+    import shlex
+
+    figures = {p.name for p in d.iterdir() if p.suffix in (".png", ".pdf", ".svg")}
+    if (d / "COMPARE.md").exists():
+        committed = (d / "COMPARE.md").read_text()
+        rebuild = re.search(r"Rebuild with `python -m grpo_bench (compare [^`]*)`", committed).group(1)
+        words = shlex.split(rebuild)
+        words[words.index("--out") + 1] = str(tmp_path)
+        monkeypatch.chdir(ROOT)
+        code, _, err = run_main(capsys, *words)
         assert code == 0, err
-        made = (out / "COMPARE.md").read_text().replace(str(out), f"results/{committed.parent.name}")
-        assert made == committed.read_text(), committed
+        assert (tmp_path / "COMPARE.md").read_text().replace(str(tmp_path), str(d.relative_to(ROOT))) == committed
+        assert figures == {p.name for p in tmp_path.iterdir() if p.suffix in (".png", ".pdf", ".svg")}, d
+        return
+    assert (d / "REPORT.md").is_file() and (d / "ablation.json").is_file(), f"{d}: a report without its files"
+    text, drawn = R.render(d)
+    for _, fig in drawn:
+        R.plt.close(fig)
+    assert text == (d / "REPORT.md").read_text(), f"{d}: run `python -m grpo_bench plot {d.relative_to(ROOT)}`"
+    assert figures == {name for name, _ in drawn}, d

@@ -23,7 +23,7 @@ from grpo_bench.sweep import trackers as T
 from grpo_bench.__main__ import main
 from grpo_bench.errors import ConfigError
 from grpo_bench.config.run import resolve_run, run_dict
-from helpers import ROOT
+from helpers import ROOT, needs
 
 ABL = str(ROOT / "ablations" / "loss_modes.yaml")
 INSTALLED = [n for n in T.BACKENDS if T.importlib.util.find_spec(n)]
@@ -113,7 +113,7 @@ def test_steps_are_grouped_and_ordered():
 
 
 def test_tensorboard_round_trip(logged):
-    pytest.importorskip("tensorboard")
+    needs("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -188,7 +188,7 @@ def _wandb_run(d: Path) -> dict:
 
 
 def test_wandb_offline_round_trip(logged):
-    pytest.importorskip("wandb")
+    needs("wandb")
     runs = {r["name"]: r for r in map(_wandb_run, sorted((logged / "wandb").glob("offline-run-*")))}
     assert set(runs) == {s["run"] for _, _, s in RESULTS}
     for cfg, rows, summary in RESULTS:
@@ -214,7 +214,7 @@ def test_wandb_offline_round_trip(logged):
 
 
 def test_mlflow_round_trip(logged):
-    pytest.importorskip("mlflow")
+    needs("mlflow")
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{logged}/mlflow.db")
@@ -255,7 +255,7 @@ print(json.dumps({r: {"logs": S.get_logs("proj", r), "config": S.get_run_config(
 
 
 def test_trackio_round_trip(logged):
-    pytest.importorskip("trackio")
+    needs("trackio")
     # trackio fixes its store when imported: read it in a process of its own, as the logging was written
     res = subprocess.run([sys.executable, "-c", READ_TRACKIO], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, TRACKIO_DIR=str(logged / "trackio")))

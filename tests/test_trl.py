@@ -14,8 +14,9 @@ import sys
 
 import pytest
 import torch
+from helpers import ROOT, needs
 
-pytest.importorskip("trl")  # the trl extra (pip install -e '.[trl]'); without it these tests skip
+needs("trl")  # the trl extra (pip install -e '.[trl]'); without it these tests skip
 from datasets import Dataset  # noqa: E402  (comes with trl)
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
@@ -29,8 +30,6 @@ from grpo_bench.algos import rewards as lm_rewards
 from grpo_bench.tasks.lm.models import build_tiny, lora_factors
 from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
 from grpo_bench.numerics.logprobs import grpo_loss
-
-from helpers import ROOT
 
 B, G, T, P = 8, 4, 6, 3  # completions, group size, completion tokens, prompt tokens
 

@@ -17,9 +17,9 @@ import sys
 import pytest
 import torch
 
-from helpers import ROOT
+from helpers import ROOT, needs
 
-pytest.importorskip("trl")
+needs("trl")
 WORKER = ROOT / "tests" / "trl_worker.py"
 TIMING = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
 

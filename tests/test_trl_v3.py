@@ -10,8 +10,9 @@ import math
 
 import pytest
 import torch
+from helpers import needs
 
-pytest.importorskip("trl")
+needs("trl")
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict  # noqa: E402
 

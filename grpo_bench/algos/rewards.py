@@ -12,11 +12,23 @@ with the same keyword arguments, so a function takes what it needs and **kwargs:
     gym         as arithmetic, answer being the dataset's reference answer (text), and
                 entry: the reasoning-gym entries (grpo_bench/tasks/gym.py Entry)
 
-Every call goes through `call`: a score that is not finite is an error (NonFiniteReward),
-never a reward, and a `module:function` call that has not returned after REWARD_TIMEOUT_S
-seconds (environment GRPO_BENCH_REWARD_TIMEOUT; 0: none) raises RewardTimeout, from any
-thread (`bounded`). The tasks call rewards member by member, so either error fails only the
-run whose prompt it was.
+Every call of a reward goes through `call`, whoever wrote it (the task's own, a reasoning-gym
+verifier, a user's `module:function`): a score that is not finite is an error (NonFiniteReward),
+never a reward, and a call that has not returned after its limit raises RewardTimeout, from any
+thread (`bounded`), naming the reward, the limit and the prompt it had got to. The limit is the
+task's `reward_timeout` (seconds a call may take; each task's default fits what its own rewards
+take), overridden for every task of a process by the environment variable GRPO_BENCH_REWARD_TIMEOUT
+(0: none). The tasks call rewards member by member, so either error fails only the run whose prompt
+it was. (sort's built-in rewards are not calls: they are tensor forms of match and inclusion_order
+computed for the whole population at once, with nothing that can stall.)
+
+How the limit is kept, measured per call on this machine's CPU (scripts in docs/reliability.md):
+SIGALRM in the main thread costs a few microseconds and also ends a blocking call (a sleep, a socket);
+a thread waited on costs tens of microseconds and cannot end a call blocked in C (it is abandoned, a
+daemon); a process per call costs tens of milliseconds, and a persistent reward process would have to
+pickle every batch, the reward and its keyword arguments (reasoning-gym entries) each way. So: SIGALRM
+where it can be used, the thread elsewhere. What neither ends is one C call that never returns to
+Python (a regular expression that backtracks forever): the alarm is handled when it returns.
 """
 from __future__ import annotations
 
@@ -47,21 +59,44 @@ class RewardTimeout(TimeoutError):
     pass
 
 
-REWARD_TIMEOUT_S = 300.0  # a user reward scores one member's batch; GRPO_BENCH_REWARD_TIMEOUT overrides
+REWARD_TIMEOUT_S = 300.0  # a call without a task's limit (a reward called by hand)
 
 
-def timeout_s() -> float:
-    """Seconds a `module:function` reward call may take (GRPO_BENCH_REWARD_TIMEOUT; 0 or less: no limit)."""
+def timeout_s(configured: float | None = None) -> float:
+    """Seconds a reward call may take: GRPO_BENCH_REWARD_TIMEOUT if set, else the task's `configured`
+    reward_timeout, else REWARD_TIMEOUT_S; 0 or less: no limit."""
     text = os.environ.get("GRPO_BENCH_REWARD_TIMEOUT")
+    if text is None:
+        return REWARD_TIMEOUT_S if configured is None else float(configured)
     try:
-        return REWARD_TIMEOUT_S if text is None else float(text)
+        return float(text)
     except ValueError:
         raise ValueError(f"GRPO_BENCH_REWARD_TIMEOUT: expected seconds, got {text!r}") from None
 
 
 def _expired(spec: str, seconds: float) -> RewardTimeout:
-    return RewardTimeout(f"reward {spec!r} did not return within {seconds:g} s (GRPO_BENCH_REWARD_TIMEOUT sets "
-                         "the limit)")
+    return RewardTimeout(f"reward {spec!r} did not return within {seconds:g} s")
+
+
+class _Read(list):
+    """A list that remembers the furthest index a reward read of it: where a call that never returned had
+    got to (a reward that reads every completion first, into an array, is reported at the last)."""
+
+    __slots__ = ("furthest",)
+
+    def __init__(self, items):
+        super().__init__(items)
+        self.furthest = -1
+
+    def __iter__(self):
+        for i in range(len(self)):
+            self.furthest = max(self.furthest, i)
+            yield list.__getitem__(self, i)
+
+    def __getitem__(self, k):
+        if isinstance(k, int) and self:
+            self.furthest = max(self.furthest, k % len(self))
+        return list.__getitem__(self, k)
 
 
 def bounded(spec: str, seconds: float, fn: Callable, args: tuple = (), kwargs: dict | None = None):
@@ -125,13 +160,21 @@ def _deadline(spec: str, seconds: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def call(spec: str, fn: RewardFn, prompts: list, completions: list, **kwargs) -> list[float]:
+def call(spec: str, fn: RewardFn, prompts: list, completions: list, *, limit: float | None = None,
+         group: int = 1, **kwargs) -> list[float]:
     """fn's scores of the completions as floats (None, TRL's "does not apply", is 0); ValueError when it
-    returns another number of them, NonFiniteReward for inf or NaN, RewardTimeout past the limit."""
-    if ":" in spec:  # a user's function: bounded, in whatever thread the task calls it from
-        scores = bounded(spec, timeout_s(), fn, (prompts, completions), kwargs)
-    else:
-        scores = fn(prompts, completions, **kwargs)
+    returns another number of them, NonFiniteReward for inf or NaN, RewardTimeout past timeout_s(limit).
+    group: completions per prompt (prompts repeat, one per completion), to name the prompt's index."""
+    seconds = timeout_s(limit)
+    read_p, read_c = _Read(prompts), _Read(completions)
+    try:
+        scores = bounded(spec, seconds, fn, (read_p, read_c), kwargs)
+    except RewardTimeout as e:
+        at = max(read_p.furthest, read_c.furthest)
+        where = (f"before reading any of its {len(completions)} completions" if at < 0 else
+                 f"at prompt {at // group} of {math.ceil(len(completions) / group)} (index of the last "
+                 f"completion it read: {at})")
+        raise RewardTimeout(f"{e} {where}; task.reward_timeout or GRPO_BENCH_REWARD_TIMEOUT sets the limit") from None
     if len(scores) != len(completions):
         raise ValueError(f"reward {spec!r} returned {len(scores)} scores for {len(completions)} completions")
     out = [0.0 if s is None else float(s) for s in scores]
@@ -265,13 +308,14 @@ def metric_name(spec: str) -> str:
     return spec.rpartition(":")[2]
 
 
-def combine(fns: dict[str, tuple[RewardFn, float]], prompts: list, completions: list,
-            **kwargs) -> tuple[list[float], dict[str, list[float]]]:
-    """Weighted total per completion, and each function's raw scores keyed by its metric name."""
+def combine(fns: dict[str, tuple[RewardFn, float]], prompts: list, completions: list, *, limit: float | None = None,
+            group: int = 1, **kwargs) -> tuple[list[float], dict[str, list[float]]]:
+    """Weighted total per completion, and each function's raw scores keyed by its metric name (call's
+    limit and group for each)."""
     total = [0.0] * len(completions)
     parts = {}
     for spec, (fn, weight) in fns.items():
-        scores = call(spec, fn, prompts, completions, **kwargs)
+        scores = call(spec, fn, prompts, completions, limit=limit, group=group, **kwargs)
         parts[metric_name(spec)] = scores
         total = [t + weight * s for t, s in zip(total, scores)]
     return total, parts

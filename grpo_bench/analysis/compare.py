@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import kendalltau, rankdata
 
-from . import report
+from . import figdata, report
 from ..store import stats
 from ..store import rundir
 from ..store.metrics import higher_is_better, main_column, resolve_column
@@ -224,12 +224,15 @@ def compare(dirs: list[str | Path], metrics: list[str] | None = None, out: str |
     out = Path(out) if out else Path(dirs[0]).parent / ("compare_" + "_vs_".join(s.name for s in sides))
     out.mkdir(parents=True, exist_ok=True)
     with report.style():
-        name = report.save(figure(sides), out, "compare", fmt)
+        fig = figure(sides)
+        name = f"compare.{fmt}"
+        data = figdata.note(name, fig)  # before save, which closes the figure
+        report.save(fig, out, "compare", fmt)
     text = (f"# Compare: {' vs '.join(s.name for s in sides)}\n\n"
             + "".join(f"- `{s.dir}`: {report.label_column(s.column)} (`{s.column}`), {s.seeds} seeds\n" for s in sides)
             + f"\nRebuild with `python -m grpo_bench compare {' '.join(str(s.dir) for s in sides)}"
             + "".join(f" --metric {m}" for m in metrics if m) + (f" --format {fmt}" if fmt != "png" else "")
-            + f" --out {out}`.\n\n" + markdown(sides) + f"\n![side by side]({name})\n")
+            + f" --out {out}`.\n\n" + markdown(sides) + f"\n![side by side]({name})\n{data}\n")
     (out / "COMPARE.md").write_text(text)
     return out / "COMPARE.md", text
 

@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from ..store import metrics, stats  # noqa: E402
+from . import figdata  # noqa: E402
 from ..store.metrics import final_names, headline_columns, higher_is_better, main_column, main_metrics  # noqa: E402
 from ..store.rundir import load, load_outcomes  # noqa: E402
 
@@ -606,7 +607,10 @@ def build_figures(out: str | Path, fits: dict | None = None) -> list[tuple[str, 
     return figures
 
 
-def make_report(out: str | Path, fmt: str = "png") -> Path:
+def render(out: str | Path, fmt: str = "png") -> tuple[str, list[tuple[str, object]]]:
+    """REPORT.md's text and its figures as (file name, Figure), from the directory's files; nothing is
+    written. The text holds each figure's data digest (figdata), so it alone says whether a committed
+    figure is what this code draws."""
     out = Path(out)
     if fmt not in FORMATS:
         raise ValueError(f"format: {fmt!r}; valid: {', '.join(FORMATS)}")
@@ -614,11 +618,20 @@ def make_report(out: str | Path, fmt: str = "png") -> Path:
     ok = summary[summary.status == "ok"]
     curves = by_metric(table)
     fits = curve_fits(meta, curves)
-    before = _linked_figures(out / "REPORT.md")
-    with style():
-        figures = [(save(fig, out, stem, fmt), caption) for stem, fig, caption in build_figures(out, fits)]
-    text = _markdown(meta, summary, ok, headline_columns(summary, meta), meta["variants"], figures, fits,
+    figures = [(f"{stem}.{fmt}", caption, fig) for stem, fig, caption in build_figures(out, fits)]
+    text = _markdown(meta, summary, ok, headline_columns(summary, meta), meta["variants"],
+                     [(name, caption, figdata.note(name, fig)) for name, caption, fig in figures], fits,
                      load_outcomes(out), eval_points_text(curves))
+    return text, [(name, fig) for name, _, fig in figures]
+
+
+def make_report(out: str | Path, fmt: str = "png") -> Path:
+    out = Path(out)
+    before = _linked_figures(out / "REPORT.md")
+    text, figures = render(out, fmt)
+    with style():
+        for name, fig in figures:
+            save(fig, out, Path(name).stem, fmt)
     tmp = out / f".REPORT.md.tmp-{os.getpid()}"  # whole or not at all: a full disk keeps the last report
     try:
         tmp.write_text(text)
@@ -899,6 +912,6 @@ def _markdown(meta, summary, ok, headline, order, figures, fits: dict | None = N
         lines.append("")
     if figures:
         lines += ["## Plots", ""]
-        for name, caption in figures:
-            lines += [f"![{caption}]({name})", "", f"*{caption}*", ""]
+        for name, caption, data in figures:
+            lines += [f"![{caption}]({name})", data, "", f"*{caption}*", ""]
     return "\n".join(lines)

@@ -140,6 +140,10 @@ class ArithmeticConfig:
     pass_k: int = 8
     """k of eval/pass@k and eval/mean@k (k samples per held-out problem: whether any is right, and the share
     that is); 0 skips both."""
+    reward_timeout: float = field(default=30.0, metadata=NEW_OPTION)
+    """Seconds one reward call may take (it scores one member's prompts_per_step x G completions, which the
+    built-in rewards do in milliseconds); past it that member fails with RewardTimeout. 0: no limit; the
+    environment variable GRPO_BENCH_REWARD_TIMEOUT overrides it."""
     eval_subset: int = field(default=0, metadata=NEW_OPTION)
     """Held-out problems of an evaluation in the middle of a run: the first eval_subset of the eval_size
     (eval/problems logs how many), for cheaper curves; the evaluations at step 0 and at the end always take
@@ -173,6 +177,7 @@ class ArithmeticConfig:
             raise ValueError(f"eval_size: must be >= 1 and at most half of the {problems.space_size(self.ops)} "
                              f"distinct problems (the rest are the training stream), got {self.eval_size}")
         rewards.check(self.rewards, "arithmetic")
+        check_reward_timeout(self)
         positive = {"prompts_per_step": self.prompts_per_step, "sampling.max_new_tokens": self.sampling.max_new_tokens,
                     "lora.rank": self.lora.rank, "lora.alpha": self.lora.alpha, "model.layers": self.model.layers,
                     "model.width": self.model.width, "model.heads": self.model.heads}
@@ -199,6 +204,12 @@ class ArithmeticConfig:
         elif self.model.source != shipped.SCRATCH:
             from .lm import models
             models.check_local_source(self.model.source)
+
+
+def check_reward_timeout(cfg) -> None:
+    if isinstance(cfg.reward_timeout, bool) or not isinstance(cfg.reward_timeout, (int, float)) \
+            or not cfg.reward_timeout >= 0:
+        raise ValueError(f"reward_timeout: seconds >= 0 (0: no limit), got {cfg.reward_timeout!r}")
 
 
 def check_eval_subset(cfg) -> None:
@@ -335,7 +346,13 @@ class Arithmetic:
 
     def _correct(self, batch: list, texts: list[str], n: int = 1) -> list[float]:
         """1.0 per completion (n per problem of batch) that answers exactly, else 0.0."""
-        return self._rewards_mod.correct([], texts, answer=[q.answer for q in batch for _ in range(n)])
+        r = self._rewards_mod
+        return r.call("correct", r.correct, [q for q in batch for _ in range(n)], texts,
+                      limit=self.cfg.reward_timeout, group=n, answer=[q.answer for q in batch for _ in range(n)])
+
+    def _member_correct(self, member: int, batch: list, texts: list[str], n: int = 1) -> list[float]:
+        """_correct of one member's completions; a verifier that raises or hangs fails that member alone."""
+        return guarded(self.failed, member, lambda: self._correct(batch, texts, n), [0.0] * len(texts))
 
     def _format(self, texts: list[str], finished: list[bool]) -> list[float]:
         return self._rewards_mod.scratchpad_format([], texts, finished=finished)
@@ -397,7 +414,8 @@ class Arithmetic:
         """Weighted total reward and the raw components of the n completions of each problem."""
         prompts = [self._render(p) for p in batch for _ in range(n)]
         return self._rewards_mod.combine(
-            self.rewards, prompts, texts, answer=[p.answer for p in batch for _ in range(n)],
+            self.rewards, prompts, texts, limit=self.cfg.reward_timeout, group=n,
+            answer=[p.answer for p in batch for _ in range(n)],
             finished=finished.tolist(), completion_lengths=mask.sum(-1).long().tolist(),
             max_new_tokens=self.cfg.sampling.max_new_tokens)
 
@@ -427,7 +445,7 @@ class Arithmetic:
             components.append(self._rewards_mod.components(parts, b, g, self.device))
             for name, v in parts.items():
                 metrics.setdefault(f"reward/{name}", []).append(sum(v) / len(v))
-            right[rows] = torch.tensor(self._correct(batch, texts[rows], g), dtype=torch.bool)
+            right[rows] = torch.tensor(self._member_correct(i, batch, texts[rows], g), dtype=torch.bool)
         metrics = {k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}
         metrics["response/finished"] = finished.float().view(p, n).mean(1)
         # Dr. GRPO's length bias shows as wrong answers growing longer: lengths split by exact correctness
@@ -622,7 +640,7 @@ class Arithmetic:
             for i in range(p):
                 rows = slice(i * n, (i + 1) * n)
                 # exact correctness whatever the training rewards, so reward mixes stay comparable
-                scores[i][0] += self._correct(batch, texts[rows])
+                scores[i][0] += self._member_correct(i, batch, texts[rows])
                 scores[i][1] += self._member_score(i, batch, texts[rows], mask[rows], finished[rows], 1)[0]
                 scores[i][2] += self._format(texts[rows], finished[rows].tolist())
         for start in range(0, len(heldout), SAMPLE_CHUNK if k else len(heldout)):
@@ -635,7 +653,7 @@ class Arithmetic:
             texts, _, _ = self._decode(self._generate(ids.repeat_interleave(k, 0).repeat(p, 1),
                                                       attn.repeat_interleave(k, 0).repeat(p, 1), gens))
             for i in range(p):
-                hits = torch.tensor(self._correct(batch, texts[i * n * k:(i + 1) * n * k], k)).view(n, k)
+                hits = torch.tensor(self._member_correct(i, batch, texts[i * n * k:(i + 1) * n * k], k)).view(n, k)
                 scores[i][3] += hits.amax(-1).tolist()   # some of the k samples is right
                 scores[i][4] += hits.mean(-1).tolist()   # the share of them that is: the sampler's accuracy
                 right[i] += hits.sum(-1).long().tolist()

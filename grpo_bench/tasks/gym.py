@@ -31,7 +31,8 @@ from functools import lru_cache
 from ..config.run import NEW_OPTION
 from ..numerics import rng
 from ..registry import register
-from .arithmetic import Arithmetic, LoraSection, ModelSection, SamplingSection, check_eval_subset, check_numerics
+from .arithmetic import (Arithmetic, LoraSection, ModelSection, SamplingSection, check_eval_subset, check_numerics,
+                         check_reward_timeout)
 
 INSTALL = "pip install -e '.[gym]' (reasoning-gym==0.1.25)"
 TEMPLATES = ("auto", "compact", "chat")
@@ -314,6 +315,10 @@ class GymConfig:
     """Seed of the held-out generator; the same for every run so variants are compared on the same problems."""
     pass_k: int = 8
     """k of eval/pass@k and eval/mean@k; 0 skips both."""
+    reward_timeout: float = field(default=60.0, metadata=NEW_OPTION)
+    """Seconds one reward call may take, the dataset's verifier included (it scores one member's
+    prompts_per_step x G completions: milliseconds for the supported datasets); past it that member fails
+    with RewardTimeout. 0: no limit; the environment variable GRPO_BENCH_REWARD_TIMEOUT overrides it."""
     eval_subset: int = field(default=0, metadata=NEW_OPTION)
     """Held-out problems of an evaluation in the middle of a run: the first eval_subset (eval/problems logs
     how many); those at step 0 and at the end take all eval_size. 0: all of them at every evaluation."""
@@ -344,6 +349,7 @@ class GymConfig:
         if self.eval_size < 1:
             raise ValueError(f"eval_size: must be >= 1, got {self.eval_size}")
         rewards.check(self.rewards, "gym")
+        check_reward_timeout(self)
         for key, value in {"prompts_per_step": self.prompts_per_step,
                            "sampling.max_new_tokens": self.sampling.max_new_tokens, "lora.rank": self.lora.rank,
                            "lora.alpha": self.lora.alpha}.items():
@@ -455,7 +461,10 @@ class Gym(Arithmetic):
                            lambda e: self._length(e) <= self.width)
 
     def _correct(self, batch: list, texts: list[str], n: int = 1) -> list[float]:
-        return [float(s == 1.0) for s in score([e for e in batch for _ in range(n)], texts)]
+        entries = [e for e in batch for _ in range(n)]
+        scores = self._rewards_mod.call("score", gym_score, [e.question for e in entries], texts,
+                                        limit=self.cfg.reward_timeout, group=n, entry=entries)
+        return [float(s == 1.0) for s in scores]
 
     def _format(self, texts: list[str], finished: list[bool]) -> list[float]:
         return [float(bool(f) and bool(t.strip())) for t, f in zip(texts, finished)]
@@ -463,7 +472,8 @@ class Gym(Arithmetic):
     def _score(self, batch: list, texts: list[str], mask, finished, n: int):
         prompts = [self._render(e) for e in batch for _ in range(n)]
         return self._rewards_mod.combine(
-            self.rewards, prompts, texts, entry=[e for e in batch for _ in range(n)],
+            self.rewards, prompts, texts, limit=self.cfg.reward_timeout, group=n,
+            entry=[e for e in batch for _ in range(n)],
             answer=[e.answer for e in batch for _ in range(n)], finished=finished.tolist(),
             completion_lengths=mask.sum(-1).long().tolist(), max_new_tokens=self.cfg.sampling.max_new_tokens)
 

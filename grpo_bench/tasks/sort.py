@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..numerics import rng
 from ..algos import rewards as algos_rewards
+from ..config.run import NEW_OPTION
 from ..numerics.kernels.chunked import _LOG_FLOOR
 from ..store.metrics import Metric
 from ..registry import register
@@ -47,6 +48,10 @@ class SortConfig:
     """Embedding width of the policy."""
     eval_prompts: int = 256
     """Held-out random prompts for greedy evaluation (the fixed prompts are evaluated too, when given)."""
+    reward_timeout: float = field(default=10.0, metadata=NEW_OPTION)
+    """Seconds one call of a `module:function` reward may take (it scores one member's B x G responses, which
+    the built-in rewards do in microseconds); past it that member fails with RewardTimeout. 0: no limit;
+    the environment variable GRPO_BENCH_REWARD_TIMEOUT overrides it."""
 
     @property
     def generation_budget(self) -> int:
@@ -58,6 +63,8 @@ class SortConfig:
         if self.vocab < 2:
             raise ValueError(f"vocab: must be >= 2, got {self.vocab}")
         algos_rewards.check(self.rewards, "sort")
+        if not self.reward_timeout >= 0:
+            raise ValueError(f"reward_timeout: seconds >= 0 (0: no limit), got {self.reward_timeout}")
         if self.num_prompts < 1 or self.dim < 1 or self.eval_prompts < 1:
             raise ValueError("num_prompts: num_prompts, dim and eval_prompts must be >= 1")
         if self.prompts is not None:
@@ -125,15 +132,15 @@ def _inclusion_order(prompts: Tensor, responses: Tensor) -> Tensor:
 TENSOR_REWARDS = {algos_rewards.match: _match, algos_rewards.inclusion_order: _inclusion_order}
 
 
-def score(fns: dict, prompts: Tensor, responses: Tensor,
-          failed: dict[int, Exception] | None = None) -> tuple[Tensor, dict[str, Tensor], Tensor]:
+def score(fns: dict, prompts: Tensor, responses: Tensor, failed: dict[int, Exception] | None = None,
+          limit: float | None = None) -> tuple[Tensor, dict[str, Tensor], Tensor]:
     """prompts (P, ..., B, n), responses (P, ..., B, G, n) -> total rewards (P, ..., B, G), each reward's
     mean (P, ...), and the raw scores (P, ..., B, G, C) of the C reward functions (their weighted sum is the total).
 
     The weighted sum is taken in float64, in the order of the reward mapping, as
     rewards.combine sums it, then rounded to fp32 once. A `module:function` reward is called member by
     member (the leading axis): one that raises for member p, or scores it inf or NaN, records the error
-    in `failed[p]` and scores it 0 (without `failed`, it raises).
+    in `failed[p]` and scores it 0 (without `failed`, it raises); `limit`: each call's seconds (rewards.call).
     """
     *lead, g, n = responses.shape
     total = torch.zeros(responses.shape[:-1], dtype=torch.float64, device=responses.device)
@@ -145,7 +152,8 @@ def score(fns: dict, prompts: Tensor, responses: Tensor,
         else:
             def member(p_prompts, p_responses):
                 flat_p = [row for row in p_prompts.reshape(-1, n).tolist() for _ in range(g)]
-                return algos_rewards.call(spec, fn, flat_p, p_responses.reshape(-1, n).tolist())
+                return algos_rewards.call(spec, fn, flat_p, p_responses.reshape(-1, n).tolist(), limit=limit,
+                                          group=g)
             per = responses[0].shape[:-1].numel()
             rows = [member(prompts[i], responses[i]) if failed is None else
                     guarded(failed, i, lambda i=i: member(prompts[i], responses[i]), [0.0] * per)
@@ -274,7 +282,7 @@ class SortTask:
                              for s in self.seeds])                              # (P, B, n, G)
         draws = torch.searchsorted(probs.cumsum(-1), u).clamp(max=v - 1)       # (P, B, n, G)
         responses = draws.permute(0, 1, 3, 2).to(self.device)                  # (P, B, G, n)
-        rewards, metrics, components = score(self.rewards, prompts, responses, self.failed)
+        rewards, metrics, components = score(self.rewards, prompts, responses, self.failed, self.cfg.reward_timeout)
         solved = (responses == prompts.sort(-1).values.unsqueeze(2)).all(-1).float()
         metrics["reward/solved"] = solved.flatten(1).mean(-1)
         sampler_logp = None
@@ -325,7 +333,8 @@ class SortTask:
             u = torch.stack([torch.rand(b, npos, n, generator=rng.stream(s, "reference_samples", self._ref_draws))
                              for s in self.seeds])                                   # (P, B, npos, n)
         draws = torch.searchsorted(probs.cumsum(-1), u).clamp(max=v - 1)
-        return score(self.rewards, rollout.prompts, draws.permute(0, 1, 3, 2).to(self.device))[0]
+        return score(self.rewards, rollout.prompts, draws.permute(0, 1, 3, 2).to(self.device),
+                     limit=self.cfg.reward_timeout)[0]
 
     @torch.no_grad()
     def mix_reference(self, weights: list[float]) -> None:
@@ -336,7 +345,7 @@ class SortTask:
     @torch.no_grad()
     def greedy_rewards(self, rollout: Rollout) -> Tensor:
         greedy = self.policy(rollout.prompts).argmax(-1).unsqueeze(2)  # (P, B, 1, n)
-        return score(self.rewards, rollout.prompts, greedy, self.failed)[0].squeeze(2)
+        return score(self.rewards, rollout.prompts, greedy, self.failed, self.cfg.reward_timeout)[0].squeeze(2)
 
     @torch.no_grad()
     def evaluate(self) -> list[dict[str, float]]:
@@ -349,7 +358,8 @@ class SortTask:
             greedy = self.policy(prompts).argmax(-1).unsqueeze(2)      # (P, B, 1, n)
             target = prompts.sort(-1).values.unsqueeze(2)
             out[f"{prefix}/accuracy"] = (greedy == target).all(-1).float().flatten(1).mean(-1)
-            out[f"{prefix}/reward"] = score(self.rewards, prompts, greedy, self.failed)[0].flatten(1).mean(-1)
+            scores = score(self.rewards, prompts, greedy, self.failed, self.cfg.reward_timeout)[0]
+            out[f"{prefix}/reward"] = scores.flatten(1).mean(-1)
         names, values = list(out), torch.stack(list(out.values()), 1).tolist()
         return [dict(zip(names, row)) for row in values]
 
