@@ -12,7 +12,7 @@ import yaml
 from scipy import stats
 
 from grpo_bench.store import metrics as M
-from grpo_bench.store import stats as S
+from grpo_bench import stats as S
 from grpo_bench.errors import ConfigError
 from grpo_bench.analysis import findings as F
 from grpo_bench.config.ablation import ablation_settings, load_ablation

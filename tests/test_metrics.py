@@ -20,7 +20,7 @@ from grpo_bench import registry
 from grpo_bench.numerics import rng
 from grpo_bench.analysis import report as R
 from grpo_bench.store import rundir as ST
-from grpo_bench.store import stats as S
+from grpo_bench import stats as S
 from grpo_bench.__main__ import main
 from grpo_bench.store.metrics import Metric
 from grpo_bench.tasks import Rollout

@@ -1,4 +1,4 @@
-"""grpo_bench.store.stats against independent references: scipy, statsmodels, hand-computed cases, simulation.
+"""grpo_bench.stats against independent references: scipy, statsmodels, hand-computed cases, simulation.
 
 Each test names the bug it would catch where that is not obvious from its name.
 """
@@ -13,7 +13,7 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestIndPower, TTestPower
 from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 
-from grpo_bench.store import stats as S
+from grpo_bench import stats as S
 
 RNG = np.random.default_rng(20)
 X = np.array([0.51, 0.55, 0.49, 0.60, 0.52, 0.47, 0.58])

@@ -27,7 +27,7 @@ import pandas as pd
 from scipy.stats import kendalltau, rankdata
 
 from . import report
-from ..store import stats
+from .. import stats
 from ..store import rundir
 from ..store.metrics import higher_is_better, main_column, resolve_column
 from ..errors import ConfigError
@@ -167,7 +167,7 @@ def orderings(sides: list[Side]) -> list[str]:
     for s in sides:
         mine = [(a, b, None) for a, b in pairs if a in s.by_seed and b in s.by_seed
                 and len(s.values[a]) > 1 and len(s.values[b]) > 1]
-        margin, source = report.column_margin(s.column, s.meta, means=s.means)
+        margin, source = report.column_margin(s.column, s.meta)
         tested.append({(t["a"], t["b"]): t for t in stats.compare_pairs(s.by_seed, mine, margin)})
         lines.append(f"- {_title(s)}: {len(mine)} pairs Holm-corrected together; equivalence margin "
                      + (f"±{margin:g} ({source})." if margin is not None else f"none ({source})."))
