@@ -104,8 +104,7 @@ def judge_setting(directory: Path, claim: dict, setting: str | None = None, root
     side = load_side(directory, asked)
     column = side.column
     margin, source, log = margin_of(claim, setting, column, task, side.means)
-    if log:
-        side = _logged(side, directory)
+    side, no_log = _logged(side) if log else (side, {})
     judge_on = claim.get("judge", "final")
     configs = variant_configs(meta, root)
     where = f"{directory / 'ablation.json'}: claim of {meta.get('name', directory.name)}"
@@ -128,7 +127,7 @@ def judge_setting(directory: Path, claim: dict, setting: str | None = None, root
         x, y = side.by_seed.get(a), side.by_seed.get(b)
         row["missing"] = x is None or y is None or len(x) < 2 or len(y) < 2
         if not row["missing"]:
-            row["why"] = inert_reason(task, configs.get(a), configs.get(b))
+            row["why"] = no_log.get(a) or no_log.get(b) or inert_reason(task, configs.get(a), configs.get(b))
             canon = frozenset((ident.get(a, a), ident.get(b, b)))
             if row["why"] is None and len(canon) == 2 and canon in seen:
                 twins = [f"`{v}` ran the same numbers as `{ident[v]}`" for v in (a, b) if ident.get(v, v) != v]

@@ -136,15 +136,14 @@ def _values(finals: pd.Series, variant: str, quantity: str, budget: float | None
     return np.log(out.where(out > 0)) if log else out
 
 
-def _logged(side, directory: Path):
-    """The side with its per-seed values logged, for a ratio margin; a value that is not positive has no log."""
-    for v, x in side.by_seed.items():
-        if (np.asarray(x, float) <= 0).any():
-            raise ConfigError(str(directory / "summary.csv"), side.column, f"`{v}` has a value <= 0, which a ratio "
-                              "margin (judged on the log of the metric) cannot take; give the claim a margin in its units")
-    by_seed = {v: np.log(x) for v, x in side.by_seed.items()}
+def _logged(side) -> tuple:
+    """(the side with its per-seed values logged, for a ratio margin; variant -> why it cannot be: a value that is
+    not positive has no log, and an ordering with that variant is not testable on this scale)."""
+    bad = {v: f"`{v}` has a value <= 0 ({float(np.min(x)):.3g}), which a ratio margin (judged on the log of the "
+              "metric) cannot take" for v, x in side.by_seed.items() if (np.asarray(x, float) <= 0).any()}
+    by_seed = {v: (x if v in bad else np.log(x)) for v, x in side.by_seed.items()}
     return type(side)(side.dir, side.name, side.column, side.seeds, {v: np.asarray(x, float) for v, x in by_seed.items()},
-                      by_seed, side.meta)
+                      by_seed, side.meta), bad
 
 
 def _mean_curve(curves: dict, variant: str, seeds) -> tuple[np.ndarray, np.ndarray] | None:

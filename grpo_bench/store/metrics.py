@@ -32,8 +32,8 @@ LM"), `short` ("LM"), `main_metric` (a summary column, "final/eval/accuracy"), `
 headline figure's panels: the main metric's curve, then those beside it), and for verdicts
 (FINDINGS.md, `--seeds auto`): `verdict_metric` (the held-out summary column claims are judged on
 unless they name another), `headroom` (what the default recipe moves it over the task's budget:
-start, end, and where that was measured) and `margin_fraction` (the default margin is that
-fraction of the headroom), and `inert` (axis -> (parts, why): parts that do the same on this task,
+start, end, and where that was measured; the default margin is odds_margin at its end, one rule for
+every task), and `inert` (axis -> (parts, why): parts that do the same on this task,
 so an ordering that only swaps them is not testable here). The runner records them in
 ablation.json as "task"; results written before it did are known by a metric only their task
 logs (LEGACY); the judging keys come from the task's declaration where it is registered.
