@@ -552,6 +552,13 @@ def test_across_tasks_counts_holds_on_the_claims_own_quantity():
     assert T.across(results, 4) == (1, 2)
 
 
+def test_readme_and_findings_explain_the_outcome_words_in_one_table():
+    from helpers import ROOT
+    table = T.WORDS.split("\n\n")[1]
+    assert table in (ROOT / "README.md").read_text() and "*holds, size unclear*" in table
+    assert all(f"*{o}*" in table for o in ("holds", "holds, size unclear", "holds, negligible", "equivalent", "undecided"))
+
+
 def test_committed_findings_and_readme_table_are_what_the_results_give():
     """results/FINDINGS.md is render(results) today, and README.md's claims table is readme_table's, so a rule
     changed in the code cannot leave the published verdicts behind."""
