@@ -20,7 +20,6 @@ from grpo_bench import registry
 from grpo_bench.numerics import rng
 from grpo_bench.analysis import report as R
 from grpo_bench.store import rundir as ST
-from grpo_bench import stats as S
 from grpo_bench.__main__ import main
 from grpo_bench.store.metrics import Metric
 from grpo_bench.tasks import Rollout
@@ -308,7 +307,7 @@ def test_declared_ranges_and_scales_drive_the_figures(bandit, tmp_path):
     s = pd.read_csv(d / "summary.csv")
     meta = ST.read_meta(d)
     assert [h[1] for h in R.headline_columns(s, meta)] == ["final reward", "eval hit", "pulls"]
-    assert R.main_column(s, meta) == "final/eval/hit" and S.default_margin("final/eval/hit") == 0.05
+    assert R.main_column(s, meta) == "final/eval/hit" and M.get("final/eval/hit").margin == 0.05
 
 
 def test_lower_is_better_reads_as_best(bandit, tmp_path):

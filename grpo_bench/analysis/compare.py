@@ -8,7 +8,7 @@ directory, the same variant on the same row and in the same colour in every pane
 and one markdown table (mean with its CI, interquartile mean, rank), with Kendall's
 tau-b between the variant orderings (by mean) of every pair of directories over the
 variants they share: does the toy order the variants as the LM does? Each pair of
-shared variants is then tested in every directory (grpo_bench.store.stats: paired where the
+shared variants is then tested in every directory (grpo_bench.stats: paired where the
 seeds match, Holm over the directory's pairs, MDE, TOST, a verdict), so a reader sees
 where both orderings are decided and where one of them could not have told. `gallery` writes results/README.md: for every ablation its
 question, its headline figure and a one-line answer computed from its summary.csv.

@@ -22,13 +22,12 @@ from .report import label_column
 RULES_FILE = "FINDINGS_rules.md"  # what v4's rule changes moved, written by analysis/rule_changes.py
 WORDS = """## The outcome words
 
-| outcome | what was shown (difference test and TOST, each Holm-corrected in its family) |
+| outcome (a − b > 0 / < 0) | what was shown (difference test and TOST, each Holm-corrected in its family) |
 |---|---|
-| *holds* | a − b > 0, significant, and its interval lies beyond +δ: a difference the margin calls meaningful |
-| *holds, size unclear* | a − b > 0, significant, not shown within ±δ, but its interval reaches inside ±δ: real, size not shown to matter |
-| *holds, negligible* | a − b > 0, significant, and shown within ±δ: real and too small to matter |
+| *holds* / *reversed* | significant, and its interval lies beyond ±δ on its side: a difference the margin calls meaningful |
+| *holds, size unclear* / *reversed, size unclear* | significant, not shown within ±δ, but its interval reaches inside ±δ: real, size not shown to matter |
+| *holds, negligible* / *reversed, negligible* | significant, and shown within ±δ: real and too small to matter |
 | *equivalent* | not significant, shown within ±δ |
-| *reversed, negligible* / *reversed, size unclear* / *reversed* | the same three with a − b < 0 |
 | *undecided* | neither test passed; the row says how many seeds would decide it |
 | *fails* / *fails, size unclear* (a claimed "a = b") | a significant difference whose interval clears ±δ / does not |
 | *not testable here* | the variants cannot differ on this task (inert parts, identical runs): in no count |

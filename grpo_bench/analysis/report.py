@@ -739,7 +739,8 @@ def method_text() -> str:
             "the level Holm adjusted its p to (labelled). MDE: the smallest |Δ| the test detects with "
             f"{stats.POWER:.0%} power at the level Holm compared its p with. *Equivalent*: two one-sided tests "
             "(TOST, Holm-corrected) put Δ within ± the margin; a difference beyond seed noise that TOST also puts "
-            "within it is *negligible*. Two variants whose every paired difference is exactly 0 are not "
+            "within it is *negligible*, and one whose interval reaches inside it without TOST passing is of *size "
+            "unclear*. Two variants whose every paired difference is exactly 0 are not "
             "testable and stay out of Holm. *Undecided* gives the seeds that would decide it "
             f"with {stats.POWER:.0%} power if Δ were as observed, by detecting Δ or by showing it within the margin, "
             "whichever needs fewer. P(a > b): the chance that a seed of a beats a seed of b (ties count ½), "
@@ -792,9 +793,11 @@ def differences_section(summary: pd.DataFrame, column: str, name: str, order: li
     outcomes = [t["outcome"] for t in tests]
     sig = sum(t["significant"] for t in tests)
     small = sum(o.endswith("negligible") for o in outcomes)
+    unclear = sum(o.endswith(stats.UNCLEAR) for o in outcomes)
     apart = outcomes.count(stats.NOT_TESTABLE)
     lines += ["", f"Beyond seed noise: {sig} of {len(tests) - apart}" + (f" ({small} of them negligible: within "
-              "the margin)" if small else "") + f"; equivalent within the margin: {outcomes.count('equivalent')}; "
+              "the margin)" if small else "") + (f" ({unclear} of size unclear: the interval reaches inside the "
+              "margin)" if unclear else "") + f"; equivalent within the margin: {outcomes.count('equivalent')}; "
               f"undecided: {outcomes.count('undecided')}"
               + (f"; not testable (every paired difference exactly 0): {apart}" if apart else "") + ".", ""]
     return lines

@@ -113,6 +113,8 @@ def render(root: Path) -> str:
     keys = list(v4)
     moved_at = {k: [STEPS[i][0] for i in range(len(STEPS)) if states[i][k][:3] != states[i + 1][k][:3]] for k in keys}
     per_step = {name: sum(name in m for m in moved_at.values()) for name, _, _ in STEPS}
+    verdicts = {STEPS[i][0]: sum(states[i][k][0] != states[i + 1][k][0] for k in keys) for i in range(len(STEPS))}
+    flats = [sum(st[k][2] for k in keys) for st in (v3, v4)]
     moved = [k for k in keys if v3[k][:3] != v4[k][:3]]
     families, tasks, order = collect(root)
     name = {s: n for s, (n, _) in names(order, tasks).items()}
@@ -124,8 +126,10 @@ def render(root: Path) -> str:
              f"{tested} testable under v4) with v3's rules, then applies v4's changes one at a time in the order "
              f"below; a cell moves when its verdict, its verdict in the claim's family across tasks, or its plateau "
              f"mark changes, and is put down to each step at which it did. {len(moved)} of {len(keys)} cells moved.",
-             "", "| step | what changed, and why | cells moved |", "|---|---|---:|"]
-    lines += [f"| {n} | {why} | {per_step[n]} |" for n, _, why in STEPS]
+             f" The cell's own verdict (its outcome on its task) moved in {sum(v3[k][0] != v4[k][0] for k in keys)}; "
+             f"rows at a plateau: {flats[0]} under v3, {flats[1]} under v4.",
+             "", "| step | what changed, and why | cells moved | of which the cell's verdict |", "|---|---|---:|---:|"]
+    lines += [f"| {n} | {why} | {per_step[n]} | {verdicts[n]} |" for n, _, why in STEPS]
     lines += ["", "| claim | task | ordering | v3 | v4 | moved at |", "|---|---|---|---|---|---|"]
     for k in moved:
         f, s, o = k

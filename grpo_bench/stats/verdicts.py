@@ -186,7 +186,7 @@ def interval_text(r: dict) -> str:
 
 
 def verdict_text(r: dict) -> str:
-    """The row's verdict in words: six outcomes for "a > b", holds / fails for "a = b", an order for a plain
+    """The row's verdict in words: the outcomes for "a > b", holds / fails for "a = b", an order for a plain
     pair; an undecided row with the seeds that would decide it; a not testable one with why."""
     v, o, a, b = r["verdict"], r.get("outcome"), r["a"], r["b"]
     if v == NOT_TESTABLE:
