@@ -377,7 +377,8 @@ def _render(root: Path) -> tuple[str, str]:
         # a claim's own text may hold a pipe (1/|o|), which would split the table's cell
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
         first = next(iter(results.values()), None)
-        own = (f" ({label_column(first['column'])}" + (f", ±{first['margin']:g})" if first["margin"] else ")")
+        own = (f" ({label_column(first['column'])}" + (f", ±{first['margin']:g}{' on its log' * first['log']})"
+                                                        if first["margin"] else ")")
                if claim.get("metric") and first else "")
         readme.append(f"| [{family}](results/FINDINGS.md#{family}){own} | " + " | ".join(
             summarise(results.get(s), untestable.get(s), short=True)
@@ -395,7 +396,8 @@ def _render(root: Path) -> tuple[str, str]:
             f"{name[s]}: `{_shown(d, root)}` on {device(d)}" for s, d in entry["settings"].items())
             + "".join(f"; not judged: `{_shown(o, root)}` on {device(o)} ({_why_not(o)})"
                       for s, others in entry.get("others", {}).items() for o in others), ""]
-        details += ["**Margin δ.** " + "; ".join(f"{name[s]}: " + (f"±{r['margin']:g}" if r["margin"] else "none")
+        details += ["**Margin δ.** " + "; ".join(f"{name[s]}: " + (f"±{r['margin']:g}" + " on the log of the metric" * r["log"]
+                                                                    if r["margin"] else "none")
                                                   + f" ({r['margin_source']})" for s, r in results.items()), ""]
         for s, r in results.items():
             if r["sequential"]:

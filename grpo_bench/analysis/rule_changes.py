@@ -125,7 +125,7 @@ def render(root: Path) -> str:
              f"results` judges every cell (claim × task × ordering, on the claim's quantity: {len(keys)} cells, "
              f"{tested} testable under v4) with v3's rules, then applies v4's changes one at a time in the order "
              f"below; a cell moves when its verdict, its verdict in the claim's family across tasks, or its plateau "
-             f"mark changes, and is put down to each step at which it did. {len(moved)} of {len(keys)} cells moved.",
+             f"mark changes, and is put down to each step at which it did. {len(moved)} of {len(keys)} cells moved."
              f" The cell's own verdict (its outcome on its task) moved in {sum(v3[k][0] != v4[k][0] for k in keys)}; "
              f"rows at a plateau: {flats[0]} under v3, {flats[1]} under v4.",
              "", "| step | what changed, and why | cells moved | of which the cell's verdict |", "|---|---|---:|---:|"]
