@@ -186,7 +186,7 @@ def _command(args) -> int:
         print(text + f"\nwritten: {path}")
         return 0
     if args.cmd == "findings":
-        from .analysis.findings import write_findings
+        from .analysis.findings_text import write_findings
         print(write_findings(Path(args.root), Path(args.out) if args.out else None))
         return 0
     if args.cmd == "build-start":

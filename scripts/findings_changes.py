@@ -28,8 +28,10 @@ import sys
 from pathlib import Path
 
 
+from grpo_bench import stats
 from grpo_bench.analysis import findings as F
-from grpo_bench.store import metrics, stats
+from grpo_bench.analysis import findings_text as T
+from grpo_bench.store import metrics
 from grpo_bench.analysis.compare import load_side
 from grpo_bench.config.ablation import parse_ordering
 from grpo_bench.store.metrics import final_names
@@ -127,7 +129,7 @@ def judge(directory: Path, expect: list[str], column: str, margin: float | None,
 def main(root: Path, v2_text: str) -> str:
     published = v2_cells(v2_text)
     families, tasks, order = F.collect(root)
-    called = {s: n for s, (n, _) in F.names(order, tasks).items()}
+    called = {s: n for s, (n, _) in T.names(order, tasks).items()}
     moved, checked, kept = [], 0, 0
     for family, entry in families.items():
         claim = entry["claim"]
@@ -274,5 +276,5 @@ if __name__ == "__main__":
         first = main(Path(tmp) / "results", text)
     out = root / "FINDINGS_changes.md"
     out.write_text(first)   # render() appends this file: the rerun section compares the tables above it
-    out.write_text(first + "\n" + rerun_section(before, F.render(root)))
+    out.write_text(first + "\n" + rerun_section(before, T.render(root)))
     print(out)

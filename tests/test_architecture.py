@@ -25,7 +25,7 @@ def test_import_linter_contracts_hold():
     if "No module named importlinter" in out.stderr:
         pytest.fail("import-linter is not installed: pip install -e '.[dev]'")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "2 kept, 0 broken" in out.stdout
+    assert "3 kept, 0 broken" in out.stdout
 
 
 def test_a_broken_layer_is_caught(tmp_path):
@@ -35,9 +35,12 @@ def test_a_broken_layer_is_caught(tmp_path):
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     rundir = tmp_path / "grpo_bench" / "store" / "rundir.py"
     rundir.write_text(rundir.read_text() + "\nfrom ..sweep import runner  # noqa: E402,F401\n")
+    paired = tmp_path / "grpo_bench" / "stats" / "paired.py"  # inference reading a results directory
+    paired.write_text(paired.read_text() + "\nfrom ..store import rundir  # noqa: E402,F401\n")
     out = subprocess.run(LINT, cwd=tmp_path, capture_output=True,
                          text=True, timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert out.returncode != 0 and "grpo_bench.store.rundir -> grpo_bench.sweep.runner" in out.stdout, out.stdout[-2000:]
+    assert "grpo_bench.stats.paired -> grpo_bench.store.rundir" in out.stdout, out.stdout[-2000:]
 
 
 def test_reading_results_imports_no_torch():

@@ -231,13 +231,14 @@ def test_each_datasets_margin_comes_from_its_own_headroom():
     from grpo_bench.store import metrics
     cd = metrics.declared_task("gym", {"name": "gym", "dataset": "countdown"})
     sb = metrics.declared_task("gym", {"name": "gym", "dataset": "spell_backward"})
-    assert cd.margin == round(0.05 * (0.744 - 0.337), 3) and "0.337 → 0.744" in cd.margin_rule
-    assert sb.margin == round(0.05 * (0.960 - 0.278), 3)
+    # one rule on every task: odds of 1.2 at the level the default recipe ends at, p (1 - p) ln 1.2
+    assert cd.margin == round(0.744 * 0.256 * 0.18232, 3) == 0.035 and "at the 0.744 its default" in cd.margin_rule
+    assert sb.margin == round(0.960 * 0.040 * 0.18232, 3) == 0.007
     assert metrics.declared_task("gym", {"name": "gym", "dataset": "chain_sum"}).margin is None
-    assert metrics.declared_task("arithmetic").margin == round(0.05 * (0.818 - 0.280), 3)
+    assert metrics.declared_task("arithmetic").margin == round(0.818 * 0.182 * 0.18232, 3) == 0.027
     # the model-size axis: the wide arithmetic start moves by its own amount (0.273 -> 0.565), the others by the class's
     wide = metrics.declared_task("arithmetic", {"name": "arithmetic", "model": {"source": "shipped:arithmetic_scratchpad_wide"}})
-    assert wide.margin == round(0.05 * (0.565 - 0.273), 3) == 0.015 and "0.273 → 0.565" in wide.margin_rule
+    assert wide.margin == round(0.565 * 0.435 * 0.18232, 3) == 0.045 and "at the 0.565 its default" in wide.margin_rule
     small = metrics.declared_task("arithmetic", {"name": "arithmetic", "model": {"source": "shipped:arithmetic_scratchpad"}})
     assert small.margin == metrics.declared_task("arithmetic").margin
     meta = json.loads((ROOT / "results" / "countdown_grpo" / "ablation.json").read_text())

@@ -20,7 +20,6 @@ from grpo_bench import registry
 from grpo_bench.numerics import rng
 from grpo_bench.analysis import report as R
 from grpo_bench.store import rundir as ST
-from grpo_bench.store import stats as S
 from grpo_bench.__main__ import main
 from grpo_bench.store.metrics import Metric
 from grpo_bench.tasks import Rollout
@@ -182,7 +181,7 @@ def test_a_task_declared_once_reaches_every_report(bandit, tmp_path, capsys):
     assert "| claim | source | bandit toy | sorting toy | across tasks | tasks agree (Kendall's W) |" in findings
     assert "- bandit toy (eval hit, final, 3 seeds): " in findings
     # the bandit's hit rate declares a margin of its own; the toy's is its task's, on its held-out reward
-    assert "**Margin δ.** bandit toy: ±0.05 (the metric's declared margin); sorting toy: ±0.044 (the task's: " \
+    assert "**Margin δ.** bandit toy: ±0.05 (the metric's declared margin); sorting toy: ±0.01 (the task's: " \
         in findings
     assert "**Judged on** bandit toy: `final/eval/hit`, final; sorting toy: `final/eval/reward`, final." in findings
 
@@ -308,7 +307,7 @@ def test_declared_ranges_and_scales_drive_the_figures(bandit, tmp_path):
     s = pd.read_csv(d / "summary.csv")
     meta = ST.read_meta(d)
     assert [h[1] for h in R.headline_columns(s, meta)] == ["final reward", "eval hit", "pulls"]
-    assert R.main_column(s, meta) == "final/eval/hit" and S.default_margin("final/eval/hit") == 0.05
+    assert R.main_column(s, meta) == "final/eval/hit" and M.get("final/eval/hit").margin == 0.05
 
 
 def test_lower_is_better_reads_as_best(bandit, tmp_path):

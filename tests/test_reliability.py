@@ -230,7 +230,7 @@ def test_inf_values_are_reported_not_a_traceback(swept, capsys):
 def test_seeds_to_detect_and_mde_on_values_that_are_not_finite():
     import math
 
-    from grpo_bench.store import stats as S
+    from grpo_bench import stats as S
     for effect, sd in [(math.nan, 0.1), (math.inf, 0.1), (0.1, math.nan), (math.inf, math.inf)]:
         assert S.seeds_to_detect(effect, sd, 0.05) == S.MAX_SEEDS + 1
         assert S.seeds_for_equivalence(effect, sd, 0.02, 0.05) == S.MAX_SEEDS + 1

@@ -995,7 +995,7 @@ def test_final_values_keep_the_gain_without_accuracy(tmp_path):
 
 
 def test_a_p_value_exactly_at_alpha_is_not_beyond_noise(monkeypatch):
-    from grpo_bench.store import stats as S
+    from grpo_bench import stats as S
     monkeypatch.setattr(S, "t_from_summary", lambda diff, se, df: (0.05, diff - 1, diff + 1))
     two = pd.DataFrame({"variant": ["a", "a", "b", "b"], "status": "ok", "final/reward": [0.1, 0.2, 0.5, 0.6]})
     (t,) = R.pairwise(two, "final/reward", ["a", "b"])
@@ -1231,7 +1231,7 @@ class Saturating(SortLike):
         noise = 0.01 * np.random.default_rng(zlib.crc32(f"{i}|{seed}|{step}".encode())).standard_normal()
         if i == 2:
             return 0.3 + noise
-        from grpo_bench.store.stats import saturating
+        from grpo_bench.stats import saturating
         return float(saturating(samples, 0.05, 0.4 + 0.2 * i, 1.5, 2000.0)) + noise
 
 
@@ -1410,7 +1410,7 @@ def test_report_splits_the_final_accuracy_between_seeds_and_problems(tmp_path):
     of each variant's last evaluation (not a mid-run one on fewer problems), over its finished runs only (a
     failed run's outcomes stay out); its seeds-only interval is the per-seed one; the subset is said."""
     from grpo_bench.store import rundir as ST
-    from grpo_bench.store import stats as S
+    from grpo_bench import stats as S
 
     rng = np.random.default_rng(4)
     seeds, J, steps = range(5), 40, {0: 40, 50: 10, 99: 40}   # step -> problems scored (mid-run: the first 10)

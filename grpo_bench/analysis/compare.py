@@ -8,7 +8,7 @@ directory, the same variant on the same row and in the same colour in every pane
 and one markdown table (mean with its CI, interquartile mean, rank), with Kendall's
 tau-b between the variant orderings (by mean) of every pair of directories over the
 variants they share: does the toy order the variants as the LM does? Each pair of
-shared variants is then tested in every directory (grpo_bench.store.stats: paired where the
+shared variants is then tested in every directory (grpo_bench.stats: paired where the
 seeds match, Holm over the directory's pairs, MDE, TOST, a verdict), so a reader sees
 where both orderings are decided and where one of them could not have told. `gallery` writes results/README.md: for every ablation its
 question, its headline figure and a one-line answer computed from its summary.csv.
@@ -27,7 +27,7 @@ import pandas as pd
 from scipy.stats import kendalltau, rankdata
 
 from . import figdata, report
-from ..store import stats
+from .. import stats
 from ..store import rundir
 from ..store.metrics import higher_is_better, main_column, resolve_column
 from ..errors import ConfigError
@@ -167,7 +167,7 @@ def orderings(sides: list[Side]) -> list[str]:
     for s in sides:
         mine = [(a, b, None) for a, b in pairs if a in s.by_seed and b in s.by_seed
                 and len(s.values[a]) > 1 and len(s.values[b]) > 1]
-        margin, source = report.column_margin(s.column, s.meta, means=s.means)
+        margin, source = report.column_margin(s.column, s.meta)
         tested.append({(t["a"], t["b"]): t for t in stats.compare_pairs(s.by_seed, mine, margin)})
         lines.append(f"- {_title(s)}: {len(mine)} pairs Holm-corrected together; equivalence margin "
                      + (f"±{margin:g} ({source})." if margin is not None else f"none ({source})."))

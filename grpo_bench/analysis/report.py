@@ -8,7 +8,7 @@ without training. What the figures draw over seeds:
 - heavy-tailed diagnostics (ratios, grad norms, KL(old), times): median and
   quartiles on a log scale;
 - every line and band is clipped to its metric's declared range (grpo_bench/store/metrics.py).
-Differences between variants' per-seed final values are tested by grpo_bench.store.stats: paired
+Differences between variants' per-seed final values are tested by grpo_bench.stats: paired
 on per-seed differences where two variants share their seeds, Welch's t where they do not,
 Holm-corrected over all pairs; "beyond seed noise" means p_holm < 0.05. Every pair also gets
 its minimum detectable effect, a TOST equivalence test within the metric's margin and a
@@ -35,7 +35,8 @@ from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from ..store import metrics, stats  # noqa: E402
+from .. import stats
+from ..store import metrics, rundir  # noqa: E402
 from . import figdata  # noqa: E402
 from ..store.metrics import final_names, headline_columns, higher_is_better, main_column, main_metrics  # noqa: E402
 from ..store.rundir import load, load_outcomes  # noqa: E402
@@ -667,16 +668,13 @@ def groups_of(summary: pd.DataFrame, column: str, order: list[str]) -> dict[str,
     return out
 
 
-def column_margin(column: str, meta: dict | None = None, summary: pd.DataFrame | None = None,
-                  means: pd.Series | None = None) -> tuple[float | None, str]:
+def column_margin(column: str, meta: dict | None = None, summary: pd.DataFrame | None = None) -> tuple[float | None, str]:
     """The equivalence margin of a summary column: the claim's, else the task's on its verdict metric, else
-    the metric's own (stats.claim_margin). summary: to know the task of results that did not record it, and
-    the variants' means a margin given as a share of one needs (else `means`)."""
+    the metric's own (metrics.claim_margin; a ratio margin is FINDINGS' only). summary: to know the task of
+    results that did not record it."""
     meta = meta or {}
     task = metrics.task_of(meta, final_names(summary) if summary is not None else ())
-    if means is None and summary is not None and {"status", "variant", column} <= set(summary.columns):
-        means = summary[summary.status == "ok"].groupby("variant")[column].mean()
-    return stats.claim_margin(meta.get("claim"), meta.get("setting"), column, task, means)
+    return metrics.claim_margin(meta.get("claim"), meta.get("setting"), column, task)
 
 
 def pairwise(summary: pd.DataFrame, column: str, order: list[str], meta: dict | None = None) -> list[dict]:
@@ -754,7 +752,8 @@ def method_text() -> str:
             "the level Holm adjusted its p to (labelled). MDE: the smallest |Δ| the test detects with "
             f"{stats.POWER:.0%} power at the level Holm compared its p with. *Equivalent*: two one-sided tests "
             "(TOST, Holm-corrected) put Δ within ± the margin; a difference beyond seed noise that TOST also puts "
-            "within it is *negligible*. Two variants whose every paired difference is exactly 0 are not "
+            "within it is *negligible*, and one whose interval reaches inside it without TOST passing is of *size "
+            "unclear*. Two variants whose every paired difference is exactly 0 are not "
             "testable and stay out of Holm. *Undecided* gives the seeds that would decide it "
             f"with {stats.POWER:.0%} power if Δ were as observed, by detecting Δ or by showing it within the margin, "
             "whichever needs fewer. P(a > b): the chance that a seed of a beats a seed of b (ties count ½), "
@@ -807,9 +806,11 @@ def differences_section(summary: pd.DataFrame, column: str, name: str, order: li
     outcomes = [t["outcome"] for t in tests]
     sig = sum(t["significant"] for t in tests)
     small = sum(o.endswith("negligible") for o in outcomes)
+    unclear = sum(o.endswith(stats.UNCLEAR) for o in outcomes)
     apart = outcomes.count(stats.NOT_TESTABLE)
     lines += ["", f"Beyond seed noise: {sig} of {len(tests) - apart}" + (f" ({small} of them negligible: within "
-              "the margin)" if small else "") + f"; equivalent within the margin: {outcomes.count('equivalent')}; "
+              "the margin)" if small else "") + (f" ({unclear} of size unclear: the interval reaches inside the "
+              "margin)" if unclear else "") + f"; equivalent within the margin: {outcomes.count('equivalent')}; "
               f"undecided: {outcomes.count('undecided')}"
               + (f"; not testable (every paired difference exactly 0): {apart}" if apart else "") + ".", ""]
     return lines
@@ -877,7 +878,7 @@ def _markdown(meta, summary, ok, headline, order, figures, fits: dict | None = N
     lines += [f"Source `{meta['source']}`; seeds {meta['seeds']}; {len(ok)} runs finished, {n_failed} failed, "
               f"{len(meta['runs']) - len(summary)} not run. Rebuild with `python -m grpo_bench plot <this directory>`.", "",
               *([sequential_text(meta), ""] if meta.get("sequential") else []),
-              *([f"**Note:** {note}.", ""] if (note := stats.schedule_note(summary)) else []),
+              *([f"**Note:** {note}.", ""] if (note := rundir.schedule_note(summary)) else []),
               "Final reward = mean rollout reward over the last 10% of epochs. Eval metrics are on a held-out set at the "
               "end of training: accuracy and reward of greedy answers, pass@k of k sampled ones; accuracy gain is over the "
               "starting policy. Cells are mean ± std over seeds." + (f" {eval_note}" if eval_note else ""), "",

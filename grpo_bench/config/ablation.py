@@ -14,7 +14,8 @@ from typing import Any
 
 from .. import registry
 from ..store import metrics
-from ..store.stats import relative_margin, split_ordering
+from ..stats import split_ordering
+from ..store.metrics import margin_from_runs, ratio_margin
 from ..errors import ConfigError
 from .run import (MAX_SEEDS, SEED_LIMIT, RunConfig, _require, config_hash, load_includes, parse_set, resolve_run,
                   run_dict, set_dotted, task_name)
@@ -104,14 +105,17 @@ def _claim(value: Any, src: str) -> dict | None:
         raise ConfigError(src, "claim.judge", f"expected one of {', '.join(JUDGE)}, got {value['judge']!r}")
     margin = value.get("margin")
     for key, m in (margin.items() if isinstance(margin, dict) else [(None, margin)] if "margin" in value else []):
-        rel = relative_margin(m)
-        if rel is not None and 0 < rel[0] < 1:
+        where = "claim.margin" + (f".{key}" if key is not None else "")
+        if margin_from_runs(m):
+            raise ConfigError(src, where, f"{m!r} would be computed from the runs it judges; give a number fixed "
+                              "before the runs (from a separate run named in a comment) or a ratio 'P%' (judged on "
+                              "the log of the metric)")
+        share = ratio_margin(m)
+        if share is not None and 0 < share < 1:
             continue
         if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float("inf"):
-            raise ConfigError(src, "claim.margin" + (f".{key}" if key is not None else ""),
-                              f"expected a positive number in the metric's units (e.g. 0.02), a share of a "
-                              f"variant's mean ('5% of none', under 100%), or a mapping setting -> either, "
-                              f"got {m!r}")
+            raise ConfigError(src, where, f"expected a positive number in the metric's units (e.g. 0.02), a ratio "
+                              f"('5%': within 5% either way, under 100%), or a mapping setting -> either, got {m!r}")
     return value
 
 
@@ -250,8 +254,6 @@ def check_orderings(claim: dict, configs: dict[str, "RunConfig"] | None, setting
     would count it twice); two variants that resolve to the same run config (configs: label -> RunConfig;
     the same runs under two names cannot differ); "a = b" on a metric with no margin (no equivalence
     test, so it could never hold). task: the metrics.TaskInfo the claim runs on (from configs where None)."""
-    from ..store import stats
-
     seen: dict[frozenset, str] = {}
     for e in claim["expect"]:
         a, b, kind = parse_ordering(e)
@@ -274,13 +276,7 @@ def check_orderings(claim: dict, configs: dict[str, "RunConfig"] | None, setting
             if metric is None:
                 continue
             column = metric if metric.startswith("final/") else metrics.final_column(metric)
-            own = claim.get("margin")
-            rel = relative_margin(own.get(setting) if isinstance(own, dict) else own)
-            if rel is not None:
-                if configs and rel[1] not in configs:
-                    raise ConfigError(where, "claim.margin", f"{rel[1]!r} is no variant; valid: {', '.join(configs)}")
-                continue
-            if stats.claim_margin(claim, setting, column, task)[0] is None:
+            if metrics.claim_margin(claim, setting, column, task, log_scale=True)[0] is None:
                 raise ConfigError(where, "claim.expect", f"{e!r}: an '=' needs an equivalence margin and {column} "
                                   "has none; give claim.margin (in the metric's units, with the reason)")
 

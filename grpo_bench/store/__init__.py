@@ -1,3 +1,3 @@
 """The results wing: the one reader and writer of a results directory (rundir.py), every metric declared
-once (metrics.py), and the statistics of its verdicts (stats.py). Nothing here imports torch.
+once with the margins verdicts use (metrics.py). Nothing here imports torch; the statistics are grpo_bench.stats.
 """

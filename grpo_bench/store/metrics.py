@@ -32,8 +32,8 @@ LM"), `short` ("LM"), `main_metric` (a summary column, "final/eval/accuracy"), `
 headline figure's panels: the main metric's curve, then those beside it), and for verdicts
 (FINDINGS.md, `--seeds auto`): `verdict_metric` (the held-out summary column claims are judged on
 unless they name another), `headroom` (what the default recipe moves it over the task's budget:
-start, end, and where that was measured) and `margin_fraction` (the default margin is that
-fraction of the headroom), and `inert` (axis -> (parts, why): parts that do the same on this task,
+start, end, and where that was measured; the default margin is odds_margin at its end, one rule for
+every task), and `inert` (axis -> (parts, why): parts that do the same on this task,
 so an ordering that only swaps them is not testable here). The runner records them in
 ablation.json as "task"; results written before it did are known by a metric only their task
 logs (LEGACY); the judging keys come from the task's declaration where it is registered.
@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from typing import TYPE_CHECKING
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
@@ -292,6 +293,7 @@ class TaskInfo:
     verdict_metric: str = ""  # the held-out summary column claims are judged on (main_metric where not declared)
     margin: float | None = None  # the default equivalence margin on the verdict metric
     margin_rule: str = "no margin declared for this task"  # how the margin follows from the headroom
+    headroom: tuple | None = None  # (start, end) of the default recipe on the verdict metric, where declared
     inert: dict = field(default_factory=dict)  # axis -> (parts that act the same here, why)
 
     def __post_init__(self):
@@ -309,25 +311,35 @@ class TaskInfo:
 
 
 TASK_KEYS = {"name": str, "label": str, "short": str, "main_metric": str, "curves": list, "higher_is_better": bool}
-JUDGING = ("verdict_metric", "margin", "margin_rule", "inert")  # from the declaration, where the task is registered
+JUDGING = ("verdict_metric", "margin", "margin_rule", "inert", "headroom")  # from the declaration, where the task is registered
+
+
+# One rule for every task's margin (docs/statistics.md, "The margin δ"): a difference is negligible when it moves
+# the odds of a right answer (a position right, on the toy) by less than a factor MARGIN_ODDS either way, at the
+# level the task's default recipe ends at, p: δ = p (1 - p) ln(MARGIN_ODDS), the first-order change of p.
+MARGIN_ODDS = 1.2
+
+
+def odds_margin(p: float, odds: float = MARGIN_ODDS) -> float:
+    """δ at level p: the change of p when its odds move by a factor `odds`, to first order (3 decimals)."""
+    return round(p * (1 - p) * math.log(odds), 3)
 
 
 def judging(cls: type, section: dict | None = None) -> dict:
-    """A task class's verdict metric, margin (margin_fraction of its headroom, to 3 decimals), the rule in
-    words, and its inert parts. section: the run's task section, for a class whose headroom depends on it
-    (`headroom_of(section)`: a reasoning-gym dataset's)."""
+    """A task class's verdict metric, margin (odds_margin at the end of its default recipe's headroom), the rule
+    in words, its inert parts and the headroom. section: the run's task section, for a class whose headroom
+    depends on it (`headroom_of(section)`: a reasoning-gym dataset's)."""
     main = getattr(cls, "main_metric", "final/reward")
     verdict = getattr(cls, "verdict_metric", main)
     headroom = cls.headroom_of(section) if hasattr(cls, "headroom_of") else getattr(cls, "headroom", None)
-    fraction = getattr(cls, "margin_fraction", None)
-    margin, rule = None, "no margin declared for this task"
-    if headroom is not None and fraction is not None:
+    margin, rule, ends = None, "no margin declared for this task", None
+    if headroom is not None:
         start, end, _where = headroom
-        margin = round(fraction * abs(end - start), 3)
-        rule = (f"{fraction:.0%} of the {abs(end - start):.3f} its default recipe moves "
-                f"{get(verdict).summary or verdict} ({start:.3f} → {end:.3f})")
+        margin, ends = odds_margin(end), (start, end)
+        rule = (f"odds of {MARGIN_ODDS:g}x at the {end:.3f} its default recipe ends at on "
+                f"{get(verdict).summary or verdict}: {end:.3f} x {1 - end:.3f} x ln {MARGIN_ODDS:g}")
     inert = {k: (tuple(v[0]), v[1]) for k, v in getattr(cls, "inert", {}).items()}
-    return {"verdict_metric": verdict, "margin": margin, "margin_rule": rule, "inert": inert}
+    return {"verdict_metric": verdict, "margin": margin, "margin_rule": rule, "inert": inert, "headroom": ends}
 
 
 def declared_task(name: str, section: dict | None = None) -> TaskInfo:
@@ -430,3 +442,47 @@ def resolve_column(summary: pd.DataFrame, metric: str | None, source: str, meta:
         if c in finals:
             return c
     raise ConfigError(source, "--metric", f"unknown {metric!r}; valid: {', '.join(finals) or 'none'}")
+
+
+# ------------------------------------------------------------------------------- a verdict's margin
+
+
+RATIO_MARGIN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+FROM_RUNS = re.compile(r"^\s*\d+(?:\.\d+)?\s*%\s+of\s+\S+\s*$")
+
+
+def ratio_margin(m) -> float | None:
+    """The share P / 100 of a margin written "P%": a ratio margin, for a metric whose scale only a run can tell
+    (a KL drift): a over b within a factor 1 + P/100 either way, judged on the log of the metric, where it is
+    the margin ln(1 + P/100) fixed before any run. None for anything else."""
+    g = RATIO_MARGIN.match(m) if isinstance(m, str) else None
+    return float(g[1]) / 100 if g else None
+
+
+def margin_from_runs(m) -> bool:
+    """A margin written "P% of VARIANT" (v3's kl_gradients): computed from the runs it judges, refused at load."""
+    return isinstance(m, str) and bool(FROM_RUNS.match(m))
+
+
+def claim_margin(claim: dict | None, setting: str | None, column: str, task: TaskInfo | None = None,
+                 log_scale: bool = False) -> tuple[float | None, str]:
+    """(margin, where it comes from): the claim's `margin` (one number, or one per setting; "P%" is a ratio,
+    ln(1 + P/100) on the log of the metric, given only to a caller that judges on that scale, log_scale), else
+    the task's own margin when the column is the task's verdict metric (or that less a constant), else the
+    metric's declared one (none of the core's declare one)."""
+    m = (claim or {}).get("margin")
+    if isinstance(m, dict):
+        m = m.get(setting)
+    if m is not None:
+        share = ratio_margin(m)
+        if share is None:
+            return float(m), "the claim's margin"
+        if not log_scale:
+            return None, f"the claim's margin, {m.strip()}, is a ratio: judged on the log scale by findings only"
+        return round(math.log1p(share), 4), (f"the claim's margin: {m.strip()} either way, ln(1 + {share:g}) on the "
+                                             "log of the metric")
+    offset = get(column).offset_of  # accuracy gain is accuracy less a constant: the same differences
+    if task is not None and task.margin is not None and task.verdict_metric in (column, offset and final_column(offset)):
+        return task.margin, f"the task's: {task.margin_rule}"
+    m = get(column).margin
+    return m, ("the metric's declared margin" if m is not None else "no margin declared for this metric")

@@ -40,7 +40,7 @@ import pyarrow as pa
 import yaml
 
 from ..errors import ConfigError
-from . import metrics, stats
+from . import metrics
 
 
 METRICS_COLUMNS = ["step", "metric", "value"]
@@ -313,8 +313,8 @@ def _read_outcomes(path: Path) -> pd.DataFrame:
 
 def _note_mixed_schedules(summary: pd.DataFrame) -> None:
     """One line on stderr when the finished runs here ran on different devices or thread counts: their
-    numbers are not bitwise those of one schedule (stats.schedule_note; REPORT.md says it too)."""
-    if note := stats.schedule_note(summary):
+    numbers are not bitwise those of one schedule (schedule_note; REPORT.md says it too)."""
+    if note := schedule_note(summary):
         print(f"note: {note}", file=sys.stderr)
 
 
@@ -494,3 +494,27 @@ def cpu_name() -> str:
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def schedule_note(summary: pd.DataFrame) -> str:
+    """'' when a summary's finished runs ran on one device at one thread count, else a sentence (REPORT.md's,
+    and collect's on stderr) counting the runs of each: their numbers are not bitwise those of one schedule, so
+    two variants that would tie exactly (not testable) can differ in the last bits. The population size and
+    the executor never change a number (runner.SCHEDULE)."""
+    cols = [c for c in ("device", "threads") if c in summary.columns]
+    if not cols or "status" not in summary.columns:
+        return ""
+    ok = summary[(summary.status == "ok") & summary[cols].notna().all(axis=1)]
+    counts = ok.groupby(cols, sort=True).size()
+    if len(counts) < 2:
+        return ""
+
+    def kind(key) -> str:
+        key = dict(zip(cols, key if isinstance(key, tuple) else (key,)))
+        n = int(key["threads"]) if "threads" in key else None
+        return ", ".join([str(key["device"])] * ("device" in key) + [f"{n} thread{'s' * (n != 1)}"] * (n is not None))
+
+    kinds = "; ".join(f"{kind(k)}: {n} run{'s' * (n != 1)}" for k, n in counts.items())
+    return (f"the finished runs here ran on different devices or thread counts ({kinds}); their numbers may differ "
+            "in the last bits from one schedule's: variants that would tie exactly can differ by that much "
+            "(population size and executor never change a number)")

@@ -1,0 +1,197 @@
+"""What FINDINGS judges, read from a results directory's curves and per-problem outcomes: a quantity per seed
+(the final value, the area under the curve, either at a common budget of samples), each problem's share of it
+(the seeds x problems table the crossed test takes), and whether two curves have levelled off (a plateau).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError
+from ..store.rundir import load_outcomes, metrics_path, read_metrics_file
+
+# a curve that moves less than PLATEAU_SHARE of the effect judged (min(|final Δ|, δ)) over the second half of the
+# budget has levelled off at that scale: its final value is where it levels off, and how fast it got there (the
+# area) is a question the final value no longer answers. PLATEAU: v3's rule (within ±δ from half the budget on).
+PLATEAU_SHARE = 0.5
+PLATEAU = 0.5
+
+
+def run_curves(directory: Path, metric: str) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(variant, seed) -> (samples drawn at each point, the metric there, the point's step) of every run, from
+    the results' metrics table. A point's samples: samples/total at its step, interpolated between logged steps;
+    a held-out evaluation at step 0 ran before the first rollout (0 samples)."""
+    path = metrics_path(directory)
+    if path is None:
+        return {}
+    try:
+        table = read_metrics_file(path)
+    except ValueError as e:
+        raise ConfigError(str(path), "<file>", f"{e}: damaged; rerun the sweep to rewrite it") from None
+    if "seed" not in table:
+        return {}
+    table = table[table.metric.isin([metric, "samples/total"])]
+    out = {}
+    for (variant, seed), g in table.groupby(["variant", "seed"], observed=True):
+        y = g[g.metric == metric].drop_duplicates("step", keep="last").sort_values("step")
+        s = g[g.metric == "samples/total"].drop_duplicates("step", keep="last").sort_values("step")
+        if y.empty or s.empty:
+            continue
+        x = np.interp(y.step.to_numpy(float), np.r_[-1.0, s.step.to_numpy(float)], np.r_[0.0, s.value.to_numpy(float)])
+        if metric.startswith("eval/"):
+            x[y.step.to_numpy() == 0] = 0.0
+        out[(str(variant), int(seed))] = (x, y.value.to_numpy(float), y.step.to_numpy(int))
+    return out
+
+
+def at_budget(x: np.ndarray, y: np.ndarray, budget: float) -> tuple[float, float]:
+    """(the curve's value at `budget`, its mean over [x[0], budget]) of y(x), linear between points; x
+    increasing. A budget past the last point reads the last point."""
+    budget = min(budget, float(x[-1]))
+    keep = x <= budget
+    xs, ys = x[keep], y[keep]
+    if xs[-1] < budget:
+        xs, ys = np.r_[xs, budget], np.r_[ys, np.interp(budget, x, y)]
+    value = float(ys[-1])
+    width = xs[-1] - xs[0]
+    area = float(np.sum((ys[1:] + ys[:-1]) / 2 * np.diff(xs)) / width) if width > 0 else value
+    return value, area
+
+
+def outcome_runs(directory: Path, ok: pd.DataFrame) -> dict[tuple[str, int], pd.DataFrame]:
+    """(variant, seed) -> that finished run's greedy outcomes, problems by evaluation step (NaN where a mid-run
+    evaluation scored a subset); {} where the results kept no per-problem outcomes."""
+    o = load_outcomes(directory)
+    if o is None or o.empty:
+        return {}
+    o = o[o.run.astype(str).isin(set(ok.run.astype(str)))]
+    return {(str(v), int(s)): g.pivot_table(index="problem", columns="step", values="greedy", aggfunc="first",
+                                            observed=True)
+            for (v, s), g in o.groupby([o.variant.astype(str), "seed"], observed=True)}
+
+
+def problem_table(runs: dict, curves: dict, variant: str, seeds, quantity: str,
+                  budget: float | None) -> pd.DataFrame | None:
+    """Seeds by problems: each problem's share of the quantity a seed's value is, so that a row's mean over the
+    problems is that value. The final value (no budget) is the last evaluation's outcomes. Read from the curve (the
+    area, or a value at a common budget) it is linear in the curve's points, sum_t w_t acc_t (at_budget's weights),
+    and acc_t the mean over the problems evaluation t scored: problem p's share is the sum over t of
+    w_t * (acc_t + (outcome(p, t) - acc_t) * all problems / problems scored at t), the deviation counted only where
+    t scored p. A mid-run subset's deviations thus carry its sampling variance (its mean's, sd^2 / subset size),
+    while acc_t itself is every problem's: Horvitz-Thompson on the outcomes themselves would add the variance of
+    which problems the subset holds (about 4x the subset's own on a 250-of-1000 subset near 95%). None where a run
+    has no outcomes or its curve has a point its outcomes lack."""
+    rows = {}
+    for seed in seeds:
+        o = runs.get((variant, int(seed)))
+        if o is None or o.empty:
+            return None
+        if quantity == "final" and budget is None:
+            rows[seed] = o[o.columns.max()]
+            continue
+        c = curves.get((variant, int(seed)))
+        if c is None:
+            return None
+        x, _, steps = c
+        eye = np.eye(len(x))
+        w = np.array([at_budget(x, eye[t], x[-1] if budget is None else budget)[quantity == "area"]
+                      for t in range(len(x))])
+        share = pd.Series(0.0, index=o.index)
+        for t in np.flatnonzero(w):
+            if steps[t] not in o.columns:
+                return None
+            col = o[steps[t]]
+            m = col.mean()
+            share += w[t] * (m + (col - m).fillna(0.0) * (len(o) / col.notna().sum()))
+        rows[seed] = share
+    return pd.DataFrame(rows).T
+
+
+def _difference(a: pd.DataFrame, b: pd.DataFrame) -> np.ndarray:
+    """a − b on the seeds and problems both were scored on (seeds by problems)."""
+    seeds, cols = a.index.intersection(b.index), a.columns.intersection(b.columns)
+    d = a.loc[seeds, cols] - b.loc[seeds, cols]
+    return d.dropna(axis=1).to_numpy(float)
+
+
+def _values(finals: pd.Series, variant: str, quantity: str, budget: float | None, curves: dict,
+            log: bool = False) -> pd.Series | None:
+    """Per-seed values of one quantity: the final values themselves, or read from each run's curve (the area,
+    or any quantity at a common budget); None where a run has no curve. log: finals are already logged
+    (_logged), a value read from a curve is logged here (the log of the area, not the area of the log)."""
+    if quantity == "final" and budget is None:
+        return finals
+    out = {}
+    for seed in finals.index:
+        c = curves.get((variant, int(seed)))
+        if c is None:
+            return None
+        x, y, _ = c
+        value, area = at_budget(x, y, x[-1] if budget is None else budget)
+        out[seed] = value if quantity == "final" else area
+    out = pd.Series(out, dtype=float)
+    return np.log(out.where(out > 0)) if log else out
+
+
+def _logged(side) -> tuple:
+    """(the side with its per-seed values logged, for a ratio margin; variant -> why it cannot be: a value that is
+    not positive has no log, and an ordering with that variant is not testable on this scale)."""
+    bad = {v: f"`{v}` has a value <= 0 ({float(np.min(x)):.3g}), which a ratio margin (judged on the log of the "
+              "metric) cannot take" for v, x in side.by_seed.items() if (np.asarray(x, float) <= 0).any()}
+    by_seed = {v: (x if v in bad else np.log(x)) for v, x in side.by_seed.items()}
+    return type(side)(side.dir, side.name, side.column, side.seeds, {v: np.asarray(x, float) for v, x in by_seed.items()},
+                      by_seed, side.meta), bad
+
+
+def _mean_curve(curves: dict, variant: str, seeds) -> tuple[np.ndarray, np.ndarray] | None:
+    """(x, the mean over seeds) of a variant's curves, None without curves on one grid for every seed."""
+    cs = [curves.get((variant, int(s))) for s in seeds]
+    if not cs or any(c is None for c in cs) or len({tuple(c[0]) for c in cs}) != 1:
+        return None
+    x, y = np.asarray(cs[0][0], float), np.mean([c[1] for c in cs], axis=0)
+    return (x, y) if len(x) >= 3 and x[-1] > x[0] else None
+
+
+def plateau_from(curves: dict, variant: str, seeds, margin: float | None) -> float | None:
+    """v3's plateau: the share of the budget from which the variant's mean curve over its seeds stays within
+    ±margin of its final value (0: flat from the first point; 1: still moving at the last); None without a
+    margin or without curves on one grid for every seed."""
+    c = _mean_curve(curves, variant, seeds)
+    if not margin or c is None:
+        return None
+    x, y = c
+    i = len(y) - 1
+    while i > 0 and abs(y[i - 1] - y[-1]) <= margin:
+        i -= 1
+    return float((x[i] - x[0]) / (x[-1] - x[0]))
+
+
+def second_half_move(curves: dict, variant: str, seeds) -> float | None:
+    """How far the variant's mean curve moves over the second half of its budget: max - min of its points
+    from half the budget on (the curve's value at half the budget included, linear between points)."""
+    c = _mean_curve(curves, variant, seeds)
+    if c is None:
+        return None
+    x, y = c
+    half = x[0] + (x[-1] - x[0]) / 2
+    tail = np.r_[np.interp(half, x, y), y[x > half]]
+    return float(tail.max() - tail.min())
+
+
+def plateau(curves: dict, r: dict, by_seed: dict, margin: float | None, diff: float, effect: bool = True):
+    """A final row's plateau, or None. v4 (effect): both mean curves move less than PLATEAU_SHARE of
+    min(|final Δ|, δ) over the second half of the budget, so the final value is where they level off at the
+    scale of the effect being judged: {"moved", "bound"}. v3: both within ±δ of their end from half the budget
+    on or earlier: the share of the budget it starts from."""
+    seeds = {v: by_seed[v].index for v in (r["a"], r["b"])}
+    if not effect:
+        shares = [plateau_from(curves, v, seeds[v], margin) for v in seeds]
+        return max(shares) if None not in shares and max(shares) <= PLATEAU else None
+    moves = [second_half_move(curves, v, seeds[v]) for v in seeds]
+    if None in moves:
+        return None
+    bound = PLATEAU_SHARE * min(abs(diff), margin if margin else math.inf)
+    return {"moved": max(moves), "bound": bound} if max(moves) < bound else None
