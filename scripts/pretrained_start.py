@@ -14,9 +14,9 @@ were right) and <out>/README.md, whose table is drawn from the CSVs alone (`--ta
     python scripts/pretrained_start.py smollm2_arithmetic smollm2_spell_backward --out results/smollm2_start
     python scripts/pretrained_start.py --table --out results/smollm2_start
 
-`--memory` also measures one gradient pass (4 prompts x 8 samples) at P = 1 and 2 members on the
-first preset: the bytes a member adds beside the shared base (torch.profiler's CPU allocator),
-written to <out>/memory.csv.
+`--memory` also measures one gradient pass (2 prompts x 4 samples per member) at P = 1 and 2
+members on the first preset: the peak bytes it allocates beside the shared base (torch.profiler's
+CPU allocator), written to <out>/memory.csv.
 """
 from __future__ import annotations
 
@@ -88,33 +88,51 @@ def measure(preset: str, limit: int = 0, chunk: int = 25) -> tuple[dict, list[di
     return row, per_problem
 
 
-def memory(preset: str, sizes=(1, 2)) -> list[dict]:
-    """Peak CPU bytes allocated by one gradient pass of P members (their rollout's log-probs and backward),
-    over what was allocated before it: the shared base is allocated before, so this is what members add."""
-    import torch
+def peak_allocated(fn) -> int:
+    """Peak bytes the CPU allocator holds while fn() runs, over what it held before (torch.profiler's
+    allocator events, as tests/helpers.py cpu_allocations reads them)."""
+    import json
+    import tempfile
+
     from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as d:
+        prof.export_chrome_trace(os.path.join(d, "trace.json"))
+        with open(os.path.join(d, "trace.json")) as f:
+            events = json.load(f)["traceEvents"]
+    mem = sorted((e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0),
+                 key=lambda e: e["ts"])
+    if not mem:
+        return 0
+    before = mem[0]["args"]["Total Allocated"] - mem[0]["args"]["Bytes"]
+    return max(e["args"]["Total Allocated"] for e in mem) - before
+
+
+def memory(preset: str, sizes=(1, 2)) -> list[dict]:
+    """One gradient pass (a rollout's log-probs and their backward) of P members on one shared base: the peak
+    bytes it allocates (the base was allocated before, once), and each member's adapter parameters."""
+    import torch
 
     out = []
     for p in sizes:
-        task, cfg = build(preset, seeds=tuple(range(p)), group_size=8)
-        task.cfg.prompts_per_step = 4
-        ro = task.rollout(0, 0, 8)
-        adapters = sum(layer.A.numel() + layer.B.numel() for layer in task.layers) // p
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        task, cfg = build(preset, seeds=tuple(range(p)), group_size=4)
+        task.cfg.prompts_per_step = 2
+        ro = task.rollout(0, 0, 4)
+
+        def step():
             logp, _ = task.logprobs(ro)
             (logp * ro.mask).sum().backward()
-        peak = max((e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0), default=0)
-        totals = [e for e in prof.profiler.function_events if e.cpu_memory_usage]
-        running, high = 0, 0
-        for e in sorted(totals, key=lambda e: e.time_range.start):
-            running += e.cpu_memory_usage
-            high = max(high, running)
-        out.append({"preset": preset, "members": p, "rows": int(ro.mask.shape[0] * ro.mask.shape[1] * 8),
-                    "tokens": int(ro.mask.shape[-1]), "adapter_params_per_member": adapters,
-                    "peak_bytes": high, "largest_allocation": peak,
-                    "base_bytes": sum(t.numel() * t.element_size() for t in task.policy.state_dict().values()
-                                      if t.dtype.is_floating_point) - adapters * 4 * p})
-        del task
+
+        adapters = sum(layer.A.numel() + layer.B.numel() for layer in task.layers) // p
+        base = {t.data_ptr(): t.numel() * t.element_size() for n, t in task.policy.named_parameters()
+                if not n.endswith((".A", ".B"))}
+        out.append({"preset": preset, "members": p, "rows_per_member": 2 * 4, "prompt_tokens": task.width,
+                    "tokens": int(ro.mask.shape[-1]),
+                    "adapter_params_per_member": adapters, "base_bytes": sum(base.values()),
+                    "pass_peak_bytes": peak_allocated(step)})
+        del task, ro
     return out
 
 
@@ -144,14 +162,22 @@ def table(out: Path) -> str:
     if (out / "memory.csv").is_file():
         with open(out / "memory.csv") as f:
             mem = list(csv.DictReader(f))
-        lines += ["", "One gradient pass (log-probs and backward of a rollout) with P members on one shared base "
-                  "(memory.csv): peak CPU bytes allocated during it.", "",
-                  "| members | rows | adapter parameters per member | peak (MB) | per member (MB) |", "|---|---|---|---|---|"]
+        mb = lambda v: int(v) / 2**20  # noqa: E731
+        lines += ["", f"Populations on one base (memory.csv, `--memory`): P members share the frozen base "
+                  f"({mb(mem[0]['base_bytes']):.0f} MB, held once) and each holds its own LoRA adapter; one gradient "
+                  f"pass (log-probs of {mem[0]['rows_per_member']} completions per member, {mem[0]['tokens']} "
+                  f"tokens each after {mem[0]['prompt_tokens']} of prompt, and their backward) allocates at its peak:", "",
+                  "| members | adapter parameters per member | adapter, its gradient and Adam's two moments per member (MB) "
+                  "| gradient pass peak (MB) |", "|---|---|---|---|"]
         for r in mem:
-            peak = int(r["peak_bytes"]) / 2**20
-            lines.append(f"| {r['members']} | {r['rows']} | {int(r['adapter_params_per_member']):,} | {peak:.0f} "
-                         f"| {peak / int(r['members']):.0f} |")
-        lines.append(f"\nThe shared base: {int(mem[0]['base_bytes']) / 2**20:.0f} MB, once whatever P.")
+            lines.append(f"| {r['members']} | {int(r['adapter_params_per_member']):,} "
+                         f"| {mb(16 * int(r['adapter_params_per_member'])):.1f} | {mb(r['pass_peak_bytes']):.0f} |")
+        if len(mem) > 1:
+            a, b = mem[0], mem[-1]
+            per = (int(b["pass_peak_bytes"]) - int(a["pass_peak_bytes"])) / (int(b["members"]) - int(a["members"]))
+            lines.append(f"\nEach member beyond the first adds {per / 2**20:.0f} MB to the pass's peak "
+                         f"(+ {mb(16 * int(a['adapter_params_per_member'])):.1f} MB of adapter and optimiser state); "
+                         "the base is never copied.")
     return "\n".join(lines) + "\n"
 
 
@@ -171,17 +197,17 @@ def main() -> None:
 
         torch.set_num_threads(args.threads)
         rows, outcomes = [], []
-        for preset in args.presets:
+        for i, preset in enumerate(args.presets):
             row, per_problem = measure(preset, args.limit)
             rows.append(row)
             outcomes += per_problem
             print(row, flush=True)
             write_csv(out / "start.csv", rows, COLUMNS)   # kept as each finishes
             write_csv(out / "outcomes.csv", outcomes, ["preset", "problem", "greedy", "k_correct"])
-        if args.memory and args.presets:
-            mem = memory(args.presets[0])
-            print(mem, flush=True)
-            write_csv(out / "memory.csv", mem, list(mem[0]))
+            if args.memory and i == 0:   # on the first preset, before the others: its model is loaded
+                mem = memory(preset)
+                print(mem, flush=True)
+                write_csv(out / "memory.csv", mem, list(mem[0]))
     (out / "README.md").write_text(table(out))
     print(table(out))
 

@@ -318,6 +318,7 @@ class Arithmetic:
             eos_token_id=self.eos.tolist(), pad_token_id=self.tokenizer.pad_token_id,
             bos_token_id=self.tokenizer.bos_token_id, max_new_tokens=cfg.sampling.max_new_tokens)
         models.disable_dropout(base)
+        models.batch_invariant_attention(base, self.device)
         targets = cfg.lora.targets or models.LORA_TARGETS.get(base.config.model_type)
         if not targets:
             raise ValueError(f"lora.targets: no default for model type {base.config.model_type!r}; name the modules")

@@ -258,6 +258,17 @@ def eos_ids(model, tokenizer) -> list[int]:
     return sorted(set(ids))
 
 
+def batch_invariant_attention(model: nn.Module, device: torch.device) -> None:
+    """Eager attention on the CPU for a model with grouped KV heads (Llama, Qwen2, SmolLM2's 3 for 9 query
+    heads). SDPA's CPU backward sums a KV head's gradient over its query heads in an order that depends on
+    the batch, so a population member's gradients differed from its run alone in the last bits (a tiny
+    Llama, tests/test_pretrained.py); eager attention's are the same whatever the batch. CUDA keeps SDPA."""
+    config = model.config
+    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if device.type == "cpu" and heads and kv and kv < heads:
+        model.set_attn_implementation("eager")
+
+
 def disable_dropout(model: nn.Module) -> None:
     # Base-model dropout would make the first inner step's ratio differ from 1 and
     # the old log-probs differ from the sampler's; LoRA's own dropout is added later.
