@@ -136,6 +136,13 @@ def memory(preset: str, sizes=(1, 2)) -> list[dict]:
     return out
 
 
+def read_csv(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
 def write_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=columns)
@@ -196,7 +203,9 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-        rows, outcomes = [], []
+        # rows of presets measured before and not now are kept: one preset at a time fits a busy machine
+        rows = [r for r in read_csv(out / "start.csv") if r["preset"] not in args.presets]
+        outcomes = [r for r in read_csv(out / "outcomes.csv") if r["preset"] not in args.presets]
         for i, preset in enumerate(args.presets):
             row, per_problem = measure(preset, args.limit)
             rows.append(row)

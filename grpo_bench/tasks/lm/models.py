@@ -14,6 +14,8 @@ the task never asks the model for its (N, T, V) logits.
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import warnings
 from pathlib import Path
 
@@ -237,7 +239,8 @@ def load(model_id: str, device: torch.device, dtype: torch.dtype | None = None):
     from . import pretrained
 
     if pretrained.name(model_id):
-        return pretrained.load(model_id, device, dtype)
+        model, tokenizer = _load_gguf(pretrained.name(model_id), dtype or dtype_for(device))
+        return copy.deepcopy(model).to(device), copy.deepcopy(tokenizer)
 
     path = Path(model_id).expanduser()
     source = str(path) if path.exists() else model_id
@@ -247,6 +250,23 @@ def load(model_id: str, device: torch.device, dtype: torch.dtype | None = None):
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.to(device), tokenizer
+
+
+@functools.lru_cache(maxsize=None)
+def _load_gguf(which: str, dtype: torch.dtype):
+    """(model, tokenizer) of a packaged GGUF (lm/pretrained.py) on the CPU in `dtype`, once per process:
+    dequantising it takes most of half a minute; load() hands each caller a copy."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from . import pretrained
+
+    file = pretrained.verify(which)
+    with quiet_progress():
+        tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name))
+        model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=dtype)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval(), tokenizer
 
 
 def eos_ids(model, tokenizer) -> list[int]:

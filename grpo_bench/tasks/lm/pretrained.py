@@ -10,18 +10,16 @@ The package's own module imports `llm` and `llama-cpp-python` (its plugin for Si
 `llm`), which this suite does not need: scripts/setup.sh installs it with `--no-deps`, and the file
 is found with importlib's `find_spec`, which locates a package without running it.
 
-Loaded once per process and dtype, then copied to each task that asks (a population's members
-share that one copy: lm/stacked.py). The GGUF's SHA-256 is checked at its first load in a process
-(0.3 s), and the dequantised weights' checksum is recorded here (`Packaged.dequantized`):
+lm/models.py loads it once per process and dtype, then copies it to each task that asks (a
+population's members share that one copy: lm/stacked.py). The GGUF's SHA-256 is checked at its
+first load in a process (0.3 s, verify()), and the dequantised weights' checksum is recorded here (`Packaged.dequantized`):
 tests/test_pretrained.py holds the loader (gguf's dequantisation, transformers' conversion) to it.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import importlib.util
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 PREFIX = "gguf:"
@@ -124,14 +122,8 @@ def checksum(model) -> str:
     return digest.hexdigest()
 
 
-@lru_cache(maxsize=None)
-def _load(which: str, dtype):
-    """(model, tokenizer) on the CPU in `dtype`, once per process: dequantising takes most of half a minute."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .models import prepare_tokenizer, quiet_progress
-
+def verify(which: str) -> Path:
+    """The installed GGUF file, once its SHA-256 is the recorded one; ValueError saying how to install it otherwise."""
     packaged, file = PACKAGES[which], path(which)
     if file is None or not file.is_file():
         raise ValueError(f"model.source: {PREFIX}{which} needs {packaged.distribution}=={packaged.version}: {INSTALL}")
@@ -139,17 +131,4 @@ def _load(which: str, dtype):
     if found != packaged.sha256:
         raise ValueError(f"{file}: SHA-256 {found[:12]}…, expected {packaged.sha256[:12]}… "
                          f"({packaged.distribution}=={packaged.version}): reinstall it")
-    with quiet_progress():
-        tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name))
-        model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=dtype or torch.float32)
-    if model.generation_config.pad_token_id is None:
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model.eval(), tokenizer
-
-
-def load(source: str, device, dtype=None):
-    """(model, tokenizer) of a `gguf:` source: a copy of the process's dequantised model, on `device`."""
-    from .models import dtype_for
-
-    model, tokenizer = _load(name(source), dtype or dtype_for(device))
-    return copy.deepcopy(model).to(device), copy.deepcopy(tokenizer)
+    return file
