@@ -166,6 +166,11 @@ def table(out: Path) -> str:
         lines.append(f"| `{r['preset']}` | {r['dataset']} | {r['problems']} | {pct(r['greedy'])} | {pct(r['format'])} "
                      f"| {pct(r['sample_format'])} | {pct(r['pass@k'])} | {pct(r['mean@k'])} | {r['k']} | {r['max_new_tokens']} | {r['headroom']} "
                      f"| {float(r['seconds']):.0f} ({r['threads']} threads, {r['machine']}) |")
+    short = [r["preset"] for r in rows if int(r["problems"]) < 200]
+    if short:
+        lines += ["", f"{', '.join(short)}: fewer than 200 held-out problems, a first look measured with `--limit` "
+                  "on a machine shared by several jobs; all of them: `python scripts/pretrained_start.py "
+                  + " ".join(r["preset"] for r in rows) + "`."]
     if (out / "memory.csv").is_file():
         with open(out / "memory.csv") as f:
             mem = list(csv.DictReader(f))
