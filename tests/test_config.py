@@ -261,7 +261,7 @@ def test_run_defaults_are_the_documented_ones():
         "aggregate": {"name": "seq_mean_token_mean"}, "kl": {"name": "k3"}, "kl_coef": 0.0, "kl_placement": "loss", "kl_track": False,
         "kl_ctrl": {"name": "fixed"}, "ref_update": {"name": "frozen"}, "filters": [], "group_size": 10, "epochs": 100,
         "inner_steps": 10, "optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "max_grad_norm": 0.0, "seed": 0,
-        "log_every": 1, "eval_every": 0, "backend": "auto", "device": "cpu", "corrections": [], "entropy_coef": 0.0,
+        "log_every": 1, "eval_every": 0, "backend": "auto", "device": "auto", "corrections": [], "entropy_coef": 0.0,
         "entropy_ctrl": {"name": "fixed"}, "nll_coef": 0.0, "adv_clip": None,
         "sampler": {"precision": "fp32", "staleness": 0}}
     assert run_dict(cfg)["task"]["name"] == "sort"

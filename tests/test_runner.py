@@ -16,6 +16,7 @@ import yaml
 
 from grpo_bench.config.ablation import load_ablation
 from grpo_bench.config.run import resolve_run, run_dict
+from grpo_bench.engine.trainer import auto_device
 from helpers import ROOT, cli
 
 # the claim ablations (with `settings`) have their own smoke test in test_findings.py; smollm2_smoke is a smoke
@@ -59,7 +60,9 @@ def test_shipped_ablation_smoke(tmp_path, name):
     steps = 2 * 2 if not lm else 1
     for _, run in summary.iterrows():
         saved = yaml.safe_load((tmp_path / "runs" / run.run / "config.yaml").read_text())
-        assert saved == json.loads(json.dumps(run_dict(resolve_run(dict(want[run.variant], seed=run.seed))))), run.run
+        expected = resolve_run(dict(want[run.variant], seed=run.seed))
+        expected.device = auto_device(expected)  # what `auto` means here is what the run records
+        assert saved == json.loads(json.dumps(run_dict(expected))), run.run
         m = metrics[metrics.run == run.run]
         last = m[m.step == steps - 1].set_index("metric").value
         assert np.isfinite(last["loss/total"]) and 0 <= last["reward/mean"] <= 1, run.run
