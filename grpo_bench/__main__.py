@@ -205,7 +205,9 @@ def _command(args) -> int:
 
 
 def _run(args) -> int:
+    import os
     from .numerics import cpu
+    os.environ["GRPO_BENCH_CPU_PIN"] = "1"  # its spawned workers pin too (sweep/worker.py)
     cpu.pin()  # a run in this process (--workers 1) must compute nothing before it
     try:
         n_seeds, sequential = parse_seeds(args.seeds)

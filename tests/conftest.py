@@ -9,9 +9,6 @@ for _extra in filter(None, os.environ.get(HIDE_ENV, "").split(",")):
 
 import torch  # noqa: E402
 
-from grpo_bench.numerics import cpu
-
-cpu.pin()  # before any test computes, as `run` does: in-process numbers are a run's numbers
 
 # Triton kernels run in the interpreter where there is no GPU; the variable must be
 # set before any kernel module is imported, and conftest is imported first.

@@ -56,7 +56,7 @@ def _toy(env: dict, code: str = TOY) -> tuple[str, str]:
     clean = {k: v for k, v in os.environ.items()
              if k not in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
                           "GRPO_BENCH_CPU_NUMERICS")}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean | env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean | {"GRPO_BENCH_CPU_PIN": "1"} | env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     state, digest = out.stdout.split("\n")[-2].rsplit(" ", 1)
@@ -103,8 +103,3 @@ def test_a_late_pin_warns_and_says_what_is_in_force():
     if state == cpu.PINNED:
         pytest.skip(f"this CPU's native paths are the pinned ones ({state}): nothing to warn about")
     assert warned.startswith("1 ") and "may differ on another processor" in warned, out.stdout
-
-
-def test_this_test_process_is_pinned():
-    # conftest pins before any test computes, so in-process runs are a worker's numbers
-    assert os.environ.get("GRPO_BENCH_CPU_NUMERICS") == "native" or cpu.state() == cpu.PINNED

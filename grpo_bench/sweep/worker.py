@@ -73,7 +73,8 @@ def train_group(specs: list[RunSpec], threads: int = 1, executor: str = "local",
     from ..engine.trainer import train_population
     from ..numerics import cpu
 
-    cpu.pin()  # before anything computes: the same bits on any x86-64 CPU
+    if os.environ.get("GRPO_BENCH_CPU_PIN"):  # set by `run` (its workers inherit it): the same bits on any CPU
+        cpu.pin()
     # the same thread count in every kind of worker: it changes reduction order, so the bits
     torch.set_num_threads(threads)
     cfgs = [s.resolved for s in specs]
@@ -140,6 +141,9 @@ def failed_result(spec: RunSpec, error: str, tb: str = "", population: int = 1, 
     """The record of a run that never returned (its worker raised outside training, or kept dying), with how it
     was scheduled (SCHEDULE) as every other run's: the population it was sent in, executor, device, threads."""
     cfg = spec.resolved
+    if cfg.device == "auto":  # what it would have trained on, as a finished run records
+        from ..engine.trainer import auto_device
+        cfg.device = auto_device(cfg)
     summary = {"run": spec.run_id, "variant": spec.variant, **spec.values, "seed": spec.seed,
                "status": "failed", "error": error.splitlines()[0] if error else "failed", "traceback": tb,
                "wall_s": float("nan"), "population": population, "executor": executor, "device": cfg.device,
