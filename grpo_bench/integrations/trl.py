@@ -92,6 +92,7 @@ TRL_OWNED = {
     "optimizer": "GRPOConfig.optim", "lr": "GRPOConfig.learning_rate", "weight_decay": "GRPOConfig.weight_decay",
     "max_grad_norm": "GRPOConfig.max_grad_norm", "seed": "GRPOConfig.seed", "log_every": "GRPOConfig.logging_steps",
     "eval_every": "GRPOConfig.eval_steps", "device": "accelerate (accelerate launch)",
+    "cuda_graphs": "TRL's own training step (the toy's graph capture has no TRL counterpart)",
     "kl_track": "GRPOConfig.beta > 0 (TRL logs kl only when the KL is in the loss)",
     "sampler": "TRL's generation: GRPOConfig.use_vllm and its vllm_* settings (vLLM's log-probs reach the corrections)",
 }
