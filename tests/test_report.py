@@ -995,7 +995,7 @@ def test_final_values_keep_the_gain_without_accuracy(tmp_path):
 
 
 def test_a_p_value_exactly_at_alpha_is_not_beyond_noise(monkeypatch):
-    from grpo_bench import stats as S
+    from grpo_bench.stats import paired as S  # where the pairwise test looks it up
     monkeypatch.setattr(S, "t_from_summary", lambda diff, se, df: (0.05, diff - 1, diff + 1))
     two = pd.DataFrame({"variant": ["a", "a", "b", "b"], "status": "ok", "final/reward": [0.1, 0.2, 0.5, 0.6]})
     (t,) = R.pairwise(two, "final/reward", ["a", "b"])
