@@ -6,11 +6,13 @@ reads for a gradient, a gradient written in the forward (grad_output scaling, on
 no gradient under no_grad), the gradient written into the logits themselves.
 """
 import pytest
+
+from helpers import needs
 import torch
 
 from grpo_bench.numerics.logprobs import grpo_loss, grpo_loss_from_logits, token_logprobs
 
-pytest.importorskip("triton")
+needs("triton")
 from grpo_bench.numerics.kernels import logits_loss as LL  # noqa: E402
 from grpo_bench.numerics.kernels import spec as S  # noqa: E402
 
