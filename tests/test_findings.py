@@ -368,6 +368,28 @@ def test_ablation_settings_and_claims(tmp_path):
         load_ablation(path, setting="sort")
 
 
+def test_a_setting_retunes_a_variant_and_says_why(tmp_path):
+    doc = {"name": "c", "claim": {"text": "t", "source": "s", "expect": ["x > y"]},
+           "settings": {"sort": {"epochs": 3},
+                        "acts": {"epochs": 4, "description": "the clip binds here",
+                                 "variants": {"x": {"loss": {"name": "clipped", "clip_high": 0.5}}}}},
+           "base": {"inner_steps": 1}, "variants": {"x": {"loss": "naive", "lr": 0.002}, "y": {"loss": "clipped"}}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    plain, acts = load_ablation(path, setting="sort"), load_ablation(path, setting="acts")
+    assert plain.configs[0].loss == "naive" and "Setting" not in plain.description
+    # the setting's keys replace the variant's own, the rest of the variant stays, the other variant is untouched
+    assert acts.configs[0].loss == {"name": "clipped", "clip_high": 0.5} and acts.configs[0].lr == 0.002
+    assert (acts.configs[1].loss, acts.configs[1].lr, acts.configs[1].epochs) == ("clipped", 1e-3, 4)
+    assert acts.description.endswith("Setting `acts`: the clip binds here")
+    for bad, match in (({"z": {"lr": 0.1}}, r"settings\.acts\.variants\.z: unknown variant; valid: x, y"),
+                       (["x"], r"settings\.acts\.variants: expected a mapping variant name")):
+        doc["settings"]["acts"]["variants"] = bad
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        with pytest.raises(ConfigError, match=match):
+            load_ablation(path, setting="acts")
+
+
 def test_settings_and_claims_that_do_not_load(tmp_path):
     doc = {"name": "c", "base": {"inner_steps": 1}, "variants": {"x": {"loss": "naive"}, "y": {"loss": "clipped"},
                                                                  "z": {"loss": "clipped", "lr": 0.002}}}
@@ -420,7 +442,8 @@ def test_shipped_claims_load_on_every_setting(name):
     from pathlib import Path
     path = Path(__file__).resolve().parent.parent / "ablations" / f"{name}.yaml"
     settings = ablation_settings(path)
-    assert settings and set(settings) <= {"sort", "lm", "lm_wide", "countdown", "spell_backward"} and "lm" in settings
+    assert settings and set(settings) <= {"sort", "lm", "lm_wide", "countdown", "spell_backward", "lm_acts"}
+    assert "lm" in settings and "lm_acts" in settings   # every claim has a setting where its mechanism acts
     for s in settings:
         abl = load_ablation(path, setting=s)
         assert len(abl.seeds) >= (5 if s == "sort" else 3)

@@ -147,12 +147,15 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
     claim = _claim(doc.get("claim"), src)
     names = ablation_settings(path)
     file_seeds = doc.get("seeds", 3)
+    setting_variants, setting_text = {}, ""
     if names or setting is not None:
         if setting not in names:
             raise ConfigError(src if setting is None else "--setting", "settings",
                               f"unknown setting {setting!r}; valid: {', '.join(names) or 'none'}")
         chosen = copy.deepcopy(doc["settings"][setting])
         file_seeds = chosen.pop("seeds", file_seeds)
+        setting_variants = chosen.pop("variants", {})
+        setting_text = str(chosen.pop("description", "")).strip()
         for key, value in chosen.items():  # a setting is base keys on top of base
             set_dotted(base, key, value, f"{src}: settings.{setting}")
     overrides = parse_set(sets or [])
@@ -163,7 +166,17 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
         set_dotted(base, key, value, "--set")
 
     grid = doc.get("grid") or {}
-    named = doc.get("variants") or {}
+    named = copy.deepcopy(doc.get("variants") or {})
+    if setting_variants:
+        # a setting may retune a variant where the task needs it (a clip range for another ratio scale): the
+        # variant keeps its name, so the claim's orderings still read it; a setting cannot add variants
+        if not isinstance(setting_variants, dict) or not all(isinstance(v, dict) for v in setting_variants.values()):
+            raise ConfigError(src, f"settings.{setting}.variants", "expected a mapping variant name -> {key: value}")
+        for vname, ov in setting_variants.items():
+            if vname not in named:
+                raise ConfigError(src, f"settings.{setting}.variants.{vname}",
+                                  f"unknown variant; valid: {', '.join(named) or 'none'}")
+            named[vname] = {**named[vname], **ov}
     if not isinstance(grid, dict):
         raise ConfigError(src, "grid", "expected a mapping key -> list of values")
     if not isinstance(named, dict):
@@ -234,7 +247,10 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
                 raise ConfigError(src, "claim.metric", f"{asked!r}: no run of task {task_name(resolved[0])} writes "
                                   f"{column}; valid: {', '.join(metrics.final_columns(cls))}")
         check_orderings(claim, dict(zip(labels, resolved)), setting, f"{src}: claim of {name}")
-    return Ablation(name if setting is None else f"{name}_{setting}", src, str(doc.get("description", "")).strip(),
+    description = str(doc.get("description", "")).strip()
+    if setting_text:  # what this setting changes and why, after what the file is about
+        description += f"\n\nSetting `{setting}`: {setting_text}"
+    return Ablation(name if setting is None else f"{name}_{setting}", src, description,
                     axes, variants, seed_list, resources, claim, setting, resolved)
 
 
