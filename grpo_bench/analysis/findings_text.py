@@ -337,7 +337,7 @@ def intro(where: str, tasks: dict[str, metrics.TaskInfo], order: list[str], name
         "ordering's; it is *not exercised*, and in no count either, when the diagnostic its claim declares for the "
         "part's mechanism (a logged per-step metric and a threshold taken from the source's argument, in the "
         "ablation file) stays under that threshold: the part had nothing to act on, and the row prints the value "
-        "beside the threshold instead of a verdict. "Where the results kept each held-out problem's outcome (the LM tasks', from this version), a "
+        "beside the threshold instead of a verdict. Where the results kept each held-out problem's outcome (the LM tasks', from this version), a "
         "held-out accuracy row (final, area, or read at equal samples) is tested on the seeds × problems table of "
         "a − b, seeds and problems as "
         "crossed random effects, so its interval holds for a new held-out set as well as new seeds (the test is "
