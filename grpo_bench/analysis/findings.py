@@ -10,7 +10,8 @@ problems test where per-problem outcomes were kept, Holm over the claim's testab
 TOST within the margin, one outcome per ordering; then the same rows once more in the claim's family across
 its tasks (family()), which "holds on some tasks" rests on. An ordering is *not testable here*, and counted
 nowhere, when its variants differ only in parts the task declares inert, when every paired difference is 0,
-or when they ran the same numbers as an earlier ordering's. Seeds that `run --seeds auto` chose are judged
+or when they ran the same numbers as an earlier ordering's; *not exercised*, and counted nowhere either, when the
+diagnostic its claim declares for the part's mechanism stays under its threshold (mechanism.py). Seeds that `run --seeds auto` chose are judged
 with the boundaries that chose them, on the metric they were chosen on.
 """
 from __future__ import annotations

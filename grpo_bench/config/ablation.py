@@ -40,7 +40,8 @@ class Ablation:
     """A published claim the ablation tests (text, source, setting, expect: ["a > b", ...], and optionally
     metric, untestable, margin: the equivalence margin in the metric's units, one number or one per setting,
     and judge: final (the value at the end of the budget, the default) or area (the mean of the curve over
-    the budget against samples drawn))."""
+    the budget against samples drawn), and mechanism: per ordering (or a default) what its part acts on and the
+    logged diagnostic that shows it acting, with its threshold and why (analysis/mechanism.py))."""
     setting: str | None = None
     """Which of the file's `settings` this is (the same variants on another task), or None."""
     configs: list = field(default_factory=list)
