@@ -410,7 +410,7 @@ def test_settings_and_claims_that_do_not_load(tmp_path):
     ok = {"text": "t", "source": "s", "expect": ["x > y", "z = y"]}
     for claim in ({"text": "t", "source": "s"}, ["x > y"]):
         fails(r"claim: expected a mapping with text, source and expect", claim=claim)
-    fails(r"claim\.sauce: unknown key; valid: text, source, setting, expect, metric, untestable, margin, judge$",
+    fails(r"claim\.sauce: unknown key; valid: text, source, setting, expect, metric, untestable, margin, judge, mechanism$",
           claim={**ok, "sauce": 1})
     for margin, key in ((-0.1, "claim.margin"), (0, "claim.margin"), ("big", "claim.margin"), (True, "claim.margin"),
                         (float("inf"), "claim.margin"), ({"sort": 0}, "claim.margin.sort")):

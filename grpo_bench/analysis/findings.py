@@ -10,7 +10,8 @@ problems test where per-problem outcomes were kept, Holm over the claim's testab
 TOST within the margin, one outcome per ordering; then the same rows once more in the claim's family across
 its tasks (family()), which "holds on some tasks" rests on. An ordering is *not testable here*, and counted
 nowhere, when its variants differ only in parts the task declares inert, when every paired difference is 0,
-or when they ran the same numbers as an earlier ordering's. Seeds that `run --seeds auto` chose are judged
+or when they ran the same numbers as an earlier ordering's; *not exercised*, and counted nowhere either, when the
+diagnostic its claim declares for the part's mechanism stays under its threshold (mechanism.py). Seeds that `run --seeds auto` chose are judged
 with the boundaries that chose them, on the metric they were chosen on.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pandas as pd
 
 from .. import stats
 from ..store import metrics
+from . import mechanism as mech
 from .compare import load_side
 from ..errors import ConfigError
 from ..config.ablation import check_orderings, load_ablation, parse_ordering
@@ -135,8 +137,17 @@ def judge_setting(directory: Path, claim: dict, setting: str | None = None, root
             seen.setdefault(canon, e)
             row["budget"] = _budget(budgets, a, b)
         rows.append(row)
+    # a part with nothing to act on (its diagnostic under the claim's threshold): no verdict, in no count
+    declared = claim.get("mechanism") if rules.mechanism else None
+    table = mech.metrics_table(directory) if declared else None
+    for row in rows:
+        row["mechanism"] = row["unexercised"] = None
+        if declared and not row["missing"] and row["why"] is None:
+            row["mechanism"] = mech.judge(table, declared, row["pair"], row["a"], row["b"])
+            if row["mechanism"] and row["mechanism"]["acts"] is False:
+                row["unexercised"] = mech.text(row["mechanism"], row["a"], row["b"])
 
-    tested = [r for r in rows if not r["missing"] and r["why"] is None]
+    tested = [r for r in rows if not r["missing"] and r["why"] is None and r["unexercised"] is None]
     by_quantity = {}
     for q in QUANTITIES:
         groups, pairs, tables = {}, [], {}
@@ -284,8 +295,9 @@ def family(results: dict, rules: stats.Rules = stats.V4) -> int:
 
 
 def _tested(row: dict, quantity: str) -> dict | None:
-    """The row's decided test on `quantity`, None where missing or not testable."""
-    t = None if row["missing"] or row["why"] is not None else row["quantities"].get(quantity)
+    """The row's decided test on `quantity`, None where missing, not testable or not exercised."""
+    t = (None if row["missing"] or row["why"] is not None or row.get("unexercised") is not None
+         else row["quantities"].get(quantity))
     return None if t is None or t["verdict"] == stats.NOT_TESTABLE else t
 
 
@@ -309,6 +321,8 @@ def collect(root: Path) -> tuple[dict[str, dict], dict[str, metrics.TaskInfo], l
         claim, setting = meta.get("claim"), meta.get("setting")
         if not claim:
             continue
+        mechanism = mech.declared(meta, root)
+        claim = {**claim, "mechanism": mechanism} if mechanism else claim
         task = metrics.task_of(meta, () if meta.get("task") else final_names(read_table(d / "summary.csv", ["run"])))
         family = meta["name"].removesuffix(f"_{setting}") if setting else meta["name"]
         setting = setting or (task.name if task else d.name)  # a file without settings: its task's name

@@ -17,6 +17,7 @@ from ..store import metrics
 from ..store.rundir import read_meta
 from .compare import kendall, kendall_w
 from .findings import QUANTITIES, _completeness, _tested, collect, judge_claim
+from .mechanism import text as mech_text
 from .report import label_column
 
 RULES_FILE = "FINDINGS_rules.md"  # what v4's rule changes moved, written by analysis/rule_changes.py
@@ -31,6 +32,7 @@ WORDS = """## The outcome words
 | *undecided* | neither test passed; the row says how many seeds would decide it |
 | *fails* / *fails, size unclear* (a claimed "a = b") | a significant difference whose interval clears ±δ / does not |
 | *not testable here* | the variants cannot differ on this task (inert parts, identical runs): in no count |
+| *not exercised* | the part's mechanism had nothing to act on here: the diagnostic its claim declares (with the threshold the source's argument needs) stayed under it; the value is printed, not a verdict: in no count |
 
 A claimed "a = b" *holds* when equivalent or negligible."""
 
@@ -39,14 +41,19 @@ A claimed "a = b" *holds* when equivalent or negligible."""
 
 COUNTED = ("hold", "size unclear", "negligible", "equivalent", "reversed, size unclear", "reversed", "fail",
            "fail, size unclear", "undecided")
+APART = ("not testable", "not exercised")  # rows in no count: outside Holm's m and "holds on k of m"
 
 
 def counts(rows: list[dict], quantity: str) -> dict[str, int]:
     """How many of a claim's orderings on one setting hold (beyond the margin), hold with a size unclear, are
-    negligible, equivalent, reversed (either way), fail ("a = b"), undecided; not testable ones apart."""
-    out = dict.fromkeys(COUNTED + ("not testable",), 0)
+    negligible, equivalent, reversed (either way), fail ("a = b"), undecided; not testable and not exercised
+    ones apart."""
+    out = dict.fromkeys(COUNTED + APART, 0)
     for r in rows:
         if r["missing"]:
+            continue
+        if r.get("unexercised") is not None:
+            out["not exercised"] += 1
             continue
         t = (r.get("quantities") or {}).get(quantity)
         if r["why"] is not None or t is None or t["verdict"] == stats.NOT_TESTABLE:
@@ -67,12 +74,15 @@ def summarise(result: dict | None, reason: str | None, short: bool = False) -> s
     if result is None:
         return ("not testable" if short else f"not testable: {reason}") if reason else "not run"
     c = counts(result["rows"], result["judge"])
-    n = sum(v for k, v in c.items() if k != "not testable")
-    if not n and not c["not testable"]:
+    n = sum(v for k, v in c.items() if k not in APART)
+    apart = c["not testable"] + c["not exercised"]
+    if not n and not apart:
         return "not run"
     where = f"{label_column(result['column'])}, {result['judge']}"
     if not n:
-        return f"not testable here ({where}: {c['not testable']} of {c['not testable']} orderings)"
+        word = "not exercised" if not c["not testable"] else "not testable" if not c["not exercised"] else \
+            "not testable or not exercised"
+        return f"{word} here ({where}: {apart} of {apart} orderings)"
     against = sum(c[k] for k in COUNTED if k.startswith(("reversed", "fail")))
     held = c["hold"] + c["size unclear"]
     head = ("mixed" if against and held else "does not hold" if against else "holds" if c["hold"] == n
@@ -80,6 +90,7 @@ def summarise(result: dict | None, reason: str | None, short: bool = False) -> s
             else "undecided at this scale")
     parts = [f"{c['hold']} of {n} hold"] + [f"{c[k]} {k}" for k in COUNTED[1:] if c[k]]
     tail = f"; {c['not testable']} not testable{'' if short else ' here'}" if c["not testable"] else ""
+    tail += f"; {c['not exercised']} not exercised" if c["not exercised"] else ""
     flat = [r for r in result["rows"] if r.get("plateau") is not None]
     if flat and not short:
         other = next(q for q in QUANTITIES if q != result["judge"])
@@ -93,7 +104,7 @@ def summarise(result: dict | None, reason: str | None, short: bool = False) -> s
 
 def _disagree(r: dict, own: str) -> str | None:
     """The other quantity's outcome where it differs from the claim's quantity's, else None."""
-    if r["missing"] or r["why"] is not None:
+    if r["missing"] or r["why"] is not None or r.get("unexercised") is not None:
         return None
     other = next(q for q in QUANTITIES if q != own)
     a, b = (r["quantities"].get(q) or {} for q in (own, other))
@@ -135,6 +146,8 @@ def _cell(result: dict, r: dict) -> str:
         return "—"
     if r["why"] is not None:
         return f"**not testable here**: {r['why']}"
+    if r.get("unexercised") is not None:
+        return f"**not exercised**: {r['unexercised']}"
     own, parts = result["judge"], []
     for q in (own, *(x for x in QUANTITIES if x != own)):
         t = r["quantities"].get(q)
@@ -150,6 +163,9 @@ def _cell(result: dict, r: dict) -> str:
         body = f"Δ {stats.interval_text(t)}; {test}; P(a > b) {t['poi']:.2f}; {stats.power_text(t)}"
         if q == own:
             parts.append(f"{_quantity(result, r, q)}: {body}: **{stats.verdict_text(t)}**")
+            if r.get("mechanism"):
+                parts.append(("mechanism acts: " if r["mechanism"]["acts"] else "mechanism not measured: ")
+                             + mech_text(r["mechanism"], r["a"], r["b"]))
             parts += [x for x in (_plateau_text(result, r),) if x]
             fam = t.get("family")
             if fam and fam["m"] != t.get("m") and fam["outcome"] != t["outcome"]:
@@ -185,8 +201,8 @@ def across(results: dict, i: int, family: bool = False) -> tuple[int, int]:
     k = m = 0
     for r in results.values():
         row = r["rows"][i]
-        t = None if row["missing"] or row["why"] is not None else row["quantities"].get(r["judge"])
-        if t is None or t["verdict"] == stats.NOT_TESTABLE:
+        t = _tested(row, r["judge"])
+        if t is None:
             continue
         m += 1
         t = t.get("family", t) if family else t
@@ -318,7 +334,10 @@ def intro(where: str, tasks: dict[str, metrics.TaskInfo], order: list[str], name
         "one for every other. An ordering is *not testable here*, and in no count, when its variants differ only in "
         "parts the task declares inert, when every paired difference is exactly 0, or when its variants ran the same "
         "numbers as an earlier "
-        "ordering's. Where the results kept each held-out problem's outcome (the LM tasks', from this version), a "
+        "ordering's; it is *not exercised*, and in no count either, when the diagnostic its claim declares for the "
+        "part's mechanism (a logged per-step metric and a threshold taken from the source's argument, in the "
+        "ablation file) stays under that threshold: the part had nothing to act on, and the row prints the value "
+        "beside the threshold instead of a verdict. Where the results kept each held-out problem's outcome (the LM tasks', from this version), a "
         "held-out accuracy row (final, area, or read at equal samples) is tested on the seeds × problems table of "
         "a − b, seeds and problems as "
         "crossed random effects, so its interval holds for a new held-out set as well as new seeds (the test is "

@@ -44,7 +44,15 @@ STEPS = [
      "*fails*"),
     ("exact", {"exact_max": stats.EXACT_MAX},
      f"every sign pattern enumerated up to {stats.EXACT_MAX} pairs (v3: 20,000 random patterns past 16)"),
+    ("mechanism", {"mechanism": True},
+     "an ordering whose part had nothing to act on is *not exercised*, with no verdict and in no count: each claim "
+     "declares in its ablation file the per-step diagnostic that shows its mechanism acts (e.g. clip-higher: how "
+     "often the 0.2 upper clip binds) and a threshold from the source's argument; v3 judged every such row, so a "
+     "verdict could be read as evidence about a part that never acted (issue 41)"),
 ]
+
+
+_NUMBER = {6: "six", 7: "seven", 8: "eight"}
 
 
 def margin_v3(claim: dict, setting: str | None, column: str, task, means) -> tuple:
@@ -87,6 +95,9 @@ def cells(root: Path, rules: stats.Rules, margin_of) -> dict:
             for row in r["rows"]:
                 if row["missing"]:
                     continue
+                if row.get("unexercised") is not None:
+                    out[(family, s, row["pair"])] = ("not exercised", False, False, None, None, None, None)
+                    continue
                 t = _tested(row, r["judge"])
                 fam = t and (t["family"]["verdict"] if row["claim"] == "=" else t["family"]["outcome"]) == "holds"
                 out[(family, s, row["pair"])] = ((t["verdict"], fam, row["plateau"] is not None,
@@ -118,10 +129,10 @@ def render(root: Path) -> str:
     moved = [k for k in keys if v3[k][:3] != v4[k][:3]]
     families, tasks, order = collect(root)
     name = {s: n for s, (n, _) in names(order, tasks).items()}
-    tested = sum(1 for k in keys if v4[k][0] != "not testable")
+    tested = sum(1 for k in keys if v4[k][0] not in ("not testable", "not exercised"))
     lines = ["## What changed in v4, and why: the verdict rules", "",
-             f"No run was retrained and no result added: FINDINGS v4 judges the committed results of v3 with six rules "
-             f"changed ([Statistics](../docs/statistics.md); issue 42). `python -m grpo_bench.analysis.rule_changes "
+             f"No run was retrained and no result added: FINDINGS v4 judges the committed results of v3 with "
+             f"{_NUMBER.get(len(STEPS), len(STEPS))} rules changed ([Statistics](../docs/statistics.md); issue 42). `python -m grpo_bench.analysis.rule_changes "
              f"results` judges every cell (claim × task × ordering, on the claim's quantity: {len(keys)} cells, "
              f"{tested} testable under v4) with v3's rules, then applies v4's changes one at a time in the order "
              f"below; a cell moves when its verdict, its verdict in the claim's family across tasks, or its plateau "

@@ -40,7 +40,8 @@ class Ablation:
     """A published claim the ablation tests (text, source, setting, expect: ["a > b", ...], and optionally
     metric, untestable, margin: the equivalence margin in the metric's units, one number or one per setting,
     and judge: final (the value at the end of the budget, the default) or area (the mean of the curve over
-    the budget against samples drawn))."""
+    the budget against samples drawn), and mechanism: per ordering (or a default) what its part acts on and the
+    logged diagnostic that shows it acting, with its threshold and why (analysis/mechanism.py))."""
     setting: str | None = None
     """Which of the file's `settings` this is (the same variants on another task), or None."""
     configs: list = field(default_factory=list)
@@ -50,7 +51,11 @@ class Ablation:
 
 ABLATION_KEYS = ("name", "description", "include", "claim", "settings", "base", "grid", "variants", "seeds",
                  "resources")
-CLAIM_KEYS = ("text", "source", "setting", "expect", "metric", "untestable", "margin", "judge")
+CLAIM_KEYS = ("text", "source", "setting", "expect", "metric", "untestable", "margin", "judge", "mechanism")
+# claim.mechanism: what each ordering's part acts on and the logged diagnostic that shows it acts (findings judges
+# an ordering only where its diagnostic reaches `min`); keyed by `default` or an ordering's text
+MECHANISM_KEYS = ("acts", "metric", "variant", "reduce", "min", "why")
+REDUCE = ("mean", "abs_mean")  # over every logged step of every seed of the variant read: the value, or its size
 JUDGE = ("final", "area")  # what a claim is about: the end of the budget, or the whole curve (its speed)
 RESOURCES = {"cpus": 1, "gpus": 0}
 
@@ -116,7 +121,44 @@ def _claim(value: Any, src: str) -> dict | None:
         if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float("inf"):
             raise ConfigError(src, where, f"expected a positive number in the metric's units (e.g. 0.02), a ratio "
                               f"('5%': within 5% either way, under 100%), or a mapping setting -> either, got {m!r}")
+    if "mechanism" in value:
+        _mechanism(value["mechanism"], expect, src)
     return value
+
+
+def _mechanism(value: Any, expect: list[str], src: str) -> None:
+    """claim.mechanism: {default | an ordering's text: a diagnostic, or a list of them (the part acts when any
+    does)}; each diagnostic {acts, metric (a per-step metric, or none: not logged), variant (a, b or a variant's name: the runs it is
+    read on), reduce, min, why}. (`variant`, not `on`: YAML reads a bare `on` as true.)"""
+    if not isinstance(value, dict) or not value:
+        raise ConfigError(src, "claim.mechanism", "expected a mapping default or 'a > b' (an ordering of expect) -> "
+                          "{acts, metric, variant, reduce, min, why}")
+    for key, entry in value.items():
+        where = f"claim.mechanism.{key}"
+        if key != "default" and key not in expect:
+            raise ConfigError(src, where, "unknown key; valid: default, " + ", ".join(expect))
+        for i, d in enumerate(entry if isinstance(entry, list) and entry else [entry]):
+            at = where + (f"[{i}]" if isinstance(entry, list) else "")
+            if not isinstance(d, dict):
+                raise ConfigError(src, at, f"expected a mapping with keys {', '.join(MECHANISM_KEYS)}, got {d!r}")
+            for k in d:
+                if k not in MECHANISM_KEYS:
+                    raise ConfigError(src, f"{at}.{k}", "unknown key; valid: " + ", ".join(MECHANISM_KEYS))
+            for k in ("acts", "metric", "why"):
+                if not isinstance(d.get(k), str) or not d[k].strip():
+                    raise ConfigError(src, f"{at}.{k}", f"expected text (metric: a logged per-step metric such as "
+                                      f"clip/high_frac, or none), got {d.get(k)!r}")
+            if d.get("reduce", "mean") not in REDUCE:
+                raise ConfigError(src, f"{at}.reduce", f"expected one of {', '.join(REDUCE)}, got {d['reduce']!r}")
+            if not isinstance(d.get("variant", "a"), str):
+                raise ConfigError(src, f"{at}.variant", f"expected a, b or a variant's name, got {d['variant']!r}")
+            m = d.get("min")
+            if d["metric"] == "none":
+                if m is not None:
+                    raise ConfigError(src, f"{at}.min", "metric none has no value to compare; drop min")
+            elif isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 < m < float("inf"):
+                raise ConfigError(src, f"{at}.min", f"expected a positive number (the part acts when the reduced "
+                                  f"value is at least this), got {m!r}")
 
 
 def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | None = None,
@@ -239,6 +281,11 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
             for side in parse_ordering(e)[:2]:
                 if side not in labels:
                     raise ConfigError(src, "claim.expect", f"{side!r} is no variant; valid: {', '.join(labels)}")
+        for key, entry in (claim.get("mechanism") or {}).items():
+            for d in entry if isinstance(entry, list) else [entry]:
+                if d.get("variant", "a") not in ("a", "b", *labels):
+                    raise ConfigError(src, f"claim.mechanism.{key}.variant", f"unknown variant {d['variant']!r}; valid: a, b, "
+                                      + ", ".join(labels))
         if claim.get("metric"):  # named in the file, found now: not after the first batch of --seeds auto
             cls = registry.get("task", task_name(resolved[0]))
             asked = claim["metric"]

@@ -28,10 +28,11 @@ class Rules:
     margins: str = "v4"            # 4: task margins from one odds ratio; relative KL margins on the log scale
     size_words: bool = True        # 5: "holds, size unclear" where the interval does not clear the margin
     exact_max: int = EXACT_MAX     # 6: every sign pattern up to this many pairs
+    mechanism: bool = True         # 7: an ordering whose declared diagnostic stays under its threshold is not judged
 
 
 V4 = Rules()
-V3 = Rules(False, False, False, "v3", False, EXACT_MAX_V3)
+V3 = Rules(False, False, False, "v3", False, EXACT_MAX_V3, False)
 OUTCOMES = ("holds", "holds, size unclear", "holds, negligible", "equivalent", "reversed, negligible",
             "reversed, size unclear", "reversed", "undecided")
 UNCLEAR = ", size unclear"

@@ -1,0 +1,93 @@
+"""Whether a claim's mechanism acted: each ordering's diagnostic read from a results directory's metrics table.
+
+A claim's ablation file declares, under `claim.mechanism`, what each ordering's part acts on and the per-step
+metric that shows it (e.g. DAPO's clip-higher acts only on tokens the 0.2 upper clip stops: clip/high_frac of
+the variant without it). An ordering whose diagnostic stays under its `min` on a task is *not exercised* there:
+FINDINGS prints the value beside the threshold instead of a verdict and counts the row nowhere, as it does a
+row that is not testable. A verdict on a part that had nothing to act on says nothing about the part.
+
+The declaration is read from the ablation file the results name (the rule of today, set after the runs like
+the margins of v4), else from the claim ablation.json recorded. One diagnostic is reduced as: per run, the
+mean over its logged steps of the value (reduce: mean) or of its size (abs_mean); then the mean over the runs
+of the variant read (`variant`: a, b or a variant's name). A list of diagnostics acts when any of them does.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ..config.ablation import _claim
+from ..config.strict_yaml import read_yaml
+from ..errors import ConfigError
+from ..store.rundir import read_metrics_file
+from ..store.rundir import metrics_path
+
+
+def declared(meta: dict, root: Path | None) -> dict | None:
+    """The claim's mechanism: its ablation file's today (tried as given and beside root), else the recorded one."""
+    source = meta.get("source") or ""
+    for path in [Path(source)] + ([root.parent / source] if root else []):
+        if source and path.is_file():
+            try:
+                claim = (read_yaml(path) or {}).get("claim")
+                mechanism = claim.get("mechanism") if isinstance(claim, dict) else None
+                if mechanism is not None:
+                    _claim(claim, str(path))  # a bad declaration is an error naming the file, not a silent skip
+                    return mechanism
+            except OSError:
+                pass
+            break
+    return (meta.get("claim") or {}).get("mechanism")
+
+
+def diagnostics(mechanism: dict | None, ordering: str) -> list[dict]:
+    """The ordering's own diagnostics, else the claim's default; [] where the claim declares none."""
+    entry = (mechanism or {}).get(ordering, (mechanism or {}).get("default"))
+    return [] if entry is None else entry if isinstance(entry, list) else [entry]
+
+
+def read(table: pd.DataFrame | None, d: dict, a: str, b: str) -> float | None:
+    """One diagnostic's value (module docstring), None where it is not logged for the variant it reads."""
+    if table is None or d["metric"] == "none":
+        return None
+    variant = {"a": a, "b": b}.get(d.get("variant", "a"), d.get("variant"))
+    rows = table[(table.metric == d["metric"]) & (table.variant.astype(str) == variant)].dropna(subset=["value"])
+    if rows.empty:
+        return None
+    values = rows.value.abs() if d.get("reduce", "mean") == "abs_mean" else rows.value
+    return float(values.groupby(rows.run.astype(str)).mean().mean())
+
+
+def judge(table: pd.DataFrame | None, mechanism: dict | None, ordering: str, a: str, b: str) -> dict | None:
+    """{"readings": [(diagnostic, value or None)], "acts": True / False / None (not measured)}, None where the
+    claim declares no mechanism for the ordering. The part acts when any diagnostic reaches its min (>=)."""
+    ds = diagnostics(mechanism, ordering)
+    if not ds:
+        return None
+    readings = [(d, read(table, d, a, b)) for d in ds]
+    measured = [(d, v) for d, v in readings if v is not None]
+    acts = None if not measured else any(v >= d["min"] for d, v in measured)
+    return {"readings": readings, "acts": acts}
+
+
+def metrics_table(directory: Path) -> pd.DataFrame | None:
+    """The results' long metrics table (run, variant, metric, value), None where there is none."""
+    path = metrics_path(directory)
+    if path is None:
+        return None
+    try:
+        return read_metrics_file(path)[lambda t: ~t.metric.astype(str).str.startswith("eval/")]
+    except ValueError as e:
+        raise ConfigError(str(path), "<file>", f"{e}: damaged; rerun the sweep to rewrite it") from None
+
+
+def text(result: dict, a: str, b: str) -> str:
+    """'clip/high_frac on `overlong_filter` 0.00016 < 0.001 (the upper clip binds)', one per diagnostic."""
+    parts = []
+    for d, v in result["readings"]:
+        variant = {"a": a, "b": b}.get(d.get("variant", "a"), d.get("variant"))
+        size = "|" + d["metric"] + "|" if d.get("reduce") == "abs_mean" else d["metric"]
+        value = "not logged" if v is None else f"{v:.3g} {'<' if v < d['min'] else '≥'} {d['min']:g}"
+        parts.append(f"{size} on `{variant}` {value} ({d['acts']})")
+    return "; ".join(parts)

@@ -1,0 +1,122 @@
+"""A claim's mechanism (claim.mechanism): an ordering whose declared diagnostic stays under its threshold is *not
+exercised*: no verdict printed, outside Holm's m and every count; the strict loader refuses a bad declaration in
+one line naming the file and key."""
+import dataclasses
+import glob
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from grpo_bench import stats as S
+from grpo_bench.analysis import mechanism
+from grpo_bench.analysis.findings import judge_setting
+from grpo_bench.analysis.findings_text import across, counts, render, summarise
+from grpo_bench.config.ablation import MECHANISM_KEYS, load_ablation, parse_ordering
+from grpo_bench.config.strict_yaml import read_yaml
+from grpo_bench.errors import ConfigError
+from helpers import ROOT
+from test_findings import write
+
+DIAG = {"acts": "tokens the upper clip stops", "metric": "clip/high_frac", "variant": "b", "min": 0.01,
+        "why": "the source's argument"}
+
+
+def results(tmp_path, high: dict[str, list[float]], **diag):
+    """One toy setting where a beats b and c by far; clip/high_frac per variant logged at two steps of every seed
+    (high: variant -> the two steps' values)."""
+    claim = {"text": "t", "source": "s", "expect": ["a > b", "a > c"], "margin": 0.02,
+             "mechanism": {"default": DIAG | diag}}
+    rng = np.random.default_rng(0)
+    values = {"a": 0.9 + 0.01 * rng.standard_normal(5), "b": 0.5 + 0.01 * rng.standard_normal(5),
+              "c": 0.5 + 0.01 * rng.standard_normal(5)}
+    d = tmp_path / "mechx_sort"
+    write(d, "mechx", "sort", values, claim)
+    long = [{"run": f"{v}-s{s}", "variant": v, "seed": s, "step": step, "metric": "clip/high_frac", "value": x}
+            for v, xs in high.items() for s in range(5) for step, x in zip((1, 2), xs)]
+    pd.DataFrame(long).to_parquet(d / "metrics.parquet")
+    return d, claim
+
+
+def test_a_diagnostic_just_under_its_threshold_prints_no_verdict_and_counts_nowhere(tmp_path):
+    # b's mean over its steps is 0.0099, just under 0.01, though its second step alone (0.0198) is over it:
+    # the mean over steps, not the last or the largest value, decides; c's is exactly 0.01, which acts (>=)
+    d, claim = results(tmp_path, {"b": [0.0, 0.0198], "c": [0.005, 0.015]})
+    result = judge_setting(d, claim, "sort")
+    ab, ac = result["rows"]
+    assert ab["unexercised"] == "clip/high_frac on `b` 0.0099 < 0.01 (tokens the upper clip stops)"
+    assert "quantities" not in ab or not ab["quantities"]
+    assert ac["unexercised"] is None and ac["mechanism"]["acts"] is True
+    # Holm's m is the one exercised ordering, and the counts leave the other out
+    assert ac["quantities"]["final"]["m"] == 1
+    assert counts(result["rows"], "final")["not exercised"] == 1
+    assert summarise(result, None) == "holds (eval reward, final: 1 of 1 hold; 1 not exercised)"
+    assert across({"sort": result}, 0) == (0, 0) and across({"sort": result}, 1) == (1, 1)
+    text = render(tmp_path)
+    line = next(x for x in text.splitlines() if x.startswith("| `a > b` |"))
+    assert "**not exercised**: clip/high_frac on `b` 0.0099 < 0.01" in line
+    assert not any(w in line for w in ("holds", "p_holm", "undecided", "equivalent"))
+    line = next(x for x in text.splitlines() if x.startswith("| `a > c` |"))
+    assert "**holds" in line and "mechanism acts: clip/high_frac on `c` 0.01 ≥ 0.01" in line
+
+
+def test_just_over_the_threshold_is_judged_and_the_rule_can_be_turned_off(tmp_path):
+    d, claim = results(tmp_path, {"b": [0.0, 0.0202], "c": [0.0, 0.0]})
+    ab, ac = judge_setting(d, claim, "sort")["rows"]
+    assert ab["unexercised"] is None and ab["quantities"]["final"]["outcome"] == "holds"
+    assert ac["unexercised"].startswith("clip/high_frac on `c` 0 < 0.01")
+    # v3's rules judge every row (rule_changes replays them)
+    v3ish = dataclasses.replace(S.V4, mechanism=False)
+    assert all(r["unexercised"] is None and r["quantities"] for r in judge_setting(d, claim, "sort", rules=v3ish)["rows"])
+
+
+def test_a_diagnostic_not_logged_is_judged_and_says_so(tmp_path):
+    # the metric is absent (or declared none): nothing shows the part idle, so the verdict stands, marked
+    d, claim = results(tmp_path, {"b": [0.0, 0.0]}, metric="response/length_std")
+    ab, _ = judge_setting(d, claim, "sort")["rows"]
+    assert ab["unexercised"] is None and ab["mechanism"]["acts"] is None
+    assert "mechanism not measured: response/length_std on `b` not logged" in render(tmp_path)
+    # a list acts when any of its diagnostics does; an ordering's own entry wins over the default
+    m = {"default": DIAG, "a > b": [DIAG | {"min": 1.0}, DIAG | {"variant": "a", "min": 1e-9}]}
+    table = pd.DataFrame({"run": ["r0", "r1"], "variant": ["a", "b"], "metric": ["clip/high_frac"] * 2,
+                          "value": [1e-6, 0.5]})
+    assert mechanism.judge(table, m, "a > b", "a", "b")["acts"] is True
+    assert mechanism.judge(table, {"a > b": [DIAG | {"min": 1.0}]}, "a > b", "a", "b")["acts"] is False
+    assert mechanism.judge(table, m, "a > c", "a", "c")["acts"] is None  # c logged nothing
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"default": DIAG | {"on": "b"}}, r"claim\.mechanism\.default\.on: unknown key; valid: acts, metric, variant"),
+    ({"x > z": DIAG}, r"claim\.mechanism\.x > z: unknown key; valid: default, x > y$"),
+    ({"default": {k: v for k, v in DIAG.items() if k != "min"}}, r"claim\.mechanism\.default\.min: expected a positive"),
+    ({"default": DIAG | {"reduce": "max"}}, r"claim\.mechanism\.default\.reduce: expected one of mean, abs_mean"),
+    ({"default": DIAG | {"variant": "w"}}, r"claim\.mechanism\.default\.variant: unknown variant 'w'; valid: a, b, x, y"),
+    ({"x > y": [DIAG, {"acts": "a"}]}, r"claim\.mechanism\.x > y\[1\]\.metric: expected text"),
+    ({"default": DIAG | {"metric": "none"}}, r"claim\.mechanism\.default\.min: metric none has no value"),
+    ([DIAG], r"claim\.mechanism: expected a mapping default or 'a > b'"),
+])
+def test_a_bad_mechanism_is_refused_in_one_line(tmp_path, bad, match):
+    doc = {"name": "c", "base": {"inner_steps": 1}, "variants": {"x": {"loss": "naive"}, "y": {"loss": "clipped"}},
+           "claim": {"text": "t", "source": "s", "expect": ["x > y"], "mechanism": bad}}
+    path = tmp_path / "c.yaml"
+    # YAML reads a bare `on:` as true: written as text, the key reaches the loader as True and is refused
+    path.write_text(yaml.safe_dump(doc, sort_keys=False).replace("'on':", "on:"))
+    with pytest.raises(ConfigError, match=rf"^{path}: {match.replace('.on:', '.True:')}"):
+        load_ablation(path)
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(str(ROOT / "ablations" / "*.yaml"))))
+def test_every_shipped_claim_declares_a_mechanism_for_each_ordering(path):
+    doc = read_yaml(Path(path))
+    claim = doc.get("claim")
+    if claim is None:
+        return
+    m = claim.get("mechanism") or {}
+    for e in claim["expect"]:
+        ds = mechanism.diagnostics(m, e)
+        assert ds, f"{path}: {e!r} declares no mechanism"
+        for d in ds:  # each says why its threshold, and reads a side of the ordering or a variant of the file
+            assert set(d) <= set(MECHANISM_KEYS) and d["why"].strip()
+            assert d.get("variant", "a") in ("a", "b", *parse_ordering(e)[:2], *doc["variants"])
