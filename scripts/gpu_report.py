@@ -148,6 +148,26 @@ def claims_section(c: pd.DataFrame) -> list[str]:
             "8 or 15 worker processes shared the GPU: the host, not the device, sets the pace.", "", *rows, ""]
 
 
+def acts_section(c: pd.DataFrame, d: Path) -> list[str]:
+    """`gpu_run.sh acts` calls (acts_sweeps.csv): every claim's lm_acts setting, where its mechanism acts; the
+    wall time is each call's stage as its log (acts_call<N>.log) says."""
+    import re
+
+    kept = c[c.status == "ok"]
+    wall = sum(int(m) for f in sorted(d.glob("acts_call*.log"))
+               for m in re.findall(r"== acts: exit \d+.* in (\d+) s", f.read_text()))
+    rows = ["| call | sweep | worker processes | status | wall s | note |", "|---:|---|---:|---|---:|---|"]
+    rows += [f"| {r.call} | `{r.sweep}` | {r.workers} | {r.status} | {r.wall_s:.0f} | {r.note} |" for r in c.itertuples()]
+    return ["## Where the mechanisms act", "",
+            f"`gpu_run.sh acts` (`acts_sweeps.csv`, `acts_call*.log`): each claim's `lm_acts` setting (the arithmetic "
+            f"LM with 8 optimizer steps a rollout; each ablation file says why), 10 seeds a variant, {len(kept)} sweeps "
+            f"kept beside this file in {len(c.call.unique())} calls, "
+            f"{wall / 60:.1f} minutes of wall time. The first call ran "
+            "`gpu_run.sh smollm2` beside it (`smollm2_call1.log`): SmolLM2-135M's start table on all 200 problems and "
+            "its memory per member (results/smollm2_start), then default GRPO as one population of 20 members, which "
+            "ran out of the GPU's memory beside the sweeps: no SmolLM2 training result yet.", "", *rows, ""]
+
+
 def population_figure(pop: pd.DataFrame, path: Path, device: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for task, g in pop.groupby("task", sort=False):
@@ -248,6 +268,9 @@ def main(root: str = "results/gpu") -> str:
     claims_path = d / "claims.csv"
     if claims_path.exists():
         md += claims_section(pd.read_csv(claims_path, keep_default_na=False))
+    acts_path = d / "acts_sweeps.csv"
+    if acts_path.exists():
+        md += acts_section(pd.read_csv(acts_path, keep_default_na=False), d)
     (d / "README.md").write_text("\n".join(md))
     return "\n".join(md)
 

@@ -195,7 +195,8 @@ def table(out: Path) -> str:
         lines += ["", f"Populations on one base (memory.csv, `--memory`): P members share the frozen base "
                   f"({mb(mem[0]['base_bytes']):.0f} MB, held once) and each holds its own LoRA adapter; one gradient "
                   f"pass (log-probs of {mem[0]['rows_per_member']} completions per member, {mem[0]['tokens']} "
-                  f"tokens each after {mem[0]['prompt_tokens']} of prompt, and their backward) allocates at its peak:", "",
+                  f"tokens each after {mem[0]['prompt_tokens']} of prompt, and their backward) allocates at its peak"
+                  + (f" on {mem[0]['device']}" if mem[0].get("device") else "") + ":", "",
                   "| members | adapter parameters per member | adapter, its gradient and Adam's two moments per member (MB) "
                   "| gradient pass peak (MB) |", "|---|---|---|---|"]
         for r in mem:

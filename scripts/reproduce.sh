@@ -9,7 +9,11 @@
 # so name what you want: each line
 # prints its wall time so that the README's timings can be checked. Pass ablation names to run
 # only those (e.g. `loss_modes recipes`, or `dapo_ladder:countdown` for one setting).
-# results/gpu/ is a GPU's: `bash scripts/gpu_run.sh all`, then `bash scripts/gpu_run.sh claims`.
+# Every claim's `lm_acts` setting (8 optimizer steps a rollout, 10 seeds, 530 runs) was made on an H200
+# (`bash scripts/gpu_run.sh acts`: 8.8 min over two calls, the second finishing two sweeps the first stopped; results/gpu/acts_sweeps.csv); on a CPU it
+# is about 26 core-hours (a one-seed probe: 45 s of training for 8 of its 30 rollouts on one core, plus seven
+# evaluations of 1,000 problems), so reproduce.sh runs it only when named (e.g. `dapo_ladder:lm_acts`).
+# results/gpu/ is a GPU's: `bash scripts/gpu_run.sh all`, then `bash scripts/gpu_run.sh claims`, `acts`, `smollm2`.
 # The shipped starts (tasks/*/) are inputs, not results: `python -m grpo_bench build-start tasks/X.yaml`.
 # The kernel benchmarks are separate (README, Kernels): they want an otherwise idle machine.
 set -euo pipefail
@@ -33,7 +37,8 @@ for a in "${sort_ablations[@]}" "${lm_ablations[@]}"; do
 done
 for a in "${claims[@]}"; do
   for s in $($PY -c "import yaml,sys; print(' '.join(yaml.safe_load(open(sys.argv[1]))['settings']))" "ablations/$a.yaml"); do
-    want "$a:$s" || want "$a" || continue
+    if [ "$s" = lm_acts ]; then [[ " ${wanted[*]} " == *" $a:$s "* ]] || continue   # a GPU's, unless named
+    else want "$a:$s" || want "$a" || continue; fi
     rm -rf "results/${a}_$s"
     timed $PY -m grpo_bench run "ablations/$a.yaml" --setting "$s" --no-progress
   done

@@ -120,3 +120,32 @@ def test_every_shipped_claim_declares_a_mechanism_for_each_ordering(path):
         for d in ds:  # each says why its threshold, and reads a side of the ordering or a variant of the file
             assert set(d) <= set(MECHANISM_KEYS) and d["why"].strip()
             assert d.get("variant", "a") in ("a", "b", *parse_ordering(e)[:2], *doc["variants"])
+
+
+def test_report_says_whether_each_mechanism_acted_and_draws_it_against_its_threshold(tmp_path):
+    """REPORT.md's table reads the same value FINDINGS does (b under the threshold: not exercised; c at it:
+    acts), and mechanism.png draws each declared metric with the threshold as a dotted line."""
+    import json
+
+    from grpo_bench.analysis import report
+
+    d, claim = results(tmp_path, {"b": [0.0, 0.0198], "c": [0.005, 0.015], "a": [0.02, 0.02]})
+    meta = json.loads((d / "ablation.json").read_text())
+    lines = mechanism.report_section(meta, d)
+    ab = next(x for x in lines if x.startswith("| `a > b` |"))
+    ac = next(x for x in lines if x.startswith("| `a > c` |"))
+    assert "0.0099 < 0.01" in ab and ab.endswith("| **no: not exercised** |")
+    assert "0.01 ≥ 0.01" in ac and ac.endswith("| yes |")
+    figures = {stem: fig for stem, fig, _ in report.build_figures(d)}
+    ax = figures["mechanism"].axes[0]
+    dotted = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+    assert [line.get_ydata()[0] for line in dotted] == [0.01]
+    assert "clip/high_frac" in ax.get_title() and "threshold 0.01" in ax.get_title()
+
+
+def test_twelve_variants_get_twelve_colours():
+    # sampler_mismatch has 11 variants: two of them must not share a colour and differ only by dashes
+    from grpo_bench.analysis.report import variant_styles
+
+    styles = variant_styles([f"v{i}" for i in range(12)])
+    assert len({s["color"] for s in styles.values()}) == 12

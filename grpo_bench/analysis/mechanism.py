@@ -88,6 +88,54 @@ def text(result: dict, a: str, b: str) -> str:
     for d, v in result["readings"]:
         variant = {"a": a, "b": b}.get(d.get("variant", "a"), d.get("variant"))
         size = "|" + d["metric"] + "|" if d.get("reduce") == "abs_mean" else d["metric"]
+        if d["metric"] == "none":  # declared, with the reason nothing logged shows it
+            parts.append(f"no diagnostic logged ({d['acts']})")
+            continue
         value = "not logged" if v is None else f"{v:.3g} {'<' if v < d['min'] else '≥'} {d['min']:g}"
         parts.append(f"{size} on `{variant}` {value} ({d['acts']})")
     return "; ".join(parts)
+
+
+def orderings(meta: dict, root: Path | None) -> list[tuple[str, str, str, dict | None]]:
+    """(ordering, a, b, judge's result or None) for each ordering of the results' claim that declares a diagnostic."""
+    from ..stats import split_ordering
+
+    claim = meta.get("claim") or {}
+    mech = declared(meta, root)
+    if not mech:
+        return []
+    table = metrics_table(root) if root is not None else None
+    out = []
+    for o in claim.get("expect") or []:
+        a, b, _ = split_ordering(o)
+        if diagnostics(mech, o):
+            out.append((o, a, b, judge(table, mech, o, a, b)))
+    return out
+
+
+def report_section(meta: dict, root: Path) -> list[str]:
+    """REPORT.md's "Did the mechanism act?" table: each ordering's diagnostic, the variant it is read on, its
+    value here beside the threshold the claim declares, and whether FINDINGS may give the row a verdict."""
+    rows = orderings(meta, root)
+    if not rows:
+        return []
+    lines = ["## Did the mechanism act?", "",
+             "Each ordering's part acts on something (its claim's `mechanism`, in the ablation file): the per-step "
+             "metric that shows it, averaged over each run's logged steps and then over the seeds of the variant "
+             "read, against the threshold the source's argument needs. Under it the ordering is *not exercised* "
+             "here: FINDINGS gives it no verdict. Over training: mechanism.png.", "",
+             "| ordering | diagnostic (variant read): value vs threshold | acts |", "|---|---|---|"]
+    for o, a, b, result in rows:
+        acts = {True: "yes", False: "**no: not exercised**", None: "not measured"}[result["acts"]]
+        lines.append(f"| `{o}` | {text(result, a, b).replace('|', '&#124;')} | {acts} |")
+    return lines + [""]
+
+
+def panels(meta: dict, root: Path | None) -> list[tuple[str, float, bool]]:
+    """(metric, threshold, abs) of every declared diagnostic, each metric once: mechanism.png's panels."""
+    seen: dict[str, tuple[str, float, bool]] = {}
+    for o in (meta.get("claim") or {}).get("expect") or []:
+        for d in diagnostics(declared(meta, root), o):
+            if d["metric"] != "none" and d["metric"] not in seen:
+                seen[d["metric"]] = (d["metric"], float(d["min"]), d.get("reduce") == "abs_mean")
+    return list(seen.values())

@@ -37,7 +37,7 @@ import pandas as pd  # noqa: E402
 
 from .. import stats
 from ..store import metrics, rundir  # noqa: E402
-from . import figdata  # noqa: E402
+from . import figdata, mechanism  # noqa: E402
 from ..store.metrics import final_names, headline_columns, higher_is_better, main_column, main_metrics  # noqa: E402
 from ..store.rundir import load, load_outcomes  # noqa: E402
 
@@ -73,10 +73,13 @@ def label(metric: str) -> str:
 
 # Okabe & Ito's colour-blind-safe palette, with grey for its yellow (too faint on white).
 # Past eight variants the colours repeat with another dash and marker.
-PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#8C8C8C"]
+# Okabe-Ito's eight, then four of Paul Tol's muted set: twelve colours a reader tells apart without the dashes
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#8C8C8C",
+           "#882255", "#44AA99", "#999933", "#332288"]
 DASHES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D"]
 COLUMN_IN = 3.4  # one column of a two-column paper
+DPI = 130  # a page-wide figure 910 px across: read at screen size, 0.6x the bytes of 200 dpi
 PAGE_IN = 7.0
 RC = {"font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7,
       "legend.fontsize": 7, "figure.titlesize": 8.5, "lines.linewidth": 1.3, "axes.grid": True,
@@ -99,7 +102,7 @@ def save(fig, out: Path, stem: str, fmt: str) -> str:
     name = f"{stem}.{fmt}"
     # no dates in the files: a redraw of the same data gives the same bytes
     meta = {"png": {"Software": None}, "pdf": {"CreationDate": None, "ModDate": None}, "svg": {"Date": None}}[fmt]
-    fig.savefig(out / name, dpi=200, metadata=meta)
+    fig.savefig(out / name, dpi=DPI, metadata=meta)
     plt.close(fig)
     if fmt == "png":
         _quantize(out / name)
@@ -380,6 +383,30 @@ def diagnostics_figure(meta: dict, summary: pd.DataFrame, curves: dict, diag: li
     return fig
 
 
+def mechanism_figure(meta: dict, summary: pd.DataFrame, curves: dict, panels: list[tuple[str, float, bool]],
+                     styles: dict):
+    """Each declared diagnostic over training, every variant, its threshold dotted: where the part had
+    something to act on (above the line) and where not."""
+    drawn = {}
+    for metric, _, size in panels:  # a shift's size, where the claim reads the size
+        drawn[metric] = curves[metric].assign(value=curves[metric].value.abs()) if size else curves[metric]
+    order = _drawn(meta, drawn, list(drawn))
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    lrows = _legend_rows(order, PAGE_IN)
+    fig, axes = plt.subplots(rows, cols, figsize=(PAGE_IN, 0.6 + 1.9 * rows + 0.14 * lrows), squeeze=False)
+    for ax, (metric, threshold, size) in zip(axes.flat, panels):
+        draw_curves(ax, drawn, metric, order, styles)
+        ax.axhline(threshold, color="k", ls=":", lw=0.8)
+        ax.set_title(f"{'|' + metric + '|' if size else metric}\nthreshold {threshold:g} (dotted)")
+        ax.set_xlabel("gradient step")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"{meta['name']}: did each part's mechanism act? {_what(meta, summary)}", wrap=True)
+    _legend(fig, styles, order, PAGE_IN)
+    return fig
+
+
 def diagnostics_in(metric_names) -> list[str]:
     names = sorted(set(metric_names))
     out: list[str] = []
@@ -598,6 +625,11 @@ def build_figures(out: str | Path, fits: dict | None = None) -> list[tuple[str, 
             figures.append(("diagnostics", diagnostics_figure(meta, summary, curves, diag, styles),
                             "training diagnostics: " + ", ".join(diag) + f" ({describe_band('', len(meta['seeds']))};"
                             " ratios, grad norm and KL(old): median and quartiles, log scale)"))
+        mech = [p for p in mechanism.panels(meta, Path(out)) if points_per_run(curves, p[0]) >= 2]
+        if mech:
+            figures.append(("mechanism", mechanism_figure(meta, summary, curves, mech, styles),
+                            "each declared diagnostic of the claim's mechanisms over training, its threshold "
+                            f"dotted ({describe_band('', len(meta['seeds']))})"))
         if fits:
             figures.append(("fit", fit_figure(meta, fits, styles),
                             f"{label(fits['metric'])} against compute: mean over seeds (dots) and the fitted "
@@ -622,7 +654,7 @@ def render(out: str | Path, fmt: str = "png") -> tuple[str, list[tuple[str, obje
     figures = [(f"{stem}.{fmt}", caption, fig) for stem, fig, caption in build_figures(out, fits)]
     text = _markdown(meta, summary, ok, headline_columns(summary, meta), meta["variants"],
                      [(name, caption, figdata.note(name, fig)) for name, caption, fig in figures], fits,
-                     load_outcomes(out), eval_points_text(curves))
+                     load_outcomes(out), eval_points_text(curves), mechanism.report_section(meta, out))
     return text, [(name, fig) for name, _, fig in figures]
 
 
@@ -870,7 +902,7 @@ def eval_points_text(curves: dict) -> str:
 
 
 def _markdown(meta, summary, ok, headline, order, figures, fits: dict | None = None,
-              outcomes: pd.DataFrame | None = None, eval_note: str = "") -> str:
+              outcomes: pd.DataFrame | None = None, eval_note: str = "", mechanism_lines: list[str] = ()) -> str:
     n_failed = int((summary.status != "ok").sum())
     lines = [f"# Ablation: {meta['name']}", ""]
     if meta.get("description"):
@@ -895,6 +927,7 @@ def _markdown(meta, summary, ok, headline, order, figures, fits: dict | None = N
         cells.append(f"{g.wall_s.mean():.1f}" if len(g) else "—")
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    lines += list(mechanism_lines)
     if headline and len(ok):
         lines += ["## How variants are compared", "", method_text(), ""]
     for column, name, _ in headline:
