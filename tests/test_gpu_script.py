@@ -145,6 +145,28 @@ def test_gpu_readme_lists_the_claim_sweeps_it_keeps_and_they_are_there():
         assert not (ROOT / "results/gpu" / name).exists()
 
 
+def test_every_claim_has_its_lm_acts_sweep_from_the_gpu_with_all_its_runs():
+    """results/gpu/README.md's acts section is gpu_report's output of acts_sweeps.csv, every claim's lm_acts
+    setting (but fp32_head's, whose cast the GPU's backend=torch never takes) finished there with 10 seeds and
+    every run it planned, and a sweep stopped at a deadline was finished by a later call."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_report
+    from grpo_bench.config.ablation import ablation_settings
+
+    c = gpu_report.pd.read_csv(ROOT / "results/gpu/acts_sweeps.csv", keep_default_na=False)
+    text = (ROOT / "results/gpu/README.md").read_text()
+    assert all(line in text for line in gpu_report.acts_section(c, ROOT / "results/gpu"))
+    wanted = {f"{f.stem}_lm_acts" for f in (ROOT / "ablations").glob("*.yaml") if "lm_acts" in ablation_settings(f)}
+    assert len(wanted) == 9 and set(c[c.status == "ok"].sweep) == wanted
+    for name in wanted:
+        meta = json.loads((ROOT / "results/gpu" / name / "ablation.json").read_text())
+        summary = gpu_report.pd.read_csv(ROOT / "results/gpu" / name / "summary.csv")
+        assert meta["device"] == "cuda" and len(meta["seeds"]) == 10 and meta["setting"] == "lm_acts"
+        assert set(summary.loc[summary.status == "ok", "run"]) == set(meta["runs"])
+
+
 def test_default_claims_put_the_settings_with_no_result_first():
     """The claims stage's default list reads the ablation files and results/: a setting with no result comes
     before one that ran on the CPU, one the GPU already ran is left out, and fp32_head never (its cast lives

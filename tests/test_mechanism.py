@@ -149,3 +149,17 @@ def test_twelve_variants_get_twelve_colours():
 
     styles = variant_styles([f"v{i}" for i in range(12)])
     assert len({s["color"] for s in styles.values()}) == 12
+
+
+def test_the_headline_leads_with_the_metric_the_claim_is_judged_on(tmp_path):
+    # kl_gradients is judged on final/kl/seq: its headline figure must show kl/seq, not only the task's reward
+    from grpo_bench.analysis import report
+
+    claim = {"text": "t", "source": "s", "expect": ["a > b"], "metric": "final/kl/seq", "margin": "5%"}
+    curves = {(v, s): [(step, 8 * step, (1.0 if v == "a" else 0.5) * (1 + step)) for step in (0, 1, 2)]
+              for v in "ab" for s in range(3)}
+    write(tmp_path / "klx_sort", "klx", "sort", {"a": [3.0, 3.1, 2.9], "b": [1.5, 1.4, 1.6]}, claim,
+          column="final/kl/seq", curves=curves)
+    figures = {stem: fig for stem, fig, _ in report.build_figures(tmp_path / "klx_sort")}
+    assert "headline" in figures and "kl/seq" in figures["headline"].axes[0].get_title() + \
+        figures["headline"].axes[0].get_ylabel()
