@@ -54,6 +54,20 @@ def test_a_sweep_time_on_a_page_is_its_sweep_json():
     assert seen >= 4  # README's arithmetic_lora and the three toy sweeps of docs/results.md (the main job rewrites loss_modes')
 
 
+BEYOND = re.compile(r"results/([\w-]+)/REPORT\.md\)[^*]*?Beyond seed noise \(final reward\): (\d+) of (\d+) pairs", re.S)
+
+
+def test_docs_count_of_pairs_beyond_seed_noise_is_the_reports():
+    """docs/results.md's "Beyond seed noise (final reward): k of n pairs" is what the directory's REPORT.md says in
+    its final-reward section (both are recomputed after a rerun; the page was typed)."""
+    found = BEYOND.findall((ROOT / "docs/results.md").read_text())
+    assert len(found) >= 3
+    for directory, k, n in found:
+        report = (ROOT / "results" / directory / "REPORT.md").read_text()
+        section = report.split("## Differences in final reward", 1)[1].split("\n## ", 1)[0]
+        assert f"Beyond seed noise: {k} of {n}" in section, directory
+
+
 if __name__ == "__main__":
     for page, directory, columns in TABLES:
         sweep = json.loads((ROOT / "results" / directory / "sweep.json").read_text())

@@ -163,3 +163,24 @@ def test_the_headline_leads_with_the_metric_the_claim_is_judged_on(tmp_path):
     figures = {stem: fig for stem, fig, _ in report.build_figures(tmp_path / "klx_sort")}
     assert "headline" in figures and "kl/seq" in figures["headline"].axes[0].get_title() + \
         figures["headline"].axes[0].get_ylabel()
+
+
+def test_a_variant_fifty_times_the_others_does_not_flatten_them(tmp_path):
+    # kl_gradients_lm_acts: k1 in the loss at beta 0.5 runs its KL to 350 nats while nine others stay under 2;
+    # on a linear axis those nine are one line at 0
+    from grpo_bench.analysis import report
+
+    claim = {"text": "t", "source": "s", "expect": ["a > b"], "metric": "final/kl/seq", "margin": "5%"}
+    scale = {"a": 300.0, "b": 1.0, "c": 1.5, "d": 0.5}
+    curves = {(v, s): [(step, 8 * step, scale[v] * (1 + step)) for step in (0, 1, 2)] for v in scale for s in range(3)}
+    write(tmp_path / "kly_sort", "kly", "sort", {v: [scale[v]] * 3 for v in scale}, claim, column="final/kl/seq",
+          curves=curves)
+    ax = {stem: fig for stem, fig, _ in report.build_figures(tmp_path / "kly_sort")}["headline"].axes[0]
+    assert ax.get_yscale() == "symlog"
+    # and the same variants within 50x of each other stay linear
+    scale["a"] = 20.0
+    curves = {(v, s): [(step, 8 * step, scale[v] * (1 + step)) for step in (0, 1, 2)] for v in scale for s in range(3)}
+    write(tmp_path / "klz_sort", "klz", "sort", {v: [scale[v]] * 3 for v in scale}, claim, column="final/kl/seq",
+          curves=curves)
+    ax = {stem: fig for stem, fig, _ in report.build_figures(tmp_path / "klz_sort")}["headline"].axes[0]
+    assert ax.get_yscale() == "linear"

@@ -221,7 +221,7 @@ def draw_curves(ax, curves: dict, metric: str, order: list[str], styles: dict,
     """Draw one metric over training for every variant; return what the lines and bands are.
     x_axis: per variant, the x of each step (samples drawn); None: the gradient step."""
     rng_ = metric_range(metric)
-    seeds, positive = [], []
+    seeds, positive, sizes = [], [], []
     for v, table in run_matrices(curves, metric, order).items():
         steps, M = table.index.to_numpy(float), table.to_numpy(float)
         if x_axis is not None:  # a step's samples so far; eval steps between logged ones by interpolation
@@ -249,6 +249,13 @@ def draw_curves(ax, curves: dict, metric: str, order: list[str], styles: dict,
         if ok.sum() >= 2:
             ax.plot(steps[ok], np.clip(center[ok], rng_.lo, rng_.hi), color=st["color"], ls=st["ls"], lw=1.4, gid=v)
         positive.append(M[np.isfinite(M) & (M > 0)])
+        with np.errstate(all="ignore"), _quiet():
+            sizes.append(float(np.nanmax(np.abs(center))) if np.isfinite(center).any() else 0.0)
+    spread = sorted(x for x in sizes if x > 0)
+    if not rng_.log and rng_.lo == -math.inf and len(spread) >= 3 and spread[-1] > 50 * spread[len(spread) // 2]:
+        # one variant 50x the others (a KL that runs away) would flatten the rest into the axis: linear up
+        # to the typical variant's size, logarithmic beyond it
+        ax.set_yscale("symlog", linthresh=spread[len(spread) // 2], linscale=1.0)
     if rng_.log:
         pos = np.concatenate(positive) if positive else np.array([])
         zero = any(np.any(np.asarray(ln.get_ydata(), float) <= 0) for ln in ax.get_lines())
