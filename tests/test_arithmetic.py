@@ -424,3 +424,46 @@ def test_a_bf16_base_keeps_fp32_adapters():
     from grpo_bench.errors import ConfigError
     with pytest.raises(ConfigError, match="task.model.dtype: unknown 'fp8'; valid: auto, fp32, bf16"):
         make({"model": {"dtype": "fp8"}})
+
+
+def test_gradient_checkpointing_gives_the_same_numbers_in_less_memory():
+    """model.gradient_checkpointing recomputes each block in the backward: the log-probs and every adapter's
+    gradient are the same bits, and a gradient pass's peak allocation is lower (what lets a pretrained model's
+    population fit a GPU); with LoRA dropout it is refused (the recompute would draw other masks)."""
+    import torch
+
+    from grpo_bench.config.run import resolve_run
+    from grpo_bench.registry import get
+    from helpers import cpu_allocations
+
+    def build(gc, dropout=0.0):
+        task = {"name": "arithmetic", "prompts_per_step": 4, "eval_size": 8, "pass_k": 0, "lora": {"dropout": dropout},
+                "model": {"source": "tiny-scratch", "layers": 4, "width": 64, "heads": 2, "gradient_checkpointing": gc}}
+        cfgs = [resolve_run({"task": task, "seed": s, "group_size": 4}) for s in (0, 1)]
+        return get("task", cfgs[0].task_name)(cfgs[0].task, cfgs)
+
+    results = []
+    for gc in (False, True):
+        task = build(gc)
+        with torch.no_grad():
+            for layer in task.layers:   # B = 0 at the start would leave A's gradient 0 either way
+                layer.B.normal_(0, 0.1, generator=torch.Generator().manual_seed(3))
+        ro = task.rollout(0, 0, 4)
+
+        def step():
+            logp, _ = task.logprobs(ro)
+            (logp * ro.mask).sum().backward()
+            return logp.detach()
+
+        events = cpu_allocations(step)
+        peak = max(total for _, total in events) - (events[0][1] - events[0][0])   # above what was held before
+        for layer in task.layers:
+            layer.A.grad = layer.B.grad = None
+        logp = step()
+        results.append((logp, [g.clone() for layer in task.layers for g in (layer.A.grad, layer.B.grad)], peak))
+    (lp0, g0, peak0), (lp1, g1, peak1) = results
+    assert torch.equal(lp0, lp1) and all(torch.equal(a, b) for a, b in zip(g0, g1))
+    assert peak1 < 0.8 * peak0, (peak0, peak1)
+    assert any(g.abs().sum() > 0 for g in g0[::2])   # A's gradients are not all zero: the test sees them
+    with pytest.raises(ValueError, match="model.gradient_checkpointing: needs lora.dropout 0"):
+        build(True, dropout=0.1)

@@ -68,6 +68,15 @@ def test_docs_count_of_pairs_beyond_seed_noise_is_the_reports():
         assert f"Beyond seed noise: {k} of {n}" in section, directory
 
 
+def test_readme_names_the_recipes_with_the_highest_held_out_accuracy():
+    """README's recipes sentence names the two variants with the highest mean held-out accuracy and their means,
+    as results/recipes/summary.csv has them (the pinned rerun swapped the first two)."""
+    s = pd.read_csv(ROOT / "results/recipes/summary.csv")
+    top = s[s.status == "ok"].groupby("variant")["final/eval/accuracy"].mean().sort_values(ascending=False)
+    (a, x), (b, y) = list(top.items())[:2]
+    assert f"(highest held-out accuracy: `{a}` {x:.3f}, then `{b}` {y:.3f};" in (ROOT / "README.md").read_text()
+
+
 if __name__ == "__main__":
     for page, directory, columns in TABLES:
         sweep = json.loads((ROOT / "results" / directory / "sweep.json").read_text())

