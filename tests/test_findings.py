@@ -766,3 +766,24 @@ def test_no_new_setting_scores_a_mid_run_evaluation_on_other_problems_than_the_f
     assert subset == MID_RUN_SUBSET, (sorted(subset - MID_RUN_SUBSET), sorted(MID_RUN_SUBSET - subset))
     # every setting where a claim's mechanism acts reads its curves on one problem set
     assert not {x for x in subset if x.endswith(":lm_acts")}
+
+
+def test_settings_of_one_task_count_once_across_tasks():
+    """lm, lm_wide and lm_acts are one arithmetic task in "holds on k of m": an ordering that holds on lm and
+    lm_acts but not lm_wide holds on no arithmetic task; one that holds on both settings where it was tested,
+    and is not exercised in the third, holds on it once."""
+    from grpo_bench.analysis.findings_text import across, task_of
+
+    settings = ("sort", "lm", "lm_wide", "lm_acts", "countdown", "spell_backward")
+    assert [task_of(s, settings) for s in settings] == ["sort", "lm", "lm", "lm", "countdown", "spell_backward"]
+    assert task_of("lm_wide", ("lm_wide", "sort")) == "lm_wide"   # no lm setting: its own task
+
+    def setting(outcome):
+        q = {"outcome": outcome, "verdict": outcome}
+        return {"judge": "final", "rows": [{"missing": outcome is None, "claim": ">", "why": None, "unexercised": None,
+                                             "quantities": {"final": q}}]}
+    results = {"lm": setting("holds"), "lm_acts": setting("holds"), "lm_wide": setting("undecided"),
+               "countdown": setting("holds")}
+    assert across(results, 0) == (1, 2)           # countdown holds; the arithmetic task does not (lm_wide)
+    results["lm_wide"] = setting(None)            # not run there: lm and lm_acts decide the task
+    assert across(results, 0) == (2, 2)
