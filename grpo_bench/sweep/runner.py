@@ -25,7 +25,7 @@ from tqdm import tqdm
 from ..errors import ConfigError
 from ..config.ablation import Ablation, ablation_record
 from ..config.run import config_hash, with_seed
-from ..store.rundir import _atomic_write, _read_json, check_run, collect, cpu_name, lock_out, write_run
+from ..store.rundir import _atomic_write, _read_json, check_run, collect, cpu_name, lock_out, meta_text, write_run
 from . import trackers
 from .sequential import run_sequential, sequential_orderings
 from .worker import (Result, RunSpec, WorkerLost, _die_with_parent, default_population, failed_result, populations,
@@ -239,7 +239,7 @@ def write_meta(out: Path, abl: Ablation, seeds: list[int], specs: list[RunSpec],
     if len(set(ids)) < len(ids):  # two runs writing one directory would lose one of them
         dup = next(i for i in ids if ids.count(i) > 1)
         raise ConfigError(abl.source, "variants", f"two planned runs share the run id {dup!r}")
-    _atomic_write(out / "ablation.json", json.dumps(meta, indent=1))
+    _atomic_write(out / "ablation.json", meta_text(meta))
 
 
 def gpu_record(specs: list[RunSpec]) -> dict:

@@ -12,7 +12,7 @@ from ..errors import ConfigError
 from ..config.ablation import Ablation, ablation_record
 from ..store import metrics
 from ..store.metrics import resolve_column
-from ..store.rundir import _atomic_write, _read_json, collect
+from ..store.rundir import _atomic_write, _read_json, collect, meta_text
 
 
 BATCH = 5  # seeds per look of --seeds auto; fixed, so the looks (and the decisions) do not depend on --population
@@ -99,7 +99,7 @@ def run_sequential(abl: Ablation, out: Path, orderings: list[str], execute) -> N
         _atomic_write(out / "sweep.json", json.dumps(sweep, indent=1))
         meta = json.loads((out / "ablation.json").read_text())
         meta["sequential"] = setup | {k: look.get(k) for k in ("stopped", "reason", "metric")}
-        _atomic_write(out / "ablation.json", json.dumps(meta, indent=1))
+        _atomic_write(out / "ablation.json", meta_text(meta))
 
     try:
         for k in range(1, len(batches) + 1):
