@@ -696,10 +696,11 @@ def test_figures_carry_axis_labels_legends_and_captions(sort_dir, few_seeds_dir)
         assert [t.get_text() for t in fig.legends[0].get_texts()] == variants, stem
     head = figures["headline"][0]
     assert head.axes[-1].get_xlabel() == "gradient step"
-    # six diagnostics on a page-wide figure: two full rows of three, the lower row labelled
+    # six diagnostics on a page-wide figure: a row of four, then two; each column's lowest panel labelled
     diag = figures["diagnostics"][0]
-    assert len(diag.axes) == 6 and diag.axes[0].get_gridspec().ncols == 3
-    assert [ax.get_xlabel() for ax in diag.axes] == [""] * 3 + ["gradient step"] * 3
+    assert len(diag.axes) == 8 and diag.axes[0].get_gridspec().ncols == 4
+    assert [ax.get_xlabel() for ax in diag.axes] == [""] * 2 + ["gradient step"] * 4 + [""] * 2
+    assert [ax.axison for ax in diag.axes] == [True] * 6 + [False] * 2
     # five seeds: the caption promises the CI line; three seeds draw none and must not say so
     assert figures["final_values"][1].endswith("and its 95% bootstrap CI (line)")
     few = {stem: caption for stem, _, caption in R.build_figures(few_seeds_dir)}
@@ -840,6 +841,49 @@ def test_unit_interval_metric_axis_stops_just_past_0_and_1():
 def test_headline_metric_with_two_evals_gets_its_curve(tmp_path):
     d = write_results(tmp_path / "d", ["a", "b"], range(2), SortLike(), SORT_FINALS, eval_steps=(100, 199))
     assert "curve_eval_reward" in all_figures(d)
+
+
+def test_a_reward_equal_to_the_accuracy_is_drawn_and_tabled_once(tmp_path):
+    """A 0/1 reward's mean is the accuracy: its curve, its final-value panel and its Differences tables
+    would repeat the accuracy's. A reward that differs anywhere keeps all three (sort_dir's)."""
+    class ZeroOne(SortLike):
+        def __call__(self, metric, i, seed, step):
+            return super().__call__("eval/accuracy" if metric == "eval/reward" else metric, i, seed, step)
+
+    finals = {**SORT_FINALS, "final/eval/reward": SORT_FINALS["final/eval/accuracy"]}
+    d = write_results(tmp_path / "d", ["a", "b"], range(5), ZeroOne(), finals)
+    R.make_report(d)
+    figures = all_figures(d)
+    assert "curve_eval_reward" not in figures and not (d / "curve_eval_reward.png").exists()
+    assert [ax.get_xlabel() for ax in figures["final_values"].axes] == ["final reward", "eval accuracy"]
+    text = (d / "REPORT.md").read_text()
+    section = text.split("## Differences in eval reward\n", 1)[1].split("\n## ", 1)[0]
+    assert section.strip() == "Equal to eval accuracy on every run: the same differences."
+    assert "| `a` vs `b` |" in text.split("## Differences in eval accuracy\n", 1)[1].split("\n## ", 1)[0]
+    # one run apart: both kept
+    finals["final/eval/reward"] = lambda i, s: 0.01 * s + (0.5 if (i, s) == (1, 4) else 0)
+    d = write_results(tmp_path / "e", ["a", "b"], range(5), SortLike(), finals)
+    assert "## Differences in eval reward\n\nEqual" not in R.render(d)[0]
+    assert "curve_eval_reward" in all_figures(d)
+
+
+def test_the_clipped_fraction_is_not_drawn_beside_the_parts_it_sums(tmp_path):
+    class Regions(SortLike):
+        metrics = ["reward/mean", "clip/frac", "clip/low_frac", "clip/high_frac", "entropy"]
+        gap = 0.0
+
+        def __call__(self, metric, i, seed, step):
+            low, high = 0.01 * (step % 7), 0.02 * (seed + 1)
+            parts = {"clip/frac": low + high + (self.gap if step == 190 else 0), "clip/low_frac": low,
+                     "clip/high_frac": high}
+            return parts[metric] if metric in parts else super().__call__(metric, i, seed, step)
+
+    d = write_results(tmp_path / "d", ["a", "b"], range(2), Regions(), SORT_FINALS)
+    titles = [ax.get_title() for ax in all_figures(d)["diagnostics"].axes]
+    assert "clip/frac" not in titles and {"clip/low_frac", "clip/high_frac"} <= set(titles)
+    Regions.gap = 0.01  # one step where the regions overlap or another one clips: the total says something
+    d = write_results(tmp_path / "e", ["a", "b"], range(2), Regions(), SORT_FINALS)
+    assert "clip/frac" in [ax.get_title() for ax in all_figures(d)["diagnostics"].axes]
 
 
 def test_no_final_columns_no_final_values_figure(tmp_path):
@@ -1191,10 +1235,9 @@ def test_diagnostics_with_two_and_four_panels(tmp_path):
     summary[summary.variant == "a"].to_csv(d / "summary.csv", index=False)
     assert all_figures(d)["diagnostics"].get_suptitle() == "two: training diagnostics, 1 of 2 variants, 2 seeds"
     d = write_results(tmp_path / "four", ["a", "b"], range(2), Four(), SORT_FINALS, name="four")
-    fig = all_figures(d)["diagnostics"]  # two rows of three: the last two panels are spare
-    assert [ax.get_title() for ax in fig.axes] == ["kl/value", "entropy", "ratio/max, log scale",
-                                                   "grad/norm, log scale", "", ""]
-    assert [ax.axison for ax in fig.axes] == [True] * 4 + [False] * 2
+    fig = all_figures(d)["diagnostics"]  # one row of four
+    assert [ax.get_title() for ax in fig.axes] == ["kl/value", "entropy", "ratio/max, log", "grad/norm, log"]
+    assert [ax.get_xlabel() for ax in fig.axes] == ["gradient step"] * 4
 
 
 def test_holm_adjusted_p_is_capped_at_one():
@@ -1292,6 +1335,18 @@ def test_curves_against_steps_where_samples_per_step_differ(tmp_path):
     halves = [[ln for ln in ax.get_lines() if ln.get_gid() is None] for ax in fig.axes[:2]]
     assert [len(h) for h in halves] == [0, 1]
     assert "Against gradient steps:" in R.make_report(d).read_text()
+
+
+def test_every_fit_declined_no_fit_figure(tmp_path):
+    """Dots alone against compute are the headline's curves again: the figure needs one fitted line."""
+    d = write_results(tmp_path / "sat", ["a", "b", "flat"], range(3), Saturating(), SORT_FINALS, steps=SAT_STEPS)
+    meta, _, metrics = R.load(d)
+    fits = R.curve_fits(meta, R.by_metric(metrics))
+    assert "fit" in [stem for stem, _, _ in R.build_figures(d, fits)]
+    for axis in fits["axes"].values():
+        for f in axis.values():
+            f["ok"] = False
+    assert "fit" not in [stem for stem, _, _ in R.build_figures(d, fits)]
 
 
 def test_no_samples_total_no_fit(sort_dir):

@@ -24,6 +24,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from . import png  # noqa: E402
+from .report import PALETTE  # noqa: E402
 
 BASELINE = {"logprob": "naive", "grpo_loss": "torch", "lm_step": "materialised"}
 COLUMNS = ["kernel", "mode", "group", "provider", "n", "v", "dtype", "rounds", "min_ms", "median_ms",
@@ -169,8 +171,9 @@ def plot(df: pd.DataFrame, path: Path) -> None:
             ax.legend(loc="lower right", fontsize="x-small")
     policy = df.omp_wait_policy.iloc[0]
     grid.figure.suptitle(df.device.iloc[0] + (f", OMP_WAIT_POLICY={policy}" if policy else ""), y=1.02)
-    grid.savefig(path, dpi=110, bbox_inches="tight")
+    grid.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
     plt.close(grid.figure)
+    png.shrink(path, [PALETTE[0], PALETTE[1]])
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ import pandas as pd  # noqa: E402
 
 from .. import stats
 from ..store import metrics, rundir  # noqa: E402
-from . import figdata, mechanism  # noqa: E402
+from . import figdata, mechanism, png  # noqa: E402
 from ..store.metrics import final_names, headline_columns, higher_is_better, main_column, main_metrics  # noqa: E402
 from ..store.rundir import load, load_outcomes  # noqa: E402
 
@@ -79,7 +79,7 @@ PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#0
 DASHES = ["-", "--", ":", "-."]
 MARKERS = ["o", "s", "^", "D"]
 COLUMN_IN = 3.4  # one column of a two-column paper
-DPI = 130  # a page-wide figure 910 px across: read at screen size, 0.6x the bytes of 200 dpi
+DPI = 100  # matplotlib's own: a page-wide figure 700 px across, 7-pt text 10 px high, read at screen size
 PAGE_IN = 7.0
 RC = {"font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7,
       "legend.fontsize": 7, "figure.titlesize": 8.5, "lines.linewidth": 1.3, "axes.grid": True,
@@ -105,18 +105,8 @@ def save(fig, out: Path, stem: str, fmt: str) -> str:
     fig.savefig(out / name, dpi=DPI, metadata=meta)
     plt.close(fig)
     if fmt == "png":
-        _quantize(out / name)
+        png.shrink(out / name, PALETTE)
     return name
-
-
-def _quantize(path: Path) -> None:
-    """The PNG in a 256-colour palette: a third of the bytes, no difference a reader sees on a plot (a
-    results tree at 20 seeds a variant would otherwise be tens of MB of figures)."""
-    from PIL import Image
-
-    with Image.open(path) as im:
-        small = im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
-    small.save(path, "PNG", optimize=True)
 
 
 def slug(metric: str) -> str:
@@ -189,6 +179,30 @@ def run_matrices(curves: dict, metric: str, order: list[str]) -> dict[str, pd.Da
 def by_metric(table: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """The long metrics table split once per metric: the figures look metrics up by name."""
     return {str(k): g for k, g in table.groupby("metric", observed=True, sort=False)}
+
+
+def same_curve(curves: dict, a: str, b: str) -> bool:
+    """Whether metrics a and b hold the same value at every (run, step): one curve under two names."""
+    x, y = curves.get(a), curves.get(b)
+    if x is None or y is None or len(x) != len(y):
+        return False
+    key = ["run", "step"]
+    x, y = x.sort_values(key)[[*key, "value"]], y.sort_values(key)[[*key, "value"]]
+    return all(np.array_equal(x[c].astype(str if c == "run" else float).to_numpy(),
+                              y[c].astype(str if c == "run" else float).to_numpy()) for c in [*key, "value"])
+
+
+def clip_parts_sum(curves: dict, drawn: list[str]) -> bool:
+    """Whether clip/frac is, at every (run, step), the sum of the clip regions' fractions (clip/low_frac,
+    clip/high_frac, a loss's own) and each of those is drawn: the regions are disjoint where they are."""
+    parts = [m for m in curves if m.startswith("clip/") and m.endswith("_frac") and m != "clip/frac"]
+    if not parts or not set(parts) <= set(drawn):
+        return False
+    key = ["run", "step"]
+    total = curves["clip/frac"].groupby(key, observed=True).value.last()
+    summed = sum(curves[m].groupby(key, observed=True).value.last() for m in parts)
+    both = pd.concat([total, summed], axis=1, join="outer")
+    return bool(np.allclose(both.iloc[:, 0], both.iloc[:, 1], rtol=0, atol=1e-6, equal_nan=False))
 
 
 def points_per_run(curves: dict, metric: str) -> int:
@@ -371,14 +385,19 @@ def final_values_figure(meta: dict, summary: pd.DataFrame, columns: list[tuple[s
 
 def diagnostics_figure(meta: dict, summary: pd.DataFrame, curves: dict, diag: list[str], styles: dict):
     order = _drawn(meta, curves, diag)
-    cols = min(3, len(diag))
+    # four small panels a row: a reference grid a reader scans for what moved, at 0.65x the bytes of three
+    cols = min(4, len(diag))
     rows = math.ceil(len(diag) / cols)
     lrows = _legend_rows(order, PAGE_IN)
-    fig, axes = plt.subplots(rows, cols, figsize=(PAGE_IN, 0.5 + 1.7 * rows + 0.14 * lrows), sharex=True,
+    fig, axes = plt.subplots(rows, cols, figsize=(PAGE_IN, 0.5 + 1.4 * rows + 0.14 * lrows), sharex=True,
                              squeeze=False)
     for ax, metric in zip(axes.flat, diag):
         draw_curves(ax, curves, metric, order, styles)
-        ax.set_title(metric + (", log scale" if metric_range(metric).log else ""))
+        title = metric + (", log" if metric_range(metric).log else "")
+        if len(title) > 26 and "/" in metric:  # wider than a quarter page: break after its last "/"
+            cut = metric.rindex("/") + 1
+            title = title[:cut] + "\n" + title[cut:]
+        ax.set_title(title)
     for ax in list(axes.flat)[len(diag):]:
         ax.axis("off")
     for i in range(cols):  # the lowest drawn panel of each column carries the step axis
@@ -398,10 +417,10 @@ def mechanism_figure(meta: dict, summary: pd.DataFrame, curves: dict, panels: li
     for metric, _, size in panels:  # a shift's size, where the claim reads the size
         drawn[metric] = curves[metric].assign(value=curves[metric].value.abs()) if size else curves[metric]
     order = _drawn(meta, drawn, list(drawn))
-    cols = min(3, len(panels))
+    cols = min(4, len(panels))
     rows = math.ceil(len(panels) / cols)
     lrows = _legend_rows(order, PAGE_IN)
-    fig, axes = plt.subplots(rows, cols, figsize=(PAGE_IN, 0.6 + 1.9 * rows + 0.14 * lrows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(PAGE_IN, 0.6 + 1.6 * rows + 0.14 * lrows), squeeze=False)
     for ax, (metric, threshold, size) in zip(axes.flat, panels):
         draw_curves(ax, drawn, metric, order, styles)
         ax.axhline(threshold, color="k", ls=":", lw=0.8)
@@ -585,6 +604,19 @@ def fits_section(fits: dict, tests: list[dict]) -> list[str]:
 # ----------------------------------------------------------------------------- report
 
 
+def _repeats(ok: pd.DataFrame, headline: list[tuple[str, str, str]]) -> dict[str, str]:
+    """Headline column -> the name of an earlier one it equals on every finished run (eval reward where the
+    reward is 0/1 and so the accuracy)."""
+    out: dict[str, str] = {}
+    for i, (c, _, _) in enumerate(headline):
+        for e, name, _ in headline[:i]:
+            if len(ok) and c in ok and e in ok and e not in out and \
+                    np.array_equal(ok[c].to_numpy(float), ok[e].to_numpy(float), equal_nan=True):
+                out[c] = name
+                break
+    return out
+
+
 def _offsets(headline: list[tuple[str, str, str]]) -> set[str]:
     """The headline columns that are another headline metric shifted by a constant (the same curve again)."""
     present = {m for _, _, m in headline}
@@ -622,26 +654,33 @@ def build_figures(out: str | Path, fits: dict | None = None) -> list[tuple[str, 
                 continue  # a single point is not a curve: the final value is in final_values
             if metrics.get(metric).offset_of in curves:
                 continue  # another metric shifted by a constant: the same curve again
+            if any(same_curve(curves, metric, m) for m in main):
+                continue  # a 0/1 reward's mean is the accuracy: the headline drew it
             fig, bands = curves_figure(meta, summary, curves, [metric], styles, label(metric))
             figures.append((f"curve_{slug(metric)}", fig, f"{label(metric)} over training ({bands[0]})"))
         if headline and not ok.empty:
             mains = [metrics.final_column(m) for m in main]
             cols = sorted(headline, key=lambda h: (h[0] not in mains, mains.index(h[0]) if h[0] in mains else 0))
-            cols = [(c, n) for c, n, _ in cols if c not in _offsets(headline)][:3]
+            cols = [(c, n) for c, n, _ in cols if c not in _offsets(headline) and c not in _repeats(ok, headline)][:3]
             figures.append(("final_values", final_values_figure(meta, summary, cols, styles),
                             "final values per seed (dots) with their mean (bar)"
                             + (f" and its 95% bootstrap CI (line)" if len(meta["seeds"]) >= BAND_SEEDS else "")))
-        diag = [m for m in diagnostics_in(curves) if points_per_run(curves, m) >= 2]
+        mech = [p for p in mechanism.panels(meta, Path(out)) if points_per_run(curves, p[0]) >= 2]
+        # the mechanism figure draws its diagnostics with their thresholds: not a second time here
+        diag = [m for m in diagnostics_in(curves) if points_per_run(curves, m) >= 2 and m not in {p[0] for p in mech}]
+        if "clip/frac" in diag and clip_parts_sum(curves, diag):
+            diag.remove("clip/frac")  # the sum of the panels beside it: it added nothing
         if diag:
             figures.append(("diagnostics", diagnostics_figure(meta, summary, curves, diag, styles),
                             "training diagnostics: " + ", ".join(diag) + f" ({describe_band('', len(meta['seeds']))};"
-                            " ratios, grad norm and KL(old): median and quartiles, log scale)"))
-        mech = [p for p in mechanism.panels(meta, Path(out)) if points_per_run(curves, p[0]) >= 2]
+                            " ratios, grad norm and KL(old): median and quartiles, log scale"
+                            + ("; the mechanism figure has " + ", ".join(p[0] for p in mech) if mech else "") + ")"))
         if mech:
             figures.append(("mechanism", mechanism_figure(meta, summary, curves, mech, styles),
                             "each declared diagnostic of the claim's mechanisms over training, its threshold "
                             f"dotted ({describe_band('', len(meta['seeds']))})"))
-        if fits:
+        if fits and any(f["ok"] for axis in fits["axes"].values() for f in axis.values()):
+            # every fit declined: its dots are the headline's curves again; the report says why each was
             figures.append(("fit", fit_figure(meta, fits, styles),
                             f"{label(fits['metric'])} against compute: mean over seeds (dots) and the fitted "
                             "saturating curve (line; none where the fit is declined); dotted: half the budget, "
@@ -941,9 +980,13 @@ def _markdown(meta, summary, ok, headline, order, figures, fits: dict | None = N
     lines += list(mechanism_lines)
     if headline and len(ok):
         lines += ["## How variants are compared", "", method_text(), ""]
+    same = _repeats(ok, headline)
     for column, name, _ in headline:
         if column in _offsets(headline):
             continue  # another column shifted by a constant: the same differences again
+        if column in same:  # a 0/1 reward's mean is the accuracy: its tables would be those again
+            lines += [f"## Differences in {name}", "", f"Equal to {same[column]} on every run: the same differences.", ""]
+            continue
         lines += differences_section(summary, column, name, order, meta)
     if outcomes is not None and len(ok):
         lines += seeds_problems_section(outcomes, ok, order)
