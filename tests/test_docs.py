@@ -86,6 +86,20 @@ def test_files_map_covers_the_tree():
     assert not gone, f"docs/files.md names what is not in the tree: {gone}"
 
 
+def test_the_tracked_results_stay_light():
+    """What a clone checks out of results/ stays under 20 MB (it was 37 MB of figures and tables stored
+    plainly); docs/storage.md says how."""
+    tracked = subprocess.run(["git", "ls-files", "-z", "results"], cwd=ROOT, capture_output=True,
+                             text=True).stdout.split("\0")
+    files = [ROOT / f for f in tracked if f and (ROOT / f).is_file()]
+    if not files:
+        pytest.skip("not a git checkout")
+    size = sum(f.stat().st_size for f in files)
+    biggest = sorted(files, key=lambda f: -f.stat().st_size)[:3]
+    assert size < 20e6, (f"tracked results/ is {size / 1e6:.1f} MB, the budget 20 MB; largest: "
+                         + ", ".join(f"{f.relative_to(ROOT)} ({f.stat().st_size / 1e6:.2f} MB)" for f in biggest))
+
+
 def test_paths_named_in_the_package_exist():
     """A docstring or comment that sends the reader to a file of the repository names one that is there
     (algos/__init__ once linked a file that never was): paths from the repository root, globs left out."""
