@@ -19,6 +19,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from grpo_bench.analysis import png  # noqa: E402
+
 GOALS = {"toy": 20_000.0, "lm": 1_000.0}  # issue 44: runs per GPU-minute at the harness budget
 TASK_NAMES = {"toy": "sorting toy (sort_converge, loss=clipped)", "lm": "arithmetic LM (arithmetic_scratchpad, grpo, LoRA)"}
 PEERS = {"trl": "TRL {trl}", "liger": "Liger-Kernel {liger}", "ours": "grpo_bench (Triton)", "torch": "torch eager",
@@ -185,8 +187,9 @@ def population_figure(pop: pd.DataFrame, path: Path, device: str) -> None:
     axes[0].set_title("dotted: the goals (toy 20,000, LM 1,000 runs per GPU-minute)", fontsize=9)
     fig.suptitle(f"Populations on one {device}", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata={"Software": None})
     plt.close(fig)
+    png.shrink(path, [])
 
 
 def kernels_figure(df: pd.DataFrame, path: Path, v: dict[str, str]) -> None:
@@ -204,8 +207,9 @@ def kernels_figure(df: pd.DataFrame, path: Path, v: dict[str, str]) -> None:
         ax.tick_params(labelsize=7)
         ax.set_xlabel("median ms (lower is better)", fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
+    png.shrink(path, [])
 
 
 def main(root: str = "results/gpu") -> str:
