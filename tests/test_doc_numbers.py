@@ -77,6 +77,49 @@ def test_readme_names_the_recipes_with_the_highest_held_out_accuracy():
     assert f"(highest held-out accuracy: `{a}` {x:.3f}, then `{b}` {y:.3f};" in (ROOT / "README.md").read_text()
 
 
+# README's arithmetic_lora table: (column header, summary.csv column, cell from mean and std)
+LORA = [("held-out greedy accuracy", "final/eval/accuracy", lambda m, s: f"{m:.3f} ± {s:.3f}"),
+        ("gain over the start (points)", "final/eval/accuracy_gain", lambda m, s: f"{100 * m:+.1f} ± {100 * s:.1f}"),
+        ("pass@8", "final/eval/pass@k", lambda m, s: f"{m:.3f}"),
+        ("mean@8", "final/eval/mean@k", lambda m, s: f"{m:.3f}"),
+        ("final length (tokens)", "final/response/length", lambda m, s: f"{m:.1f}")]
+
+
+def _means(directory: str, column: str) -> pd.Series:
+    s = pd.read_csv(ROOT / "results" / directory / "summary.csv")
+    return s[s.status == "ok"].groupby("variant")[column].agg(["mean", "std"])
+
+
+def test_readme_arithmetic_lora_table_is_its_summary():
+    readme = (ROOT / "README.md").read_text()
+    header = "| variant | " + " | ".join(h for h, _, _ in LORA) + " |"
+    rows = readme[readme.index(header):].split("\n\n", 1)[0].splitlines()[2:]
+    cells = {re.match(r"\| `([\w-]+)`", r).group(1): [c.strip() for c in r.strip().strip("|").split("|")[1:]]
+             for r in rows}
+    order = json.loads((ROOT / "results/arithmetic_lora/ablation.json").read_text())["variants"]
+    assert list(cells) == order
+    stats = {column: _means("arithmetic_lora", column) for _, column, _ in LORA}
+    for v in order:
+        assert cells[v] == [cell(*stats[column].loc[v]) for _, column, cell in LORA], v
+
+
+def test_readme_prose_numbers_are_the_files():
+    """The sentences around README's two tables: the toy's accuracies in percent, the LM start's accuracy from
+    its manifest, the default recipe's gain and how far apart the working recipes end."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    toy = _means("loss_modes", "final/eval/accuracy")["mean"]
+    assert f"clipped GRPO converges to {100 * toy['loss=clipped']:.1f}% exact-sort accuracy" in readme
+    assert f"naive REINFORCE on stale samples stalls near {100 * toy['loss=naive']:.1f}%" in readme
+    start = json.loads((ROOT / "tasks/arithmetic_scratchpad/manifest.json").read_text())["heldout_greedy_accuracy"]
+    assert f"from a shipped checkpoint at {100 * start:.1f}% greedy accuracy on 1000 held-out problems" in readme
+    lm = _means("arithmetic_lora", "final/eval/accuracy")
+    gain = _means("arithmetic_lora", "final/eval/accuracy_gain")
+    assert f"The default recipe gains {100 * gain.loc['grpo', 'mean']:.0f} points with a seed spread under 1 point" \
+        in readme and gain.loc["grpo", "std"] < 0.01
+    working = lm["mean"].drop(["lr_too_high", "one_prompt"])
+    assert f"The working recipes end within {100 * (working.max() - working.min()):.1f} points of each other" in readme
+
+
 if __name__ == "__main__":
     for page, directory, columns in TABLES:
         sweep = json.loads((ROOT / "results" / directory / "sweep.json").read_text())
