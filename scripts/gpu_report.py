@@ -134,9 +134,13 @@ def bound_note(df: pd.DataFrame) -> list[str]:
             f"{bw.median():,.0f} GB/s (tests/benchmarks: hot_path_bytes, loss_bytes, conftest.copy_bandwidth).", ""]
 
 
-def claims_section(c: pd.DataFrame) -> list[str]:
+def claims_section(c: pd.DataFrame, d: Path) -> list[str]:
     """`gpu_run.sh claims` calls (claims.csv, one row per sweep): what finished, in how long."""
     kept = c[(c.status == "ok") & (c.note == "")]
+    # a population's time is the sum of its members' wall_s (sweep/worker.py shares it among them)
+    walls = [pd.read_csv(d / s / "summary.csv").query("population == 10").groupby("variant").wall_s.sum()
+             for s in kept.sweep if (d / s / "summary.csv").is_file()]
+    walls = pd.concat(walls) if walls else pd.Series(dtype=float)
     rows = ["| call | sweep | worker processes | status | wall s | note |", "|---:|---|---:|---|---:|---|"]
     rows += [f"| {r.call} | `{r.sweep}` | {r.workers} | {r.status} | {r.wall_s:.0f} | {r.note} |" for r in c.itertuples()]
     return ["## Claim sweeps", "",
@@ -146,8 +150,9 @@ def claims_section(c: pd.DataFrame) -> list[str]:
             f"{len(kept)} sweeps are kept as results beside this file: "
             + ", ".join(f"`{s}`" for s in kept.sweep) + ". Their models are bf16 (`model.dtype: auto` on CUDA) where "
             "the CPU's are fp32, so a claim judged here is judged at another precision as well as on another device "
-            "(FINDINGS names the device of each). A countdown population of 10 took 160-180 s of wall time whether "
-            "8 or 15 worker processes shared the GPU: the host, not the device, sets the pace.", "", *rows, ""]
+            "(FINDINGS names the device of each)."
+            + (f" A countdown population of 10 took {walls.min():.0f}-{walls.max():.0f} s of wall time (the kept "
+               "sweeps' `summary.csv`)." if len(walls) else ""), "", *rows, ""]
 
 
 def acts_section(c: pd.DataFrame, d: Path) -> list[str]:
@@ -271,7 +276,7 @@ def main(root: str = "results/gpu") -> str:
         md += ["![median time per provider, each case](kernels.png)", ""]
     claims_path = d / "claims.csv"
     if claims_path.exists():
-        md += claims_section(pd.read_csv(claims_path, keep_default_na=False))
+        md += claims_section(pd.read_csv(claims_path, keep_default_na=False), d)
     acts_path = d / "acts_sweeps.csv"
     if acts_path.exists():
         md += acts_section(pd.read_csv(acts_path, keep_default_na=False), d)

@@ -132,7 +132,7 @@ def test_gpu_readme_lists_the_claim_sweeps_it_keeps_and_they_are_there():
 
     c = gpu_report.pd.read_csv(ROOT / "results/gpu/claims.csv", keep_default_na=False)
     text = (ROOT / "results/gpu/README.md").read_text()
-    assert all(line in text for line in gpu_report.claims_section(c))
+    assert all(line in text for line in gpu_report.claims_section(c, ROOT / "results/gpu"))
     kept = c[(c.status == "ok") & (c.note == "")].sweep.tolist()
     assert kept
     for name in kept:

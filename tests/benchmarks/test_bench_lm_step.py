@@ -34,7 +34,7 @@ from grpo_bench.registry import get
 from grpo_bench.tasks import Rollout
 
 QWEN_VOCAB = 151_936
-# the materialised step's peak is about 5 fp32 (N, T, V) tensors (measured at N = 2,048: 6.0 GiB
+# the materialised step's peak is about 5 fp32 (N, T, V) tensors (measured at N = 2,048: 5.9 GiB
 # against 1.16 GiB, see results/kernels/); a case is skipped when 6 would not fit
 MATERIALISED_COPIES = 6
 
