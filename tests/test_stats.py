@@ -2,6 +2,7 @@
 
 Each test names the bug it would catch where that is not obvious from its name.
 """
+import functools
 import math
 from pathlib import Path
 
@@ -553,7 +554,7 @@ def test_the_interval_of_seeds_and_problems_covers_and_the_seeds_only_one_does_n
         r = S.crossed_variance((rng.random(p.shape) < p).astype(float))
         hits += [r["ci"][0] <= 0.5 <= r["ci"][1], r["ci_seeds"][0] <= 0.5 <= r["ci_seeds"][1]]
     both, seeds_only = hits / n
-    assert 0.93 <= both <= 0.97 and seeds_only <= 0.89, (both, seeds_only)   # 0.954 and 0.848 here
+    assert 0.93 <= both <= 0.97 and seeds_only <= 0.89, (both, seeds_only)   # 0.962 and 0.848 here
 
 
 # ------------------------------------------------------- seeds and problems in a verdict (crossed_pair)
@@ -630,3 +631,272 @@ def test_more_seeds_cannot_decide_what_the_problems_hold_back():
     se = lambda k: np.sqrt((c["seed"] + c["resid"] / c["problems"]) / k + c["problem"] / c["problems"])  # noqa: E731
     assert S._power_se(r["diff"], se(n), n - 1, r["level"]) >= 0.8 > S._power_se(r["diff"], se(n - 1), n - 2,
                                                                                       r["level"])
+
+
+# ------------------------------------------ restored: lost in b9a9377's merge, not superseded
+
+
+def test_iqm_is_scipys_trimmed_mean():
+    for n in range(1, 14):
+        x = RNG.normal(size=n)
+        assert S.iqm(x) == pytest.approx(st.trim_mean(x, 0.25), rel=1e-12)
+    m = RNG.normal(size=(4, 9))
+    assert S.iqm(m, axis=1) == pytest.approx(st.trim_mean(m, 0.25, axis=1))
+    assert S.iqm([1.0, 2.0, 3.0, 100.0]) == 2.5  # one outlier of four is trimmed
+
+
+def test_iqm_bootstrap_is_stratified_by_task():
+    # two tasks, each constant across runs: resampling runs within a task changes nothing, while
+    # resampling runs across tasks (the unstratified bug) would mix 0s and 1s
+    scores = np.column_stack([np.zeros(8), np.ones(8)])
+    assert S.iqm_ci(scores) == (0.5, 0.5, 0.5)
+    # each task's runs are drawn on their own (rliable's StratifiedBootstrap), not with one draw for all tasks
+    m = RNG.normal(size=(6, 3))
+    idx = np.random.default_rng(0).integers(0, 6, size=(S.N_BOOT, 6, 3))
+    boot = [st.trim_mean(np.take_along_axis(m, i, axis=0).ravel(), 0.25) for i in idx]
+    assert S.iqm_ci(m) == pytest.approx((st.trim_mean(m.ravel(), 0.25), *np.percentile(boot, [2.5, 97.5])))
+    x = RNG.normal(size=7)
+    idx = np.random.default_rng(0).integers(0, 7, size=(S.N_BOOT, 7, 1))[..., 0]
+    boot = [st.trim_mean(x[i], 0.25) for i in idx]
+    assert S.iqm_ci(x) == pytest.approx((st.trim_mean(x, 0.25), *np.percentile(boot, [2.5, 97.5])))
+
+
+def test_probability_of_improvement_is_mann_whitney_u_over_nm():
+    x, y = np.array([0.3, 0.5, 0.5, 0.7, 0.2]), np.array([0.5, 0.1, 0.4])   # ties count one half
+    assert S.prob_improvement(x, y) == pytest.approx(st.mannwhitneyu(x, y).statistic / 15)
+    assert S.prob_improvement(x, y) + S.prob_improvement(y, x) == pytest.approx(1.0)
+    p, lo, hi = S.prob_improvement_ci(x, y)
+    assert lo <= p <= hi and 0 <= lo and hi <= 1
+    assert S.prob_improvement_ci(np.array([2.0, 3.0]), np.array([0.0, 1.0])) == (1.0, 1.0, 1.0)
+
+
+def test_mean_ci_is_the_t_interval():
+    m, lo, hi = S.mean_ci(X)
+    ci = st.ttest_1samp(X, 0).confidence_interval(0.95)
+    assert (m, lo, hi) == (pytest.approx(X.mean()), pytest.approx(ci.low), pytest.approx(ci.high))
+
+
+C = np.arange(160, 24_001, 160.0)
+
+
+def synthetic(A=0.6, B=1.5, C_mid=3000.0, r0=0.05, noise=0.02, seeds=5, rng=None):
+    rng = np.random.default_rng(1) if rng is None else rng
+    Y = S.saturating(C, r0, A, B, C_mid)[:, None] + noise * rng.standard_normal((len(C), seeds))
+    return np.r_[0.0, C], np.vstack([r0 + noise * rng.standard_normal(seeds), Y])
+
+
+def test_saturating_curve_by_hand():
+    assert S.saturating(0.0, 0.1, 0.7, 2.0, 100.0) == 0.1
+    assert S.saturating(100.0, 0.1, 0.7, 2.0, 100.0) == pytest.approx(0.4)   # half the rise at C_mid
+    assert S.saturating(1e12, 0.1, 0.7, 2.0, 100.0) == pytest.approx(0.7)
+    assert S.saturating(200.0, 0.1, 0.7, 2.0, 100.0) == pytest.approx(0.1 + 0.6 / (1 + 0.25))
+
+
+def test_fit_recovers_known_parameters_and_its_cis_cover_them():
+    Cx, Y = synthetic()
+    f = S.fit_curve(Cx, Y, 0, 1)
+    assert f["ok"] and f["reason"] is None
+    assert f["A"] == pytest.approx(0.6, abs=0.01) and f["B"] == pytest.approx(1.5, abs=0.1)
+    assert f["C_mid"] == pytest.approx(3000, rel=0.05) and f["r0"] == pytest.approx(Y[0].mean())
+    for k, true in (("A", 0.6), ("B", 1.5), ("C_mid", 3000)):
+        assert f["ci"][k][0] < true < f["ci"][k][1], k
+    assert f["half"]["ok"] and f["half"]["mae"] < 0.01 < f["half"]["flat_mae"]
+
+
+def test_fit_is_the_least_squares_optimum_scipy_finds():
+    Cx, Y = synthetic(A=0.45, B=0.9, C_mid=6000, noise=0.03)
+    f = S.fit_curve(Cx, Y, 0, 1, n_boot=20)
+    y = Y.mean(axis=1)
+    p, _ = curve_fit(lambda c, A, B, Cm: S.saturating(c, y[0], A, B, Cm), Cx[1:], y[1:], p0=[0.5, 1.0, 5000])
+    assert (f["A"], f["B"], f["C_mid"]) == (pytest.approx(p[0], rel=1e-4), pytest.approx(p[1], rel=1e-4),
+                                            pytest.approx(p[2], rel=1e-4))
+
+
+def test_half_budget_prediction_of_an_exact_curve():
+    Cx, Y = synthetic(noise=0.0, seeds=2)
+    Y[1:, 1] += 1e-4   # two seeds that differ a hair: a CI exists
+    h = S.fit_curve(Cx, Y, 0, 1, n_boot=20)["half"]
+    assert h["ok"] and h["mae"] < 1e-3 and h["flat_mae"] > 0.02
+
+
+@pytest.mark.parametrize("case,words", [
+    ("line", "still rising at the end"), ("flat", "flat: the rise"), ("few", "too few points (5)"),
+    ("range", "outside the metric's range"), ("one seed", "one seed"), ("early", "over before the first point")])
+def test_fit_declines_what_it_cannot_identify(case, words):
+    rng = np.random.default_rng(2)
+    if case == "line":
+        Cx, Y = np.r_[0.0, C], np.r_[0.05, 0.05 + 1e-5 * C][:, None] + 0.005 * rng.standard_normal((len(C) + 1, 5))
+    elif case == "flat":
+        Cx, Y = np.r_[0.0, C], 0.3 + 0.01 * rng.standard_normal((len(C) + 1, 5))
+    elif case == "few":
+        Cx, Y = synthetic()
+        Cx, Y = Cx[:6], Y[:6]
+    elif case == "range":
+        Cx, Y = synthetic(A=0.9, C_mid=2000)
+        Cx, Y = Cx, Y + 0.2   # a saturating curve above 1 for a metric in [0, 1]
+    elif case == "one seed":
+        Cx, Y = synthetic(seeds=1)
+    else:
+        Cx, Y = synthetic(B=4.0, C_mid=40.0, noise=0.01)
+    f = S.fit_curve(Cx, Y, 0, 1, n_boot=50)
+    assert not f["ok"] and words in f["reason"], f["reason"]
+
+
+def test_a_fit_whose_ci_is_wider_than_the_rise_is_declined():
+    # a small rise under large noise on three seeds: the point fit is fine, the resampled ones are not
+    rng = np.random.default_rng(1)
+    Y = S.saturating(C, 0.05, 0.2, 1.0, 3000)[:, None] + 0.05 * rng.standard_normal((len(C), 3))
+    f = S.fit_curve(np.r_[0.0, C], np.vstack([0.05 + 0.05 * rng.standard_normal(3), Y]), 0, 1)
+    assert not f["ok"] and f["reason"] == "not identifiable: the CI of A is wider than the rise A - R0"
+    assert f["ci"]["A"][1] - f["ci"]["A"][0] > f["A"] - f["r0"] > 0
+
+
+def test_a_fit_whose_ci_of_a_leaves_the_metric_range_is_declined():
+    # a curve that ends near its ceiling: its point A is in range, resampled seeds put A past it
+    Cx, Y = synthetic(A=0.6, noise=0.02)
+    ok = S.fit_curve(Cx, Y, 0, 1)
+    assert ok["ok"] and ok["ci"]["A"][0] < 0.6 < ok["ci"]["A"][1]
+    # the same data judged against a metric whose ceiling sits inside that CI
+    ceiling = (ok["A"] + ok["ci"]["A"][1]) / 2
+    f = S.fit_curve(Cx, Y, 0, ceiling)
+    assert not f["ok"] and "leaves the metric's range" in f["reason"], f["reason"]
+
+
+def test_compare_fits_places_a_difference_in_a_or_in_b():
+    idx = np.random.default_rng(0).integers(0, 5, (S.N_BOOT_FIT, 5))
+    rng = np.random.default_rng(3)
+    base = S.fit_curve(*synthetic(rng=rng), 0, 1, idx=idx)
+    higher = S.fit_curve(*synthetic(A=0.75, rng=rng), 0, 1, idx=idx)
+    steeper = S.fit_curve(*synthetic(B=3.0, rng=rng), 0, 1, idx=idx)
+    c = S.compare_fits(higher, base)
+    assert c["A"][3] and not c["B"][3] and c["A"][0] == pytest.approx(0.15, abs=0.02) and c["A"][1] > 0
+    c = S.compare_fits(steeper, base)
+    assert c["B"][3] and not c["A"][3] and c["B"][0] > 1
+    flat = S.fit_curve(np.r_[0.0, C], 0.3 + 0.01 * rng.standard_normal((len(C) + 1, 5)), 0, 1)
+    assert S.compare_fits(base, flat) is None
+
+
+def test_obrien_fleming_bounds_match_gsdesign():
+    # gsDesign(k = 5, test.type = 2, sfu = sfLDOF, alpha = 0.025): the classic Lan-DeMets table
+    bounds = S.obf_bounds((0.2, 0.4, 0.6, 0.8, 1.0), 0.05, True)
+    assert bounds == pytest.approx((4.8769, 3.3569, 2.6803, 2.2898, 2.0310), abs=2e-4)
+    assert S.obf_bounds((1.0,), 0.05, True) == pytest.approx((st.norm.isf(0.025),))
+    assert S.obf_bounds((1.0,), 0.05, False) == pytest.approx((st.norm.isf(0.05),))
+    assert S.spend(1.0, 0.05) == pytest.approx(0.05) and S.spend(0.0, 0.05) == 0.0
+
+
+@pytest.mark.parametrize("two_sided", [True, False])
+def test_bounds_spend_what_they_promise_on_brownian_paths(two_sided):
+    fr = np.array([0.15, 0.3, 0.55, 0.8, 1.0])   # unequal looks
+    alpha = 0.05
+    c = np.array(S.obf_bounds(tuple(fr), alpha, two_sided))
+    rng = np.random.default_rng(4)
+    z = (rng.standard_normal((400_000, 5)) * np.sqrt(np.diff(np.r_[0, fr]))).cumsum(1) / np.sqrt(fr)
+    cross = (np.abs(z) if two_sided else z) >= c
+    first = np.where(cross.any(1), cross.argmax(1), -1)
+    side = alpha / 2 if two_sided else alpha
+    want = np.diff([0] + [S.spend(t, side) for t in fr]) * (2 if two_sided else 1)
+    got = np.array([(first == k).mean() for k in range(5)])
+    assert np.all(np.abs(got - want) <= 4 * np.sqrt(want / 400_000) + 2e-5), (got, want)
+
+
+@functools.lru_cache(maxsize=None)  # tests/test_doc_numbers_statistics.py reads the same experiments
+def simulate(shift=0.0, sd_seed=1.0, sd_run=0.5, margin=0.2, sims=4000, n_max=40, batch=5, seed=2026):
+    """Three variants on shared seeds: a seed effect common to all (sd_seed) plus run noise (sd_run);
+    variant a shifted by `shift`; a look every `batch` seeds up to n_max. Returns the sequential
+    outcome of a vs b, a vs c, b vs c, the values (3, sims, n_max) and the looks."""
+    rng = np.random.default_rng(seed)
+    V = sd_seed * rng.standard_normal((sims, n_max))[None] + sd_run * rng.standard_normal((3, sims, n_max))
+    V[0] += shift
+    looks = list(range(batch, n_max + 1, batch))
+    pairs = [(0, 1), (0, 2), (1, 2)]
+    return [S.sequential_paired(V[a] - V[b], looks, n_max, margin, alpha=0.05 / 3) for a, b in pairs], V, looks
+
+
+SD_D = 0.5 * math.sqrt(2)   # sd of a difference of two variants in simulate()'s default units
+
+
+def test_sequential_null_rate_of_an_ordering_stays_below_alpha():
+    # 4,000 experiments of 3 variants x 3 orderings, a look every 5 seeds up to 40 (8 looks), no effect
+    out, V, looks = simulate()
+    ordered = np.any([np.isin(o, [-1, 1]) for o, _ in out], axis=0)
+    assert ordered.mean() <= 0.05   # measured 0.0445 (docs/statistics.md)
+    # the same looks with an uncorrected paired t at each: peeking inflates the error several-fold
+    naive = np.zeros(V.shape[1], bool)
+    for a, b in [(0, 1), (0, 2), (1, 2)]:
+        for n in looks:
+            d = (V[a] - V[b])[:, :n]
+            naive |= st.ttest_1samp(d, 0, axis=1).pvalue < 0.05 / 3
+    assert naive.mean() > 0.12   # measured 0.18
+
+
+def test_sequential_power_under_a_planted_effect():
+    out, _, looks = simulate(shift=0.5 * SD_D)
+    (ab, at), (ac, _), (bc, _) = out
+    power = (ab == 1).mean()
+    fixed = S.power(0.5, 40, 0.05 / 3)   # one test at the cap, same level
+    assert power > fixed - 0.03 and (ab == -1).mean() == 0   # measured 0.732 against 0.743
+    used = np.where(at >= 0, np.array(looks)[at], 40)[ab == 1]
+    assert used.mean() < 34   # decided early on average: measured 31.8 seeds
+    assert np.isin(bc, [-1, 1]).mean() <= 0.05 / 3 + 0.005   # b and c stay unordered
+
+
+def test_sequential_in_toy_units():
+    # the toy's scale: seed sd 0.02, run sd 0.01 (a difference has sd 0.014), margin 0.02
+    def run(shift):
+        out, _, looks = simulate(shift, sd_seed=0.02, sd_run=0.01, margin=0.02)
+        decided = np.all([~np.isnan(o) for o, _ in out], axis=0)
+        stop = np.max([np.where(at >= 0, np.array(looks)[at], 40) for _, at in out], axis=0)
+        return out, decided.mean(), np.where(decided, stop, 40).mean()
+
+    out, decided, stop = run(0.0)
+    assert decided == 1.0 and stop < 25 and np.mean([(o == 0).mean() for o, _ in out]) > 0.99   # measured 19.6 seeds
+    out, decided, stop = run(0.02)
+    assert decided == 1.0 and (out[0][0] == 1).mean() > 0.99 and (out[2][0] == 0).mean() > 0.99
+    out, _, _ = run(0.01)   # half the margin: "a > b" or "equivalent", both true, never "b > a"
+    assert 0.3 < (out[0][0] == 1).mean() < 0.7 and (out[0][0] == -1).mean() == 0
+
+
+def test_sequential_decision_is_the_vectorised_rule_on_one_experiment():
+    _, V, looks = simulate(shift=0.6 * SD_D, sims=30)
+    for i in range(30):
+        values = {v: dict(enumerate(V[k, i])) for k, v in enumerate("abc")}
+        got = S.sequential_decision(values, ["a > b", "a > c", "b vs c"], 0.2, 40,
+                                    [list(range(n - 5, n)) for n in looks])
+        for row, (x, y) in zip(got["orderings"], [(0, 1), (0, 2), (1, 2)]):
+            o, at = S.sequential_paired((V[x] - V[y])[i], looks, 40, 0.2, 0.05 / 3)
+            name = {1.0: f"{row['a']} > {row['b']}", -1.0: f"{row['b']} > {row['a']}",
+                    0.0: "equivalent within ±0.2"}.get(float(o))
+            assert row["outcome"] == name and row["look"] == int(at) and row["decided"] == (name is not None)
+
+
+def test_sequential_decision_stops_when_decided_or_capped():
+    rng = np.random.default_rng(5)
+    seeds = list(range(10))
+    base = rng.standard_normal(10)
+    values = {"loss=a": dict(zip(seeds, base + 5.0)), "loss=b": dict(zip(seeds, base + 0.01 * rng.standard_normal(10)))}
+    # labels with '=' (grid labels) and ' vs ': the pair splits on ' vs ' first
+    got = S.sequential_decision(values, ["loss=a vs loss=b"], 0.2, 40, [seeds[:5], seeds[5:]])
+    (row,) = got["orderings"]
+    assert (row["a"], row["b"]) == ("loss=a", "loss=b") and row["outcome"] == "loss=a > loss=b" and row["look"] == 0
+    assert got["done"] and got["reason"] == "every ordering decided" and "look 1 (5 pairs) of 2" in row["why"]
+    # a noisy pair after one batch: undecided, not done; at the cap: done because capped
+    noisy = {"a": dict(zip(seeds, rng.standard_normal(10))), "b": dict(zip(seeds, rng.standard_normal(10)))}
+    early = S.sequential_decision(noisy, ["a > b"], 0.01, 10, [seeds[:5]])
+    assert not early["done"] and early["reason"] == "1 of 1 orderings undecided"
+    capped = S.sequential_decision(noisy, ["a > b"], 0.01, 10, [seeds[:5], seeds[5:]])
+    assert capped["done"] and capped["reason"] == "cap of 10 seeds reached" and "(the cap)" in capped["orderings"][0]["why"]
+    # a seed that failed for one variant drops out of that pair only
+    del noisy["b"][3]
+    assert S.sequential_decision(noisy, ["a > b"], 0.01, 10, [seeds])["orderings"][0]["n"] == 9
+
+
+def test_orderings_split_on_one_sign_and_grid_labels_may_hold_equals():
+    assert S.split_ordering("dapo > gspo") == ("dapo", "gspo", ">")
+    assert S.split_ordering("a=b") == ("a", "b", "=") and S.split_ordering("a>b") == ("a", "b", ">")
+    assert S.split_ordering("lr=0.001 > lr=0.002") == ("lr=0.001", "lr=0.002", ">")
+    assert S.split_ordering("loss=clipped,kl=k3 = loss=naive") == ("loss=clipped,kl=k3", "loss=naive", "=")
+    assert S.split_ordering("loss=naive vs loss=clipped") == ("loss=naive", "loss=clipped", "vs")
+    for bad in ("a >= b", "a b", "a > b > c", "lr=0.001>lr=0.002", " > b"):
+        with pytest.raises(ValueError, match="expected 'a > b' or 'a = b'"):
+            S.split_ordering(bad)
