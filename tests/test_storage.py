@@ -115,3 +115,15 @@ def test_a_run_without_its_checksum_is_damaged(swept, tmp_path, capsys):
     assert row.status == "failed" and row.error.endswith("summary.json records no metrics_file (its name, rows "
                                                           "and SHA-256)"), row.error
     assert f"run {run.name} is damaged (summary.json records no metrics_file" in capsys.readouterr().err
+
+
+def test_committed_ablation_json_is_what_the_runner_writes():
+    """Every committed ablation.json in the runner's own layout, so a rerun (README's main job) rewrites none of
+    them byte for byte differently."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "results"
+    files = sorted(root.rglob("ablation.json"))
+    assert len(files) >= 50
+    for f in files:
+        text = f.read_text()
+        assert text == ST.meta_text(json.loads(text)), f
