@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                         "this command, machine). Commit them together.")
     bs.add_argument("preset", help="the preset YAML, e.g. tasks/countdown.yaml")
     bs.add_argument("--out", help="write <OUT>/<dir>/ instead of beside the preset")
+    bs.add_argument("--seed", type=int, help="the same recipe from another seed (its weights' init and its data "
+                    "order), into <dir>_seed<SEED>/: an independent start, to measure how much a result owes to it")
     args = p.parse_args(argv)
     if args.cmd != "run":
         try:
@@ -192,7 +194,9 @@ def _command(args) -> int:
     if args.cmd == "build-start":
         from .tasks.lm.build_start import build
         try:
-            build(Path(args.preset), Path(args.out) if args.out else None, argv=[args.preset] + (["--out", args.out] if args.out else []))
+            argv = [args.preset] + (["--out", args.out] if args.out else []) + (
+                ["--seed", str(args.seed)] if args.seed is not None else [])
+            build(Path(args.preset), Path(args.out) if args.out else None, argv=argv, seed=args.seed)
         except ValueError as e:
             if isinstance(e, ConfigError):
                 raise

@@ -14,7 +14,12 @@
 # is about 26 core-hours (a one-seed probe: 45 s of training for 8 of its 30 rollouts on one core, plus seven
 # evaluations of 1,000 problems), so reproduce.sh runs it only when named (e.g. `dapo_ladder:lm_acts`).
 # results/gpu/ is a GPU's: `bash scripts/gpu_run.sh all`, then `bash scripts/gpu_run.sh claims`, `acts`, `smollm2`.
-# The shipped starts (tasks/*/) are inputs, not results: `python -m grpo_bench build-start tasks/X.yaml`.
+# The shipped starts (tasks/*/) are inputs, not results: `python -m grpo_bench build-start tasks/X.yaml`;
+# the arithmetic starts a claim replicates on (settings lm_seed<N>; kl_gradients' lm_seed1 so far; seed 2 is
+# built for the third) are `build-start tasks/arithmetic_scratchpad.yaml --seed N`, 11-12 min each on one core
+# (2026-11-28, beside other work). An lm_seed setting is 25 runs with every evaluation on all 1,000 problems:
+# kl_gradients_lm_seed1 took 2,436 s on 2 workers, about 1.4 core-hours (its sweep.json; other work ran beside
+# it).
 # The kernel benchmarks are separate (README, Kernels): they want an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,4 +51,8 @@ done
 $PY -m grpo_bench findings results
 [ -d results/policy_losses_sort ] && [ -d results/policy_losses_lm ] && \
   $PY -m grpo_bench compare results/policy_losses_sort results/policy_losses_lm
+for a in kl_gradients sampler_mismatch; do   # the variance each variant owes to its start
+  starts=$(ls -d "results/${a}_lm" "results/${a}_lm_seed"[0-9]* 2>/dev/null || true)
+  [ "$(echo $starts | wc -w)" -ge 2 ] && $PY -m grpo_bench compare $starts --out "results/starts_${a}_lm"
+done
 $PY -m grpo_bench gallery results

@@ -47,6 +47,22 @@ def test_builds_the_checkpoint_and_a_manifest_that_holds_it(tmp_path, capsys):
     assert json.loads((tmp_path / "again" / "cd_test" / "manifest.json").read_text())["files"] == first
 
 
+def test_another_seed_is_another_start_beside_the_shipped_one(tmp_path, capsys):
+    """--seed N: the same recipe from seed N into <dir>_seed<N>/, other weights, the command that rebuilds it;
+    the preset's own seed given again is the preset's start."""
+    path = preset(tmp_path, START | {"greedy": None})
+    assert main(["build-start", str(path)]) == 0
+    assert main(["build-start", str(path), "--seed", "3"]) == 0
+    m0 = json.loads((tmp_path / "cd_test" / "manifest.json").read_text())
+    m3 = json.loads((tmp_path / "cd_test_seed3" / "manifest.json").read_text())
+    assert m3["recipe"]["start"]["seed"] == 3 and m0["recipe"]["start"]["seed"] == 0
+    assert m3["files"]["model.safetensors"] != m0["files"]["model.safetensors"]
+    assert m3["files"]["tokenizer.json"] == m0["files"]["tokenizer.json"] and m3["task"] == m0["task"]
+    assert m3["command"] == f"python -m grpo_bench build-start {path} --seed 3"
+    assert main(["build-start", str(path), "--seed", "0", "--out", str(tmp_path / "same")]) == 0
+    assert json.loads((tmp_path / "same" / "cd_test" / "manifest.json").read_text())["files"] == m0["files"]
+
+
 def test_a_criterion_never_met_writes_nothing_and_says_so(tmp_path, capsys):
     path = preset(tmp_path, START | {"greedy": [0.9, 1.0]})
     assert main(["build-start", str(path)]) == 2

@@ -120,6 +120,32 @@ def test_readme_prose_numbers_are_the_files():
     assert f"The working recipes end within {100 * (working.max() - working.min()):.1f} points of each other" in readme
 
 
+
+def test_readme_what_stands_out_is_the_findings_and_the_starts():
+    """'What stands out': the not-exercised count is the sum over README's claims table, countdown's batch std
+    spread is the diagnostic FINDINGS reads, and the sentence on the second start is its manifest, the two
+    summaries, compare's variance table and FINDINGS' count of orderings holding on both starts."""
+    from grpo_bench.analysis import mechanism
+
+    text = (ROOT / "README.md").read_text()
+    readme = " ".join(text.split())
+    table = "\n".join(line for line in text.splitlines() if line.startswith("| ["))
+    idle = sum(int(n) for n in re.findall(r"(\d+) not exercised", table))
+    assert f"What stands out: {idle} orderings are *not exercised*" in readme
+    d = ROOT / "results/gpu/adv_norm_countdown"
+    cv = mechanism.read(mechanism.metrics_table(d), {"metric": "reward/std", "reduce": "cv", "variant": "a"},
+                        "batch_std_token", "no_std_token")
+    assert f"batch std against none on countdown, whose batch std varies by {cv:.0%} over a run" in readme
+    greedy = {s: json.loads((ROOT / f"tasks/arithmetic_scratchpad{s}/manifest.json").read_text())["heldout_greedy_accuracy"]
+              for s in ("", "_seed1")}
+    assert f"from seed 1 ({100 * greedy['_seed1']:.1f}% greedy against {100 * greedy['']:.1f}%)" in readme
+    ends = {s: _means(f"kl_gradients_lm{s}", "final/eval/accuracy").loc["none", "mean"] for s in ("", "_seed1")}
+    share = re.search(r"^\| `none` \| 2 \| [\d.]+ \| [\d.]+ \| (\d+)% \|",
+                      (ROOT / "results/starts_kl_gradients_lm/COMPARE.md").read_text(), re.M).group(1)
+    assert f"default GRPO ends at {ends['_seed1']:.3f} against {ends['']:.3f}, the start {share}% of its variance" in readme
+    both = (ROOT / "results/FINDINGS.md").read_text().count("lm: on 2 of 2 starts")
+    assert f"kl_gradients' {both} orderings that hold on lm hold on both starts" in readme
+
 if __name__ == "__main__":
     for page, directory, columns in TABLES:
         sweep = json.loads((ROOT / "results" / directory / "sweep.json").read_text())

@@ -87,6 +87,24 @@ def test_a_diagnostic_not_logged_is_judged_and_says_so(tmp_path):
     assert mechanism.judge(table, m, "a > c", "a", "c")["acts"] is None  # c logged nothing
 
 
+def test_a_scale_that_varies_over_steps_acts_by_its_spread_not_its_size(tmp_path):
+    """reduce: cv reads each run's coefficient of variation over its logged steps (what Adam does not absorb):
+    b's steps 1 and 3 (cv 0.5) act; c's 1.0 and 1.1 (cv 1/21) do not, however large the values; the figure
+    draws no threshold line across values the threshold is not about."""
+    import json
+
+    from grpo_bench.analysis import report
+
+    d, claim = results(tmp_path, {"b": [1.0, 3.0], "c": [1.0, 1.1], "a": [2.0, 2.0]}, reduce="cv", min=0.1)
+    ab, ac = judge_setting(d, claim, "sort")["rows"]
+    assert ab["unexercised"] is None and ab["mechanism"]["readings"][0][1] == pytest.approx(0.5)
+    assert ac["unexercised"] == "cv over steps of clip/high_frac on `c` 0.0476 < 0.1 (tokens the upper clip stops)"
+    meta = json.loads((d / "ablation.json").read_text())
+    ax = {stem: fig for stem, fig, _ in report.build_figures(d)}["mechanism"].axes[0]
+    assert not [line for line in ax.get_lines() if line.get_linestyle() == ":"] and "cv over steps" in ax.get_title()
+    assert mechanism.panels(meta, d) == [("clip/high_frac", 0.1, "cv")]
+
+
 @pytest.mark.parametrize("bad, match", [
     ({"default": DIAG | {"on": "b"}}, r"claim\.mechanism\.default\.on: unknown key; valid: acts, metric, variant"),
     ({"x > z": DIAG}, r"claim\.mechanism\.x > z: unknown key; valid: default, x > y$"),
@@ -184,3 +202,30 @@ def test_a_variant_fifty_times_the_others_does_not_flatten_them(tmp_path):
           curves=curves)
     ax = {stem: fig for stem, fig, _ in report.build_figures(tmp_path / "klz_sort")}["headline"].axes[0]
     assert ax.get_yscale() == "linear"
+
+
+def test_a_claims_report_tests_the_pairs_its_claim_asks_about(tmp_path):
+    """REPORT.md's differences on a claim's results are its orderings' pairs, Holm over them as in FINDINGS, not
+    every pair of its variants (b vs c is no claim's); an ablation without a claim keeps every pair."""
+    import json
+
+    from grpo_bench.analysis import report
+
+    d, claim = results(tmp_path, {"b": [0.02, 0.02], "c": [0.02, 0.02]})
+    text = report.render(d)[0]
+    section = text.split("## Differences in eval reward\n", 1)[1].split("\n## ", 1)[0]
+    assert "2 pairs (the claim's orderings, the pairs FINDINGS reads;" in section
+    assert "| `a` vs `b` |" in section and "| `a` vs `c` |" in section and "| `b` vs `c` |" not in section
+    # a metric the claim is not judged on: each variant's seeds, no pairs tested again
+    summary = pd.read_csv(d / "summary.csv").assign(**{"final/reward": 0.5})
+    meta = json.loads((d / "ablation.json").read_text())
+    lines = report.differences_section(summary, "final/reward", "final reward", ["a", "b", "c"], meta)
+    assert lines[2] == "The claim is judged on `final/eval/reward`: its orderings are tested there. Here each variant's seeds:"
+    assert "| `a` | 5 | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] |" in lines and not any("| pair |" in x for x in lines)
+    assert "| pair |" in "\n".join(report.differences_section(summary, "final/eval/reward", "eval reward",
+                                                              ["a", "b", "c"], meta))
+    meta = json.loads((d / "ablation.json").read_text())
+    meta.pop("claim")
+    (d / "ablation.json").write_text(json.dumps(meta))
+    section = report.render(d)[0].split("## Differences in eval reward\n", 1)[1].split("\n## ", 1)[0]
+    assert "3 pairs, Holm-corrected together" in section and "| `b` vs `c` |" in section

@@ -188,6 +188,36 @@ def test_sample_reports_what_the_policy_sampled():
     assert "filter/draws" not in m
 
 
+def test_length_and_reward_spreads_by_hand():
+    """The mechanisms' spreads (length_bias, aggregation, adv_norm) over the groups a loss sees, against numpy on
+    the lengths listed by hand: a flat group (advantage 0 under every delta) counts in none of them, and a member
+    with only flat groups logs NaN, not a 0 that would read as "did not act"."""
+    import numpy as np
+
+    from grpo_bench.engine.trainer import _rollout_metrics
+    from grpo_bench.tasks import Rollout
+
+    lengths = [[[2, 4, 6], [5, 5, 5], [3, 3, 10]], [[4, 4, 4], [1, 7, 7], [2, 2, 2]]]
+    rewards = torch.tensor([[[0, 1, 1], [1, 1, 1], [0, 0, 0.5]], [[1, 1, 1], [0, 0, 0], [1, 1, 1]]])
+    mask = torch.zeros(2, 3, 3, 12)
+    for p, member in enumerate(lengths):
+        for b, group in enumerate(member):
+            for g, n in enumerate(group):
+                mask[p, b, g, :n] = 1
+    m = _rollout_metrics(Rollout(prompts=None, responses=torch.zeros(2, 3, 3, 12, dtype=torch.long), mask=mask,
+                                 rewards=rewards))
+    live = [np.array(lengths[0][0], float), np.array(lengths[0][2], float)]   # member 0's groups 0 and 2
+
+    def cv(x):
+        return np.std(x) / np.mean(x)
+    assert m["response/length_cv"][0].item() == pytest.approx(cv(np.concatenate(live)))
+    assert m["response/length_group_cv"][0].item() == pytest.approx((cv(live[0]) + cv(live[1])) / 2)
+    assert m["response/length_prompt_cv"][0].item() == pytest.approx(cv([12, 16]))   # = 1/7
+    assert m["reward/group_std_cv"][0].item() == pytest.approx(1 / 3)   # stds s and s/2 (0, 1, 1 and 0, 0, 1/2)
+    assert all(math.isnan(m[k][1].item()) for k in ("response/length_cv", "response/length_group_cv",
+                                                      "response/length_prompt_cv", "reward/group_std_cv"))
+
+
 def test_step_metrics_by_hand():
     from grpo_bench.engine.trainer import _step_metrics
     logp = torch.tensor([[[-1.0, -2.0, -3.0]]])

@@ -151,7 +151,47 @@ def markdown(sides: list[Side]) -> str:
         tau, p, n = kendall(a.means, b.means)
         cell = ("—", "—") if math.isnan(tau) else (f"{tau:+.3f}", f"{p:.3g}")
         lines.append(f"| {_title(a)} | {_title(b)} | {n} | {cell[0]} | {cell[1]} |")
-    return "\n".join(lines + [""] + orderings(sides)) + "\n"
+    return "\n".join(lines + [""] + between(sides) + orderings(sides)) + "\n"
+
+
+def variance_components(groups: list[np.ndarray]) -> tuple[float, float, float]:
+    """One-way random effects on per-seed values grouped by directory (unequal sizes allowed): the variance
+    between directories and within them (the method of moments, the between part floored at 0), and the F test's
+    p that the directories do not differ."""
+    k, sizes = len(groups), np.array([len(g) for g in groups], float)
+    n, grand = sizes.sum(), np.concatenate(groups).mean()
+    msb = float(sum(len(g) * (g.mean() - grand) ** 2 for g in groups) / (k - 1))
+    msw = float(sum(((g - g.mean()) ** 2).sum() for g in groups) / (n - k))
+    n0 = (n - (sizes ** 2).sum() / n) / (k - 1)
+    from scipy.stats import f
+    p = float(f.sf(msb / msw, k - 1, n - k)) if msw > 0 else (0.0 if msb > 0 else 1.0)
+    return max(0.0, (msb - msw) / n0), msw, p
+
+
+def between(sides: list[Side]) -> list[str]:
+    """How much of each variant's spread is the directory's, where every directory read one metric: with
+    directories that differ only in their start (task.model.source), the variance due to the start."""
+    if len({s.column for s in sides}) > 1:
+        return []
+    sources = [{str(((c.get("task") or {}).get("model") or {}).get("source"))
+                for c in (s.meta.get("configs") or {}).values()} for s in sides]
+    one = [next(iter(x)) if len(x) == 1 else None for x in sources]
+    what = "start" if None not in one and len(set(one)) == len(sides) else "directory"
+    rows = [v for v in _union(sides) if sum(len(s.values.get(v, [])) >= 2 for s in sides) >= 2]
+    if not rows:
+        return []
+    lines = [f"Variance due to the {what}: per variant, one-way random effects over the {what}s that ran it "
+             f"(seeds within each): the standard deviation between {what}s and within one (between seeds), the "
+             f"{what}'s share of the total variance, and the F test's p that the {what}s do not differ. With "
+             f"{len(sides)} {what}s the share is a rough estimate.", "",
+             f"| variant | {what}s | σ between {what}s | σ between seeds | {what}'s share | p |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for v in rows:
+        groups = [s.values[v] for s in sides if len(s.values.get(v, [])) >= 2]
+        vb, vw, p = variance_components(groups)
+        share = vb / (vb + vw) if vb + vw > 0 else math.nan
+        lines.append(f"| `{v}` | {len(groups)} | {math.sqrt(vb):.4f} | {math.sqrt(vw):.4f} | {share:.0%} | {p:.3g} |")
+    return lines + [""]
 
 
 def orderings(sides: list[Side]) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 
 from .. import stats
@@ -222,13 +223,31 @@ def across(results: dict, i: int, family: bool = False) -> tuple[int, int]:
     return sum(tasks.values()), len(tasks)
 
 
+def starts(results: dict, i: int) -> dict[str, tuple[int, int]]:
+    """Per task run on several starts (settings <setting>_seed<N> beside <setting>: the same setting on a start
+    `build-start --seed N` built by the same recipe): (starts on which ordering i holds, starts it was tested on),
+    each on its own verdict, as across() reads one."""
+    out: dict[str, list[bool]] = {}
+    seeded = {s.rsplit("_seed", 1)[0] for s in map(str, results) if re.fullmatch(r".+_seed\d+", s)}
+    for setting, r in results.items():
+        base = str(setting).rsplit("_seed", 1)[0] if re.fullmatch(r".+_seed\d+", str(setting)) else str(setting)
+        if base not in seeded:
+            continue
+        t = _tested(r["rows"][i], r["judge"])
+        if t is not None:
+            held = (t["verdict"] == "holds") if r["rows"][i]["claim"] == "=" else (t["outcome"] == "holds")
+            out.setdefault(base, []).append(held)
+    return {base: (sum(h), len(h)) for base, h in out.items() if len(h) >= 2}
+
+
 def _across_cell(results: dict, i: int) -> str:
     k, m = across(results, i)
     if not m:
         return "—"
     some = across(results, i, family=True)[0]
-    return f"holds on {k} of {m} task{'s' if m > 1 else ''}" + (
+    cell = f"holds on {k} of {m} task{'s' if m > 1 else ''}" + (
         f" (on {some} in the claim's family)" if m > 1 and some != k and k != m else "")
+    return cell + "".join(f"; {base}: on {h} of {n} starts" for base, (h, n) in starts(results, i).items())
 
 
 def across_summary(results: dict, n: int) -> str:
@@ -356,8 +375,10 @@ def intro(where: str, tasks: dict[str, metrics.TaskInfo], order: list[str], name
         "named *seeds × problems t*; its seed term is never dropped, so its degrees of freedom never jump from the seeds' "
         "to the problems'; docs/statistics.md). *Across tasks* says on how many of the tasks an ordering was tested on it "
         "holds (a negligible difference is not holding; *on some* is corrected over the claim's tasks), and per claim how many orderings tested on two or more tasks hold on every "
-        "one; the arithmetic LM's settings (lm, lm_wide: a start 4x the size, lm_acts: where the mechanisms act) are one "
-        "task there, on which an ordering holds where it holds in each of them it was tested in. Kendall's W "
+        "one; the arithmetic LM's settings (lm, lm_wide: a start 4x the size, lm_acts: where the mechanisms act, "
+        "lm_seed<N>: lm on a start built by the same recipe from seed N) are one "
+        "task there, on which an ordering holds where it holds in each of them it was tested in; where a setting "
+        "ran on several starts the cell also says on how many of them the ordering holds. Kendall's W "
         "(tie-corrected, with a permutation p) asks whether the settings order the variants they all "
         "ran alike (1: the same order everywhere; 0: no agreement), and each pair's τ in the claim's section says "
         "which setting disagrees with which. "

@@ -8,8 +8,10 @@ row that is not testable. A verdict on a part that had nothing to act on says no
 
 The declaration is read from the ablation file the results name (the rule of today, set after the runs like
 the margins of v4), else from the claim ablation.json recorded. One diagnostic is reduced as: per run, the
-mean over its logged steps of the value (reduce: mean) or of its size (abs_mean); then the mean over the runs
-of the variant read (`variant`: a, b or a variant's name). A list of diagnostics acts when any of them does.
+mean over its logged steps of the value (reduce: mean) or of its size (abs_mean), or the value's coefficient of
+variation over them (cv: a per-step scale that Adam's running averages absorb when it is constant); then the
+mean over the runs of the variant read (`variant`: a, b or a variant's name). A list of diagnostics acts when
+any of them does.
 """
 from __future__ import annotations
 
@@ -55,8 +57,12 @@ def read(table: pd.DataFrame | None, d: dict, a: str, b: str) -> float | None:
     rows = table[(table.metric == d["metric"]) & (table.variant.astype(str) == variant)].dropna(subset=["value"])
     if rows.empty:
         return None
-    values = rows.value.abs() if d.get("reduce", "mean") == "abs_mean" else rows.value
-    return float(values.groupby(rows.run.astype(str)).mean().mean())
+    reduce = d.get("reduce", "mean")
+    values = rows.value.abs() if reduce == "abs_mean" else rows.value
+    by_run = values.groupby(rows.run.astype(str))
+    if reduce == "cv":
+        return float((by_run.std(ddof=0) / by_run.mean().abs()).mean())
+    return float(by_run.mean().mean())
 
 
 def judge(table: pd.DataFrame | None, mechanism: dict | None, ordering: str, a: str, b: str) -> dict | None:
@@ -87,7 +93,7 @@ def text(result: dict, a: str, b: str) -> str:
     parts = []
     for d, v in result["readings"]:
         variant = {"a": a, "b": b}.get(d.get("variant", "a"), d.get("variant"))
-        size = "|" + d["metric"] + "|" if d.get("reduce") == "abs_mean" else d["metric"]
+        size = _named(d["metric"], d.get("reduce", "mean"))
         if d["metric"] == "none":  # declared, with the reason nothing logged shows it
             parts.append(f"no diagnostic logged ({d['acts']})")
             continue
@@ -131,11 +137,15 @@ def report_section(meta: dict, root: Path) -> list[str]:
     return lines + [""]
 
 
-def panels(meta: dict, root: Path | None) -> list[tuple[str, float, bool]]:
-    """(metric, threshold, abs) of every declared diagnostic, each metric once: mechanism.png's panels."""
-    seen: dict[str, tuple[str, float, bool]] = {}
+def _named(metric: str, reduce: str) -> str:
+    return {"abs_mean": f"|{metric}|", "cv": f"cv over steps of {metric}"}.get(reduce, metric)
+
+
+def panels(meta: dict, root: Path | None) -> list[tuple[str, float, str]]:
+    """(metric, threshold, reduce) of every declared diagnostic, each metric once: mechanism.png's panels."""
+    seen: dict[str, tuple[str, float, str]] = {}
     for o in (meta.get("claim") or {}).get("expect") or []:
         for d in diagnostics(declared(meta, root), o):
             if d["metric"] != "none" and d["metric"] not in seen:
-                seen[d["metric"]] = (d["metric"], float(d["min"]), d.get("reduce") == "abs_mean")
+                seen[d["metric"]] = (d["metric"], float(d["min"]), d.get("reduce", "mean"))
     return list(seen.values())

@@ -414,17 +414,21 @@ def mechanism_figure(meta: dict, summary: pd.DataFrame, curves: dict, panels: li
     """Each declared diagnostic over training, every variant, its threshold dotted: where the part had
     something to act on (above the line) and where not."""
     drawn = {}
-    for metric, _, size in panels:  # a shift's size, where the claim reads the size
-        drawn[metric] = curves[metric].assign(value=curves[metric].value.abs()) if size else curves[metric]
+    for metric, _, reduce in panels:  # a shift's size, where the claim reads the size
+        c = curves[metric]
+        drawn[metric] = c.assign(value=c.value.abs()) if reduce == "abs_mean" else c
     order = _drawn(meta, drawn, list(drawn))
     cols = min(4, len(panels))
     rows = math.ceil(len(panels) / cols)
     lrows = _legend_rows(order, PAGE_IN)
     fig, axes = plt.subplots(rows, cols, figsize=(PAGE_IN, 0.6 + 1.6 * rows + 0.14 * lrows), squeeze=False)
-    for ax, (metric, threshold, size) in zip(axes.flat, panels):
+    for ax, (metric, threshold, reduce) in zip(axes.flat, panels):
         draw_curves(ax, drawn, metric, order, styles)
-        ax.axhline(threshold, color="k", ls=":", lw=0.8)
-        ax.set_title(f"{'|' + metric + '|' if size else metric}\nthreshold {threshold:g} (dotted)")
+        if reduce == "cv":  # the threshold is on the curve's spread over steps, not on a value: no line
+            ax.set_title(f"{metric}\nits cv over steps: threshold {threshold:g}")
+        else:
+            ax.axhline(threshold, color="k", ls=":", lw=0.8)
+            ax.set_title(f"{'|' + metric + '|' if reduce == 'abs_mean' else metric}\nthreshold {threshold:g} (dotted)")
         ax.set_xlabel("gradient step")
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
@@ -434,7 +438,8 @@ def mechanism_figure(meta: dict, summary: pd.DataFrame, curves: dict, panels: li
 
 
 def diagnostics_in(metric_names) -> list[str]:
-    names = sorted(set(metric_names))
+    # the spreads of lengths and rewards are mechanisms' diagnostics: mechanism.png draws those a claim declares
+    names = sorted(m for m in set(metric_names) if not m.endswith("_cv"))
     out: list[str] = []
     for pat in DIAGNOSTICS:
         out += [m for m in names if fnmatch.fnmatchcase(m, pat) and m not in out]
@@ -759,12 +764,26 @@ def column_margin(column: str, meta: dict | None = None, summary: pd.DataFrame |
     return metrics.claim_margin(meta.get("claim"), meta.get("setting"), column, task)
 
 
-def pairwise(summary: pd.DataFrame, column: str, order: list[str], meta: dict | None = None) -> list[dict]:
+def pairwise(summary: pd.DataFrame, column: str, order: list[str], meta: dict | None = None,
+             claimed: bool = False) -> list[dict]:
     """Every pair of variants on one final metric (stats.compare_pairs), Holm-corrected over all pairs,
-    with the margin of the ablation's claim or the metric's default."""
+    with the margin of the ablation's claim or the metric's default. claimed: only the pairs the claim's
+    orderings name, where it has any that ran here (a > b read as a vs b)."""
     groups = groups_of(summary, column, order)
     pairs = [(a, b, None) for a, b in itertools.combinations(groups, 2)]
+    if claimed and claim_pairs(meta, groups):
+        pairs = claim_pairs(meta, groups)
     return stats.compare_pairs(groups, pairs, column_margin(column, meta, summary)[0])
+
+
+def claim_pairs(meta: dict | None, groups) -> list[tuple[str, str, None]]:
+    """The pairs of the claim's orderings whose variants both ran, in the claim's order, each once."""
+    out = []
+    for o in ((meta or {}).get("claim") or {}).get("expect") or []:
+        a, b, _ = stats.split_ordering(o)
+        if a in groups and b in groups and (a, b, None) not in out:
+            out.append((a, b, None))
+    return out
 
 
 def answer(summary: pd.DataFrame, column: str, order: list[str], meta: dict | None = None) -> str:
@@ -875,16 +894,34 @@ def variant_rows(groups: dict) -> list[str]:
     return lines
 
 
+def judged_column(meta: dict | None) -> str | None:
+    """The summary column a claim is judged on (its metric, else its task's verdict metric); None without a claim."""
+    claim = (meta or {}).get("claim") or {}
+    if not claim.get("expect"):
+        return None
+    metric = claim.get("metric") or ((meta or {}).get("task") or {}).get("verdict_metric")
+    return None if not metric else metric if metric.startswith("final/") else f"final/{metric}"
+
+
 def differences_section(summary: pd.DataFrame, column: str, name: str, order: list[str], meta: dict) -> list[str]:
     lines = [f"## Differences in {name}", ""]
     groups = groups_of(summary, column, order)
+    judged = judged_column(meta)
+    if judged is not None and column != judged and claim_pairs(meta, groups):
+        # a claim is judged on one metric: the others' seeds are summarised, their pairs not tested again
+        return lines + [f"The claim is judged on `{judged}`: its orderings are tested there. Here each variant's "
+                        "seeds:", ""] + variant_rows(groups) + [""]
     margin, source = column_margin(column, meta, summary)
-    tests = pairwise(summary, column, order, meta)
+    tests = pairwise(summary, column, order, meta, claimed=True)
     if not tests:
         return lines + ["Not enough finished runs (two seeds per variant) to compare.", ""]
     within = f"±{margin:g} ({source})" if margin is not None else f"none ({source}): no equivalence test"
-    lines += [f"{len(tests)} pair{'s' * (len(tests) != 1)}, Holm-corrected together; equivalence margin {within}.",
-              ""] + variant_rows(groups) + [""] + pair_rows(tests, groups)
+    # a claim's report tests the pairs its claim asks about (as FINDINGS does), not every pair of its variants:
+    # 55 pairs of 11 variants would bury the orderings in Holm and in rows nobody's claim is about
+    which = (" (the claim's orderings, the pairs FINDINGS reads; every run's value of every variant is in "
+             "summary.csv)") if claim_pairs(meta, groups) else ""
+    lines += [f"{len(tests)} pair{'s' * (len(tests) != 1)}{which}, Holm-corrected together; equivalence margin "
+              f"{within}.", ""] + variant_rows(groups) + [""] + pair_rows(tests, groups)
     outcomes = [t["outcome"] for t in tests]
     sig = sum(t["significant"] for t in tests)
     small = sum(o.endswith("negligible") for o in outcomes)

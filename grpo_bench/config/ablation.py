@@ -55,7 +55,9 @@ CLAIM_KEYS = ("text", "source", "setting", "expect", "metric", "untestable", "ma
 # claim.mechanism: what each ordering's part acts on and the logged diagnostic that shows it acts (findings judges
 # an ordering only where its diagnostic reaches `min`); keyed by `default` or an ordering's text
 MECHANISM_KEYS = ("acts", "metric", "variant", "reduce", "min", "why")
-REDUCE = ("mean", "abs_mean")  # over every logged step of every seed of the variant read: the value, or its size
+# per run, over its logged steps: the mean of the value or of its size, or the value's coefficient of variation
+# (how unequal a per-step scale was across steps); then the mean over the seeds of the variant read
+REDUCE = ("mean", "abs_mean", "cv")
 JUDGE = ("final", "area")  # what a claim is about: the end of the budget, or the whole curve (its speed)
 RESOURCES = {"cpus": 1, "gpus": 0}
 
@@ -189,7 +191,7 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
     claim = _claim(doc.get("claim"), src)
     names = ablation_settings(path)
     file_seeds = doc.get("seeds", 3)
-    setting_variants, setting_text = {}, ""
+    setting_variants, setting_text, only = {}, "", None
     if names or setting is not None:
         if setting not in names:
             raise ConfigError(src if setting is None else "--setting", "settings",
@@ -197,6 +199,7 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
         chosen = copy.deepcopy(doc["settings"][setting])
         file_seeds = chosen.pop("seeds", file_seeds)
         setting_variants = chosen.pop("variants", {})
+        only = chosen.pop("only", None)
         setting_text = str(chosen.pop("description", "")).strip()
         for key, value in chosen.items():  # a setting is base keys on top of base
             set_dotted(base, key, value, f"{src}: settings.{setting}")
@@ -219,6 +222,12 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
                 raise ConfigError(src, f"settings.{setting}.variants.{vname}",
                                   f"unknown variant; valid: {', '.join(named) or 'none'}")
             named[vname] = {**named[vname], **ov}
+    if only is not None:
+        # a setting that replicates a few orderings elsewhere (another start) runs only their variants
+        if not isinstance(only, list) or not only or any(v not in named for v in only):
+            raise ConfigError(src, f"settings.{setting}.only", f"expected a list of the file's variants; valid: "
+                              f"{', '.join(named) or 'none'}, got {only!r}")
+        file_names, named = list(named), {k: v for k, v in named.items() if k in only}
     if not isinstance(grid, dict):
         raise ConfigError(src, "grid", "expected a mapping key -> list of values")
     if not isinstance(named, dict):
@@ -276,7 +285,8 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
         for key in claim.get("margin") if isinstance(claim.get("margin"), dict) else []:
             if key not in names:
                 raise ConfigError(src, f"claim.margin.{key}", f"unknown setting; valid: {', '.join(names) or 'none'}")
-        labels = [label for label, _, _ in variants]
+        # an ordering names the file's variants; a setting that runs only some leaves the others' rows unrun
+        labels = [label for label, _, _ in variants] + [v for v in (file_names if only is not None else [])]
         for e in claim["expect"]:
             for side in parse_ordering(e)[:2]:
                 if side not in labels:

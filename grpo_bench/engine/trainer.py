@@ -137,12 +137,50 @@ def _per_member_parts(parts) -> bool:
     return any(b.per_member for b in parts)
 
 
+def _cv(x: Tensor, dim: int) -> Tensor:
+    """Population std over mean along dim (0 where the mean is 0)."""
+    return x.std(dim, correction=0) / x.mean(dim).clamp(min=1e-12)
+
+
+def _spreads(ro: Rollout, flat: Tensor) -> dict[str, Tensor]:
+    """How unequal what the normalisations and aggregations weigh is, over the groups a loss sees (a group of equal
+    rewards has advantage 0 under every delta): the mechanisms of length_bias, aggregation and adv_norm. Each is a
+    coefficient of variation, so one threshold (a tenth) reads alike on every task; NaN for a member with no such
+    group, which the metrics table leaves out as it does a missing value.
+    - response/length_cv: of the counted lengths of all their responses (1/|o| against a constant, token against
+      response mean);
+    - response/length_group_cv: the mean over groups of it within the group (the prompt-level mean against the
+      response mean);
+    - response/length_prompt_cv: of the groups' token totals (the batch token mean against the prompt mean);
+    - reward/group_std_cv: of the groups' reward std (group std against batch std)."""
+    # float32 like every other logged metric: a float64's low mantissa bits would not compress in the table
+    lengths = ro.mask.sum(-1).to(torch.float32)                          # (P, B, G): the tokens a loss weighs
+    live = ~flat                                                          # (P, B)
+    n = live.sum(1)
+    nan = torch.full(n.shape, float("nan"), device=lengths.device)
+
+    def over(values: Tensor, weights: Tensor) -> Tensor:                  # weighted mean and std along dim 1
+        total = weights.sum(1).clamp(min=1)
+        mean = (values * weights).sum(1) / total
+        var = (((values - mean[:, None]) ** 2) * weights).sum(1) / total
+        return var.sqrt() / mean.clamp(min=1e-12)
+
+    w = live[..., None].expand_as(lengths).float()
+    per_group = _cv(lengths, -1)
+    std = ro.rewards.float().std(-1, correction=0)
+    out = {"response/length_cv": over(lengths.flatten(1), w.flatten(1)),
+           "response/length_group_cv": (per_group * live).sum(1) / n.clamp(min=1),
+           "response/length_prompt_cv": over(lengths.sum(-1), live.float()),
+           "reward/group_std_cv": over(std, live.float())}
+    return {k: torch.where(n > 0, v, nan) for k, v in out.items()}
+
+
 def _rollout_metrics(ro: Rollout) -> dict[str, Tensor]:
     """What the policy's samples looked like, per member: on the first draw, before any filter."""
     r = ro.rewards.flatten(1)                                            # (P, B G)
     flat = (ro.rewards == ro.rewards[..., :1]).all(-1)                  # (P, B)
     return {"reward/mean": r.mean(1), "reward/std": r.std(1), "reward/zero_std_frac": flat.float().mean(1),
-            "response/length": ro.lengths.float().flatten(1).mean(1), **ro.metrics}
+            "response/length": ro.lengths.float().flatten(1).mean(1), **_spreads(ro, flat), **ro.metrics}
 
 
 def sample(task, pop: Population, epoch: int, group_size: int, budget: int,

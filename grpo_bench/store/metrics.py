@@ -114,7 +114,7 @@ CORE = (
     Metric("ratio/*", range=(0, INF), scale="heavy"), Metric("grad/norm", range=(0, INF), scale="heavy"),
     Metric("kl/old", range=(0, INF), scale="heavy"), Metric("time/*", range=(0, INF), scale="heavy"),
     Metric("entropy", range=(0, INF)), Metric("*/std", range=(0, INF)), Metric("*abs*", range=(0, INF)),
-    Metric("response/length*", range=(0, INF)),
+    Metric("response/length*", range=(0, INF)), Metric("*_cv", range=(0, INF)),
     # no margins here: a task's margin comes from what its default recipe moves (TaskInfo.margin)
 )
 

@@ -303,11 +303,15 @@ def versions() -> dict:
     return out
 
 
-def build(preset: Path, out_root: Path | None = None, argv: list[str] | None = None, log=print) -> Path:
-    """Build the preset's start into <out_root or the preset's directory>/<dir>/; returns that directory."""
+def build(preset: Path, out_root: Path | None = None, argv: list[str] | None = None, log=print,
+          seed: int | None = None) -> Path:
+    """Build the preset's start into <out_root or the preset's directory>/<dir>/; returns that directory. A seed
+    other than the preset's builds the same recipe into <dir>_seed<seed>/."""
     from . import shipped
 
     task, start, which = read(preset)
+    if seed is not None and seed != start.seed:
+        start, which = dataclasses.replace(start, seed=seed), f"{which}_seed{seed}"
     root = (out_root or preset.parent) / which
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # the stopping point of an unfinished SFT depends on float sums' order

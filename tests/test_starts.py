@@ -1,0 +1,67 @@
+"""Replication across starts (issue 41): the variance a result owes to its start, and on how many starts an
+ordering holds."""
+import json
+
+import numpy as np
+import pytest
+from scipy.stats import f_oneway
+
+from grpo_bench.analysis import compare
+from grpo_bench.analysis.findings_text import across, starts
+
+
+def test_variance_components_by_hand_and_against_scipys_anova():
+    # balanced: means 2 and 5 (grand 3.5), MSB = 3 x (1.5² + 1.5²) = 13.5, MSW = (2 + 2) / 4 = 1, n0 = 3
+    vb, vw, p = compare.variance_components([np.array([1.0, 2, 3]), np.array([4.0, 5, 6])])
+    assert (vb, vw) == pytest.approx(((13.5 - 1) / 3, 1.0))
+    assert p == pytest.approx(f_oneway([1, 2, 3], [4, 5, 6]).pvalue)
+    # unequal sizes: n0 = (N - sum n_i^2 / N) / (k - 1), the between part floored at 0
+    g = [np.array([0.80, 0.82]), np.array([0.79, 0.83, 0.81]), np.array([0.81, 0.80, 0.82, 0.79])]
+    vb, vw, p = compare.variance_components(g)
+    n, sizes = 9, np.array([2, 3, 4])
+    grand = np.concatenate(g).mean()
+    msb = sum(len(x) * (x.mean() - grand) ** 2 for x in g) / 2
+    msw = sum(((x - x.mean()) ** 2).sum() for x in g) / (n - 3)
+    assert vw == pytest.approx(msw) and vb == max(0.0, (msb - msw) / ((n - (sizes ** 2).sum() / n) / 2))
+    assert vb == 0.0 and p == pytest.approx(f_oneway(*g).pvalue)   # these starts differ less than seeds do
+
+
+def _side(tmp_path, name, source, values):
+    meta = {"configs": {v: {"task": {"model": {"source": source}}} for v in values}}
+    return compare.Side(tmp_path / name, name, "final/eval/accuracy", 3,
+                        {v: np.array(x, float) for v, x in values.items()}, {}, meta)
+
+
+def test_compare_gives_the_variance_due_to_the_start(tmp_path):
+    sides = [_side(tmp_path, f"s{i}", f"shipped:a_seed{i}", {"grpo": [0.8 + 0.1 * i, 0.81 + 0.1 * i, 0.79 + 0.1 * i],
+                                                             "other": [0.5, 0.6, 0.7]}) for i in range(3)]
+    lines = compare.between(sides)
+    assert lines[0].startswith("Variance due to the start:")
+    grpo = next(x for x in lines if x.startswith("| `grpo` |")).split(" | ")
+    # means 0.8, 0.9, 1.0 over three seeds each: MSB = 3 x 0.02 / 2 = 0.03, MSW = 1e-4, σ² = (0.03 - 1e-4) / 3
+    assert grpo[1] == "3" and float(grpo[2]) == pytest.approx(np.sqrt((0.03 - 1e-4) / 3), abs=1e-4)
+    assert float(grpo[3]) == pytest.approx(0.01) and grpo[4] == "99%"
+    other = next(x for x in lines if x.startswith("| `other` |")).split(" | ")
+    assert float(other[2]) == 0 and other[4] == "0%" and float(other[5].rstrip(" |")) == pytest.approx(1.0)
+    # one start under two directories: not a start's variance, the directory's
+    sides[1].meta = sides[0].meta
+    assert compare.between(sides)[0].startswith("Variance due to the directory:")
+    sides[1].column = "final/reward"   # different metrics: no common scale to split
+    assert compare.between(sides) == []
+
+
+def _setting(outcome):
+    q = {"outcome": outcome, "verdict": outcome}
+    return {"judge": "final", "rows": [{"missing": outcome is None, "claim": ">", "why": None, "unexercised": None,
+                                         "quantities": {"final": q}}]}
+
+
+def test_an_ordering_says_on_how_many_starts_it_holds():
+    results = {"lm": _setting("holds"), "lm_seed1": _setting("undecided"), "lm_seed2": _setting("holds"),
+               "lm_acts": _setting("holds"), "countdown": _setting("holds")}
+    assert starts(results, 0) == {"lm": (2, 3)}       # lm_acts is another regime, not another start
+    assert across(results, 0) == (1, 2)               # the arithmetic task holds only where every setting does
+    results["lm_seed1"] = _setting(None)              # not run there: two starts
+    assert starts(results, 0) == {"lm": (2, 2)}
+    results["lm_seed2"] = _setting(None)
+    assert starts(results, 0) == {}                   # one start: nothing to replicate across
