@@ -57,4 +57,5 @@ def test_sources_name_shipped_directories():
     assert cfg.task.eval_size == 200
     with pytest.raises(ConfigError) as err:
         resolve_run({"task": {"name": "arithmetic", "model": {"source": "shipped:nope"}}}, "x.yaml")
-    assert err.value.key == "task.model.source" and "valid: tiny, shipped:arithmetic_scratchpad, shipped:arithmetic_scratchpad_wide, shipped:arithmetic_tiny" in str(err.value)
+    assert err.value.key == "task.model.source" and ("valid: tiny, shipped:arithmetic_scratchpad, shipped:arithmetic_scratchpad_seed1, shipped:arithmetic_scratchpad_seed2, "
+                                                    "shipped:arithmetic_scratchpad_wide, shipped:arithmetic_tiny") in str(err.value)
