@@ -503,6 +503,19 @@ def test_compare_figure_rows_line_up(tmp_path):
     assert "Kendall τ" not in fig._suptitle.get_text()  # one shared variant: no order to correlate
 
 
+def test_compare_panels_of_one_metric_share_their_x_axis(tmp_path):
+    # two starts 0.09 apart once drew on their own axes, each filling its panel: the shift was invisible
+    a = dir_with_means(tmp_path, "a", {"p": 0.8, "q": 0.82})
+    b = dir_with_means(tmp_path, "b", {"p": 0.70, "q": 0.72})
+    c = dir_with_means(tmp_path, "c", {"p": 0.1, "q": 0.2}, column="final/eval/reward")
+    with R.style():
+        same = C.figure([C.load_side(a, None), C.load_side(b, None)])
+        other = C.figure([C.load_side(a, None), C.load_side(c, None)])
+    lims = [ax.get_xlim() for ax in same.axes]
+    assert lims[0] == lims[1] and lims[0][0] < 0.72 and lims[0][1] > 0.8
+    assert other.axes[0].get_xlim() != other.axes[1].get_xlim()  # different metrics keep their own scales
+
+
 def test_compare_title_fits_the_figure(tmp_path):
     # the real policy_losses_sort vs policy_losses_lm title once ran off both edges
     names = ("policy_losses_sort", "policy_losses_lm")

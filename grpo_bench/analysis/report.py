@@ -346,7 +346,10 @@ def dot_panels(rows: list[str], panels: list[tuple[str, str, str, dict]], styles
     down a shared y axis, so any number of them and any name length stay legible.
     """
     width = min(PAGE_IN, 1.1 + 0.05 * max(len(v) for v in rows) + 2.0 * len(panels))
-    fig, axes = plt.subplots(1, len(panels), figsize=(width, 0.9 + 0.22 * len(rows)), sharey=True, squeeze=False)
+    # panels of one metric (compare over starts or tasks) share x, so a shift between them reads as one
+    one_metric = len({column for column, *_ in panels}) == 1
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, 0.9 + 0.22 * len(rows)), sharey=True,
+                             sharex=one_metric, squeeze=False)
     jitter = np.random.default_rng(0)  # fixed: a redraw gives the same picture
     for ax, (column, xlabel, ptitle, data) in zip(axes[0], panels):
         rng_ = metric_range(column)
