@@ -181,6 +181,8 @@ def test_the_headline_leads_with_the_metric_the_claim_is_judged_on(tmp_path):
     figures = {stem: fig for stem, fig, _ in report.build_figures(tmp_path / "klx_sort")}
     assert "headline" in figures and "kl/seq" in figures["headline"].axes[0].get_title() + \
         figures["headline"].axes[0].get_ylabel()
+    # and its final values lead with it too (kl_gradients' once showed only accuracy and reward)
+    assert figures["final_values"].axes[0].get_xlabel() == "final kl/seq"
 
 
 def test_a_variant_fifty_times_the_others_does_not_flatten_them(tmp_path):

@@ -666,10 +666,14 @@ def build_figures(out: str | Path, fits: dict | None = None) -> list[tuple[str, 
                 continue  # a 0/1 reward's mean is the accuracy: the headline drew it
             fig, bands = curves_figure(meta, summary, curves, [metric], styles, label(metric))
             figures.append((f"curve_{slug(metric)}", fig, f"{label(metric)} over training ({bands[0]})"))
-        if headline and not ok.empty:
-            mains = [metrics.final_column(m) for m in main]
-            cols = sorted(headline, key=lambda h: (h[0] not in mains, mains.index(h[0]) if h[0] in mains else 0))
-            cols = [(c, n) for c, n, _ in cols if c not in _offsets(headline) and c not in _repeats(ok, headline)][:3]
+        mains = [metrics.final_column(m) for m in main]
+        cols = sorted(headline, key=lambda h: (h[0] not in mains, mains.index(h[0]) if h[0] in mains else 0))
+        cols = [(c, n) for c, n, _ in cols if c not in _offsets(headline) and c not in _repeats(ok, headline)][:3]
+        judged_col = metrics.final_column(judged) if judged else None
+        if judged_col in ok and ok[judged_col].notna().any() and judged_col not in dict(cols):
+            name = label_column(judged_col)  # kl/seq is no task's headline, and declares no label
+            cols = [(judged_col, f"final {judged}" if name == judged_col else name)] + cols[:2]
+        if cols and not ok.empty:
             figures.append(("final_values", final_values_figure(meta, summary, cols, styles),
                             "final values per seed (dots) with their mean (bar)"
                             + (f" and its 95% bootstrap CI (line)" if len(meta["seeds"]) >= BAND_SEEDS else "")))
