@@ -137,14 +137,32 @@ def test_readme_what_stands_out_is_the_findings_and_the_starts():
                         "batch_std_token", "no_std_token")
     assert f"batch std against none on countdown, whose batch std varies by {cv:.0%} over a run" in readme
     greedy = {s: json.loads((ROOT / f"tasks/arithmetic_scratchpad{s}/manifest.json").read_text())["heldout_greedy_accuracy"]
-              for s in ("", "_seed1")}
-    assert f"from seed 1 ({100 * greedy['_seed1']:.1f}% greedy against {100 * greedy['']:.1f}%)" in readme
-    ends = {s: _means(f"kl_gradients_lm{s}", "final/eval/accuracy").loc["none", "mean"] for s in ("", "_seed1")}
-    share = re.search(r"^\| `none` \| 2 \| [\d.]+ \| [\d.]+ \| (\d+)% \|",
+              for s in ("", "_seed1", "_seed2")}
+    assert (f"from seeds 1 and 2 ({100 * greedy['_seed1']:.1f}% and {100 * greedy['_seed2']:.1f}% greedy against "
+            f"{100 * greedy['']:.1f}%)") in readme
+    ends = {s: _means(f"kl_gradients_lm{s}", "final/eval/accuracy").loc["none", "mean"] for s in ("", "_seed1", "_seed2")}
+    share = re.search(r"^\| `none` \| 3 \| [\d.]+ \| [\d.]+ \| (\d+)% \|",
                       (ROOT / "results/starts_kl_gradients_lm/COMPARE.md").read_text(), re.M).group(1)
-    assert f"default GRPO ends at {ends['_seed1']:.3f} against {ends['']:.3f}, the start {share}% of its variance" in readme
-    both = (ROOT / "results/FINDINGS.md").read_text().count("lm: on 2 of 2 starts")
-    assert f"kl_gradients' {both} orderings that hold on lm hold on both starts" in readme
+    assert (f"default GRPO ends at {ends['_seed1']:.3f} and {ends['_seed2']:.3f} against {ends['']:.3f}, the start "
+            f"{share}% of its variance") in readme
+    findings = (ROOT / "results/FINDINGS.md").read_text()
+    section = {c: findings.split(f"\n## {c}\n", 1)[1].split("\n## ", 1)[0] for c in ("kl_gradients", "sampler_mismatch")}
+    kl, sampler = section["kl_gradients"].count("lm: on 3 of 3 starts"), section["sampler_mismatch"].count("lm: on 2 of 2 starts")
+    assert f"kl_gradients' {kl} orderings that hold on lm hold on all three and sampler_mismatch's {sampler} on both" in readme
+
+def test_reproduce_sh_times_the_start_sweeps_from_their_sweep_json():
+    """scripts/reproduce.sh's seconds for the sweeps on other starts are their sweep.json's wall_s, and its
+    core-hours per setting the range of wall x workers over them."""
+    text = " ".join((ROOT / "scripts/reproduce.sh").read_text().replace("#", " ").split())
+    named = re.findall(r"(\w+_lm_seed\d+):? (?:took )?([\d,]+) s", text)
+    assert {d for d, _ in named} == {p.name for p in (ROOT / "results").glob("*_lm_seed*")}
+    hours = []
+    for d, seconds in named:
+        sweep = json.loads((ROOT / "results" / d / "sweep.json").read_text())
+        assert int(seconds.replace(",", "")) == round(sweep["wall_s"]), d
+        hours.append(sweep["wall_s"] * int(sweep["where"].split()[1]) / 3600)
+    lo, hi = re.search(r"each about ([\d.]+)-([\d.]+) core-hours", text).groups()
+    assert (float(lo), float(hi)) == (round(min(hours), 1), round(max(hours), 1))
 
 if __name__ == "__main__":
     for page, directory, columns in TABLES:
