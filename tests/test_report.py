@@ -529,6 +529,27 @@ def test_compare_title_fits_the_figure(tmp_path):
     assert box.x0 >= 0 and box.x1 <= fig.bbox.width
 
 
+def test_compare_panel_titles_stay_apart(tmp_path):
+    # three starts' panels titled sampler_mismatch_lm_seed<N> ran into each other
+    names = ("sampler_mismatch_lm", "sampler_mismatch_lm_seed1", "sampler_mismatch_lm_seed2")
+    dirs = [dir_with_means(tmp_path, n, {"fresh": 0.8, "none_k16": 0.4}) for n in names]
+    with R.style():
+        fig = C.figure([C.load_side(d, None) for d in dirs])
+        fig.canvas.draw()
+        boxes = [ax.title.get_window_extent() for ax in fig.axes]
+    assert [ax.get_title() for ax in fig.axes] == ["lm (3 seeds)", "lm_seed1 (3 seeds)", "lm_seed2 (3 seeds)"]
+    assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:]))
+    assert all(n in fig._suptitle.get_text() for n in names)   # the title still names each in full
+    # names that share no word keep theirs, and a title too wide for its panel shrinks until it fits
+    long = [dir_with_means(tmp_path, "x" * 40 + str(i), {"fresh": 0.8}) for i in range(3)]
+    with R.style():
+        fig = C.figure([C.load_side(d, None) for d in long])
+        fig.canvas.draw()
+    assert fig.axes[0].get_title().startswith("x" * 40)
+    assert all(ax.title.get_window_extent().width <= ax.get_window_extent().width or ax.title.get_fontsize() == 6
+               for ax in fig.axes)
+
+
 def test_compare_metric_per_directory(tmp_path, capsys):
     a = dir_with_means(tmp_path, "a", {"p": 0.1, "q": 0.2, "r": 0.3})
     b = dir_with_means(tmp_path, "b", {"p": 0.3, "q": 0.2, "r": 0.1}, column="final/eval/reward")

@@ -16,6 +16,7 @@ question, its headline figure and a one-line answer computed from its summary.cs
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -237,7 +238,11 @@ def orderings(sides: list[Side]) -> list[str]:
 def figure(sides: list[Side]):
     rows = _union(sides)
     styles = report.variant_styles(rows)
-    panels = [(s.column, report.label_column(s.column), f"{s.name} ({s.seeds} seeds)", s.values) for s in sides]
+    # the title names the directories in full; a panel keeps what tells it apart (three named
+    # sampler_mismatch_lm_seed<N> are wider than their panels)
+    cut = os.path.commonprefix([s.name for s in sides]).rfind("_") + 1 if len(sides) > 1 else 0
+    cut = cut if all(s.name[cut:] for s in sides) else 0
+    panels = [(s.column, report.label_column(s.column), f"{s.name[cut:]} ({s.seeds} seeds)", s.values) for s in sides]
     title = " vs ".join(s.name for s in sides) + f": {len(rows)} variants"
     if len(sides) == 2:
         tau, p, n = kendall(sides[0].means, sides[1].means)

@@ -372,6 +372,12 @@ def dot_panels(rows: list[str], panels: list[tuple[str, str, str, dict]], styles
     axes[0, 0].set_yticks(range(len(rows)), rows)
     axes[0, 0].set_ylim(len(rows) - 0.5, -0.5)  # first variant on top
     fig.suptitle(title, wrap=True)
+    # a panel title wider than its panel runs into the next one's: shrink it to fit
+    renderer = fig.canvas.get_renderer()
+    for ax in axes[0]:
+        while ax.title.get_window_extent(renderer).width > ax.get_window_extent(renderer).width \
+                and ax.title.get_fontsize() > 6:
+            ax.title.set_fontsize(ax.title.get_fontsize() - 0.5)
     return fig
 
 
