@@ -15,11 +15,11 @@
 # evaluations of 1,000 problems), so reproduce.sh runs it only when named (e.g. `dapo_ladder:lm_acts`).
 # results/gpu/ is a GPU's: `bash scripts/gpu_run.sh all`, then `bash scripts/gpu_run.sh claims`, `acts`, `smollm2`.
 # The shipped starts (tasks/*/) are inputs, not results: `python -m grpo_bench build-start tasks/X.yaml`;
-# the arithmetic starts a claim replicates on (settings lm_seed<N>: kl_gradients on seeds 1 and 2, sampler_mismatch
-# on seed 1) are `build-start tasks/arithmetic_scratchpad.yaml --seed N`, 11-12 min each on one core (2026-11-28,
+# the arithmetic starts a claim replicates on (settings lm_seed<N>: kl_gradients and sampler_mismatch on seeds 1
+# and 2) are `build-start tasks/arithmetic_scratchpad.yaml --seed N`, 11-12 min each on one core (2026-11-28,
 # beside other work). An lm_seed setting is 25 runs with every evaluation on all 1,000 problems, each about
-# 0.8-1.4 core-hours on 2 workers (their sweep.json: sampler_mismatch_lm_seed1 1,490 s and kl_gradients_lm_seed2
-# 1,499 s alone, kl_gradients_lm_seed1 2,436 s with other work beside it).
+# 0.7-1.4 core-hours on 2 workers (their sweep.json: sampler_mismatch_lm_seed1 1,490 s, sampler_mismatch_lm_seed2
+# 1,333 s and kl_gradients_lm_seed2 1,499 s alone, kl_gradients_lm_seed1 2,436 s with other work beside it).
 # The kernel benchmarks are separate (README, Kernels): they want an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."

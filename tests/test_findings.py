@@ -464,7 +464,7 @@ def test_shipped_claims_load_on_every_setting(name):
     path = Path(__file__).resolve().parent.parent / "ablations" / f"{name}.yaml"
     settings = ablation_settings(path)
     assert settings and set(settings) <= {"sort", "lm", "lm_wide", "countdown", "spell_backward", "lm_acts", "lm_seed1",
-                                          "lm_seed2"}
+                                          "lm_seed2", "spell_backward_slow"}
     assert "lm" in settings and "lm_acts" in settings   # every claim has a setting where its mechanism acts
     for s in settings:
         abl = load_ablation(path, setting=s)
@@ -481,7 +481,8 @@ TINY = {"sort": ["--set", "epochs=2", "--set", "inner_steps=1"],
                "--set", "task.model.layers=1", "--set", "task.model.width=32", "--set", "task.model.heads=2",
                "--set", "task.eval_subset=0"]}   # every one of the 20 held-out problems at every (one) evaluation
 # the reasoning-gym settings, the wide start's and the settings where mechanisms act: the same, from code
-TINY["countdown"] = TINY["spell_backward"] = TINY["lm_wide"] = TINY["lm_acts"] = TINY["lm_seed1"] = TINY["lm_seed2"] = TINY["lm"]
+TINY["countdown"] = TINY["spell_backward"] = TINY["lm_wide"] = TINY["lm_acts"] = TINY["lm_seed1"] = TINY["lm_seed2"] = \
+    TINY["spell_backward_slow"] = TINY["lm"]
 
 
 @pytest.mark.parametrize("name", ["adv_norm", "dapo_ladder", "policy_losses", "kl_gradients", "length_bias",
@@ -795,9 +796,12 @@ def test_settings_of_one_task_count_once_across_tasks():
     and is not exercised in the third, holds on it once."""
     from grpo_bench.analysis.findings_text import across, task_of
 
-    settings = ("sort", "lm", "lm_wide", "lm_acts", "countdown", "spell_backward")
-    assert [task_of(s, settings) for s in settings] == ["sort", "lm", "lm", "lm", "countdown", "spell_backward"]
+    settings = ("sort", "lm", "lm_wide", "lm_acts", "countdown", "spell_backward", "spell_backward_slow", "lm_seed1")
+    assert [task_of(s, settings) for s in settings] == ["sort", "lm", "lm", "lm", "countdown", "spell_backward",
+                                                        "spell_backward", "lm"]
     assert task_of("lm_wide", ("lm_wide", "sort")) == "lm_wide"   # no lm setting: its own task
+    # the longest setting it extends: a setting of spell_backward's task even beside one named spell
+    assert task_of("spell_backward_slow", ("spell", "spell_backward", "spell_backward_slow")) == "spell_backward"
 
     def setting(outcome):
         q = {"outcome": outcome, "verdict": outcome}
@@ -808,3 +812,27 @@ def test_settings_of_one_task_count_once_across_tasks():
     assert across(results, 0) == (1, 2)           # countdown holds; the arithmetic task does not (lm_wide)
     results["lm_wide"] = setting(None)            # not run there: lm and lm_acts decide the task
     assert across(results, 0) == (2, 2)
+
+
+def test_readme_folds_a_settings_other_starts_into_one_column(tmp_path):
+    # a column per start would be "not run" for every claim not rerun there; the fold must not overwrite the
+    # start's own setting's cell with its reruns'
+    claim = {"text": "a beats b", "source": "Someone (2025)", "expect": ["a > b"], "margin": {"lm": 0.01}}
+    rng = np.random.default_rng(0)
+    holds = {"a": 0.6 + 0.01 * rng.standard_normal(5), "b": 0.5 + 0.01 * rng.standard_normal(5)}
+    reversed_ = {"a": 0.5 + 0.01 * rng.standard_normal(5), "b": 0.6 + 0.01 * rng.standard_normal(5)}
+    write(tmp_path / "claimx_lm", "claimx", "lm", holds, claim, column=LM)
+    task = {"task": M.declared_task("arithmetic").record()}
+    write(tmp_path / "claimx_lm_seed1", "claimx", "lm_seed1", reversed_, claim, column=LM, meta=task)
+    write(tmp_path / "claimx_lm_seed2", "claimx", "lm_seed2", holds, claim, column=LM, meta=task)
+    write(tmp_path / "claimy_lm", "claimy", "lm", holds, claim, column=LM)
+    head, _, *rows = T.readme_table(tmp_path).splitlines()
+    cols = head.strip("| ").split(" | ")
+    assert [c for c in cols if "lm_seed" in c] == ["arithmetic LM (lm) on other starts (lm_seed1, lm_seed2)"]
+    x = dict(zip(cols, next(r for r in rows if r.startswith("| [claimx]")).strip("| ").split(" | ")))
+    y = dict(zip(cols, next(r for r in rows if r.startswith("| [claimy]")).strip("| ").split(" | ")))
+    lm = next(c for c in cols if c.startswith("arithmetic LM (lm) ("))
+    assert x[lm].startswith("holds (1 of 1 hold)") and y[lm].startswith("holds")
+    starts_col = cols[-3]
+    assert x[starts_col] == "lm_seed1: does not hold (0 of 1 hold, 1 reversed); lm_seed2: holds (1 of 1 hold)"
+    assert y[starts_col] == "not run"

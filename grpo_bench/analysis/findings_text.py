@@ -195,12 +195,13 @@ def _plateau_text(result: dict, r: dict) -> str | None:
 
 def task_of(setting, settings=("lm",)) -> str:
     """The task a setting runs: `lm_wide` (a start 4x the size) and `lm_acts` (the same start where the
-    mechanisms act) are settings of `lm`'s arithmetic task, not other tasks: a setting named <task>_<what>,
-    where <task> is another of the claim's settings, is counted with it, so "holds on k of m tasks" does not
-    count one task's regimes as replications (spell_backward stays itself: no setting is named spell)."""
+    mechanisms act) are settings of `lm`'s arithmetic task, `spell_backward_slow` (a budget it does not use up)
+    of spell_backward's, not other tasks: a setting named <task>_<what>, where <task> is another of the claim's
+    settings (the longest such), is counted with it, so "holds on k of m tasks" does not count one task's
+    regimes as replications (spell_backward stays itself: no setting is named spell)."""
     setting = str(setting)
-    head = setting.split("_")[0]
-    return head if head != setting and head in {str(s) for s in settings} else setting
+    heads = [str(s) for s in settings if setting.startswith(f"{s}_")]
+    return max(heads, key=len) if heads else setting
 
 
 def across(results: dict, i: int, family: bool = False) -> tuple[int, int]:
@@ -408,10 +409,18 @@ def _render(root: Path) -> tuple[str, str]:
                                 "tasks agree (Kendall's W)"]) + " |",
              "|---|---|" + "---|" * (len(order) + 2)]
     details, everywhere, specific = [], [], []
+    # README folds a setting's other starts (<setting>_seed<N>) into one column: one per start would be a column
+    # of "not run" for every claim not rerun there
+    again = {s: s.rsplit("_seed", 1)[0] for s in map(str, order)
+             if re.fullmatch(r".+_seed\d+", s) and s.rsplit("_seed", 1)[0] in order}
+    rerun = list(dict.fromkeys(again.values()))
     readme = ["| claim | " + " | ".join(
         f"{name[s]} ({label_column(tasks[s].verdict_metric)}" + (f", ±{tasks[s].margin:g})" if s in tasks and
                                                                 tasks[s].margin else ")") if s in tasks else name[s]
-        for s in order) + " | across tasks | tasks agree (W) |", "|---|" + "---|" * (len(order) + 2)]
+        for s in order if s not in again)
+        + "".join(f" | {name[b]} on other starts ({', '.join(s for s in again if again[s] == b)})"
+                  for b in rerun)
+        + " | across tasks | tasks agree (W) |", "|---|" + "---|" * (len(order) - len(again) + len(rerun) + 2)]
     for family, entry in families.items():
         claim = entry["claim"]
         untestable = claim.get("untestable") or {}
@@ -434,10 +443,13 @@ def _render(root: Path) -> tuple[str, str]:
         own = (f" ({label_column(first['column'])}" + (f", ±{first['margin']:g}{' on its log' * first['log']})"
                                                         if first["margin"] else ")")
                if claim.get("metric") and first else "")
+        cell = {s: summarise(results.get(s), untestable.get(s), short=True)
+                + ("" if s not in results or device(entry["settings"][s]).startswith("CPU")
+                   else f"; {results[s]['side'].seeds} seeds on {device(entry['settings'][s])}") for s in order}
         readme.append(f"| [{family}](results/FINDINGS.md#{family}){own} | " + " | ".join(
-            summarise(results.get(s), untestable.get(s), short=True)
-            + ("" if s not in results or device(entry["settings"][s]).startswith("CPU")
-               else f"; {results[s]['side'].seeds} seeds on {device(entry['settings'][s])}") for s in order)
+            [cell[s] for s in order if s not in again]
+            + ["; ".join(f"{s}: {cell[s]}" for s in again if again[s] == b and s in results) or "not run"
+               for b in rerun])
             + f" | {across_summary(results, len(claim['expect']))} | {_agreement(results, short=True)} |")
         details += [f"## {family}", "", f"**Claim.** {claim['text']}", "", f"**Source.** {claim['source']}", ""]
         if claim.get("setting"):
