@@ -40,6 +40,10 @@ for a in "${sort_ablations[@]}" "${lm_ablations[@]}"; do
   # a run directory of the same config is resumed, not re-run: clear it, the code may have changed
   want "$a" && rm -rf "results/$a" && timed $PY -m grpo_bench run "ablations/$a.yaml" --no-progress
 done
+# spell_backward at lr 1e-4 (5 seeds, 508 s on 2 workers): the separate default-GRPO run whose rollout-15
+# evaluation sets the spell_backward_slow settings' margins (tests/test_doc_numbers.py holds them to it)
+want spell_backward_grpo && rm -rf results/spell_backward_grpo_lr1e-4 && timed $PY -m grpo_bench run \
+  ablations/spell_backward_grpo.yaml --set lr=0.0001 --set eval_every=5 --out results/spell_backward_grpo_lr1e-4 --no-progress
 for a in "${claims[@]}"; do
   for s in $($PY -c "import yaml,sys; print(' '.join(yaml.safe_load(open(sys.argv[1]))['settings']))" "ablations/$a.yaml"); do
     if [ "$s" = lm_acts ]; then [[ " ${wanted[*]} " == *" $a:$s "* ]] || continue   # a GPU's, unless named

@@ -147,6 +147,11 @@ def test_readme_what_stands_out_is_the_findings_and_the_starts():
             f"{share}% of its variance") in readme
     findings = (ROOT / "results/FINDINGS.md").read_text()
     section = {c: findings.split(f"\n## {c}\n", 1)[1].split("\n## ", 1)[0] for c in ("kl_gradients", "sampler_mismatch")}
+    slow, fast = (_means(f"aggregation_spell_backward{s}", "final/eval/accuracy")["mean"] for s in ("_slow", ""))
+    tok, seq, prompt = slow["token_mean"], slow["seq_mean"], slow["prompt_mean"]
+    assert (f"the token mean ends {tok - seq:.3f} above the per-response mean ({tok:.3f} against {seq:.3f}), the prompt "
+            f"mean {prompt - seq:.3f} above it, where at lr 1e-3 all end within 0.01") in readme
+    assert fast.max() - fast.min() < 0.01
     held = {c: section[c].count("lm: on 3 of 3 starts") for c in section}
     # "hold on all three" is said of every ordering tested on the three starts, so none may hold on fewer
     assert held == {c: len(re.findall(r"lm: on \d of 3 starts", section[c])) for c in section}
@@ -167,8 +172,61 @@ def test_reproduce_sh_times_the_start_sweeps_from_their_sweep_json():
     lo, hi = re.search(r"each about ([\d.]+)-([\d.]+) core-hours", text).groups()
     assert (float(lo), float(hi)) == (round(min(hours), 1), round(max(hours), 1))
 
+def test_spell_backward_slow_margins_come_from_their_separate_run():
+    """The spell_backward_slow setting's margins (adv_norm, aggregation: accuracy; length_bias: incorrect length)
+    follow their task's rules at the end of that budget (rollout 15 at lr 1e-4) in the separate default-GRPO run
+    results/spell_backward_grpo_lr1e-4, which scripts/reproduce.sh remakes with its recorded command."""
+    import yaml
+
+    from grpo_bench.config.ablation import load_ablation
+    from grpo_bench.store.metrics import odds_margin
+
+    d = ROOT / "results/spell_backward_grpo_lr1e-4"
+    command = json.loads((d / "sweep.json").read_text())["command"]
+    assert f"grpo_bench {command}" in " ".join((ROOT / "scripts/reproduce.sh").read_text().replace("\\\n", "").split())
+    m = pd.read_parquet(d / "metrics.parquet")
+    abl = load_ablation(ROOT / "ablations/adv_norm.yaml", setting="spell_backward_slow")
+    steps = sorted(m[m.metric == "eval/accuracy"].step.unique())
+    end = steps[abl.configs[0].epochs // abl.configs[0].eval_every]   # the evaluation after its last rollout
+    assert "--set lr=0.0001" in command and abl.configs[0].lr == 0.0001
+    p = m[(m.metric == "eval/accuracy") & (m.step == end)].value.mean()
+    for claim in ("adv_norm", "aggregation"):
+        margin = yaml.safe_load((ROOT / f"ablations/{claim}.yaml").read_text())["claim"]["margin"]
+        assert margin["spell_backward_slow"] == odds_margin(p), claim
+    # length_bias: 1/15 of the incorrect completions' length over the budget's last 10% of rollouts (2 of 15 here)
+    length = m[(m.metric == "response/length_incorrect") & (m.step > end - 4) & (m.step <= end)]
+    runs = length.groupby("run").value.mean().mean()
+    margin = yaml.safe_load((ROOT / "ablations/length_bias.yaml").read_text())["claim"]["margin"]
+    assert margin["spell_backward_slow"] == round(runs / 15, 1)
+    page = " ".join((ROOT / "docs/statistics.md").read_text().split())
+    assert (f"±{odds_margin(p):.3f} at its rollout-15 accuracy of {p:.3f} for `adv_norm` and `aggregation`, "
+            f"{round(runs / 15, 1):g} tokens, 1/15 of {runs:.1f}, for `length_bias`") in page
+
+
 if __name__ == "__main__":
     for page, directory, columns in TABLES:
         sweep = json.loads((ROOT / "results" / directory / "sweep.json").read_text())
         print(f"{page}: {directory} ({round(sweep['wall_s'])} s for {sweep['runs']} runs)\n{table(directory, columns)}\n",
               file=sys.stdout)
+
+
+def test_findings_notes_on_spell_backward_slow_are_its_summaries():
+    """FINDINGS_notes' paragraph on spell_backward before its ceiling: the headroom run's curve, the three
+    claims' means, each from its summary.csv or metrics.parquet."""
+    notes = " ".join((ROOT / "results/FINDINGS_notes.md").read_text().split())
+    section = notes.split("**Before the ceiling: `spell_backward_slow`.**")[1].split("**")[0]
+    m = pd.read_parquet(ROOT / "results/spell_backward_grpo_lr1e-4/metrics.parquet")
+    curve = m[m.metric == "eval/accuracy"].groupby("step").value.mean()
+    at = [curve.iloc[i] for i in (1, 2, 3)]
+    assert f"{at[0]:.2f}, {at[1]:.2f} and {at[2]:.2f} at rollouts 5, 10 and 15; {curve.iloc[-1]:.3f} at 30" in section
+    assert f"where it stands at {at[2]:.3f}" in section
+    agg = _means("aggregation_spell_backward_slow", "final/eval/accuracy")["mean"]
+    tok, seq, prompt = agg["token_mean"], agg["seq_mean"], agg["prompt_mean"]
+    assert f"the token mean ends {tok - seq:.3f} above the per-response mean ({tok:.3f} against {seq:.3f})" in section
+    assert f"prompt-level mean {prompt - seq:.3f} above it" in section
+    adv = _means("adv_norm_spell_backward_slow", "final/eval/accuracy")["mean"]
+    token = adv[["no_std_token", "group_std_token", "batch_std_token"]]
+    assert token.max() - token.min() <= 0.004 and "within 0.004" in section
+    length = _means("length_bias_spell_backward_slow", "final/response/length_incorrect")["mean"]
+    assert (f"end {length['dr_grpo'] - length['grpo']:.1f} tokens shorter than Dr. GRPO's "
+            f"({length['grpo']:.1f} against {length['dr_grpo']:.1f}") in section

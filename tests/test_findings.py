@@ -836,3 +836,18 @@ def test_readme_folds_a_settings_other_starts_into_one_column(tmp_path):
     starts_col = cols[-3]
     assert x[starts_col] == "lm_seed1: does not hold (0 of 1 hold, 1 reversed); lm_seed2: holds (1 of 1 hold)"
     assert y[starts_col] == "not run"
+
+
+def test_a_setting_added_later_is_judged_with_the_margin_its_own_run_recorded(tmp_path):
+    # the family's claim is the first directory's record, made before the setting and its margin existed
+    old = {"text": "a beats b", "source": "Someone (2025)", "expect": ["a = b"], "margin": {"lm": 0.01}}
+    new = {**old, "margin": {"lm": 0.01, "lm_slow": 0.2}}
+    close = {"a": [0.50, 0.52, 0.49, 0.51, 0.50], "b": [0.45, 0.47, 0.44, 0.46, 0.45]}   # 0.05 apart
+    write(tmp_path / "claimx_lm", "claimx", "lm", close, old, column=LM)
+    write(tmp_path / "claimx_lm_slow", "claimx", "lm_slow", close, new, column=LM,
+          meta={"task": M.declared_task("arithmetic").record()})
+    text = render(tmp_path)
+    margins = next(line for line in text.splitlines() if line.startswith("**Margin δ.**"))
+    assert "(lm): ±0.01 (the claim's margin)" in margins and "(lm_slow): ±0.2 (the claim's margin)" in margins
+    row = next(line for line in text.splitlines() if line.startswith("| `a = b` |")).split(" | ")
+    assert "beyond ±0.01" in row[1] and "within ±0.2" in row[2]   # each setting on its own margin

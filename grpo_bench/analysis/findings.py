@@ -328,6 +328,11 @@ def collect(root: Path) -> tuple[dict[str, dict], dict[str, metrics.TaskInfo], l
         setting = setting or (task.name if task else d.name)  # a file without settings: its task's name
         entry = families.setdefault(family, {"claim": claim, "source": meta.get("source", ""), "settings": {},
                                              "others": {}})
+        # a setting added later records its margin in its own run's claim, fixed before that run; the family's
+        # claim is the first directory's, recorded before the setting existed
+        own, first = claim.get("margin"), entry["claim"].get("margin")
+        if isinstance(own, dict) and setting in own and (first is None or isinstance(first, dict)):
+            entry["claim"] = {**entry["claim"], "margin": {**(first or {}), setting: own[setting]}}
         if setting in entry["settings"]:  # two runs of one claim on one task: _completeness
             keep, other = sorted([entry["settings"][setting], d], key=_completeness, reverse=True)
             entry["settings"][setting] = keep
