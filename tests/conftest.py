@@ -10,6 +10,11 @@ for _extra in filter(None, os.environ.get(HIDE_ENV, "").split(",")):
 import torch  # noqa: E402
 
 
+# an xdist worker takes its share of the cores: torch's default, a thread per core in every worker, would
+# put two threads on each core, each waiting on the other at every parallel region
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 # Triton kernels run in the interpreter where there is no GPU; the variable must be
 # set before any kernel module is imported, and conftest is imported first.
 if not torch.cuda.is_available():
@@ -17,6 +22,17 @@ if not torch.cuda.is_available():
 
 
 import pytest  # noqa: E402
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject.toml's addopts): a worker per core this process may use, except where one process
+    must run alone: a benchmark times one test on an otherwise idle machine, a GPU's tests share one device,
+    and a pytest that a test starts (test_faults.py) must not fan out inside a worker."""
+    if (config.getoption("benchmark_only", False) or config.getoption("benchmark_enable", False)
+            or torch.cuda.is_available() or os.environ.get("PYTEST_XDIST_WORKER")):
+        return 0
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 @pytest.fixture

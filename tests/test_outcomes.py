@@ -290,3 +290,27 @@ def test_an_lm_ablations_outcomes_stay_small(tmp_path):
     key = ["run", "step", "problem"]
     back = back.astype({"run": str}).sort_values(key, ignore_index=True)
     assert (back.k_correct.to_numpy() == table.sort_values(key).k_correct.to_numpy()).all()
+
+
+def test_the_first_evaluation_is_the_base_models_and_a_moved_adapter_is_not():
+    """The accuracy gain's base (every adapter off) is read from the first evaluation while the adapters still
+    add exactly zero, and computed by its own pass once they do not; either way it is what that pass gives."""
+    from grpo_bench.tasks.lm import stacked
+    cfgs = [resolve_run({**copy.deepcopy(TINY_LM), "seed": 0})]
+    task = get("task", "arithmetic")(cfgs[0].task, cfgs)
+    calls = []
+    generate = task._generate
+    task._generate = lambda *a: calls.append(a[2] is None) or generate(*a)
+    task.evaluate()
+    assert sum(calls) == 1   # greedy: 200 problems, one chunk, and no second pass for the base
+    first = task._base_hits
+    with stacked.adapters(task.layers, stacked.OFF):
+        task.evaluate()
+    assert first == task.outcomes[0]["greedy"] and 0 < np.mean(first) < 1
+    with torch.no_grad():   # an adapter that moved: its answers are no longer the base's
+        for layer in task.layers:
+            layer.B.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
+    task._base_hits = None
+    row = task.evaluate()[0]
+    assert task._base_hits == first and task.outcomes[0]["greedy"] != first
+    assert row["eval/accuracy_gain"] == pytest.approx(row["eval/accuracy"] - np.mean(first))

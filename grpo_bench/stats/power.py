@@ -4,6 +4,7 @@ Checked against statsmodels' TTestPower / TTestIndPower / ttost_* in tests/test_
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from scipy import optimize
@@ -36,11 +37,17 @@ def mde(sd: float, n: int, alpha: float, paired: bool = True, target: float = PO
         return 0.0
     if not math.isfinite(sd):  # an inf or NaN value among the seeds: no difference is detectable
         return math.nan if math.isnan(sd) else math.inf
+    return float(_mde_d(n, alpha, paired, target) * sd)
+
+
+# FINDINGS asks for the same few (n, level) hundreds of times, and each root takes a dozen noncentral-t tails
+@functools.lru_cache(maxsize=4096)
+def _mde_d(n: int, alpha: float, paired: bool, target: float) -> float:
+    """mde in units of sd: the standardised effect at which the test's power is `target`."""
     f = lambda e: power(e, n, alpha, paired) - target  # noqa: E731
     if f(1e3) < 0:  # two seeds at a tiny level: nothing short of a huge effect
         return math.inf
-    d = optimize.brentq(f, 1e-9, 1e3, xtol=1e-12)
-    return float(d * sd)
+    return optimize.brentq(f, 1e-9, 1e3, xtol=1e-12)
 
 
 def seeds_to_detect(effect: float, sd: float, alpha: float, paired: bool = True, target: float = POWER) -> int:
@@ -99,11 +106,16 @@ def mde_se(se: float, df: float, alpha: float, target: float = POWER) -> float:
         return 0.0
     if not math.isfinite(se):
         return math.nan if math.isnan(se) else math.inf
-    f = lambda e: _power_se(e, se, df, alpha) - target  # noqa: E731
-    hi = 1e3 * se
-    if f(hi) < 0:
+    return float(_mde_se_units(df, alpha, target) * se)
+
+
+@functools.lru_cache(maxsize=4096)
+def _mde_se_units(df: float, alpha: float, target: float) -> float:
+    """mde_se in units of se (the power depends on effect / se alone)."""
+    f = lambda x: _power_se(x, 1.0, df, alpha) - target  # noqa: E731
+    if f(1e3) < 0:
         return math.inf
-    return float(optimize.brentq(f, 1e-12 * se, hi, xtol=1e-12 * se))
+    return optimize.brentq(f, 1e-12, 1e3, xtol=1e-12)
 
 
 def _tost_power_se(diff: float, se: float, df: float, margin: float, alpha: float) -> float:

@@ -719,6 +719,10 @@ class Arithmetic:
         # problem j is self.heldout[j]: a mid-run subset is the first problems, so the index is the same in both
         self.outcomes = [{"greedy": [int(v) for v in member[0]], "k_correct": right[i] if k else None}
                          for i, member in enumerate(scores)]
+        if self._base_hits is None and len(heldout) == len(self.heldout) and 0 not in self.failed and self._unmoved():
+            # member 0's adapters add exactly zero (a run's first evaluation, before any step): its greedy answers
+            # are the base model's bit for bit (same chunks, same rows), so a second pass would only repeat them
+            self._base_hits = list(scores[0][0])
         totals = torch.tensor([[sum(v) for v in member] for member in scores], dtype=torch.float64)
         base = self._base_accuracy(len(heldout))
         out = []
@@ -731,6 +735,11 @@ class Arithmetic:
                 d["eval/problems"] = float(len(heldout))
             out.append(d)
         return out
+
+    def _unmoved(self) -> bool:
+        """Whether member 0's every adapter is B A = 0 as initialised (A or B all zero) and acting."""
+        return all(layer.mode == self._stacked.POLICY and (not layer.A[0].any() or not layer.B[0].any())
+                   for layer in self.layers)
 
     def _base_accuracy(self, n: int | None = None) -> float:
         """Greedy accuracy of the base model (every adapter off) on the first n held-out problems (all by
