@@ -230,3 +230,34 @@ def test_findings_notes_on_spell_backward_slow_are_its_summaries():
     length = _means("length_bias_spell_backward_slow", "final/response/length_incorrect")["mean"]
     assert (f"end {length['dr_grpo'] - length['grpo']:.1f} tokens shorter than Dr. GRPO's "
             f"({length['grpo']:.1f} against {length['dr_grpo']:.1f}") in section
+
+
+def _findings_cells(claim: str, ordering: str) -> dict[str, str]:
+    """A claim's row of one ordering in the committed FINDINGS.md (held to the results by test_findings), by
+    column heading up to its first colon."""
+    text = (ROOT / "results/FINDINGS.md").read_text()
+    section = text.split(f"\n## {claim}\n")[1].split("\n## ")[0]
+    head = next(line for line in section.splitlines() if line.startswith("| ordering |"))
+    row = next(line for line in section.splitlines() if line.startswith(f"| `{ordering}` |"))
+    return dict(zip([h.split(":")[0].strip() for h in head.strip("|").split(" | ")], row.strip("|").split(" | ")))
+
+
+def test_findings_notes_on_dynamic_sampling_at_equal_samples_are_the_findings():
+    """The notes' equal-samples readings of dynamic sampling (read on the problems every evaluation scored, since
+    2026-11-29) are FINDINGS' cells, in points."""
+    notes = " ".join((ROOT / "results/FINDINGS_notes.md").read_text().split())
+
+    def delta(cells: dict, column: str) -> float:
+        cell = cells[column]
+        assert "final at equal samples drawn (both read at 3,840)" in cell, column
+        return 100 * float(re.search(r"Δ ([-+][0-9.]+)", cell).group(1))
+
+    token = _findings_cells("dapo_ladder", "dynamic_sampling > token_level")
+    grpo = _findings_cells("dapo_ladder", "dynamic_sampling > grpo")
+    wide, countdown, small = (delta(token, c) for c in ("arithmetic LM (lm_wide)", "reasoning-gym LM (countdown)",
+                                                         "arithmetic LM (lm)"))
+    assert f"(−{-wide:.1f} wide, −{-countdown:.1f} countdown, −{-small:.1f} small, on the 250 problems" in notes
+    assert f"it ends level with GRPO (−{-delta(grpo, 'arithmetic LM (lm)'):.1f} points, equivalent within ±0.027)" in notes
+    assert "**equivalent within ±0.027**" in grpo["arithmetic LM (lm)"]
+    assert f"on countdown 5.9 where it is {-delta(grpo, 'reasoning-gym LM (countdown)'):.1f}" in notes
+    assert f"the same reading puts it {-delta(grpo, 'arithmetic LM (lm_acts)'):.1f} points below GRPO" in notes

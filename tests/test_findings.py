@@ -643,20 +643,20 @@ def test_an_lm_row_with_per_problem_outcomes_is_tested_on_seeds_and_problems(tmp
 
 
 def test_a_curve_quantitys_problem_shares_are_worked_by_hand():
-    """The area of a curve whose middle evaluation scored 2 of 4 problems, split into each problem's share: by
-    hand, trapezoid weights 1/4, 1/2, 1/4 over samples 0, 100, 200; a subset point gives every problem its mean
-    (0.5) and its own problems 4/2 times their deviation from it. The shares average to the area. A one-line
-    bug (Horvitz-Thompson without the centring, a subset weight of 1, the weights of the value instead of the
-    area) changes at least one share."""
+    """The area of a curve whose middle evaluation scored 2 of 4 problems, split into each problem's share: the
+    curve is read on those 2 at every point (same_problems: 0, 1/2, 1), and by hand, trapezoid weights 1/4, 1/2,
+    1/4 over samples 0, 100, 200, each of the 2 problems' shares is its own outcomes so weighted. The shares
+    average to the area; the final value, read from no curve, has every problem. A one-line bug (the subset's
+    NaNs read as 0, every problem kept, the weights of the value instead of the area) changes a share."""
     nan = float("nan")
     o = pd.DataFrame({0: [0, 0, 1, 0], 5: [1, 0, nan, nan], 10: [1, 1, 1, 0]}, index=range(4), dtype=float)
-    curves = {("a", 0): (np.array([0.0, 100.0, 200.0]), np.array([0.25, 0.5, 0.75]), np.array([0, 5, 10]))}
+    curves = {("a", 0): (np.array([0.0, 100.0, 200.0]), np.array([0.0, 0.5, 1.0]), np.array([0, 5, 10]))}
     area = F.problem_table({("a", 0): o}, curves, "a", [0], "area", None)
-    assert area.loc[0].tolist() == pytest.approx([1.0, 0.0, 0.75, 0.25])
+    assert area.loc[0].tolist() == pytest.approx([0.25 * 0 + 0.5 * 1 + 0.25 * 1, 0.25 * 1])
     assert area.loc[0].mean() == pytest.approx(F._values(pd.Series({0: 0.75}), "a", "area", None, curves)[0])
-    # read at 150 samples drawn: halfway from the subset point to the last (value), mean over [0, 150] (area)
+    # read at 150 samples drawn: halfway from the subset point to the last (value)
     half = F.problem_table({("a", 0): o}, curves, "a", [0], "final", 150.0)
-    assert half.loc[0].tolist() == pytest.approx([0.5 * 1.5 + 0.5 * 1, 0.5 * -0.5 + 0.5 * 1, 0.5 * 0.5 + 0.5, 0.5 * 0.5])
+    assert half.loc[0].tolist() == pytest.approx([0.5 * 1 + 0.5 * 1, 0.5 * 0 + 0.5 * 1])
     assert F.problem_table({("a", 0): o}, curves, "a", [0], "final", None).loc[0].tolist() == [1, 1, 1, 0]
     # a point the outcomes lack: no table, so the row stays on seeds alone rather than on the wrong shares
     assert F.problem_table({("a", 0): o.drop(columns=5)}, curves, "a", [0], "area", None) is None
@@ -665,7 +665,8 @@ def test_a_curve_quantitys_problem_shares_are_worked_by_hand():
 def test_area_and_equal_sample_rows_are_tested_on_seeds_and_problems(tmp_path):
     """With outcomes at every evaluation (a 50-problem subset mid-run), the area row and both rows of an
     ordering read at equal samples drawn are tested on seeds x problems, like the final row; the shares' means
-    are the per-seed values the seeds-only test uses (else crossed_pair would leave the row on seeds)."""
+    are the per-seed values the seeds-only test uses (else crossed_pair would leave the row on seeds). The
+    curves are read on the 50 problems every evaluation scored, the final value on all 200."""
     rng = np.random.default_rng(4)
     seeds, n, steps = range(5), 200, (0, 5, 10)
     drawn = {"a": (0, 640, 1280), "b": (0, 960, 1920)}                  # b draws 1.5x the samples
@@ -686,11 +687,44 @@ def test_area_and_equal_sample_rows_are_tested_on_seeds_and_problems(tmp_path):
     pd.DataFrame([{"run": f"{v}-s{s}", "variant": v, "seed": s, "step": st, "problem": j, "greedy": y[j],
                    "k_correct": None} for (v, s, st), y in outcome.items() for j in range(n) if not np.isnan(y[j])]
                  ).to_parquet(d / "outcomes.parquet")
+    m = pd.read_parquet(d / "metrics.parquet")   # what a task with eval_subset logs beside its accuracy
+    counts = m[m.metric == "eval/accuracy"].assign(metric="eval/problems")
+    pd.concat([m, counts.assign(value=np.where(counts.step == 5, 50.0, 200.0))]).to_parquet(d / "metrics.parquet")
     r = F.judge_setting(d, claim, "lm")
     row = r["rows"][0]
     assert row["budget"] == 1280
-    for q in ("final", "area"):
-        assert row["quantities"][q]["test"].startswith("seeds × problems t (200 problems"), q
+    for q in ("final", "area"):   # both read from the curves (at equal samples drawn): on the 50
+        assert row["quantities"][q]["test"].startswith("seeds × problems t (50 problems"), q
+    # the curve is on the 50: by hand from the outcomes of seed 0 of `a`
+    curves = F.run_curves(d, "eval/accuracy")
+    x, y, _ = curves[("a", 0)]
+    assert y.tolist() == [np.mean(outcome[("a", 0, st)][:50]) for st in steps]
+
+
+def test_curves_of_a_run_whose_mid_run_evaluations_scored_a_subset_are_read_on_that_subset():
+    """Held-out curves on one problem set (issue 41): where mid-run evaluations scored the first problems and the
+    ends all of them, accuracy and its gain are recomputed from the outcomes on the problems every evaluation
+    scored (by hand below), other eval/ metrics keep their subset points alone, the rest is as logged."""
+    from grpo_bench.analysis.quantities import same_problems
+    greedy = {0: [1, 0, 1, 1], 5: [1, 1], 10: [1, 1, 0, 0]}          # the logged means: 0.75, 1.0, 0.5
+    outcomes = pd.DataFrame([{"run": "r", "variant": "a", "seed": 0, "step": s, "problem": j, "greedy": g}
+                             for s, ys in greedy.items() for j, g in enumerate(ys)])
+    rows = [("r", s, m, v) for s, ys in greedy.items()
+            for m, v in [("eval/accuracy", np.mean(ys)), ("eval/accuracy_gain", np.mean(ys) - 0.75),
+                         ("eval/reward", np.mean(ys) + 0.01), ("eval/problems", len(ys)), ("loss/total", s / 10)]]
+    rows += [("whole", s, "eval/accuracy", 0.3) for s in (0, 5, 10)] + [("whole", s, "eval/problems", 4) for s in (0, 5, 10)]
+    table = pd.DataFrame(rows, columns=["run", "step", "metric", "value"]).assign(variant="a", seed=0)
+    got = same_problems(table, outcomes)
+    curve = lambda run, m: got[(got.run == run) & (got.metric == m)].set_index("step").value.to_dict()  # noqa: E731
+    # problems 0 and 1, scored at every evaluation: 1/2, 2/2, 2/2, and the gain against the first of them
+    assert curve("r", "eval/accuracy") == {0: 0.5, 5: 1.0, 10: 1.0}
+    assert curve("r", "eval/accuracy_gain") == {0: 0.0, 5: 0.5, 10: 0.5}
+    assert curve("r", "eval/reward") == {5: 1.01}                    # a mean alone: only its subset point
+    assert curve("r", "loss/total") == {0: 0.0, 5: 0.5, 10: 1.0} and curve("r", "eval/problems") == {0: 4, 5: 2, 10: 4}
+    assert curve("whole", "eval/accuracy") == {0: 0.3, 5: 0.3, 10: 0.3}   # one problem set throughout: as logged
+    # without outcomes nothing can be recomputed: every eval/ curve keeps its subset points alone
+    assert same_problems(table, None).query("run == 'r' and metric == 'eval/accuracy'").step.tolist() == [5]
+    assert same_problems(table[table.metric != "eval/problems"], outcomes).equals(table[table.metric != "eval/problems"])
 
 
 def test_the_rerun_section_lists_each_verdict_that_moved_with_both_cells(tmp_path):
@@ -767,8 +801,9 @@ def test_a_claim_with_one_real_effect_among_null_tasks_keeps_its_family_wise_err
 
 
 # Settings whose mid-run evaluations score the first 250 of their 1,000 held-out problems and the last one all of
-# them: made before every evaluation scored the full set (issue 41). A curve, an area or an equal-samples reading
-# there joins two problem sets; each leaves this list when it is rerun, and no setting may join it.
+# them: made before every evaluation scored the full set (issue 41). Their curves, areas and equal-samples readings
+# are read on those 250 alone (quantities.same_problems), noisier than on all 1,000; each leaves this list when it
+# is rerun, and no setting may join it.
 MID_RUN_SUBSET = {f"{claim}:{s}" for claim in ("adv_norm", "aggregation", "entropy_control", "fp32_head", "kl_gradients",
                                                "length_bias", "ref_policy") for s in ("lm", "countdown", "spell_backward")
                   if (claim, s) != ("adv_norm", "lm")} \

@@ -33,6 +33,9 @@ def run_curves(directory: Path, metric: str) -> dict[tuple[str, int], tuple[np.n
         raise ConfigError(str(path), "<file>", f"{e}: damaged; rerun the sweep to rewrite it") from None
     if "seed" not in table:
         return {}
+    if metric.startswith("eval/"):
+        table = same_problems(table[table.metric.isin([metric, "samples/total", "eval/problems"])],
+                              load_outcomes(directory))
     table = table[table.metric.isin([metric, "samples/total"])]
     out = {}
     for (variant, seed), g in table.groupby(["variant", "seed"], observed=True):
@@ -76,14 +79,11 @@ def outcome_runs(directory: Path, ok: pd.DataFrame) -> dict[tuple[str, int], pd.
 def problem_table(runs: dict, curves: dict, variant: str, seeds, quantity: str,
                   budget: float | None) -> pd.DataFrame | None:
     """Seeds by problems: each problem's share of the quantity a seed's value is, so that a row's mean over the
-    problems is that value. The final value (no budget) is the last evaluation's outcomes. Read from the curve (the
-    area, or a value at a common budget) it is linear in the curve's points, sum_t w_t acc_t (at_budget's weights),
-    and acc_t the mean over the problems evaluation t scored: problem p's share is the sum over t of
-    w_t * (acc_t + (outcome(p, t) - acc_t) * all problems / problems scored at t), the deviation counted only where
-    t scored p. A mid-run subset's deviations thus carry its sampling variance (its mean's, sd^2 / subset size),
-    while acc_t itself is every problem's: Horvitz-Thompson on the outcomes themselves would add the variance of
-    which problems the subset holds (about 4x the subset's own on a 250-of-1000 subset near 95%). None where a run
-    has no outcomes or its curve has a point its outcomes lack."""
+    problems is that value. The final value (no budget) is the last evaluation's outcomes, on every problem. Read
+    from the curve (the area, or a value at a common budget) it is linear in the curve's points, sum_t w_t acc_t
+    (at_budget's weights), acc_t the mean over the problems every evaluation scored (same_problems): problem p's
+    share is sum_t w_t outcome(p, t) on those problems. None where a run has no outcomes or its curve has a point
+    its outcomes lack."""
     rows = {}
     for seed in seeds:
         o = runs.get((variant, int(seed)))
@@ -96,6 +96,7 @@ def problem_table(runs: dict, curves: dict, variant: str, seeds, quantity: str,
         if c is None:
             return None
         x, _, steps = c
+        o = o.dropna()   # the curve's points are on the problems every evaluation scored (same_problems)
         eye = np.eye(len(x))
         w = np.array([at_budget(x, eye[t], x[-1] if budget is None else budget)[quantity == "area"]
                       for t in range(len(x))])
@@ -103,9 +104,7 @@ def problem_table(runs: dict, curves: dict, variant: str, seeds, quantity: str,
         for t in np.flatnonzero(w):
             if steps[t] not in o.columns:
                 return None
-            col = o[steps[t]]
-            m = col.mean()
-            share += w[t] * (m + (col - m).fillna(0.0) * (len(o) / col.notna().sum()))
+            share += w[t] * o[steps[t]]
         rows[seed] = share
     return pd.DataFrame(rows).T
 
@@ -195,3 +194,45 @@ def plateau(curves: dict, r: dict, by_seed: dict, margin: float | None, diff: fl
         return None
     bound = PLATEAU_SHARE * min(abs(diff), margin if margin else math.inf)
     return {"moved": max(moves), "bound": bound} if max(moves) < bound else None
+
+
+def same_problems(table: pd.DataFrame, outcomes: pd.DataFrame | None) -> pd.DataFrame:
+    """The metrics table with each run's held-out curves on one problem set. Where a run's mid-run evaluations
+    scored a subset of its held-out problems (eval_subset: the settings issue 41 left to rerun), its accuracy and
+    accuracy gain are recomputed at every evaluation from the per-problem outcomes on the problems all of them
+    scored, the ends included (the gain against its step-0 value there, the start's accuracy on those problems),
+    and its other eval/ metrics, logged only as means, keep only the points on that subset. Otherwise a curve
+    joins a subset's points to ends on every problem, and the change of problem set reads as learning. Final
+    values, and the verdicts read from them, stay summary.csv's, on every problem."""
+    metric = table.metric.astype(str)
+    counts = table[metric == "eval/problems"]
+    if counts.empty:
+        return table
+    spread = counts.groupby(counts.run.astype(str)).value.agg(["min", "max"])
+    mixed = spread[spread["min"] < spread["max"]]
+    if mixed.empty:
+        return table
+    common = {}
+    if outcomes is not None and not outcomes.empty:
+        o = outcomes[outcomes.run.astype(str).isin(set(mixed.index))]
+        common = {str(r): g.pivot_table(index="problem", columns="step", values="greedy", aggfunc="first",
+                                        observed=True).dropna()
+                  for r, g in o.groupby(o.run.astype(str), observed=True)}
+    runs, steps = table.run.astype(str), table.step
+    value, drop = table.value.to_numpy(float).copy(), np.zeros(len(table), bool)
+    held = metric.str.startswith("eval/") & (metric != "eval/problems")
+    for run, (subset, _) in mixed.iterrows():
+        mine = (runs == run).to_numpy()
+        c = counts[counts.run.astype(str) == run]
+        full = mine & held.to_numpy() & steps.isin(set(c.step[c.value > subset])).to_numpy()
+        rebuilt = {}
+        if run in common and len(common[run]) == subset:   # the subset is the first problems, scored every time
+            acc = common[run].mean()
+            rebuilt = {"eval/accuracy": acc, "eval/accuracy_gain": acc - acc[acc.index.min()]}
+        for name, curve in rebuilt.items():
+            rows = mine & (metric == name).to_numpy()
+            at = steps[rows].map(curve).to_numpy(float)
+            value[rows] = at
+            drop[np.flatnonzero(rows)[np.isnan(at)]] = True
+        drop |= full & ~metric.isin(list(rebuilt)).to_numpy()
+    return table.assign(value=value)[~drop].reset_index(drop=True)

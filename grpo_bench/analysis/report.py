@@ -38,6 +38,7 @@ import pandas as pd  # noqa: E402
 from .. import stats
 from ..store import metrics, rundir  # noqa: E402
 from . import figdata, mechanism, png  # noqa: E402
+from .quantities import same_problems  # noqa: E402
 from ..store.metrics import final_names, headline_columns, higher_is_better, main_column, main_metrics  # noqa: E402
 from ..store.rundir import load, load_outcomes  # noqa: E402
 
@@ -641,7 +642,7 @@ def build_figures(out: str | Path, fits: dict | None = None) -> list[tuple[str, 
     """Every figure of a results directory as (file stem, Figure, caption); nothing is written.
     fits: curve_fits of the directory, if the caller has them already (they take seconds)."""
     meta, summary, table = load(Path(out))
-    curves = by_metric(table)
+    curves = by_metric(same_problems(table, load_outcomes(Path(out))))
     fits = curve_fits(meta, curves) if fits is None else fits
     styles = variant_styles(meta["variants"])
     ok = summary[summary.status == "ok"]
@@ -717,12 +718,13 @@ def render(out: str | Path, fmt: str = "png") -> tuple[str, list[tuple[str, obje
         raise ValueError(f"format: {fmt!r}; valid: {', '.join(FORMATS)}")
     meta, summary, table = load(out)
     ok = summary[summary.status == "ok"]
-    curves = by_metric(table)
+    outcomes = load_outcomes(out)
+    curves = by_metric(same_problems(table, outcomes))
     fits = curve_fits(meta, curves)
     figures = [(f"{stem}.{fmt}", caption, fig) for stem, fig, caption in build_figures(out, fits)]
     text = _markdown(meta, summary, ok, headline_columns(summary, meta), meta["variants"],
                      [(name, caption, figdata.note(name, fig)) for name, caption, fig in figures], fits,
-                     load_outcomes(out), eval_points_text(curves), mechanism.report_section(meta, out))
+                     outcomes, eval_points_text(curves), mechanism.report_section(meta, out))
     return text, [(name, fig) for name, _, fig in figures]
 
 
@@ -996,9 +998,12 @@ def eval_points_text(curves: dict) -> str:
     m = curves.get("eval/problems")
     if m is None or m.value.nunique() < 2:
         return ""
-    return (f"Mid-run evaluations score the first {m.value.min():.0f} of the {m.value.max():.0f} held-out problems "
-            "(the task's eval_subset); those at step 0 and at the end score all of them, so the curves' middle "
-            "points are noisier than their ends.")
+    small, every = f"{m.value.min():,.0f}", f"{m.value.max():,.0f}"
+    return (f"Mid-run evaluations score the first {small} of the {every} held-out problems (the task's "
+            f"eval_subset), those at step 0 and at the end all of them: so that no curve joins two problem sets, the "
+            f"curves here are on those {small}, accuracy and its gain at every evaluation from each problem's "
+            f"outcome (the ends included), the other held-out metrics at the mid-run points alone; final values "
+            f"and verdicts are on all {every}.")
 
 
 def _markdown(meta, summary, ok, headline, order, figures, fits: dict | None = None,
