@@ -20,6 +20,9 @@
 # beside other work). An lm_seed setting is 25 runs with every evaluation on all 1,000 problems, each about
 # 0.7-1.4 core-hours on 2 workers (their sweep.json: sampler_mismatch_lm_seed1 1,490 s, sampler_mismatch_lm_seed2
 # 1,333 s and kl_gradients_lm_seed2 1,499 s alone, kl_gradients_lm_seed1 2,436 s with other work beside it).
+# The spell_backward_slow settings (lr 1e-4, 15 rollouts, 5 seeds, every evaluation on all 1,000 words) take on
+# 2 workers (their sweep.json): adv_norm_spell_backward_slow 659 s, aggregation_spell_backward_slow 568 s,
+# length_bias_spell_backward_slow 590 s, sampler_mismatch_spell_backward_slow 682 s.
 # The kernel benchmarks are separate (README, Kernels): they want an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -172,6 +172,14 @@ def test_reproduce_sh_times_the_start_sweeps_from_their_sweep_json():
     lo, hi = re.search(r"each about ([\d.]+)-([\d.]+) core-hours", text).groups()
     assert (float(lo), float(hi)) == (round(min(hours), 1), round(max(hours), 1))
 
+def test_reproduce_sh_times_the_slow_spell_backward_sweeps_from_their_sweep_json():
+    text = " ".join((ROOT / "scripts/reproduce.sh").read_text().replace("#", " ").split())
+    named = dict(re.findall(r"(\w+_spell_backward_slow) ([\d,]+) s", text))
+    assert set(named) == {p.name for p in (ROOT / "results").glob("*_spell_backward_slow")}
+    for d, seconds in named.items():
+        assert int(seconds) == round(json.loads((ROOT / "results" / d / "sweep.json").read_text())["wall_s"]), d
+
+
 def test_spell_backward_slow_margins_come_from_their_separate_run():
     """The spell_backward_slow setting's margins (adv_norm, aggregation: accuracy; length_bias: incorrect length)
     follow their task's rules at the end of that budget (rollout 15 at lr 1e-4) in the separate default-GRPO run
@@ -261,3 +269,36 @@ def test_findings_notes_on_dynamic_sampling_at_equal_samples_are_the_findings():
     assert "**equivalent within ±0.027**" in grpo["arithmetic LM (lm)"]
     assert f"on countdown 5.9 where it is {-delta(grpo, 'reasoning-gym LM (countdown)'):.1f}" in notes
     assert f"the same reading puts it {-delta(grpo, 'arithmetic LM (lm_acts)'):.1f} points below GRPO" in notes
+
+
+def test_findings_notes_on_what_would_not_act_before_the_ceiling_are_the_headroom_runs_logs():
+    """Why policy_losses, entropy_control and dapo_ladder did not run on spell_backward_slow: default GRPO's
+    diagnostics over its first 15 rollouts in the headroom run (every logged step of every seed)."""
+    notes = " ".join((ROOT / "results/FINDINGS_notes.md").read_text().split())
+    m = pd.read_parquet(ROOT / "results/spell_backward_grpo_lr1e-4/metrics.parquet")
+    m = m[m.step < 30]   # 15 rollouts of 2 steps
+    at = lambda k: m[m.metric == k].value   # noqa: E731
+    entropy = at("entropy")
+    assert at("clip/frac").max() == 0 and "no token reaches either side of PPO's clip" in notes
+    assert (f"above the adaptive controller's 0.2 target at {(entropy > 0.2).mean():.0%} of its steps "
+            f"(lowest {entropy.min():.3f})") in notes
+    assert f"{at('response/finished').mean():.2%} of responses finish" in notes
+    assert f"{at('reward/zero_std_frac').mean():.1%} of groups have all-equal rewards" in notes
+
+
+def test_findings_notes_on_a_lagging_sampler_before_the_ceiling_are_its_summaries():
+    """sampler_mismatch on spell_backward_slow against spell_backward: finals from summary.csv, the KL from
+    FINDINGS' mechanism lines."""
+    notes = " ".join((ROOT / "results/FINDINGS_notes.md").read_text().split())
+    fast = _means("sampler_mismatch_spell_backward", "final/eval/accuracy")["mean"]
+    slow = _means("sampler_mismatch_spell_backward_slow", "final/eval/accuracy")["mean"]
+    assert f"collapses spell_backward ({fast['none_k16']:.3f} against fresh {fast['fresh']:.3f})" in notes
+    assert f"cost nothing ({slow['none_k16']:.3f} against {slow['fresh']:.3f}, equivalent within ±0.031)" in notes
+    cells = _findings_cells("sampler_mismatch", "fresh > none_k16")
+    kl = {c: re.search(r"mismatch/kl on `none_k16` ([0-9.]+)", cells[c]).group(1)
+          for c in ("reasoning-gym LM (spell_backward)", "reasoning-gym LM (spell_backward_slow)")}
+    assert "**equivalent within ±0.031**" in cells["reasoning-gym LM (spell_backward_slow)"]
+    assert (f"KL {float(kl['reasoning-gym LM (spell_backward_slow)']):.2g} nats a token where it was "
+            f"{kl['reasoning-gym LM (spell_backward)']}") in notes
+    k4 = _findings_cells("sampler_mismatch", "fresh > none_k4")["reasoning-gym LM (spell_backward_slow)"]
+    assert k4.startswith("**not exercised**: mismatch/kl on `none_k4` 0.000149") and "(KL 0.00015)" in notes

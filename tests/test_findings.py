@@ -886,3 +886,8 @@ def test_a_setting_added_later_is_judged_with_the_margin_its_own_run_recorded(tm
     assert "(lm): ±0.01 (the claim's margin)" in margins and "(lm_slow): ±0.2 (the claim's margin)" in margins
     row = next(line for line in text.splitlines() if line.startswith("| `a = b` |")).split(" | ")
     assert "beyond ±0.01" in row[1] and "within ±0.2" in row[2]   # each setting on its own margin
+    # and the table's headings say the margin the rows were judged on, not the task's rule (0.007 once, where
+    # spell_backward_slow's claims were judged on ±0.031)
+    head = T.readme_table(tmp_path).splitlines()[0]
+    assert "(lm_slow) (eval accuracy, ±0.2)" in head and "(lm) (eval accuracy, ±0.01)" in head, head
+    assert "(lm_slow) on eval accuracy, δ ±0.2 (declared by the claims run there" in " ".join(text.split())

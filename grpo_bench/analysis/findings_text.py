@@ -340,9 +340,25 @@ def _presets(families: dict[str, dict], root: Path) -> dict[str, list[str]]:
     return found
 
 
-def intro(where: str, tasks: dict[str, metrics.TaskInfo], order: list[str], name: dict) -> str:
+def setting_margins(judged: dict, tasks: dict[str, metrics.TaskInfo]) -> dict[str, float]:
+    """setting -> the margin its rows on the task's own metric were judged with, where every claim judged there
+    declared the same one of its own (spell_backward_slow: 0.031, the task's rule at that setting's end, where
+    the task's margin is its rule at lr 1e-3's end, 0.007). A column heading shows this, not the task's."""
+    used: dict[str, set] = {}
+    for results in judged.values():
+        for s, r in results.items():
+            if s in tasks and r.get("margin") and not r.get("log") \
+                    and r.get("column") == metrics.final_column(tasks[s].verdict_metric):
+                used.setdefault(s, set()).add(r["margin"])
+    return {s: m.pop() for s, m in used.items() if len(m) == 1 and m != {tasks[s].margin}}
+
+
+def intro(where: str, tasks: dict[str, metrics.TaskInfo], order: list[str], name: dict,
+          own: dict[str, float] | None = None) -> str:
+    own = own or {}
     judged = "; ".join(f"the {name[s]} on {label_column(tasks[s].verdict_metric)}"
-                       + (f", δ ±{tasks[s].margin:g} ({tasks[s].margin_rule})" if tasks[s].margin else "")
+                       + (f", δ ±{own[s]:g} (declared by the claims run there: the task's rule at that setting's end)"
+                          if s in own else f", δ ±{tasks[s].margin:g} ({tasks[s].margin_rule})" if tasks[s].margin else "")
                        for s in order if s in tasks)
     return (
         f"Each row is one claim, tested by the shipped ablation of the same name on {where}, everything else held "
@@ -404,7 +420,8 @@ def _render(root: Path) -> tuple[str, str]:
     presets = _presets(families, root)
     where = " and ".join(f"the {name[s]}" + (f" (`{'`, `'.join(presets[s])}`)" if presets.get(s) else "")
                          for s in order)
-    lines = ["# Findings: published claims about GRPO, put to the test", "", intro(where, tasks, order, name), "",
+    own = setting_margins(judged, tasks)
+    lines = ["# Findings: published claims about GRPO, put to the test", "", intro(where, tasks, order, name, own), "",
              "| " + " | ".join(["claim", "source", *(name[s] for s in order), "across tasks",
                                 "tasks agree (Kendall's W)"]) + " |",
              "|---|---|" + "---|" * (len(order) + 2)]
@@ -415,8 +432,9 @@ def _render(root: Path) -> tuple[str, str]:
              if re.fullmatch(r".+_seed\d+", s) and s.rsplit("_seed", 1)[0] in order}
     rerun = list(dict.fromkeys(again.values()))
     readme = ["| claim | " + " | ".join(
-        f"{name[s]} ({label_column(tasks[s].verdict_metric)}" + (f", ±{tasks[s].margin:g})" if s in tasks and
-                                                                tasks[s].margin else ")") if s in tasks else name[s]
+        f"{name[s]} ({label_column(tasks[s].verdict_metric)}" + (f", ±{own.get(s, tasks[s].margin):g})"
+                                                                if tasks[s].margin or s in own else ")")
+        if s in tasks else name[s]
         for s in order if s not in again)
         + "".join(f" | {name[b]} on other starts ({', '.join(s for s in again if again[s] == b)})"
                   for b in rerun)
