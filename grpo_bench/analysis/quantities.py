@@ -71,9 +71,18 @@ def outcome_runs(directory: Path, ok: pd.DataFrame) -> dict[tuple[str, int], pd.
     if o is None or o.empty:
         return {}
     o = o[o.run.astype(str).isin(set(ok.run.astype(str)))]
-    return {(str(v), int(s)): g.pivot_table(index="problem", columns="step", values="greedy", aggfunc="first",
-                                            observed=True)
-            for (v, s), g in o.groupby([o.variant.astype(str), "seed"], observed=True)}
+    who = o[["run", "variant", "seed"]].drop_duplicates("run")
+    key = dict(zip(who.run.astype(str), zip(who.variant.astype(str), who.seed.astype(int))))
+    return {key[run]: table for run, table in by_run(o).items()}
+
+
+def by_run(o: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """run -> its greedy outcomes, problems by evaluation step (NaN where an evaluation did not score the
+    problem): one reshape for every run of a directory, where a pivot per run took most of `findings`' time."""
+    o = o.drop_duplicates(["run", "problem", "step"])   # as pivot_table(aggfunc="first") would keep
+    wide = (o.assign(run=o.run.astype(str), greedy=o.greedy.astype(float))
+            .set_index(["run", "problem", "step"]).greedy.unstack("step").sort_index(axis=0).sort_index(axis=1))
+    return {str(run): g.droplevel(0) for run, g in wide.groupby(level=0, sort=False)}
 
 
 def problem_table(runs: dict, curves: dict, variant: str, seeds, quantity: str,
@@ -96,16 +105,18 @@ def problem_table(runs: dict, curves: dict, variant: str, seeds, quantity: str,
         if c is None:
             return None
         x, _, steps = c
-        o = o.dropna()   # the curve's points are on the problems every evaluation scored (same_problems)
+        vals = o.to_numpy(float)
+        keep = ~np.isnan(vals).any(axis=1)   # the curve's points are on the problems every evaluation scored
+        column = {step: i for i, step in enumerate(o.columns)}
         eye = np.eye(len(x))
         w = np.array([at_budget(x, eye[t], x[-1] if budget is None else budget)[quantity == "area"]
                       for t in range(len(x))])
-        share = pd.Series(0.0, index=o.index)
+        share = np.zeros(int(keep.sum()))
         for t in np.flatnonzero(w):
-            if steps[t] not in o.columns:
+            if steps[t] not in column:
                 return None
-            share += w[t] * o[steps[t]]
-        rows[seed] = share
+            share += w[t] * vals[keep, column[steps[t]]]
+        rows[seed] = pd.Series(share, index=o.index[keep])
     return pd.DataFrame(rows).T
 
 
@@ -215,9 +226,7 @@ def same_problems(table: pd.DataFrame, outcomes: pd.DataFrame | None) -> pd.Data
     common = {}
     if outcomes is not None and not outcomes.empty:
         o = outcomes[outcomes.run.astype(str).isin(set(mixed.index))]
-        common = {str(r): g.pivot_table(index="problem", columns="step", values="greedy", aggfunc="first",
-                                        observed=True).dropna()
-                  for r, g in o.groupby(o.run.astype(str), observed=True)}
+        common = {run: table.dropna() for run, table in by_run(o).items()} if len(o) else {}
     runs, steps = table.run.astype(str), table.step
     value, drop = table.value.to_numpy(float).copy(), np.zeros(len(table), bool)
     held = metric.str.startswith("eval/") & (metric != "eval/problems")
