@@ -108,10 +108,56 @@ def test_lm_sampler_logprobs_are_the_models_own():
     assert (ro.sampler_logp[~on] == 0).all()
 
 
+def test_an_fp32_sampler_head_is_the_upcast_gemm_of_its_bf16_hidden_states():
+    """ScaleRL's fp32 head on the generator's side: the bf16 sampler's logits are the fp32 GEMM of its bf16
+    hidden states and upcast weights, and its log-probs are those logits' own."""
+    cfg = resolve_run({"task": {"name": "arithmetic", "ops": {"add": [0, 99]}, "prompts_per_step": 3, "eval_size": 12,
+                                "model": {"source": "tiny-scratch", "layers": 1, "width": 32, "heads": 2},
+                                "sampling": {"max_new_tokens": 4, "temperature": 0.7}},
+                       "group_size": 3, "sampler": {"precision": "bf16", "head": "fp32"}})
+    task = get("task", "arithmetic")(cfg.task, [cfg])
+    params = [p for p in task.policy.parameters() if p.requires_grad]
+    sampler = Sampler(task.policy, params, cfg.sampler)
+    head = sampler.model.get_output_embeddings()
+    assert head.weight.dtype == torch.bfloat16          # the weights stay the sampler's; only the GEMM is upcast
+    h = torch.randn(5, head.weight.shape[1], generator=torch.Generator().manual_seed(1)).bfloat16()
+    with torch.no_grad():
+        got = head(h)
+        want = h.double() @ head.weight.double().T      # exact products of bf16 values; fp32 sums them
+        bf16 = torch.nn.functional.linear(h, head.weight)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+    assert (bf16.double() - want).abs().max() > 10 * (got.double() - want).abs().max()
+    ro = task.rollout(0, 0, 3, sampler.load(params))
+    assert ro.sampler_logp is not None and (ro.sampler_logp[ro.mask > 0] < 0).all()
+    # the policy's own head is untouched: the trainer's precision is task.model.cast_lm_head_to_fp32's
+    assert type(task.policy.get_output_embeddings()).forward is torch.nn.Linear.forward
+    assert "forward" not in vars(task.policy.get_output_embeddings())
+
+
+def test_an_fp32_sampler_head_needs_an_lm_head():
+    with pytest.raises(ValueError, match="sampler.head: fp32 needs a policy whose LM head is a plain linear layer"):
+        train(resolve_run({**SORT, "sampler": {"head": "fp32"}}), [])
+
+
 @pytest.mark.parametrize("key, value, message", [
     ("precision", "fp8", "unknown 'fp8'; valid: fp32, bf16, fp16"),
+    ("head", "fp16", "unknown 'fp16'; valid: same, fp32"),
     ("staleness", -1, "must be >= 0"),
 ])
 def test_bad_sampler_settings_are_one_line_errors(key, value, message):
     with pytest.raises(ConfigError, match=f"sampler.{key}: {message}"):
         resolve_run({**SORT, "sampler": {key: value}})
+
+
+def test_an_fp32_head_on_both_sides_closes_the_bf16_heads_gap_on_the_shipped_start():
+    """scripts/head_gap.py's arms on the arithmetic start (seed 0, one rollout, no update): the bf16 sampler-trainer
+    gap of a bf16 model is mostly its head's rounding there (52 tokens, two layers), so an fp32 head on both sides
+    shrinks it many times; an fp32 head on the trainer alone (the sampler's head left in bf16) would not."""
+    import importlib.util
+    from helpers import ROOT
+    spec = importlib.util.spec_from_file_location("head_gap", ROOT / "scripts" / "head_gap.py")
+    hg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hg)
+    k3 = {arm: hg.gap("arithmetic_scratchpad", arm, 4, 4)["mismatch/k3"] for arm in ("bf16_head", "fp32_head")}
+    assert 0 < 5 * k3["fp32_head"] < k3["bf16_head"] < 1e-3, k3

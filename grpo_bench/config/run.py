@@ -41,6 +41,7 @@ PART_KEYS = ("delta", "loss", "aggregate", "kl", "kl_ctrl", "ref_update", "entro
 
 
 SAMPLER_PRECISIONS = ("fp32", "bf16", "fp16")
+SAMPLER_HEADS = ("same", "fp32")
 
 
 @dataclass
@@ -52,10 +53,14 @@ class SamplerSection:
     are sampled from in fp32, as vLLM does. The mismatch of "Defeating the Training-Inference Mismatch via FP16"."""
     staleness: int = 0
     """The sampler's weights are the policy's of this many optimizer updates ago (PipelineRL-k, asynchronous RL)."""
+    head: str = field(default="same", metadata=NEW_OPTION)
+    """same: the LM head's GEMM in the sampler's precision; fp32: from its hidden states and weights upcast
+    (vLLM's head_dtype override), ScaleRL's fp32 head on the generator's side (the trainer's is
+    task.model.cast_lm_head_to_fp32)."""
 
     @property
     def active(self) -> bool:
-        return self.precision != "fp32" or self.staleness > 0
+        return self.precision != "fp32" or self.staleness > 0 or self.head != "same"
 
 
 @dataclass
@@ -313,6 +318,8 @@ def validate(cfg: RunConfig, source: str) -> None:
     _require(cfg.sampler.precision in SAMPLER_PRECISIONS, source, "sampler.precision",
              f"unknown {cfg.sampler.precision!r}; valid: {', '.join(SAMPLER_PRECISIONS)}")
     _require(cfg.sampler.staleness >= 0, source, "sampler.staleness", f"must be >= 0, got {cfg.sampler.staleness}")
+    _require(cfg.sampler.head in SAMPLER_HEADS, source, "sampler.head",
+             f"unknown {cfg.sampler.head!r}; valid: {', '.join(SAMPLER_HEADS)}")
     _require(cfg.entropy_coef >= 0, source, "entropy_coef", f"must be >= 0, got {cfg.entropy_coef}")
     _require(cfg.nll_coef >= 0, source, "nll_coef", f"must be >= 0, got {cfg.nll_coef}")
     _check_adv_clip(cfg.adv_clip, source)

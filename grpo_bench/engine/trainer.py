@@ -658,6 +658,8 @@ class Sampler:
 
     def __init__(self, policy: torch.nn.Module, params: list[Tensor], cfg):
         self.model = copy.deepcopy(policy).to(self.DTYPES[cfg.precision]).eval()
+        if cfg.head == "fp32":
+            _fp32_head(self.model)
         self.names = [n for n, p in self.model.named_parameters() if p.requires_grad]  # the policy's trainable ones
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.model.requires_grad_(False)
@@ -685,6 +687,17 @@ class Sampler:
         self.params = [named[n] for n in self.names]
         self.model.requires_grad_(False)
         self.history = collections.deque(([x[idx] for x in snap] for snap in self.history), maxlen=self.history.maxlen)
+
+
+def _fp32_head(model: torch.nn.Module) -> None:
+    """The sampler's LM head GEMM from upcast hidden states and weights (vLLM's head_dtype fp32): the
+    logits lose the bf16 rounding that ScaleRL and MiniMax-M1 blame for the sampler-trainer gap."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is not torch.nn.Linear:  # an adapter on the head would need its own fp32 path
+        raise ValueError(f"sampler.head: fp32 needs a policy whose LM head is a plain linear layer, got "
+                         f"{type(head).__name__}; valid: same")
+    f = torch.nn.functional.linear
+    head.forward = lambda x: f(x.float(), head.weight.float(), None if head.bias is None else head.bias.float())
 
 
 def _extra(task, ro: Rollout, recipe: Recipe, old_logp: Tensor, old_ent: Tensor | None) -> tuple:
