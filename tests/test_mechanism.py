@@ -24,7 +24,7 @@ DIAG = {"acts": "tokens the upper clip stops", "metric": "clip/high_frac", "vari
         "why": "the source's argument"}
 
 
-def results(tmp_path, high: dict[str, list[float]], **diag):
+def results(tmp_path, high: dict[str, list[float]], logged: str = "clip/high_frac", **diag):
     """One toy setting where a beats b and c by far; clip/high_frac per variant logged at two steps of every seed
     (high: variant -> the two steps' values)."""
     claim = {"text": "t", "source": "s", "expect": ["a > b", "a > c"], "margin": 0.02,
@@ -34,7 +34,7 @@ def results(tmp_path, high: dict[str, list[float]], **diag):
               "c": 0.5 + 0.01 * rng.standard_normal(5)}
     d = tmp_path / "mechx_sort"
     write(d, "mechx", "sort", values, claim)
-    long = [{"run": f"{v}-s{s}", "variant": v, "seed": s, "step": step, "metric": "clip/high_frac", "value": x}
+    long = [{"run": f"{v}-s{s}", "variant": v, "seed": s, "step": step, "metric": logged, "value": x}
             for v, xs in high.items() for s in range(5) for step, x in zip((1, 2), xs)]
     pd.DataFrame(long).to_parquet(d / "metrics.parquet")
     return d, claim
@@ -159,6 +159,21 @@ def test_report_says_whether_each_mechanism_acted_and_draws_it_against_its_thres
     dotted = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
     assert [line.get_ydata()[0] for line in dotted] == [0.01]
     assert "clip/high_frac" in ax.get_title() and "threshold 0.01" in ax.get_title()
+
+
+def test_a_threshold_decades_above_the_curves_keeps_a_few_decade_labels(tmp_path):
+    # fp32_head_lm: mismatch/k3 at 1e-6..2e-5 under a 1e-3 threshold; the 1-2-5 ticks chosen for the curves'
+    # own range piled eleven labels into a 1.6-inch panel once the line widened the axis
+    from grpo_bench.analysis import report
+
+    d, _ = results(tmp_path, {"b": [2e-6, 2e-5], "c": [1e-6, 1e-5], "a": [3e-6, 1.5e-5]},
+                   logged="mismatch/k3", metric="mismatch/k3", min=1e-3)
+    ax = {stem: fig for stem, fig, _ in report.build_figures(d)}["mechanism"].axes[0]
+    ax.figure.canvas.draw()
+    lo, hi = ax.get_ylim()
+    shown = [t.get_position()[1] for t in ax.get_yticklabels() if t.get_text() and lo <= t.get_position()[1] <= hi]
+    assert ax.get_yscale() == "log" and hi >= 1e-3 and 2 <= len(shown) <= 5
+    assert all(np.isclose(np.log10(y), round(np.log10(y))) for y in shown)   # decades only
 
 
 def test_twelve_variants_get_twelve_colours():

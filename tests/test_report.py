@@ -1448,6 +1448,11 @@ def test_small_means_keep_their_digits():
     assert _fmt(8.2e-07, 3e-07) != _fmt(5.071e-05, 1.2e-05)
     assert _fmt(0.0, 0.0) == "0.000 ± 0.000" and _fmt(0.0183, 0.008) == "0.018 ± 0.008"
     assert _fmt(float("nan"), 0.1) == "—"
+    # and the seeds' table beside it (fp32_head_lm's mismatch/k3 read 0.000 [0.000, 0.000] for both variants)
+    from grpo_bench.analysis.report import _ci
+    assert _ci(9.6e-06, 4.1e-06, 1.5e-05) == "9.60e-06 [4.10e-06, 1.50e-05]"
+    assert _ci(-2e-6, -3e-6, 1e-6, signed=True) == "-2.00e-06 [-3.00e-06, +1.00e-06]"
+    assert _ci(0.0, 0.0, 0.0) == "0.000 [0.000, 0.000]" and _ci(0.8213, 0.81, 0.83) == "0.821 [0.810, 0.830]"
 
 
 def test_a_redraw_removes_the_figures_its_report_no_longer_draws(tmp_path):

@@ -282,17 +282,22 @@ def draw_curves(ax, curves: dict, metric: str, order: list[str], styles: dict,
             ax.set_yscale("symlog", linthresh=10.0 ** low, linscale=1.0)
         elif len(pos):
             ax.set_yscale("log")
-            # plain numbers (1, 2, 5 x 10^k over a short range), not 6 x 10^-2 minor labels
-            lo_, hi_ = ax.get_ylim()
-            decades = math.log10(hi_ / lo_)
-            subs = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0) if decades < 1 else (1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)
-            ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=8))
-            ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}"))
-            ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+            log_ticks(ax)
     if rng_.lo == 0 and rng_.hi == 1 and not rng_.log:
         lo_, hi_ = ax.get_ylim()
         ax.set_ylim(max(lo_, -0.02), min(hi_, 1.02))
     return describe_band(metric, min(seeds) if seeds else 0)
+
+
+def log_ticks(ax) -> None:
+    """Plain numbers on a log y-axis (1, 2, 5 x 10^k over a short range, decades over a long one), not
+    6 x 10^-2 minor labels; again after anything widens the axis, or the labels of the short range pile up."""
+    lo_, hi_ = ax.get_ylim()
+    decades = math.log10(hi_ / lo_)
+    subs = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0) if decades < 1 else (1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)
+    ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs, numticks=8))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
 
 
 def describe_band(metric: str, seeds: int) -> str:
@@ -438,6 +443,8 @@ def mechanism_figure(meta: dict, summary: pd.DataFrame, curves: dict, panels: li
             ax.set_title(f"{metric}\nits cv over steps: threshold {threshold:g}")
         else:
             ax.axhline(threshold, color="k", ls=":", lw=0.8)
+            if ax.get_yscale() == "log":  # a threshold decades above the curves widens the axis
+                log_ticks(ax)
             ax.set_title(f"{'|' + metric + '|' if reduce == 'abs_mean' else metric}\nthreshold {threshold:g} (dotted)")
         ax.set_xlabel("gradient step")
     for ax in list(axes.flat)[len(panels):]:
@@ -855,6 +862,8 @@ def _fmt(mean: float, std: float) -> str:
 
 def _ci(value: float, lo: float, hi: float, signed: bool = False) -> str:
     f = "{:+.3f}" if signed else "{:.3f}"
+    if 0 < max(abs(value), abs(lo), abs(hi)) < 5e-4:  # a sampler KL of 1e-5 would read 0.000 [0.000, 0.000]
+        f = "{:+.2e}" if signed else "{:.2e}"
     return f"{f.format(value)} [{f.format(lo)}, {f.format(hi)}]"
 
 
