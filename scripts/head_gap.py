@@ -32,8 +32,7 @@ ARMS = {  # name: (trainer dtype, sampler precision, fp32 head on both sides)
 def gap(preset: str, arm: str, prompts: int, group: int) -> dict:
     from grpo_bench.algos.corrections import mismatch
     from grpo_bench.config.run import resolve_run
-    from grpo_bench.engine.trainer import Sampler
-    from grpo_bench.registry import get
+    from grpo_bench.engine.trainer import Sampler, build_task
     from grpo_bench.store.rundir import cpu_name
 
     dtype, precision, fp32 = ARMS[arm]
@@ -42,7 +41,7 @@ def gap(preset: str, arm: str, prompts: int, group: int) -> dict:
                        "group_size": group, "backend": "chunked",
                        "sampler": {"precision": precision, "head": "fp32" if fp32 else "same"}})
     t0 = time.perf_counter()
-    task = get("task", "arithmetic")(cfg.task, [cfg])
+    task = build_task([cfg])
     params = [p for p in task.policy.parameters() if p.requires_grad]
     ro = task.rollout(0, 0, group, Sampler(task.policy, params, cfg.sampler).load(params))
     with torch.no_grad():

@@ -130,7 +130,9 @@ def test_readme_what_stands_out_is_the_findings_and_the_starts():
     text = (ROOT / "README.md").read_text()
     readme = " ".join(text.split())
     table = "\n".join(line for line in text.splitlines() if line.startswith("| ["))
-    idle = sum(int(n) for n in re.findall(r"(\d+) not exercised", table))
+    # a cell whose every ordering is apart reads "not exercised here (eval accuracy, final: 1 of 1 orderings)"
+    idle = sum(int(n) for n in re.findall(r"(\d+) not exercised", table)) + \
+        sum(int(n) for n in re.findall(r"not exercised here \([^:|]*: (\d+) of \d+ orderings\)", table))
     assert f"What stands out: {idle} orderings are *not exercised*" in readme
     d = ROOT / "results/gpu/adv_norm_countdown"
     cv = mechanism.read(mechanism.metrics_table(d), {"metric": "reward/std", "reduce": "cv", "variant": "a"},
@@ -178,6 +180,25 @@ def test_reproduce_sh_times_the_slow_spell_backward_sweeps_from_their_sweep_json
     assert set(named) == {p.name for p in (ROOT / "results").glob("*_spell_backward_slow")}
     for d, seconds in named.items():
         assert int(seconds) == round(json.loads((ROOT / "results" / d / "sweep.json").read_text())["wall_s"]), d
+
+
+def test_reproduce_sh_times_every_lm_setting_rerun_with_full_evaluations():
+    """Each claim's `lm` setting that scores every evaluation on all its problems (a rerun of one made when
+    mid-run evaluations scored 250) is timed in reproduce.sh by its sweep.json's wall_s."""
+    sys.path.insert(0, str(ROOT))
+    from grpo_bench.config.ablation import ablation_settings, load_ablation
+    text = " ".join((ROOT / "scripts/reproduce.sh").read_text().replace("#", " ").split())
+    sentence = text.split("rerun with every evaluation on all 1,000 problems", 1)[1].split(" have not been rerun", 1)[0]
+    named = dict(re.findall(r"(\w+_lm) ([\d,]+) s", sentence))
+    full = set()
+    for f in sorted((ROOT / "ablations").glob("*.yaml")):
+        if "lm" in (ablation_settings(f) or []) and (ROOT / "results" / f"{f.stem}_lm").is_dir():
+            task = load_ablation(f, setting="lm").configs[0].task
+            if getattr(task, "eval_subset", 0) in (0, getattr(task, "eval_size", 0)):
+                full.add(f"{f.stem}_lm")
+    assert set(named) == full
+    for d, seconds in named.items():
+        assert int(seconds.replace(",", "")) == round(json.loads((ROOT / "results" / d / "sweep.json").read_text())["wall_s"]), d
 
 
 def test_spell_backward_slow_margins_come_from_their_separate_run():
@@ -302,3 +323,22 @@ def test_findings_notes_on_a_lagging_sampler_before_the_ceiling_are_its_summarie
             f"{kl['reasoning-gym LM (spell_backward)']}") in notes
     k4 = _findings_cells("sampler_mismatch", "fresh > none_k4")["reasoning-gym LM (spell_backward_slow)"]
     assert k4.startswith("**not exercised**: mismatch/kl on `none_k4` 0.000149") and "(KL 0.00015)" in notes
+
+
+def test_the_fp32_head_notes_quote_the_head_gap_csv_and_the_runs():
+    """FINDINGS_notes' fp32_head paragraph: the gaps at each start are scripts/head_gap.py's (its CSV), and the
+    arithmetic LM's are the runs' own mismatch/k3 (per run the mean over steps, then over seeds, as the
+    mechanism rule reads it)."""
+    notes = " ".join((ROOT / "results/FINDINGS_notes.md").read_text().split())
+    para = notes[notes.index("**fp32_head —"):notes.index("**Starts:")]
+    gap = pd.read_csv(ROOT / "results/smollm2_start/head_gap.csv").set_index(["preset", "arm"])["mismatch/k3"]
+    for key in [("countdown", "bf16_head"), ("spell_backward", "bf16_head"), ("smollm2_arithmetic", "bf16_head"),
+                ("smollm2_arithmetic", "fp32_head"), ("smollm2_arithmetic", "bf16_sampler"),
+                ("smollm2_arithmetic", "fp16_sampler"), ("arithmetic_scratchpad", "bf16_sampler"),
+                ("arithmetic_scratchpad", "fp16_sampler")]:
+        assert f"{gap[key]:.2e}" in para, key
+    m = pd.read_parquet(ROOT / "results/fp32_head_lm/metrics.parquet")
+    k3 = m[m.metric == "mismatch/k3"].groupby(["variant", "run"]).value.mean().groupby("variant").mean()
+    assert f"gap of {k3['bf16_head']:.2e} nats" in para and f"cuts it to {k3['fp32_head']:.2e}" in para
+    acc = pd.read_csv(ROOT / "results/fp32_head_lm/summary.csv").groupby("variant")["final/eval/accuracy"].mean()
+    assert f"({acc['fp32_head']:.3f} against {acc['bf16_head']:.3f})" in para
