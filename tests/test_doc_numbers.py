@@ -344,3 +344,14 @@ def test_the_fp32_head_notes_quote_the_head_gap_csv_and_the_runs():
     assert f"gap of {k3['bf16_head']:.2e} nats" in para and f"cuts it to {k3['fp32_head']:.2e}" in para
     acc = pd.read_csv(ROOT / "results/fp32_head_lm/summary.csv").groupby("variant")["final/eval/accuracy"].mean()
     assert f"({acc['fp32_head']:.3f} against {acc['bf16_head']:.3f})" in para
+
+
+def test_statistics_counts_of_v3_plateau_rows_and_df_jumps_are_findings():
+    """docs/statistics.md quotes two counts of rule_changes' replay (FINDINGS' v4 section); a rerun that moves
+    them (the lm reruns on all 1,000 problems moved the plateau count 64 -> 58) must move the doc too."""
+    findings = " ".join((ROOT / "results/FINDINGS.md").read_text().split())
+    stats = " ".join((ROOT / "docs/statistics.md").read_text().split())
+    plateau = re.search(r"rows at a plateau: (\d+) under v3", findings).group(1)
+    jumps = re.search(r"In (\d+) crossed rows the seed term's estimate was negative", findings).group(1)
+    assert f"of its {plateau} plateau rows" in stats
+    assert f"that happened in {jumps} crossed rows of the committed results" in stats
