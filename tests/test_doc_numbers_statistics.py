@@ -166,6 +166,10 @@ def test_evaluation_points_and_run_times_are_the_results():
         if d.endswith("lm_acts"):
             assert set(problems) == {1000} and len(steps) == 7, d
             says(f"`lm_acts`'s {(steps[-1] + 1) // 30} inner steps: {points}", f"results/{d}/outcomes.parquet")
+        elif d == "dapo_ladder_lm":   # rerun with every evaluation on all its problems (statistics.md names it)
+            assert set(problems) == {1000} and len(steps) == 7, d
+            says(f"`eval_every: 5`: {len(steps)} points (steps {points}", f"results/{d}/outcomes.parquet")
+            says("the `lm` settings of adv_norm, aggregation, length_bias, dapo_ladder,", d)
         else:
             assert list(problems) == [1000] + [250] * 5 + [1000], d
             says(f"`eval_every: 5`: {len(steps)} points (steps {points}", f"results/{d}/outcomes.parquet")
