@@ -727,33 +727,6 @@ def test_curves_of_a_run_whose_mid_run_evaluations_scored_a_subset_are_read_on_t
     assert same_problems(table[table.metric != "eval/problems"], outcomes).equals(table[table.metric != "eval/problems"])
 
 
-def test_the_rerun_section_lists_each_verdict_that_moved_with_both_cells(tmp_path):
-    """scripts/findings_changes.py reads FINDINGS as render writes it: a cell whose outcome moved between two
-    versions is listed once, with both differences and tests; one that kept its outcome is not."""
-    import importlib.util
-    from helpers import ROOT
-    spec = importlib.util.spec_from_file_location("findings_changes", ROOT / "scripts" / "findings_changes.py")
-    fc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fc)
-    claim = {"text": "a beats b", "source": "Someone (2025)", "expect": ["a > b", "a > c"], "margin": {"lm": 0.01}}
-    rng = np.random.default_rng(3)
-    noise = {v: 0.002 * rng.standard_normal(6) for v in "abc"}
-    before = {"a": 0.6 + noise["a"], "b": 0.5 + noise["b"], "c": 0.5 + noise["c"]}
-    after = {"a": 0.6 + noise["a"], "b": 0.7 + noise["b"], "c": 0.5 + noise["c"]}
-    write(tmp_path / "v1" / "claimx_lm", "claimx", "lm", before, claim, column=LM)
-    write(tmp_path / "v2" / "claimx_lm", "claimx", "lm", after, claim, column=LM)
-    # a second setting of the same task arrives (the wide start): the LM's column is now "arithmetic LM (lm)"
-    write(tmp_path / "v2" / "claimx_lm_wide", "claimx", "lm_wide", before, claim, column=LM,
-          meta={"task": M.declared_task("arithmetic").record()})
-    old, new = render(tmp_path / "v1"), render(tmp_path / "v2")
-    assert "arithmetic LM (lm):" in new and "arithmetic LM (lm_wide):" in new
-    assert fc.v3_cells(old)[("claimx", "arithmetic LM", "a > b")][0] == "holds"
-    section = fc.rerun_section(old, new)
-    rows = [line for line in section.splitlines() if line.startswith("| [claimx]")]
-    assert len(rows) == 1 and "`a > b` | holds | **reversed** | Δ +0.1" in rows[0] and "Δ -0.1" in rows[0]
-    assert "1 verdicts moved, 1 did not; 2 cells are new" in section
-
-
 def test_a_ratio_margin_judges_the_log_of_the_metric(tmp_path):
     # kl_gradients' rule: "no better than no KL" within 5% either way, fixed before the runs: ln 1.05 on log KL
     values = {"none": [10.0, 12.0, 14.0], "k1": [10.1, 12.0, 13.95], "k2": [3.0, 3.5, 4.0]}
