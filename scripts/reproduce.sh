@@ -25,8 +25,10 @@
 # length_bias_spell_backward_slow 590 s, sampler_mismatch_spell_backward_slow 682 s.
 # The lm settings rerun with every evaluation on all 1,000 problems take on 2 workers (their sweep.json, Intel
 # Xeon): adv_norm_lm 2,410 s, length_bias_lm 1,456 s, aggregation_lm 1,195 s, dapo_ladder_lm 1,886 s,
-# entropy_control_lm 881 s, policy_losses_lm 1,477 s, ref_policy_lm 1,197 s (fp32: about 100 s a run on one
-# core), fp32_head_lm 3,989 s (bf16, 660-930 s a run on this CPU, part of it beside other work). fp32_head's countdown
+# entropy_control_lm 881 s, policy_losses_lm 1,477 s, ref_policy_lm 1,197 s, kl_gradients_lm 3,044 s (fp32: 100-135
+# s a run on one core), fp32_head_lm 3,989 s (bf16, 660-930 s a run on this CPU, part of it beside other work);
+# on spell_backward (all 1,000 words, 135-160 s a run on one core): entropy_control_spell_backward 1,108 s,
+# length_bias_spell_backward 1,492 s. fp32_head's countdown
 # and spell_backward settings (10 bf16 runs each, about 2.5 core-hours each here) have not been rerun since
 # the claim put the fp32 head on both sides.
 # The kernel benchmarks are separate (README, Kernels): they want an otherwise idle machine.

@@ -182,23 +182,46 @@ def test_reproduce_sh_times_the_slow_spell_backward_sweeps_from_their_sweep_json
         assert int(seconds) == round(json.loads((ROOT / "results" / d / "sweep.json").read_text())["wall_s"]), d
 
 
-def test_reproduce_sh_times_every_lm_setting_rerun_with_full_evaluations():
-    """Each claim's `lm` setting that scores every evaluation on all its problems (a rerun of one made when
-    mid-run evaluations scored 250) is timed in reproduce.sh by its sweep.json's wall_s."""
+def test_reproduce_sh_times_every_setting_rerun_with_full_evaluations():
+    """Each claim's lm, countdown, spell_backward or lm_wide setting that scores every evaluation on all its
+    problems (a rerun of one made when mid-run evaluations scored 250) is timed in reproduce.sh by its
+    sweep.json's wall_s."""
     sys.path.insert(0, str(ROOT))
     from grpo_bench.config.ablation import ablation_settings, load_ablation
     text = " ".join((ROOT / "scripts/reproduce.sh").read_text().replace("#", " ").split())
     sentence = text.split("rerun with every evaluation on all 1,000 problems", 1)[1].split(" have not been rerun", 1)[0]
-    named = dict(re.findall(r"(\w+_lm) ([\d,]+) s", sentence))
+    named = dict(re.findall(r"(\w+_(?:lm|lm_wide|countdown|spell_backward)) ([\d,]+) s", sentence))
     full = set()
     for f in sorted((ROOT / "ablations").glob("*.yaml")):
-        if "lm" in (ablation_settings(f) or []) and (ROOT / "results" / f"{f.stem}_lm").is_dir():
-            task = load_ablation(f, setting="lm").configs[0].task
-            if getattr(task, "eval_subset", 0) in (0, getattr(task, "eval_size", 0)):
-                full.add(f"{f.stem}_lm")
+        for s in set(ablation_settings(f) or []) & {"lm", "lm_wide", "countdown", "spell_backward"}:
+            if (ROOT / "results" / f"{f.stem}_{s}").is_dir():
+                task = load_ablation(f, setting=s).configs[0].task
+                if getattr(task, "eval_subset", 0) in (0, getattr(task, "eval_size", 0)):
+                    full.add(f"{f.stem}_{s}")
     assert set(named) == full
     for d, seconds in named.items():
         assert int(seconds.replace(",", "")) == round(json.loads((ROOT / "results" / d / "sweep.json").read_text())["wall_s"]), d
+
+
+def test_rerun_bits_in_the_docs_are_results_cpu_reruns():
+    """statistics.md and reliability.md say how close the Intel Xeon reruns came to the AMD EPYC runs from
+    results/cpu_reruns.csv (scripts/rerun_bits.py): runs compared, those that drew every sample the same,
+    the rollouts where the others first differed and the most a final accuracy moved."""
+    import pandas as pd
+    t = pd.read_csv(ROOT / "results/cpu_reruns.csv")
+    words = dict(enumerate("no one two three four five six seven eight nine ten".split()))
+    moved = t[t.samples_from.notna()]
+    assert (t.training_bits == "differ").all()     # "in each of the runs ... differ from the first update"
+    # every setting rerun with full evaluations on the Xeon that has an AMD version is in it
+    assert set(t.setting) >= {"kl_gradients_lm", "entropy_control_spell_backward", "ref_policy_lm"}
+    want = [f"of the {len(t)} runs", f"{len(t) - len(moved)} drew every sample",
+            f"in {words[len(moved)]} a sample first differed at rollout "
+            f"{int(moved.samples_from.min())}-{int(moved.samples_from.max())}",
+            f"moved by at most {(moved.final_after - moved.final_before).abs().max():.3f}"]
+    for doc in ("docs/statistics.md", "docs/reliability.md"):
+        text = " ".join((ROOT / doc).read_text().split())
+        for phrase in want:
+            assert phrase in text.replace("each of the", "of the"), (doc, phrase)
 
 
 def test_spell_backward_slow_margins_come_from_their_separate_run():
