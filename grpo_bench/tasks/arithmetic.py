@@ -76,9 +76,9 @@ class ModelSection:
     base is dequantised to `dtype` and trains as such. Empty for weights that were never quantised."""
 
     def __post_init__(self):
-        from .lm import pretrained   # no torch: a table of packages
+        from .lm import pretrained, shipped   # no torch: a table of packages, a manifest
 
-        packaged = pretrained.entry(self.source)
+        packaged = pretrained.entry(self.source) or pretrained.entry(shipped.base(self.source))
         if packaged is not None and not self.quantization:
             self.quantization = packaged.quantization
 
@@ -271,8 +271,13 @@ def check_source(model) -> None:
     """A packaged GGUF's (installed, its quantisation recorded); no other source may claim a quantisation."""
     from .lm import pretrained
 
+    from .lm import shipped
+
     if pretrained.name(model.source):
         pretrained.check(model)
+    elif pretrained.name(shipped.base(model.source)):   # a warm-up adapter on a packaged GGUF: the base's
+        from dataclasses import replace
+        pretrained.check(replace(model, source=shipped.base(model.source)))
     elif model.quantization:
         raise ValueError(f"model.quantization: only a packaged GGUF (gguf:...) records one; {model.source!r} "
                          f"loads unquantised weights, got {model.quantization!r}")

@@ -390,7 +390,7 @@ def _check_shipped(cfg) -> None:
             from .lm import models
             models.check_local_source(cfg.model.source)
         return
-    if which not in shipped.available() or not (shipped.directory(which) / "config.json").is_file():
+    if not shipped.loadable(which):
         raise ValueError(f"model.source: no shipped checkpoint {cfg.model.source!r}; valid: "
                          + ", ".join(shipped.PREFIX + n for n in shipped.available()))
     try:

