@@ -192,6 +192,9 @@ def test_a_pretrained_warm_up_ships_an_adapter_that_loads_merged_into_its_base(t
     assert m["task"] == {"dataset": "spell_backward", "config": WARM_TASK["config"], "eval_size": 8,
                          "eval_seed": 1234, "template": "chat", "system": "", "prefix": "B: "}
     assert m["steps"] == 3 and m["criterion_met"]
+    # peft keeps the targets in a set, whose order changes with each process's string hashing
+    targets = json.loads((root / "checkpoint" / "adapter_config.json").read_text())["target_modules"]
+    assert targets == sorted(targets) and len(targets) == 3
 
     base, tok = models.load(chat_base, torch.device("cpu"), torch.float32)
     merged, merged_tok = models.load(str(root / "checkpoint"), torch.device("cpu"), torch.float32)

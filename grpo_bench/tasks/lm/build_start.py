@@ -314,6 +314,11 @@ def build_pretrained(task: dict, start: StartSection, out: Path, log=print) -> t
             warnings.filterwarnings("ignore", "Could not find a config file", UserWarning)
             model.save_pretrained(out)
         (out / "README.md").unlink(missing_ok=True)   # peft's model card: versions and dates, not the adapter
+        # peft writes target_modules from a set, in an order that changes with each process's string hashing:
+        # sorted, the same preset builds the same bytes in any process
+        config = json.loads((out / "adapter_config.json").read_text())
+        config["target_modules"] = sorted(config["target_modules"])
+        (out / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         # pass@k only where greedy accuracy is in the window: elsewhere the check cannot stop the build
         acc = evaluate(task, out, sampled=False)
         if start.greedy is None or start.greedy[0] <= acc["greedy"] <= start.greedy[1]:
