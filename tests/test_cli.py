@@ -50,7 +50,7 @@ CASES = [
     ({"base": BASE, "grid": {"loss": []}}, ["grid.loss", "non-empty list"]),
     ({"base": BASE, "grid": {"seed": [0]}, "seed": 3}, [": seed: unknown key", "valid: name, description, include, claim, settings, base, grid, variants, seeds, resources"]),
     ({"base": {**BASE, "task": {"name": "sorting"}}, "grid": {"seed": [0]}},
-     ["task.name", "valid: arithmetic, gym, sort (tasks); arithmetic_qwen, arithmetic_scratchpad, arithmetic_scratchpad_wide, arithmetic_tiny, countdown, smollm2_arithmetic, smollm2_countdown, smollm2_spell_backward, sort_converge, sort_hard, sort_lecture, spell_backward (presets"]),
+     ["task.name", "valid: arithmetic, gym, sort (tasks); arithmetic_qwen, arithmetic_scratchpad, arithmetic_scratchpad_wide, arithmetic_tiny, countdown, smollm2_arithmetic, smollm2_countdown, smollm2_countdown_warm, smollm2_letter_counting, smollm2_spell_backward, sort_converge, sort_hard, sort_lecture, spell_backward (presets"]),
     ({"base": {**BASE, "task": {"name": "sort", "size": 3}}, "grid": {"seed": [0]}}, ["task.size", "unknown key", "vocab"]),
     ({"base": {**BASE, "task": {"name": "sort", "rewards": {"l2": 1}}}, "grid": {"seed": [0]}},
      ["task.rewards", "unknown reward 'l2' for task sort; valid: inclusion_order, match"]),

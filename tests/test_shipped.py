@@ -59,3 +59,14 @@ def test_sources_name_shipped_directories():
         resolve_run({"task": {"name": "arithmetic", "model": {"source": "shipped:nope"}}}, "x.yaml")
     assert err.value.key == "task.model.source" and ("valid: tiny, shipped:arithmetic_scratchpad, shipped:arithmetic_scratchpad_seed1, shipped:arithmetic_scratchpad_seed2, "
                                                     "shipped:arithmetic_scratchpad_wide, shipped:arithmetic_tiny") in str(err.value)
+
+
+@pytest.mark.parametrize("which", [w for w in shipped.available() if "preset" in shipped.manifest(w)])
+def test_a_start_was_built_from_its_preset_as_it_now_reads(which):
+    """The manifest's hash of the preset it was built from is the preset file's: a `start:` or task setting (or a
+    description's claim about the start) edited after the build would describe another start than the one shipped."""
+    import hashlib
+
+    m = shipped.manifest(which)
+    preset = shipped.root(which).parent / m["preset"]["file"]
+    assert hashlib.sha256(preset.read_bytes()).hexdigest() == m["preset"]["sha256"]
