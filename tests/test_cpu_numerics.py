@@ -103,3 +103,44 @@ def test_a_late_pin_warns_and_says_what_is_in_force():
     if state == cpu.PINNED:
         pytest.skip(f"this CPU's native paths are the pinned ones ({state}): nothing to warn about")
     assert warned.startswith("1 ") and "may differ on another processor" in warned, out.stdout
+
+
+def test_cpu_sqrt_is_ieees_where_a_tensors_need_not_be():
+    """cpu.sqrt is the correctly rounded root in float32 and float64 (numpy's sqrt is the IEEE instruction), keeps
+    the shape, and gives NaN below 0 as torch does; torch's own CPU sqrt goes through MKL's vector math, which
+    is not correctly rounded and, under the pin, rounded differently on an Intel Xeon and an AMD EPYC."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(0)
+    for dtype, npdtype in ((torch.float32, np.float32), (torch.float64, np.float64)):
+        x = (torch.rand(4000, generator=g, dtype=torch.float64) * 100).to(dtype).view(40, 100)
+        got = cpu.sqrt(x)
+        assert got.dtype == dtype and got.shape == x.shape
+        assert torch.equal(got, torch.from_numpy(np.sqrt(x.numpy().astype(npdtype))))
+    special = cpu.sqrt(torch.tensor([0.0, 4.0, float("inf"), -1.0, float("nan")]))
+    assert special[:3].tolist() == [0.0, 2.0, float("inf")] and special[3:].isnan().all()
+
+
+def test_the_spread_metrics_round_as_ieee_says():
+    """The coefficients of variation the mechanisms read (trainer._spreads) on lengths whose sums, mean and squared
+    deviations are exact in float32: every rounding left is the root's and the quotient's, so each value must be
+    the correctly rounded one bit for bit, the same on every processor (with MKL's root, many were one unit off)."""
+    import types
+
+    import numpy as np
+
+    from grpo_bench.engine.trainer import _spreads
+
+    g = torch.Generator().manual_seed(1)
+    p, b, gs, t = 200, 8, 8, 40
+    lengths = torch.randint(1, t + 1, (p, b, gs), generator=g)
+    mask = (torch.arange(t) < lengths[..., None]).float()                # (P, B, G, T): each response's tokens
+    rewards = torch.rand(p, b, gs, generator=g)                          # no group flat: all 64 responses live
+    got = _spreads(types.SimpleNamespace(mask=mask, rewards=rewards), torch.zeros(p, b, dtype=torch.bool))
+    f32 = np.float32
+    for name, values in (("response/length_cv", lengths.flatten(1)), ("response/length_prompt_cv", lengths.sum(-1))):
+        v = values.numpy().astype(np.float64)
+        mean = v.mean(1)                                                 # n is 64 or 8: exact in binary
+        var = ((v - mean[:, None]) ** 2).mean(1)                         # multiples of 1/64**2, far below 2**24
+        want = (np.sqrt(var.astype(f32)) / mean.astype(f32)).astype(f32)
+        assert np.array_equal(got[name].numpy(), want), name

@@ -53,7 +53,7 @@ from torch import Tensor
 from torch.func import vmap
 
 from .. import registry
-from ..numerics import rng
+from ..numerics import cpu as cpu_numerics, rng
 from ..algos import Batch, masked_mean
 from ..algos.corrections import mismatch
 from ..algos.deltas import Extra
@@ -163,7 +163,7 @@ def _spreads(ro: Rollout, flat: Tensor) -> dict[str, Tensor]:
         total = weights.sum(1).clamp(min=1)
         mean = (values * weights).sum(1) / total
         var = (((values - mean[:, None]) ** 2) * weights).sum(1) / total
-        return var.sqrt() / mean.clamp(min=1e-12)
+        return cpu_numerics.sqrt(var) / mean.clamp(min=1e-12)   # MKL's sqrt differs by processor
 
     w = live[..., None].expand_as(lengths).float()
     per_group = _cv(lengths, -1)

@@ -17,6 +17,7 @@ on the processor). tests/test_cpu_numerics.py runs the toy under every setting t
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import warnings
 from functools import lru_cache
@@ -78,3 +79,21 @@ def _warn(now: str) -> None:
     warnings.warn(f"grpo_bench: this process computed before its CPU paths could be pinned ({now}, not {PINNED}), "
                   "so its numbers may differ on another processor; train through `python -m grpo_bench run`, "
                   "or call grpo_bench.numerics.cpu.pin() before anything computes", RuntimeWarning, stacklevel=3)
+
+
+def sqrt(x):
+    """x.sqrt(), correctly rounded on every CPU, for the few values of a per-member metric.
+
+    ATen hands a CPU tensor's sqrt to MKL's vector math (vsSqrt/vdSqrt), which is accurate to one unit
+    in the last place, not correctly rounded, and rounds differently by processor even under the pin:
+    the spread metrics of one pinned sweep differed in their last bit between an Intel Xeon and an AMD
+    EPYC while every other number was the same (docs/reliability.md). Python's sqrt is IEEE's
+    (correctly rounded in float64, and rounding that to float32 gives the correctly rounded float32
+    sqrt). CUDA's sqrt is IEEE's already.
+    """
+    import torch
+
+    if x.device.type != "cpu":
+        return x.sqrt()
+    roots = [math.sqrt(v) if v >= 0 else math.nan for v in x.detach().flatten().tolist()]
+    return torch.tensor(roots, dtype=x.dtype).view(x.shape)
