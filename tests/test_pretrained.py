@@ -103,10 +103,15 @@ def _run(source, seed, **over):
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_a_llama_population_member_equals_its_run_alone(tiny_llama):
+@pytest.mark.parametrize("shared", [False, True], ids=["prefill_per_sample", "shared_prefill"])
+def test_a_llama_population_member_equals_its_run_alone(tiny_llama, shared):
     """Members share the frozen base and differ in their adapters and streams: each one's metric rows are its
-    rows alone, to the bit, through the fused head on the tied embedding."""
+    rows alone, to the bit, through the fused head on the tied embedding; also where each prompt's prefill is
+    shared by its samples (sampling.shared_prefill, the SmolLM2 presets')."""
+    sampling = {"max_new_tokens": 4, "shared_prefill": shared}
     raws = [_run(tiny_llama, s, lr=0.02 * (i + 1)) for i, s in enumerate([1, 0])]
+    for r in raws:
+        r["task"]["sampling"] = sampling
     cfgs = [resolve_run(copy.deepcopy(r)) for r in raws]
     rows = [[] for _ in cfgs]
     together = train_population(cfgs, rows)
@@ -116,6 +121,39 @@ def test_a_llama_population_member_equals_its_run_alone(tiny_llama):
         assert [r for r in mine if not r[1].startswith("time/")] == [r for r in alone if not r[1].startswith("time/")]
     loss = [[v for _, name, v in r if name == "loss/policy"] for r in rows]
     assert loss[0] != loss[1] and len(loss[0]) == 3 * 2 and any(loss[0])   # the members trained, and differed
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_run_with_shared_prefill_samples_what_it_samples_without(tiny_llama):
+    """sampling.shared_prefill changes how the prompts' rows are batched, not what is drawn: a run's rollouts and
+    pass@k samples are the same tokens (its sampled metrics equal), its losses the same to float rounding."""
+    rows = {}
+    for shared in (False, True):
+        raw = _run(tiny_llama, 0)
+        raw["task"]["sampling"] = {"max_new_tokens": 4, "shared_prefill": shared}
+        rows[shared] = []
+        train(resolve_run(raw), rows[shared])
+    pick = lambda rs, names: [(s, n, v) for s, n, v in rs if n in names]  # noqa: E731
+    sampled = {"reward/mean", "response/length", "reward/zero_std_frac", "eval/pass@k", "eval/mean@k"}
+    assert pick(rows[False], sampled) == pick(rows[True], sampled) and len(pick(rows[True], sampled)) >= 3 * 3
+    for a, b in zip(pick(rows[False], {"loss/policy"}), pick(rows[True], {"loss/policy"})):
+        assert a[:2] == b[:2] and a[2] == pytest.approx(b[2], rel=1e-4, abs=1e-7)
+    # and the prefill is shared: a rollout of 3 prompts x 3 samples runs 3 prompt rows, not 9
+    from grpo_bench.registry import get
+
+    seen = {}
+    for shared in (False, True):
+        raw = _run(tiny_llama, 0)
+        raw["task"]["sampling"] = {"max_new_tokens": 4, "shared_prefill": shared}
+        cfg = resolve_run(raw)
+        task = get("task", "arithmetic")(cfg.task, [cfg])
+        prefills = []   # rows of each forward that runs more than one position: the prompts'
+        hook = task.policy.get_input_embeddings().register_forward_hook(
+            lambda m, args, out: prefills.append(args[0].shape[0]) if args[0].shape[1] > 1 else None)
+        seen[shared] = (task.rollout(0, 0, 3).responses, prefills)
+        hook.remove()
+    assert seen[False][1] == [9] and seen[True][1] == [3]
+    assert torch.equal(seen[False][0], seen[True][0])
 
 
 def test_k_samples_of_a_prompt_from_one_prefill_are_those_of_k_copies(tiny_llama):
@@ -216,7 +254,7 @@ def test_the_gpu_headroom_ablation_loads_as_it_says():
         preset = yaml.safe_load((ROOT / f"tasks/smollm2_{setting}.yaml").read_text())["task"]
         assert task.model.source == preset["model"]["source"]
         assert (task.model.quantization, task.eval_size, task.eval_subset, task.pass_k) == ("Q4_1", 200, 0, 8)
-        assert task.sampling.max_new_tokens == preset["sampling"]["max_new_tokens"]
+        assert task.sampling.max_new_tokens == preset["sampling"]["max_new_tokens"] and task.sampling.shared_prefill
         loss = abl.configs[0].loss
         assert task.model.gradient_checkpointing and (loss["name"] if isinstance(loss, dict) else loss) == "clipped"
 

@@ -124,6 +124,10 @@ class SamplingSection:
     """Nucleus sampling; 1 samples from the full distribution (log-probs ignore the truncation, as TRL's do)."""
     max_new_tokens: int = 8
     """Completion budget; a completion without EOS by then is cut off (format reward 0)."""
+    shared_prefill: bool = field(default=False, metadata=NEW_OPTION)
+    """Run each prompt once for all its samples (a rollout's G, pass@k's k), its KV cache copied to them: a pretrained
+    model's chat prompts are several times its completions, so most of a rollout's work goes; the samples' rows are
+    batched differently, so a run's last bits are not those it has without it (off: every committed LM result)."""
 
 
 @dataclass
@@ -457,14 +461,17 @@ class Arithmetic:
         return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
 
     def _generate(self, ids: Tensor, mask: Tensor, gens: list[torch.Generator] | None, model=None,
-                  with_logprobs: bool = False):
-        """(N, max_new_tokens) completions of member-major prompt rows; gens None: greedy. model: who
-        generates (the policy, or a sampler copy of it); with_logprobs: its log-probs of them too."""
+                  with_logprobs: bool = False, n: int = 1):
+        """(N n, max_new_tokens) completions of member-major prompt rows, n consecutive ones of each row; gens None:
+        greedy. model: who generates (the policy, or a sampler copy of it); with_logprobs: its log-probs of them too."""
         cfg = self.cfg.sampling
         model = self.policy if model is None else model
         model.eval()
+        repeat = n if cfg.shared_prefill else 1
+        if repeat == 1 and n > 1:
+            ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
         return self._stacked.generate(model, ids, mask, cfg.max_new_tokens, self.eos, self.tokenizer.pad_token_id,
-                                      gens, cfg.temperature, cfg.top_p, with_logprobs=with_logprobs)
+                                      gens, cfg.temperature, cfg.top_p, with_logprobs=with_logprobs, repeat=repeat)
 
     def _decode(self, tokens: Tensor) -> tuple[list[str], Tensor, Tensor]:
         """Text of generated tokens (N, T) up to EOS, their mask and whether they finished."""
@@ -495,8 +502,7 @@ class Arithmetic:
         batches = [self._train_batch(s, exclude, epoch, draw) for s, exclude in zip(self.seeds, self._exclude)]
         ids, attn = self._prompts([q for batch in batches for q in batch])          # (P B, L)
         gens = self._streams("sample", epoch, draw)
-        out = self._generate(ids.repeat_interleave(g, 0), attn.repeat_interleave(g, 0), gens, sampler,
-                             with_logprobs=sampler is not None)                 # (P B G, T)
+        out = self._generate(ids, attn, gens, sampler, with_logprobs=sampler is not None, n=g)   # (P B G, T)
         tokens, sampler_logp = out if sampler is not None else (out, None)
         texts, mask, finished = self._decode(tokens)
         n = b * g
@@ -622,7 +628,7 @@ class Arithmetic:
         self._ref_draws += 1
         gens = self._streams("reference_samples", self._ref_draws)
         with self._stacked.adapters(self.layers, self._stacked.REFERENCE):
-            tokens = self._generate(ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0), gens)
+            tokens = self._generate(ids, attn, gens, n=n)
         texts, mask, finished = self._decode(tokens)
         out = [self._score(batch, texts[i * b * n:(i + 1) * b * n], mask[i * b * n:(i + 1) * b * n],
                            finished[i * b * n:(i + 1) * b * n], n)[0] for i, batch in enumerate(rollout.prompts)]
@@ -714,8 +720,7 @@ class Arithmetic:
             n = len(batch)
             ids, attn = self._prompts(batch)
             gens = self._streams("eval", self._evals, start)
-            texts, _, _ = self._decode(self._generate(ids.repeat_interleave(k, 0).repeat(p, 1),
-                                                      attn.repeat_interleave(k, 0).repeat(p, 1), gens))
+            texts, _, _ = self._decode(self._generate(ids.repeat(p, 1), attn.repeat(p, 1), gens, n=k))
             for i in range(p):
                 hits = torch.tensor(self._member_correct(i, batch, texts[i * n * k:(i + 1) * n * k], k)).view(n, k)
                 scores[i][3] += hits.amax(-1).tolist()   # some of the k samples is right
