@@ -348,6 +348,8 @@ def _in_process(monkeypatch, train=True):
 
 def test_sweep_json_and_the_progress_bar(tmp_path, monkeypatch, capsys):
     import torch
+
+    from grpo_bench.numerics import cpu as cpu_numerics
     before = torch.get_num_threads()
     seen = _in_process(monkeypatch)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
@@ -372,7 +374,8 @@ def test_sweep_json_and_the_progress_bar(tmp_path, monkeypatch, capsys):
     assert 0 <= wall <= elapsed + 0.05 and wall == round(wall, 1)      # to a tenth of a second
     # two loss parts, two seeds each: two populations, split in four for four workers
     assert sweep == {"runs": 4, "skipped": 0, "where": "local: 4 workers", "threads": 2, "populations": [1, 1, 1, 1],
-                     "cpus": 8, "cpu": RN.cpu_name(), "load_avg_end": 1.23, "command": "run sweep.yaml --seeds 2"}
+                     "cpus": 8, "cpu": RN.cpu_name(), "cpu_paths": cpu_numerics.state(),  # the paths its numbers took
+                     "load_avg_end": 1.23, "command": "run sweep.yaml --seeds 2"}
     written = pd.read_csv(out / "summary.csv")
     assert written.run.tolist() == summary.run.tolist()
     assert written["final/reward"].tolist() == summary["final/reward"].tolist()
