@@ -1,16 +1,17 @@
-"""results/cpu_reruns.csv: how close each LM run rerun on another processor came to the run it replaced.
+"""results/cpu_reruns.csv: how close each LM run rerun under the CPU pin came to the native-path run it replaced.
 
     python scripts/rerun_bits.py [RESULTS]
 
-The committed LM results were made on an AMD EPYC's native paths, before the CPU pin; some settings
-were rerun since on an Intel Xeon under the pin (to score every evaluation on all problems). For
-each results directory whose sweep.json names a processor other than the AMD one, the last
-committed version made on the AMD EPYC is read from git history, and each run whose config is the
-same (the evaluation subset aside) is compared, (variant, seed) to (variant, seed), on its logged
-per-step metrics:
+The committed LM results were made on an AMD EPYC's native paths, before the CPU pin (commit e481cca);
+some settings were rerun since under the pin (to score every evaluation on all problems), on an Intel
+Xeon and on an AMD EPYC (Zen 4). For each results directory whose sweep is not the one committed before
+the pin (another wall time), that pre-pin version is read from git history, and each run whose config
+is the same (the evaluation subset aside) is compared, (variant, seed) to (variant, seed), on its
+logged per-step metrics:
 
+    cpu              the processor of the rerun (sweep.json)
     training_bits    whether a continuous quantity of training (ratio/max, loss/policy, grad/norm)
-                     differs anywhere: the two processors' arithmetic differing in its last bits
+                     differs anywhere: the two code paths' arithmetic differing in its last bits
     samples_from     the first rollout at which something the samples decide differs (reward/mean,
                      response/length, reward/zero_std_frac, response/finished), empty if none
                      does: every sample drawn was the same, so is every final reward, accuracy, length
@@ -32,9 +33,10 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 BEFORE = "AMD EPYC"
+PIN = "e481cca"  # the commit that pinned the CPU paths: what was committed before it took the native ones
 CONTINUOUS = ("ratio/max", "loss/policy", "grad/norm")
 SAMPLED = ("reward/mean", "response/length", "reward/zero_std_frac", "response/finished")
-COLUMNS = ["setting", "before_commit", "variant", "seed", "training_bits", "samples_from", "final_before",
+COLUMNS = ["setting", "before_commit", "cpu", "variant", "seed", "training_bits", "samples_from", "final_before",
            "final_after"]
 
 
@@ -43,13 +45,16 @@ def git(*args: str) -> bytes:
 
 
 def before_commit(d: Path) -> str | None:
-    """The last commit whose version of d's sweep was made on the AMD EPYC."""
+    """The last commit before the pin that holds d's sweep, if d has been rerun since (another wall time)."""
     rel = d.relative_to(ROOT).as_posix()
-    for commit in git("log", "--format=%h", "--", f"{rel}/sweep.json").decode().split():
-        sweep = json.loads(git("show", f"{commit}:{rel}/sweep.json"))
-        if sweep.get("cpu", "").startswith(BEFORE):
-            return commit
-    return None
+    commits = git("log", "--format=%h", "-n", "1", f"{PIN}^", "--", f"{rel}/sweep.json").decode().split()
+    if not commits:
+        return None
+    sweep = json.loads(git("show", f"{commits[0]}:{rel}/sweep.json"))
+    now = json.loads((d / "sweep.json").read_text())
+    if sweep.get("wall_s") == now.get("wall_s") or not sweep.get("cpu", "").startswith(BEFORE):
+        return None
+    return commits[0]
 
 
 def same_config(a: dict, b: dict) -> bool:
@@ -75,12 +80,13 @@ def compare(d: Path, commit: str) -> list[dict]:
     for tag, table in (("before", pd.read_csv(io.BytesIO(git("show", f"{commit}:{rel}/summary.csv")))),
                        ("after", pd.read_csv(d / "summary.csv"))):
         finals[tag] = {(r.variant, int(r.seed)): r["final/eval/accuracy"] for _, r in table.iterrows()}
+    cpu = json.loads((d / "sweep.json").read_text())["cpu"]
     rows = []
     for (variant, seed), _ in both.groupby(["variant", "seed"]):
         mine = moved[(moved.variant == variant) & (moved.seed == seed)]
         sampled = mine[mine.metric.isin(SAMPLED)]
         inner = new_spec["configs"][variant]["inner_steps"]
-        rows.append({"setting": d.name, "before_commit": commit, "variant": variant, "seed": int(seed),
+        rows.append({"setting": d.name, "before_commit": commit, "cpu": cpu, "variant": variant, "seed": int(seed),
                      "training_bits": "differ" if mine.metric.isin(CONTINUOUS).any() else "same",
                      "samples_from": "" if sampled.empty else int(sampled.step.min()) // inner + 1,
                      "final_before": finals["before"][(variant, int(seed))],
@@ -91,8 +97,6 @@ def compare(d: Path, commit: str) -> list[dict]:
 def main(results: Path) -> Path:
     rows = []
     for sweep in sorted(results.glob("*/sweep.json")):
-        if json.loads(sweep.read_text()).get("cpu", BEFORE).startswith(BEFORE):
-            continue
         if (sweep.parent / "outcomes.parquet").exists() and (commit := before_commit(sweep.parent)):
             rows += compare(sweep.parent, commit)
     out = results / "cpu_reruns.csv"
