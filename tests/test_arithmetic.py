@@ -262,7 +262,8 @@ def test_pass_and_mean_at_k_from_known_samples(monkeypatch):
     samples = [t for i in range(n) for t in ((right[i], wrong[i]) if i < 4 else (wrong[i],) * 2 if i < 8 else (right[i],) * 2)]
     greedy = right[:6] + wrong[6:]
     sampled = []
-    monkeypatch.setattr(task, "_generate", lambda ids, attn, gens: sampled.append(gens is not None) or torch.zeros(len(ids), 1))
+    monkeypatch.setattr(task, "_generate",   # n: samples of each prompt row
+                        lambda ids, attn, gens, n=1: sampled.append(gens is not None) or torch.zeros(len(ids) * n, 1))
     monkeypatch.setattr(task, "_decode", lambda tokens: (samples if sampled[-1] else greedy, torch.ones(len(tokens), 3),
                                                          torch.ones(len(tokens), dtype=torch.bool)))
     out = task.evaluate()[0]

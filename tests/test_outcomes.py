@@ -59,9 +59,9 @@ def scripted(task, greedy_right, sample_right, answer=lambda e: str(e.answer)):
         finally:
             base.pop()
 
-    def generate(ids, attn, gens):
+    def generate(ids, attn, gens, n=1):   # n: samples of each prompt row
         sampled.append(gens is not None)
-        return torch.zeros(len(ids), 1)
+        return torch.zeros(len(ids) * n, 1)
 
     def decode(tokens):
         rows = len(tokens)
@@ -300,7 +300,7 @@ def test_the_first_evaluation_is_the_base_models_and_a_moved_adapter_is_not():
     task = get("task", "arithmetic")(cfgs[0].task, cfgs)
     calls = []
     generate = task._generate
-    task._generate = lambda *a: calls.append(a[2] is None) or generate(*a)
+    task._generate = lambda *a, **kw: calls.append(a[2] is None) or generate(*a, **kw)
     task.evaluate()
     assert sum(calls) == 1   # greedy: 200 problems, one chunk, and no second pass for the base
     first = task._base_hits
