@@ -28,7 +28,9 @@
 # entropy_control_lm 881 s, policy_losses_lm 1,477 s, ref_policy_lm 1,197 s, kl_gradients_lm 3,044 s (fp32: 100-135
 # s a run on one core), fp32_head_lm 3,989 s (bf16, 660-930 s a run on this CPU, part of it beside other work);
 # on spell_backward (all 1,000 words, 135-160 s a run on one core): entropy_control_spell_backward 1,108 s,
-# length_bias_spell_backward 1,492 s. fp32_head's countdown
+# length_bias_spell_backward 1,492 s; on an AMD EPYC (Zen 4, 2 workers, the same pin, about 1.7x the Xeon's
+# speed on entropy_control's spell_backward sweep): aggregation_spell_backward 1,095 s,
+# ref_policy_spell_backward 935 s, adv_norm_spell_backward 1,244 s, entropy_control_countdown 1,096 s. fp32_head's countdown
 # and spell_backward settings (10 bf16 runs each, about 2.5 core-hours each here) have not been rerun since
 # the claim put the fp32 head on both sides.
 # The kernel benchmarks are separate (README, Kernels): they want an otherwise idle machine.
