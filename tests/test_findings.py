@@ -524,8 +524,8 @@ def test_findings_name_the_presets_their_ablation_files_set(tmp_path):
 
 def test_the_complete_run_with_outcomes_and_more_seeds_is_judged_and_its_device_named(tmp_path):
     """A claim run twice on one task (results/<name>/ on a CPU, results/gpu/<name>/ on a GPU): the directory
-    whose planned runs all finished, then the one with per-problem outcomes, then the one with more seeds, is
-    judged, its device named; the other is listed."""
+    whose planned runs all finished, then the one with per-problem outcomes, then the one whose every evaluation
+    scored the full problem set, then the one with more seeds, is judged, its device named; the other is listed."""
     claim = {"text": "a beats b", "source": "Someone (2025)", "expect": ["a > b"], "margin": {"lm": 0.01}}
     rng = np.random.default_rng(1)
     five = {"a": 0.6 + 0.01 * rng.standard_normal(5), "b": 0.5 + 0.01 * rng.standard_normal(5)}
@@ -557,6 +557,21 @@ def test_the_complete_run_with_outcomes_and_more_seeds_is_judged_and_its_device_
     text = render(tmp_path)
     assert "arithmetic LM: `" + tmp_path.name + "/claimx_lm` on CPU (Test CPU)" in text
     assert "(10 seeds, no per-problem outcomes)" in text
+    # both with outcomes: the one whose every evaluation scored the full problem set wins over more seeds
+    (tmp_path / "claimx_lm" / "outcomes.parquet").rename(tmp_path / "gpu" / "claimx_lm" / "outcomes.parquet")
+    text = render(tmp_path)
+    assert "arithmetic LM: `" + tmp_path.name + "/gpu/claimx_lm` on Test GPU" in text
+    for d, seeds in (("gpu/claimx_lm", 10), ("claimx_lm", 5)):
+        pd.DataFrame([{"run": f"{v}-s{s}", "variant": v, "seed": s, "step": 59, "problem": j, "greedy": 1,
+                       "k_correct": None} for v in "ab" for s in range(seeds) for j in range(3)]
+                     ).to_parquet(tmp_path / d / "outcomes.parquet")
+    meta_file = tmp_path / "gpu" / "claimx_lm" / "ablation.json"
+    meta = json.loads(meta_file.read_text())
+    meta_file.write_text(json.dumps(meta | {"configs": {"a": {"task": {"eval_size": 1000, "eval_subset": 250}},
+                                                         "b": {"task": {"eval_size": 1000, "eval_subset": 0}}}}))
+    text = render(tmp_path)
+    assert "arithmetic LM: `" + tmp_path.name + "/claimx_lm` on CPU (Test CPU)" in text
+    assert "(10 seeds, mid-run evaluations on a subset of the problems)" in text
 
 
 def test_a_claim_on_a_metric_no_run_writes_is_refused_when_the_file_loads(tmp_path):
@@ -777,9 +792,9 @@ def test_a_claim_with_one_real_effect_among_null_tasks_keeps_its_family_wise_err
 # them: made before every evaluation scored the full set (issue 41). Their curves, areas and equal-samples readings
 # are read on those 250 alone (quantities.same_problems), noisier than on all 1,000; each leaves this list when it
 # is rerun, and no setting may join it.
-MID_RUN_SUBSET = {f"{claim}:countdown" for claim in ("adv_norm", "aggregation", "dapo_ladder", "kl_gradients",
-                                                    "length_bias", "policy_losses", "ref_policy", "sampler_mismatch")} \
-    | {f"{claim}:spell_backward" for claim in ("dapo_ladder", "kl_gradients", "policy_losses", "sampler_mismatch")} \
+MID_RUN_SUBSET = {f"{claim}:countdown" for claim in ("adv_norm", "dapo_ladder", "kl_gradients", "policy_losses",
+                                                    "ref_policy", "sampler_mismatch")} \
+    | {f"{claim}:spell_backward" for claim in ("dapo_ladder", "kl_gradients", "sampler_mismatch")} \
     | {"dapo_ladder:lm_wide", "policy_losses:lm_wide", "sampler_mismatch:lm_wide", "sampler_mismatch:lm"}
 
 

@@ -354,12 +354,15 @@ def collect(root: Path) -> tuple[dict[str, dict], dict[str, metrics.TaskInfo], l
     return families, tasks, order
 
 
-def _completeness(d: Path) -> tuple[bool, bool, int]:
-    """(every planned run finished, per-problem outcomes kept, seeds): which of two results directories of one
-    claim and task to judge. Outcomes before seeds: a test on seeds alone leaves out how much the verdict depends
-    on which held-out problems were drawn (most of the variance on the LM tasks), so more seeds without them
-    are a narrower interval for a narrower question."""
+def _completeness(d: Path) -> tuple[bool, bool, bool, int]:
+    """(every planned run finished, per-problem outcomes kept, every evaluation on the full problem set, seeds):
+    which of two results directories of one claim and task to judge. Outcomes before seeds: a test on seeds alone
+    leaves out how much the verdict depends on which held-out problems were drawn (most of the variance on the LM
+    tasks), so more seeds without them are a narrower interval for a narrower question. Full evaluations before
+    seeds too: a rerun without eval_subset reads its curves and equal-sample points on one problem set."""
     meta = read_meta(d)
     summary = read_table(d / "summary.csv", ["run", "status"])
     done = set(summary.loc[summary.status == "ok", "run"])
-    return set(meta["runs"]) <= done, (d / OUTCOMES_FILE).is_file(), len(meta["seeds"])
+    tasks = [c.get("task") or {} for c in (meta.get("configs") or {}).values()]
+    full = all(t.get("eval_subset", 0) in (0, t.get("eval_size", 0)) for t in tasks if isinstance(t, dict))
+    return set(meta["runs"]) <= done, (d / OUTCOMES_FILE).is_file(), full, len(meta["seeds"])

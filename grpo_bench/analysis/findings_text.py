@@ -544,9 +544,10 @@ def _shown(d: Path, root: Path) -> str:
 
 
 def _why_not(d: Path) -> str:
-    complete, outcomes, seeds = _completeness(d)
+    complete, outcomes, full, seeds = _completeness(d)
     return f"{seeds} seeds" + ("" if complete else ", not every planned run finished") + \
-        ("" if outcomes else ", no per-problem outcomes")
+        ("" if outcomes else ", no per-problem outcomes") + \
+        ("" if full else ", mid-run evaluations on a subset of the problems")
 
 
 def write_findings(root: Path, out: Path | None = None) -> Path:
