@@ -164,7 +164,8 @@ def _command(args) -> int:
             print(f"  {name:<24} [{presets.section(name)['name']}] {first}.")
         return 0
     if args.cmd == "plot":
-        from .analysis.report import FORMATS, make_report
+        from .analysis.plotting import FORMATS
+        from .analysis.report import make_report
         from .store.rundir import finished_in_report, load, metrics_path
         d = Path(args.dir)
         for f in ["ablation.json", "summary.csv"]:

@@ -13,7 +13,7 @@ and / or, dropped `not` / unary minus (except on -1) / `~`, numbers n -> n + 1, 
 min <-> max, minimum <-> maximum, sum <-> mean, any <-> all, argmax <-> argmin, dropped
 .detach() / .clone(), a bare `if x:` negated, and removed statements (a call for its
 effect, an augmented or attribute/item assignment, break, continue). Strings, docstrings,
-annotations, a figure's looks (matplotlib size, width and spacing keywords, report.py's
+annotations, a figure's looks (matplotlib size, width and spacing keywords, plotting.py's
 style tables) and a progress bar's drawing (tqdm's dynamic_ncols, refresh) are left alone.
 
 How: the repository (git ls-files) is copied once per job. A first run of the module's
@@ -65,6 +65,8 @@ MODULES = {
     # line is traced: they could never be picked for a mutant, so the baseline skips them too
     "grpo_bench/sweep/runner.py": ["tests/test_runner.py", "-k", "not shipped and not kill_and_resume and not failed_run_is_recorded"],
     "grpo_bench/config/run.py": ["tests/test_config.py", "tests/test_lm_rewards.py", "tests/test_findings.py"],
+    "grpo_bench/analysis/plotting.py": ["tests/test_report.py"],
+    "grpo_bench/analysis/figures.py": ["tests/test_report.py", "tests/test_mechanism.py"],
     "grpo_bench/analysis/report.py": ["tests/test_report.py"],
 }
 
@@ -80,7 +82,7 @@ DROP_METHOD = ("detach", "clone")
 # following the terminal's width, redrawn now or at the next update): not mutated
 STYLE_KWARGS = {"figsize", "dpi", "alpha", "lw", "linewidth", "s", "zorder", "handlelength", "columnspacing",
                 "fontsize", "linscale", "numticks", "subs", "markersize", "ms", "dynamic_ncols", "refresh"}
-STYLE_NAMES = {"RC", "PALETTE", "DASHES", "MARKERS", "COLUMN_IN", "PAGE_IN"}  # report.py's style tables
+STYLE_NAMES = {"RC", "PALETTE", "DASHES", "MARKERS", "COLUMN_IN", "PAGE_IN"}  # plotting.py's style tables
 
 
 @dataclass

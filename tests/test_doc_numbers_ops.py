@@ -201,7 +201,7 @@ CASES = [
      lambda: "holds the tracked `results/` under {} MB".format(*lit("tests/test_docs.py", r"size < (\d+)e6"))),
     ("storage", "store/rundir.py's zstd level",
      lambda: "zstd at level {}".format(*lit("grpo_bench/store/rundir.py", r"compression_level=(\d+)"))),
-    ("storage", "analysis/report.DPI", lambda: f"palette PNGs at {const('analysis.report.DPI')} dpi"),
+    ("storage", "analysis/plotting.DPI", lambda: f"palette PNGs at {const('analysis.plotting.DPI')} dpi"),
     ("storage", "config.run.SEED_LIMIT", lambda: f"seeds go up to {pow2(const('config.run.SEED_LIMIT'))} - 1"),
 ]
 

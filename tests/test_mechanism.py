@@ -93,14 +93,14 @@ def test_a_scale_that_varies_over_steps_acts_by_its_spread_not_its_size(tmp_path
     draws no threshold line across values the threshold is not about."""
     import json
 
-    from grpo_bench.analysis import report
+    from grpo_bench.analysis import figures
 
     d, claim = results(tmp_path, {"b": [1.0, 3.0], "c": [1.0, 1.1], "a": [2.0, 2.0]}, reduce="cv", min=0.1)
     ab, ac = judge_setting(d, claim, "sort")["rows"]
     assert ab["unexercised"] is None and ab["mechanism"]["readings"][0][1] == pytest.approx(0.5)
     assert ac["unexercised"] == "cv over steps of clip/high_frac on `c` 0.0476 < 0.1 (tokens the upper clip stops)"
     meta = json.loads((d / "ablation.json").read_text())
-    ax = {stem: fig for stem, fig, _ in report.build_figures(d)}["mechanism"].axes[0]
+    ax = {stem: fig for stem, fig, _ in figures.build_figures(d)}["mechanism"].axes[0]
     assert not [line for line in ax.get_lines() if line.get_linestyle() == ":"] and "cv over steps" in ax.get_title()
     assert mechanism.panels(meta, d) == [("clip/high_frac", 0.1, "cv")]
 
@@ -145,7 +145,7 @@ def test_report_says_whether_each_mechanism_acted_and_draws_it_against_its_thres
     acts), and mechanism.png draws each declared metric with the threshold as a dotted line."""
     import json
 
-    from grpo_bench.analysis import report
+    from grpo_bench.analysis import figures
 
     d, claim = results(tmp_path, {"b": [0.0, 0.0198], "c": [0.005, 0.015], "a": [0.02, 0.02]})
     meta = json.loads((d / "ablation.json").read_text())
@@ -154,7 +154,7 @@ def test_report_says_whether_each_mechanism_acted_and_draws_it_against_its_thres
     ac = next(x for x in lines if x.startswith("| `a > c` |"))
     assert "0.0099 < 0.01" in ab and ab.endswith("| **no: not exercised** |")
     assert "0.01 ≥ 0.01" in ac and ac.endswith("| yes |")
-    figures = {stem: fig for stem, fig, _ in report.build_figures(d)}
+    figures = {stem: fig for stem, fig, _ in figures.build_figures(d)}
     ax = figures["mechanism"].axes[0]
     dotted = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
     assert [line.get_ydata()[0] for line in dotted] == [0.01]
@@ -164,11 +164,11 @@ def test_report_says_whether_each_mechanism_acted_and_draws_it_against_its_thres
 def test_a_threshold_decades_above_the_curves_keeps_a_few_decade_labels(tmp_path):
     # fp32_head_lm: mismatch/k3 at 1e-6..2e-5 under a 1e-3 threshold; the 1-2-5 ticks chosen for the curves'
     # own range piled eleven labels into a 1.6-inch panel once the line widened the axis
-    from grpo_bench.analysis import report
+    from grpo_bench.analysis import figures
 
     d, _ = results(tmp_path, {"b": [2e-6, 2e-5], "c": [1e-6, 1e-5], "a": [3e-6, 1.5e-5]},
                    logged="mismatch/k3", metric="mismatch/k3", min=1e-3)
-    ax = {stem: fig for stem, fig, _ in report.build_figures(d)}["mechanism"].axes[0]
+    ax = {stem: fig for stem, fig, _ in figures.build_figures(d)}["mechanism"].axes[0]
     ax.figure.canvas.draw()
     lo, hi = ax.get_ylim()
     shown = [t.get_position()[1] for t in ax.get_yticklabels() if t.get_text() and lo <= t.get_position()[1] <= hi]
@@ -178,7 +178,7 @@ def test_a_threshold_decades_above_the_curves_keeps_a_few_decade_labels(tmp_path
 
 def test_twelve_variants_get_twelve_colours():
     # sampler_mismatch has 11 variants: two of them must not share a colour and differ only by dashes
-    from grpo_bench.analysis.report import variant_styles
+    from grpo_bench.analysis.plotting import variant_styles
 
     styles = variant_styles([f"v{i}" for i in range(12)])
     assert len({s["color"] for s in styles.values()}) == 12
@@ -186,14 +186,14 @@ def test_twelve_variants_get_twelve_colours():
 
 def test_the_headline_leads_with_the_metric_the_claim_is_judged_on(tmp_path):
     # kl_gradients is judged on final/kl/seq: its headline figure must show kl/seq, not only the task's reward
-    from grpo_bench.analysis import report
+    from grpo_bench.analysis import figures
 
     claim = {"text": "t", "source": "s", "expect": ["a > b"], "metric": "final/kl/seq", "margin": "5%"}
     curves = {(v, s): [(step, 8 * step, (1.0 if v == "a" else 0.5) * (1 + step)) for step in (0, 1, 2)]
               for v in "ab" for s in range(3)}
     write(tmp_path / "klx_sort", "klx", "sort", {"a": [3.0, 3.1, 2.9], "b": [1.5, 1.4, 1.6]}, claim,
           column="final/kl/seq", curves=curves)
-    figures = {stem: fig for stem, fig, _ in report.build_figures(tmp_path / "klx_sort")}
+    figures = {stem: fig for stem, fig, _ in figures.build_figures(tmp_path / "klx_sort")}
     assert "headline" in figures and "kl/seq" in figures["headline"].axes[0].get_title() + \
         figures["headline"].axes[0].get_ylabel()
     # and its final values lead with it too (kl_gradients' once showed only accuracy and reward)
@@ -203,21 +203,21 @@ def test_the_headline_leads_with_the_metric_the_claim_is_judged_on(tmp_path):
 def test_a_variant_fifty_times_the_others_does_not_flatten_them(tmp_path):
     # kl_gradients_lm_acts: k1 in the loss at beta 0.5 runs its KL to 350 nats while nine others stay under 2;
     # on a linear axis those nine are one line at 0
-    from grpo_bench.analysis import report
+    from grpo_bench.analysis import figures
 
     claim = {"text": "t", "source": "s", "expect": ["a > b"], "metric": "final/kl/seq", "margin": "5%"}
     scale = {"a": 300.0, "b": 1.0, "c": 1.5, "d": 0.5}
     curves = {(v, s): [(step, 8 * step, scale[v] * (1 + step)) for step in (0, 1, 2)] for v in scale for s in range(3)}
     write(tmp_path / "kly_sort", "kly", "sort", {v: [scale[v]] * 3 for v in scale}, claim, column="final/kl/seq",
           curves=curves)
-    ax = {stem: fig for stem, fig, _ in report.build_figures(tmp_path / "kly_sort")}["headline"].axes[0]
+    ax = {stem: fig for stem, fig, _ in figures.build_figures(tmp_path / "kly_sort")}["headline"].axes[0]
     assert ax.get_yscale() == "symlog"
     # and the same variants within 50x of each other stay linear
     scale["a"] = 20.0
     curves = {(v, s): [(step, 8 * step, scale[v] * (1 + step)) for step in (0, 1, 2)] for v in scale for s in range(3)}
     write(tmp_path / "klz_sort", "klz", "sort", {v: [scale[v]] * 3 for v in scale}, claim, column="final/kl/seq",
           curves=curves)
-    ax = {stem: fig for stem, fig, _ in report.build_figures(tmp_path / "klz_sort")}["headline"].axes[0]
+    ax = {stem: fig for stem, fig, _ in figures.build_figures(tmp_path / "klz_sort")}["headline"].axes[0]
     assert ax.get_yscale() == "linear"
 
 

@@ -18,6 +18,8 @@ from grpo_bench.analysis import compare as C
 from grpo_bench.store import metrics as M
 from grpo_bench import registry
 from grpo_bench.numerics import rng
+from grpo_bench.analysis import figures as F
+from grpo_bench.analysis import plotting as P
 from grpo_bench.analysis import report as R
 from grpo_bench.store import rundir as ST
 from grpo_bench.__main__ import main
@@ -169,7 +171,7 @@ def test_a_task_declared_once_reaches_every_report(bandit, tmp_path, capsys):
     text = (d / "REPORT.md").read_text()
     assert "| variant | runs ok | final reward | eval hit | wall s / run |" in text
     assert "## Differences in eval hit" in text and "equivalence margin ±0.05 (the metric's declared margin)" in text
-    figs = {stem: fig for stem, fig, _ in R.build_figures(d)}
+    figs = {stem: fig for stem, fig, _ in F.build_figures(d)}
     head = figs["headline"]
     assert [ax.get_ylabel() for ax in head.axes if ax.get_ylabel()] == ["held-out hit rate", "regret"]
     assert head.axes[1].get_yscale() in ("log", "symlog")  # regret is declared heavy-tailed
@@ -290,7 +292,7 @@ def test_declared_ranges_and_scales_drive_the_figures(bandit, tmp_path):
     finals = {"final/reward": lambda i, s: 0.5 + 0.1 * i, "final/eval/hit": lambda i, s: 0.6 + 0.1 * i,
               "final/bandit/pulls": lambda i, s: 100.0 * (i + 1)}
     d = write_results(tmp_path / "b", M.declared_task("bandit").record(), curves, finals)
-    figs = {stem: fig for stem, fig, _ in R.build_figures(d)}
+    figs = {stem: fig for stem, fig, _ in F.build_figures(d)}
     hit, regret = [ax for ax in figs["headline"].axes if ax.get_ylabel()]
     ys = np.concatenate([ln.get_ydata() for ln in hit.get_lines()] + bands(hit))
     assert ys.max() == 1.0 and ys.min() >= 0.6   # clipped at the declared top, not dropped
@@ -302,7 +304,7 @@ def test_declared_ranges_and_scales_drive_the_figures(bandit, tmp_path):
     assert pulls.get_yscale() == "log"
     mean = np.mean([[10.0 ** (1 + t / 10 + 0.1 * s) for s in range(5)] for t in range(0, 40, 2)], axis=1)
     assert np.allclose(pulls.get_lines()[0].get_ydata(), mean)
-    assert R.describe_band("bandit/pulls", 5) == "mean over 5 seeds, band: 95% bootstrap CI of the mean, log scale"
+    assert P.describe_band("bandit/pulls", 5) == "mean over 5 seeds, band: 95% bootstrap CI of the mean, log scale"
     # REPORT.md's columns and verdict margins come from the same declarations
     s = pd.read_csv(d / "summary.csv")
     meta = ST.read_meta(d)
@@ -361,7 +363,7 @@ def test_a_recorded_task_wins_over_the_guess(bandit, tmp_path):
     d = write_results(tmp_path / "d", M.declared_task("bandit").record(), curves, finals)
     s, meta = pd.read_csv(d / "summary.csv"), ST.read_meta(d)
     assert R.main_column(s) == "final/reward" and R.main_column(s, meta) == "final/eval/hit"
-    assert R.main_metrics(curves, meta) == ["eval/hit", "bandit/regret"]
+    assert M.main_metrics(curves, meta) == ["eval/hit", "bandit/regret"]
 
 
 def test_a_damaged_task_record_is_a_clear_error(tmp_path):

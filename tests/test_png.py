@@ -8,7 +8,7 @@ import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from grpo_bench.analysis import png  # noqa: E402
-from grpo_bench.analysis.report import PALETTE  # noqa: E402
+from grpo_bench.analysis.plotting import PALETTE  # noqa: E402
 
 
 def _draw(path, draw, dpi=110):

@@ -19,6 +19,8 @@ from PIL import Image
 from scipy import stats
 
 from grpo_bench.analysis import compare as C
+from grpo_bench.analysis import figures as F
+from grpo_bench.analysis import plotting as P
 from grpo_bench.analysis import report as R
 from grpo_bench.config.ablation import ablation_record, load_ablation
 from grpo_bench.__main__ import main
@@ -113,14 +115,14 @@ def close_figures():
 
 
 def all_figures(d):
-    return {stem: fig for stem, fig, _ in R.build_figures(d)}
+    return {stem: fig for stem, fig, _ in F.build_figures(d)}
 
 
 # ------------------------------------------------------------------------- file names
 
 
 def test_no_two_figures_share_a_file_name(sort_dir):
-    figures = R.build_figures(sort_dir)
+    figures = F.build_figures(sort_dir)
     stems = [s for s, _, _ in figures]
     assert len(stems) == len(set(stems))
     # eval/reward and reward/mean both end in "reward": the old report drew both into reward_curve.png
@@ -134,13 +136,13 @@ def test_no_two_figures_share_a_file_name(sort_dir):
 
 def test_slugs_of_distinct_metrics_differ():
     names = ["reward/mean", "eval/reward", "eval/pass@k", "eval/accuracy", "eval/accuracy_gain", "eval_train/accuracy"]
-    assert len({R.slug(n) for n in names}) == len(names)
+    assert len({P.slug(n) for n in names}) == len(names)
 
 
 def test_single_point_metrics_draw_no_curve(tmp_path):
     # eval only at the end (no eval cadence): its final value is a dot, never a one-point "curve"
     d = write_results(tmp_path / "d", ["a", "b"], range(2), SortLike(), SORT_FINALS, eval_steps=(199,))
-    stems = [s for s, _, _ in R.build_figures(d)]
+    stems = [s for s, _, _ in F.build_figures(d)]
     assert not [s for s in stems if "eval" in s]
     head = all_figures(d)["headline"]
     assert [ax.get_ylabel() for ax in head.axes if ax.get_ylabel()] == ["rollout reward"]
@@ -194,7 +196,7 @@ def test_no_line_or_band_leaves_the_metric_range(which, request):
     metric_of |= {ax: "eval/reward" for ax in figs["curve_eval_reward"].axes if ax.get_ylabel()}
     checked = 0
     for ax, metric in metric_of.items():
-        r = R.metric_range(metric)
+        r = P.metric_range(metric)
         ys = [ln.get_ydata() for ln in ax.get_lines()] + band_ys(ax)
         for y in ys:
             assert np.all(np.asarray(y) >= r.lo - 1e-12) and np.all(np.asarray(y) <= r.hi + 1e-12), metric
@@ -222,15 +224,15 @@ def test_heavy_tailed_diagnostics_are_on_a_log_scale(sort_dir):
 
 def test_bootstrap_ci_by_hand():
     # two seeds {0, 1}: resampled means are 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4
-    lo, hi = R.bootstrap_mean_ci(np.array([[0.0, 1.0], [2.0, 2.0]]), n_boot=4000)
+    lo, hi = P.bootstrap_mean_ci(np.array([[0.0, 1.0], [2.0, 2.0]]), n_boot=4000)
     assert (lo[0], hi[0]) == (0.0, 1.0) and (lo[1], hi[1]) == (2.0, 2.0)
     # a missing seed (NaN) is left out, not counted as zero
-    lo, hi = R.bootstrap_mean_ci(np.array([[3.0, np.nan, 3.0]]))
+    lo, hi = P.bootstrap_mean_ci(np.array([[3.0, np.nan, 3.0]]))
     assert (lo[0], hi[0]) == (3.0, 3.0)
 
 
 def test_metric_range_table():
-    r = R.metric_range
+    r = P.metric_range
     assert (r("eval/accuracy").lo, r("eval/accuracy").hi) == (0, 1)
     assert (r("final/eval/accuracy_gain").lo, r("eval/accuracy_gain").hi) == (-1, 1)
     for frac in ["clip/frac", "clip/low_frac", "clip/high_frac", "reward/zero_std_frac", "filter/kept_frac",
@@ -239,7 +241,7 @@ def test_metric_range_table():
     for heavy in ["ratio/max", "ratio/min", "grad/norm", "kl/old"]:
         assert r(heavy).lo == 0 and r(heavy).heavy, heavy
     assert r("entropy").lo == 0 and not r("entropy").heavy
-    assert r("kl/value") == r("reward/mean") == r("loss/policy") == R.Range()
+    assert r("kl/value") == r("reward/mean") == r("loss/policy") == P.Range()
     # every row of the table: what each metric the trainer and tasks log can be
     for m in ["reward/format", "reward/solved", "response/finished", "eval/accuracy", "eval/pass@k"]:
         assert (r(m).lo, r(m).hi, r(m).heavy) == (0, 1, False), m
@@ -251,7 +253,7 @@ def test_metric_range_table():
 
 
 def test_diagnostics_pick_up_new_metric_names():
-    found = R.diagnostics_in(["reward/mean", "clip/low_frac", "clip/high_frac", "reward/zero_std_frac",
+    found = F.diagnostics_in(["reward/mean", "clip/low_frac", "clip/high_frac", "reward/zero_std_frac",
                               "filter/kept_frac", "entropy", "time/step_s"])
     assert found == ["clip/high_frac", "clip/low_frac", "entropy", "reward/zero_std_frac", "filter/kept_frac"]
 
@@ -323,7 +325,7 @@ def test_twelve_variants_stay_legible_and_bounded(tmp_path):
             tb = fig._suptitle.get_window_extent(renderer)
             assert tb.x0 >= box.x0 - 1 and tb.x1 <= box.x1 + 1, (stem, fig._suptitle.get_text())
     # every variant gets its own (colour, dash) pair
-    styles = R.variant_styles(names)
+    styles = P.variant_styles(names)
     assert len({(s["color"], s["ls"]) for s in styles.values()}) == 12
 
 
@@ -341,10 +343,10 @@ def test_written_images_are_not_blank(sort_dir, tmp_path):
         assert std > 10 and share > 0.001, (png.name, std, share)
     # the measure itself: axes with nothing drawn in them (the old blank headline) fail it
     import matplotlib.pyplot as plt
-    with R.style():
-        fig, ax = plt.subplots(figsize=(R.COLUMN_IN, 2.5))
+    with P.style():
+        fig, ax = plt.subplots(figsize=(P.COLUMN_IN, 2.5))
         ax.set(xlim=(1420, 1580), title="blank", xlabel="gradient step")
-        R.save(fig, tmp_path, "blank", "png")
+        P.save(fig, tmp_path, "blank", "png")
     assert coloured_share(tmp_path / "blank.png")[1] < 0.001
 
 
@@ -492,7 +494,7 @@ def test_kendall_w_by_hand_and_by_spearman():
 def test_compare_figure_rows_line_up(tmp_path):
     a = dir_with_means(tmp_path, "a", {"p": 0.1, "q": 0.2})
     b = dir_with_means(tmp_path, "b", {"q": 0.5, "r": 0.1})
-    with R.style():
+    with P.style():
         fig = C.figure([C.load_side(a, None), C.load_side(b, None)])
     ys = {}
     for ax in fig.axes:
@@ -508,7 +510,7 @@ def test_compare_panels_of_one_metric_share_their_x_axis(tmp_path):
     a = dir_with_means(tmp_path, "a", {"p": 0.8, "q": 0.82})
     b = dir_with_means(tmp_path, "b", {"p": 0.70, "q": 0.72})
     c = dir_with_means(tmp_path, "c", {"p": 0.1, "q": 0.2}, column="final/eval/reward")
-    with R.style():
+    with P.style():
         same = C.figure([C.load_side(a, None), C.load_side(b, None)])
         other = C.figure([C.load_side(a, None), C.load_side(c, None)])
     lims = [ax.get_xlim() for ax in same.axes]
@@ -521,7 +523,7 @@ def test_compare_title_fits_the_figure(tmp_path):
     names = ("policy_losses_sort", "policy_losses_lm")
     dirs = [dir_with_means(tmp_path, n, {v: 0.1 * i for i, v in enumerate(["dapo", "gspo", "cispo", "sapo", "gmpo"])})
             for n in names]
-    with R.style():
+    with P.style():
         fig = C.figure([C.load_side(d, None) for d in dirs])
         fig.canvas.draw()
         box = fig._suptitle.get_window_extent()
@@ -533,7 +535,7 @@ def test_compare_panel_titles_stay_apart(tmp_path):
     # three starts' panels titled sampler_mismatch_lm_seed<N> ran into each other
     names = ("sampler_mismatch_lm", "sampler_mismatch_lm_seed1", "sampler_mismatch_lm_seed2")
     dirs = [dir_with_means(tmp_path, n, {"fresh": 0.8, "none_k16": 0.4}) for n in names]
-    with R.style():
+    with P.style():
         fig = C.figure([C.load_side(d, None) for d in dirs])
         fig.canvas.draw()
         boxes = [ax.title.get_window_extent() for ax in fig.axes]
@@ -542,7 +544,7 @@ def test_compare_panel_titles_stay_apart(tmp_path):
     assert all(n in fig._suptitle.get_text() for n in names)   # the title still names each in full
     # names that share no word keep theirs, and a title too wide for its panel shrinks until it fits
     long = [dir_with_means(tmp_path, "x" * 40 + str(i), {"fresh": 0.8}) for i in range(3)]
-    with R.style():
+    with P.style():
         fig = C.figure([C.load_side(d, None) for d in long])
         fig.canvas.draw()
     assert fig.axes[0].get_title().startswith("x" * 40)
@@ -625,25 +627,25 @@ def test_main_column_ignores_empty_and_non_final_columns():
 def test_percentiles_per_row_with_missing_values():
     x = np.array([[1.0, 2.0, 3.0], [4.0, np.nan, 6.0], [np.nan, np.nan, np.nan]])
     with np.errstate(all="ignore"):
-        assert R._percentiles(x, 50)[:2].tolist() == [2.0, 5.0] and np.isnan(R._percentiles(x, 50)[2])
+        assert P._percentiles(x, 50)[:2].tolist() == [2.0, 5.0] and np.isnan(P._percentiles(x, 50)[2])
 
 
 def test_curves_are_smoothed_over_a_twentieth_of_the_run():
     rows = [("r", "a", 0, step, "reward/mean", float(step % 2)) for step in range(40)]
-    curves = R.by_metric(pd.DataFrame(rows, columns=["run", "variant", "seed", "step", "metric", "value"]))
-    table = R.run_matrices(curves, "reward/mean", ["a"])["a"]
+    curves = P.by_metric(pd.DataFrame(rows, columns=["run", "variant", "seed", "step", "metric", "value"]))
+    table = P.run_matrices(curves, "reward/mean", ["a"])["a"]
     # 40 steps: a rolling mean over 2, so the alternating 0, 1 becomes 0, 0.5, 0.5, ...
     assert table["r"].tolist() == [0.0] + [0.5] * 39
-    short = R.by_metric(pd.DataFrame(rows[:39], columns=["run", "variant", "seed", "step", "metric", "value"]))
-    assert R.run_matrices(short, "reward/mean", ["a"])["a"]["r"].tolist() == [float(s % 2) for s in range(39)]
+    short = P.by_metric(pd.DataFrame(rows[:39], columns=["run", "variant", "seed", "step", "metric", "value"]))
+    assert P.run_matrices(short, "reward/mean", ["a"])["a"]["r"].tolist() == [float(s % 2) for s in range(39)]
 
 
 def test_band_captions_switch_at_five_seeds():
     # BAND_SEEDS = 5: four seeds are drawn one by one, five get a band (as the figures do)
-    assert R.describe_band("reward/mean", 4) == "thin lines: each of 4 seeds; bold: their mean"
-    assert R.describe_band("reward/mean", 5) == "mean over 5 seeds, band: 95% bootstrap CI of the mean"
-    assert R.describe_band("ratio/max", 4) == "thin lines: each of 4 seeds; bold: their median"
-    assert R.describe_band("ratio/max", 5) == "median and quartiles over seeds, log scale"
+    assert P.describe_band("reward/mean", 4) == "thin lines: each of 4 seeds; bold: their mean"
+    assert P.describe_band("reward/mean", 5) == "mean over 5 seeds, band: 95% bootstrap CI of the mean"
+    assert P.describe_band("ratio/max", 4) == "thin lines: each of 4 seeds; bold: their median"
+    assert P.describe_band("ratio/max", 5) == "median and quartiles over seeds, log scale"
 
 
 def test_main_column_reads_only_final_columns_with_values():
@@ -719,11 +721,11 @@ def curves_from(rows):
     """(run, variant, step, metric, value) rows as load() reads them: categorical run, variant, metric."""
     df = pd.DataFrame([(r, v, 0, s, m, x) for r, v, s, m, x in rows],
                       columns=["run", "variant", "seed", "step", "metric", "value"])
-    return R.by_metric(df.astype({"run": "category", "variant": "category", "metric": "category"}))
+    return P.by_metric(df.astype({"run": "category", "variant": "category", "metric": "category"}))
 
 
 def test_figures_carry_axis_labels_legends_and_captions(sort_dir, few_seeds_dir):
-    figures = {stem: (fig, caption) for stem, fig, caption in R.build_figures(sort_dir)}
+    figures = {stem: (fig, caption) for stem, fig, caption in F.build_figures(sort_dir)}
     variants = ["loss=naive", "loss=unclipped", "loss=clipped"]
     for stem in ("headline", "curve_eval_reward", "diagnostics"):
         fig = figures[stem][0]
@@ -737,7 +739,7 @@ def test_figures_carry_axis_labels_legends_and_captions(sort_dir, few_seeds_dir)
     assert [ax.axison for ax in diag.axes] == [True] * 6 + [False] * 2
     # five seeds: the caption promises the CI line; three seeds draw none and must not say so
     assert figures["final_values"][1].endswith("and its 95% bootstrap CI (line)")
-    few = {stem: caption for stem, _, caption in R.build_figures(few_seeds_dir)}
+    few = {stem: caption for stem, _, caption in F.build_figures(few_seeds_dir)}
     assert few["final_values"] == "final values per seed (dots) with their mean (bar)"
 
 
@@ -755,13 +757,13 @@ def test_final_values_panels_read_like_a_table(sort_dir):
 def test_dot_panel_per_variant(tmp_path):
     a = [0.1, 0.2, 0.3, 0.4, 0.5]          # five seeds: dots, a mean bar and a CI line
     data = {"a": a, "b": [0.6, 0.7, 0.8, 0.9], "c": []}   # c never finished: nothing on its row
-    with R.style():
-        fig = R.dot_panels(["a", "b", "c"], [("final/eval/accuracy", "eval accuracy", "", data)],
-                           R.variant_styles(["a", "b", "c"]), "t")
+    with P.style():
+        fig = F.dot_panels(["a", "b", "c"], [("final/eval/accuracy", "eval accuracy", "", data)],
+                           P.variant_styles(["a", "b", "c"]), "t")
     ax = fig.axes[0]
     assert ax.get_xlabel() == "eval accuracy"
     # one panel of short names fits one column of a paper
-    assert fig.get_size_inches()[0] <= R.COLUMN_IN
+    assert fig.get_size_inches()[0] <= P.COLUMN_IN
     dots = [c for c in ax.collections if isinstance(c, PathCollection)]
     assert sorted(c.get_gid() for c in dots if c.get_gid()) == ["a", "b"]
     bars = [c for c in dots if not c.get_gid()]
@@ -773,9 +775,9 @@ def test_dot_panel_per_variant(tmp_path):
 
 def test_final_values_title_gives_the_seed_range():
     summary = pd.DataFrame({"variant": ["a"] * 5 + ["b"] * 4, "status": "ok", "final/reward": np.linspace(0, 1, 9)})
-    with R.style():
-        fig = R.final_values_figure({"name": "t", "variants": ["a", "b"]}, summary, [("final/reward", "final reward")],
-                                    R.variant_styles(["a", "b"]))
+    with P.style():
+        fig = F.final_values_figure({"name": "t", "variants": ["a", "b"]}, summary, [("final/reward", "final reward")],
+                                    P.variant_styles(["a", "b"]))
     assert fig._suptitle.get_text().startswith("t: final values, 2 variants x 4-5 seeds\n")
 
 
@@ -799,7 +801,7 @@ def test_bootstrap_ci_is_the_central_95_percent_of_the_resampled_means():
     # 60 seeds: the resampled mean is close to normal with sd = std(x) / sqrt(n), so the CI is
     # mean -+ 1.96 sd (a 3.5th percentile would sit at -1.81 sd); 20000 resamples pin it to ~0.02 sd
     x = np.arange(60, dtype=float)
-    lo, hi = R.bootstrap_mean_ci(x[None, :], n_boot=20000)
+    lo, hi = P.bootstrap_mean_ci(x[None, :], n_boot=20000)
     sd = x.std() / math.sqrt(len(x))
     assert (x.mean() - lo[0]) / sd == pytest.approx(1.96, abs=0.06)
     assert (hi[0] - x.mean()) / sd == pytest.approx(1.96, abs=0.06)
@@ -809,7 +811,7 @@ def test_run_matrices_keep_a_run_with_gaps_and_drop_other_variants_runs():
     rows = [("r1", "a", s, "reward/mean", 1.0) for s in range(10)]
     rows += [("r2", "a", s, "reward/mean", 2.0) for s in range(0, 10, 2)]  # logged every other step
     rows += [("r3", "b", s, "reward/mean", 3.0) for s in range(10)]
-    tables = R.run_matrices(curves_from(rows), "reward/mean", ["a", "b"])
+    tables = P.run_matrices(curves_from(rows), "reward/mean", ["a", "b"])
     assert list(tables["a"].columns) == ["r1", "r2"] and list(tables["b"].columns) == ["r3"]
     assert tables["a"]["r2"].notna().sum() == 5
 
@@ -819,8 +821,8 @@ def test_two_points_are_a_line(seeds):
     import matplotlib.pyplot as plt
     rows = [(f"r{s}", "a", step, "reward/mean", s + step / 10) for s in range(seeds) for step in (0, 10)]
     fig, ax = plt.subplots()
-    R.draw_curves(ax, curves_from(rows), "reward/mean", ["a"], R.variant_styles(["a"]))
-    if seeds < R.BAND_SEEDS:  # each seed, then the mean
+    P.draw_curves(ax, curves_from(rows), "reward/mean", ["a"], P.variant_styles(["a"]))
+    if seeds < P.BAND_SEEDS:  # each seed, then the mean
         assert len(ax.get_lines()) == seeds + 1 and not band_ys(ax)
     else:
         assert len(ax.get_lines()) == 1 and len(band_ys(ax)) == 1
@@ -832,7 +834,7 @@ def test_heavy_tailed_band_is_the_quartiles():
     M = np.exp(rng.standard_normal((10, 5)))  # 10 steps (no smoothing), 5 seeds
     rows = [(f"r{s}", "a", step, "ratio/max", M[step, s]) for s in range(5) for step in range(10)]
     fig, ax = plt.subplots()
-    R.draw_curves(ax, curves_from(rows), "ratio/max", ["a"], R.variant_styles(["a"]))
+    P.draw_curves(ax, curves_from(rows), "ratio/max", ["a"], P.variant_styles(["a"]))
     (ys,) = band_ys(ax)
     quartiles = np.concatenate([np.percentile(M, 25, axis=1), np.percentile(M, 75, axis=1)])
     assert np.allclose(np.sort(np.unique(ys)), np.sort(quartiles))
@@ -845,7 +847,7 @@ def log_axis(values, ylim=None):
     fig, ax = plt.subplots()
     if ylim:
         ax.set_ylim(*ylim)
-    R.draw_curves(ax, curves_from(rows), "ratio/max", ["a"], R.variant_styles(["a"]))
+    P.draw_curves(ax, curves_from(rows), "ratio/max", ["a"], P.variant_styles(["a"]))
     fig.canvas.draw()
     lo, hi = ax.get_ylim()
     shown = [t for t in ax.get_yticklabels() if lo <= t.get_position()[1] <= hi]
@@ -868,7 +870,7 @@ def test_unit_interval_metric_axis_stops_just_past_0_and_1():
     import matplotlib.pyplot as plt
     rows = [(f"r{s}", "a", step, "clip/frac", float(step % 2)) for s in range(2) for step in range(10)]
     fig, ax = plt.subplots()
-    R.draw_curves(ax, curves_from(rows), "clip/frac", ["a"], R.variant_styles(["a"]))
+    P.draw_curves(ax, curves_from(rows), "clip/frac", ["a"], P.variant_styles(["a"]))
     assert ax.get_ylim() == (-0.02, 1.02)  # matplotlib's 5% margin would show values a fraction cannot take
 
 
@@ -922,7 +924,7 @@ def test_the_clipped_fraction_is_not_drawn_beside_the_parts_it_sums(tmp_path):
 
 def test_no_final_columns_no_final_values_figure(tmp_path):
     d = write_results(tmp_path / "d", ["a", "b"], range(2), SortLike(), {})
-    stems = [s for s, _, _ in R.build_figures(d)]
+    stems = [s for s, _, _ in F.build_figures(d)]
     assert "final_values" not in stems and "headline" in stems
 
 
@@ -956,27 +958,27 @@ def test_bootstrap_band_is_1000_resamples_from_seed_0():
     M = np.array([[0.1, 0.5, 0.2, 0.9, 0.4, 0.3], [1.0, 2.0, 4.0, 3.0, 0.0, 5.0]])
     rng = np.random.default_rng(0)
     means = np.array([M @ rng.multinomial(6, [1 / 6] * 6) / 6 for _ in range(1000)]).T  # (steps, resamples)
-    lo, hi = R.bootstrap_mean_ci(M)
+    lo, hi = P.bootstrap_mean_ci(M)
     assert np.allclose(lo, np.percentile(means, 2.5, axis=1)) and np.allclose(hi, np.percentile(means, 97.5, axis=1))
 
 
 def test_legend_columns_fit_the_longest_name():
     # per entry: 0.45 in + 0.055 in per character of the longest name; 10 characters take 1.0 in
     names = ["a", "bb", "ccc", "dddd", "eeeee", "ffffffffff"]
-    assert R._legend_cols(names, R.COLUMN_IN) == 3 and R._legend_rows(names, R.COLUMN_IN) == 2
-    assert R._legend_cols(names, R.PAGE_IN) == 6
-    assert R._legend_cols(["x" * 200, "y"], R.PAGE_IN) == 1  # wider than the page: still one column
+    assert P.legend_cols(names, P.COLUMN_IN) == 3 and P.legend_rows(names, P.COLUMN_IN) == 2
+    assert P.legend_cols(names, P.PAGE_IN) == 6
+    assert P.legend_cols(["x" * 200, "y"], P.PAGE_IN) == 1  # wider than the page: still one column
 
 
 def test_draw_curves_says_what_it_drew_for_the_fewest_seeds():
     import matplotlib.pyplot as plt
     rows = [(f"a{s}", "a", step, "reward/mean", s + step) for s in range(5) for step in range(3)]
     fig, ax = plt.subplots()
-    assert R.draw_curves(ax, curves_from(rows), "reward/mean", ["a"], R.variant_styles(["a"])) == \
+    assert P.draw_curves(ax, curves_from(rows), "reward/mean", ["a"], P.variant_styles(["a"])) == \
         "mean over 5 seeds, band: 95% bootstrap CI of the mean"
     rows += [(f"b{s}", "b", step, "reward/mean", s + step) for s in range(3) for step in range(3)]
     fig, ax = plt.subplots()  # b has only 3 seeds: drawn seed by seed, and the caption must say so
-    assert R.draw_curves(ax, curves_from(rows), "reward/mean", ["a", "b"], R.variant_styles(["a", "b"])) == \
+    assert P.draw_curves(ax, curves_from(rows), "reward/mean", ["a", "b"], P.variant_styles(["a", "b"])) == \
         "thin lines: each of 3 seeds; bold: their mean"
 
 
@@ -986,7 +988,7 @@ def test_heavy_band_skips_a_step_whose_upper_quartile_is_undefined():
     M = np.array([[1, 2, 3, 4, 5], [2, 3, 4, 5, 6], [1, 2, 3, np.inf, np.inf], [3, 4, 5, 6, 7]], float)
     rows = [(f"r{s}", "a", step, "ratio/max", M[step, s]) for s in range(5) for step in range(4)]
     fig, ax = plt.subplots()
-    R.draw_curves(ax, curves_from(rows), "ratio/max", ["a"], R.variant_styles(["a"]))
+    P.draw_curves(ax, curves_from(rows), "ratio/max", ["a"], P.variant_styles(["a"]))
     paths = [p for c in ax.collections if isinstance(c, PolyCollection) for p in c.get_paths()]
     assert len(paths) == 1 and np.all(np.isfinite(paths[0].vertices))
     assert sorted(set(paths[0].vertices[:, 0])) == [0.0, 1.0, 3.0]
@@ -1007,10 +1009,10 @@ def test_symlog_spans_at_most_six_decades_below_the_top():
 
 def test_dot_panel_jitter_and_titles():
     data = {"a": [0.1, 0.2, 0.3], "b": [0.6, 0.7]}
-    with R.style():
-        fig = R.dot_panels(["a", "b"], [("final/reward", "final reward", "left", data),
+    with P.style():
+        fig = F.dot_panels(["a", "b"], [("final/reward", "final reward", "left", data),
                                          ("final/eval/reward", "eval reward", "right", data)],
-                           R.variant_styles(["a", "b"]), "t")
+                           P.variant_styles(["a", "b"]), "t")
     assert [ax.get_title() for ax in fig.axes] == ["left", "right"]
     # the jitter: uniform draws in (-0.15, 0.15) from default_rng(0), in drawing order, added to the row
     draws = np.random.default_rng(0).uniform(-0.15, 0.15, 10)
@@ -1020,9 +1022,9 @@ def test_dot_panel_jitter_and_titles():
 
 def test_final_values_title_promises_a_ci_line_only_if_every_variant_has_one():
     summary = pd.DataFrame({"variant": ["a"] * 5 + ["b"] * 4, "status": "ok", "final/reward": np.linspace(0, 1, 9)})
-    with R.style():
-        fig = R.final_values_figure({"name": "t", "variants": ["a", "b"]}, summary, [("final/reward", "final reward")],
-                                    R.variant_styles(["a", "b"]))
+    with P.style():
+        fig = F.final_values_figure({"name": "t", "variants": ["a", "b"]}, summary, [("final/reward", "final reward")],
+                                    P.variant_styles(["a", "b"]))
     assert fig._suptitle.get_text() == "t: final values, 2 variants x 4-5 seeds\ndots: seeds; bar: mean"
 
 
@@ -1062,7 +1064,7 @@ def test_accuracy_gain_is_no_second_curve_beside_accuracy(tmp_path):
     finals = {"final/reward": lambda i, s: 0.3, "final/eval/accuracy": lambda i, s: 0.1 * i + 0.01 * s,
               "final/eval/accuracy_gain": lambda i, s: 0.1 * i - 0.2}
     d = write_results(tmp_path / "lm", ["a", "b"], range(2), LM(), finals)
-    stems = [s for s, _, _ in R.build_figures(d)]
+    stems = [s for s, _, _ in F.build_figures(d)]
     assert stems == ["headline", "final_values"]  # headline: held-out accuracy and rollout reward
 
 
@@ -1141,10 +1143,10 @@ LM_FINALS = {"final/reward": lambda i, s: 0.3 + 0.01 * s, "final/eval/accuracy":
 def test_ranges_are_immutable_shared_values():
     # one Range object serves every metric matching its pattern: a write to it would change them all
     import dataclasses
-    r = R.metric_range("eval/accuracy")
+    r = P.metric_range("eval/accuracy")
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.lo = -5.0
-    assert hash(r) == hash(R.Range(0, 1))
+    assert hash(r) == hash(P.Range(0, 1))
 
 
 def test_a_failed_run_does_not_hide_a_column(tmp_path):
@@ -1177,7 +1179,7 @@ def test_all_nan_steps_warn_nothing():
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = R._percentiles(np.array([[np.nan, np.nan], [np.nan, 1.0], [1.0, 3.0]]), 50)
+        out = P._percentiles(np.array([[np.nan, np.nan], [np.nan, 1.0], [1.0, 3.0]]), 50)
     np.testing.assert_array_equal(out, [np.nan, 1.0, 2.0])
 
 
@@ -1185,16 +1187,16 @@ def test_a_variant_that_never_logged_a_metric_has_no_table_or_seeds():
     rows = [(f"a-s{s}", "a", st, "m", float(st + s)) for s in range(5) for st in range(4)]
     rows += [("b-s0", "b", st, "other", 1.0) for st in range(4)]
     curves = curves_from(rows)
-    assert list(R.run_matrices(curves, "m", ["a", "b"])) == ["a"]
+    assert list(P.run_matrices(curves, "m", ["a", "b"])) == ["a"]
     import matplotlib.pyplot as plt
     _, ax = plt.subplots()
-    styles = R.variant_styles(["a", "b"])
-    assert R.draw_curves(ax, curves, "m", ["a", "b"], styles) == "mean over 5 seeds, band: 95% bootstrap CI of the mean"
+    styles = P.variant_styles(["a", "b"])
+    assert P.draw_curves(ax, curves, "m", ["a", "b"], styles) == "mean over 5 seeds, band: 95% bootstrap CI of the mean"
     # no variant drawn at all: no seeds behind the (empty) panel
-    assert R.draw_curves(ax, curves, "never", ["a", "b"], styles) == "thin lines: each of 0 seeds; bold: their mean"
+    assert P.draw_curves(ax, curves, "never", ["a", "b"], styles) == "thin lines: each of 0 seeds; bold: their mean"
     # a subset of the table: a metric with no rows left is not a metric of it
-    assert set(R.by_metric(pd.concat(curves.values())[lambda df: df.metric == "m"])) == {"m"}
-    assert R.points_per_run(curves, "never") == 0 and R.points_per_run(curves, "m") == 4
+    assert set(P.by_metric(pd.concat(curves.values())[lambda df: df.metric == "m"])) == {"m"}
+    assert P.points_per_run(curves, "never") == 0 and P.points_per_run(curves, "m") == 4
 
 
 def heavy_axis(values):
@@ -1202,7 +1204,7 @@ def heavy_axis(values):
     import matplotlib.pyplot as plt
     rows = [(f"a-s{r}", "a", st, "kl/old", float(x)) for r, run in enumerate(values) for st, x in enumerate(run)]
     _, ax = plt.subplots()
-    R.draw_curves(ax, curves_from(rows), "kl/old", ["a"], R.variant_styles(["a"]))
+    P.draw_curves(ax, curves_from(rows), "kl/old", ["a"], P.variant_styles(["a"]))
     return ax
 
 
@@ -1246,9 +1248,9 @@ def test_panels_share_their_step_or_variant_axis(sort_dir):
 def test_dot_panel_width_by_hand():
     rows = ["a", "twenty_characters_xy"]
     assert len(rows[1]) == 20
-    one = R.dot_panels(rows, [("final/reward", "x", "", {"a": [1.0], rows[1]: [2.0]})], R.variant_styles(rows), "t")
+    one = F.dot_panels(rows, [("final/reward", "x", "", {"a": [1.0], rows[1]: [2.0]})], P.variant_styles(rows), "t")
     assert tuple(one.get_size_inches()) == pytest.approx((1.1 + 0.05 * 20 + 2.0, 0.9 + 0.22 * 2))
-    three = R.dot_panels(rows, [("final/reward", "x", "", {})] * 3, R.variant_styles(rows), "t")
+    three = F.dot_panels(rows, [("final/reward", "x", "", {})] * 3, P.variant_styles(rows), "t")
     assert three.get_size_inches()[0] == pytest.approx(7.0)  # 1.1 + 1 + 6 is past the page
 
 
@@ -1318,7 +1320,7 @@ SAT_STEPS = range(9, 800, 10)
 def test_curves_against_compute_in_the_report(tmp_path):
     d = write_results(tmp_path / "sat", ["a", "b", "flat"], range(5), Saturating(), SORT_FINALS, steps=SAT_STEPS)
     meta, summary, metrics = R.load(d)
-    fits = R.curve_fits(meta, R.by_metric(metrics))
+    fits = F.curve_fits(meta, P.by_metric(metrics))
     assert fits["metric"] == "reward/mean" and fits["per_step"] == 16 and list(fits["axes"]) == ["samples"]
     a, b, flat = (fits["axes"]["samples"][v] for v in ("a", "b", "flat"))
     # a flat curve is declined: its "rise" is the first point's noise, and a step fits the noise best
@@ -1358,7 +1360,7 @@ def test_curves_against_steps_where_samples_per_step_differ(tmp_path):
     d = write_results(tmp_path / "sat", ["a", "b", "flat"], range(3), Saturating((16, 32, 16)), SORT_FINALS,
                       steps=SAT_STEPS)
     meta, _, metrics = R.load(d)
-    fits = R.curve_fits(meta, R.by_metric(metrics))
+    fits = F.curve_fits(meta, P.by_metric(metrics))
     assert fits["per_step"] is None and list(fits["axes"]) == ["samples", "steps"]
     # b draws twice the samples per step: its midpoint in samples stays, in steps it halves
     b_s, b_t = fits["axes"]["samples"]["b"], fits["axes"]["steps"]["b"]
@@ -1375,12 +1377,12 @@ def test_every_fit_declined_no_fit_figure(tmp_path):
     """Dots alone against compute are the headline's curves again: the figure needs one fitted line."""
     d = write_results(tmp_path / "sat", ["a", "b", "flat"], range(3), Saturating(), SORT_FINALS, steps=SAT_STEPS)
     meta, _, metrics = R.load(d)
-    fits = R.curve_fits(meta, R.by_metric(metrics))
-    assert "fit" in [stem for stem, _, _ in R.build_figures(d, fits)]
+    fits = F.curve_fits(meta, P.by_metric(metrics))
+    assert "fit" in [stem for stem, _, _ in F.build_figures(d, fits)]
     for axis in fits["axes"].values():
         for f in axis.values():
             f["ok"] = False
-    assert "fit" not in [stem for stem, _, _ in R.build_figures(d, fits)]
+    assert "fit" not in [stem for stem, _, _ in F.build_figures(d, fits)]
 
 
 def test_no_samples_total_no_fit(sort_dir):
@@ -1578,6 +1580,6 @@ def test_committed_report_figures_and_compare_are_what_the_code_writes(d, tmp_pa
     assert (d / "REPORT.md").is_file() and (d / "ablation.json").is_file(), f"{d}: a report without its files"
     text, drawn = R.render(d)
     for _, fig in drawn:
-        R.plt.close(fig)
+        P.plt.close(fig)
     assert text == (d / "REPORT.md").read_text(), f"{d}: run `python -m grpo_bench plot {d.relative_to(ROOT)}`"
     assert figures == {name for name, _ in drawn}, d

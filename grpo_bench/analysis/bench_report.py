@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from . import png  # noqa: E402
-from .report import PALETTE  # noqa: E402
+from .plotting import PALETTE  # noqa: E402
 
 BASELINE = {"logprob": "naive", "grpo_loss": "torch", "lm_step": "materialised"}
 COLUMNS = ["kernel", "mode", "group", "provider", "n", "v", "dtype", "rounds", "min_ms", "median_ms",

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import kendalltau, rankdata
 
-from . import figdata, report
+from . import figdata, figures, plotting, report
 from .. import stats
 from ..store import rundir
 from ..store.metrics import higher_is_better, main_column, resolve_column
@@ -124,7 +124,7 @@ def _union(sides: list[Side]) -> list[str]:
 
 
 def _title(s: Side) -> str:
-    return f"{s.name}: {report.label_column(s.column)}"
+    return f"{s.name}: {plotting.label_column(s.column)}"
 
 
 def markdown(sides: list[Side]) -> str:
@@ -237,20 +237,20 @@ def orderings(sides: list[Side]) -> list[str]:
 
 def figure(sides: list[Side]):
     rows = _union(sides)
-    styles = report.variant_styles(rows)
+    styles = plotting.variant_styles(rows)
     # the title names the directories in full; a panel keeps what tells it apart (three named
     # sampler_mismatch_lm_seed<N> are wider than their panels)
     cut = os.path.commonprefix([s.name for s in sides]).rfind("_") + 1 if len(sides) > 1 else 0
     cut = cut if all(s.name[cut:] for s in sides) else 0
-    panels = [(s.column, report.label_column(s.column), f"{s.name[cut:]} ({s.seeds} seeds)", s.values) for s in sides]
+    panels = [(s.column, plotting.label_column(s.column), f"{s.name[cut:]} ({s.seeds} seeds)", s.values) for s in sides]
     title = " vs ".join(s.name for s in sides) + f": {len(rows)} variants"
     if len(sides) == 2:
         tau, p, n = kendall(sides[0].means, sides[1].means)
         # its own line: with long directory names one line overflows a page-wide figure
         title += ("" if math.isnan(tau) else f"\nKendall τ = {tau:+.2f} (p = {p:.2g}) over {n} shared variants")
-    ci = f"; line: 95% bootstrap CI of the mean (>= {report.BAND_SEEDS} seeds)" \
-        if any(len(x) >= report.BAND_SEEDS for s in sides for x in s.values.values()) else ""
-    return report.dot_panels(rows, panels, styles, title + f"\ndots: seeds; bar: mean{ci}")
+    ci = f"; line: 95% bootstrap CI of the mean (>= {plotting.BAND_SEEDS} seeds)" \
+        if any(len(x) >= plotting.BAND_SEEDS for s in sides for x in s.values.values()) else ""
+    return figures.dot_panels(rows, panels, styles, title + f"\ndots: seeds; bar: mean{ci}")
 
 
 def compare(dirs: list[str | Path], metrics: list[str] | None = None, out: str | Path | None = None,
@@ -262,19 +262,19 @@ def compare(dirs: list[str | Path], metrics: list[str] | None = None, out: str |
     if len(metrics) not in (1, len(dirs)):
         raise ConfigError("compare", "--metric", f"give one metric for all or one per directory "
                           f"({len(dirs)}), got {len(metrics)}")
-    if fmt not in report.FORMATS:
-        raise ConfigError("compare", "--format", f"unknown {fmt!r}; valid: {', '.join(report.FORMATS)}")
+    if fmt not in plotting.FORMATS:
+        raise ConfigError("compare", "--format", f"unknown {fmt!r}; valid: {', '.join(plotting.FORMATS)}")
     per_dir = metrics * len(dirs) if len(metrics) == 1 else metrics
     sides = [load_side(d, m) for d, m in zip(dirs, per_dir)]
     out = Path(out) if out else Path(dirs[0]).parent / ("compare_" + "_vs_".join(s.name for s in sides))
     out.mkdir(parents=True, exist_ok=True)
-    with report.style():
+    with plotting.style():
         fig = figure(sides)
         name = f"compare.{fmt}"
         data = figdata.note(name, fig)  # before save, which closes the figure
-        report.save(fig, out, "compare", fmt)
+        plotting.save(fig, out, "compare", fmt)
     text = (f"# Compare: {' vs '.join(s.name for s in sides)}\n\n"
-            + "".join(f"- `{s.dir}`: {report.label_column(s.column)} (`{s.column}`), {s.seeds} seeds\n" for s in sides)
+            + "".join(f"- `{s.dir}`: {plotting.label_column(s.column)} (`{s.column}`), {s.seeds} seeds\n" for s in sides)
             + f"\nRebuild with `python -m grpo_bench compare {' '.join(str(s.dir) for s in sides)}"
             + "".join(f" --metric {m}" for m in metrics if m) + (f" --format {fmt}" if fmt != "png" else "")
             + f" --out {out}`.\n\n" + markdown(sides) + f"\n![side by side]({name})\n{data}\n")
@@ -318,13 +318,13 @@ def gallery_text(root: str | Path) -> str:
         meta, summary = _read(d)
         column = main_column(summary, meta)
         # a link is a URL: a space or a non-ASCII letter in a folder's name is percent-encoded, or Markdown stops there
-        head = next((quote(f"{d.name}/headline.{f}") for f in report.FORMATS if (d / f"headline.{f}").is_file()), None)
+        head = next((quote(f"{d.name}/headline.{f}") for f in plotting.FORMATS if (d / f"headline.{f}").is_file()), None)
         lines += [f"## [{meta['name']}]({quote(d.name)}/REPORT.md)", "",
                   f"**Question.** {question(meta.get('description', ''))}", ""]
         if head:
             lines += [f"![{meta['name']} headline]({head})", ""]
         ans = report.answer(summary, column, meta["variants"], meta) if column else "no main metric in summary.csv."
-        lines += [f"**Answer** ({report.label_column(column) if column else '—'}): {ans}", ""]
+        lines += [f"**Answer** ({plotting.label_column(column) if column else '—'}): {ans}", ""]
     extras = sorted(d for d in root.iterdir() if (d / "COMPARE.md").is_file())
     findings = (root / "FINDINGS.md").is_file()
     if (root / "kernels" / "benchmarks.md").is_file() or extras or findings:

@@ -19,7 +19,7 @@ from ..store.rundir import read_meta
 from .compare import kendall, kendall_w
 from .findings import QUANTITIES, _completeness, _tested, collect, judge_claim
 from .mechanism import text as mech_text
-from .report import label_column
+from .plotting import label_column
 
 RULES_FILE = "FINDINGS_rules.md"  # what v4's rule changes moved, written by analysis/rule_changes.py
 WORDS = """## The outcome words
