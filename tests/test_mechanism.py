@@ -184,6 +184,30 @@ def test_twelve_variants_get_twelve_colours():
     assert len({s["color"] for s in styles.values()}) == 12
 
 
+def _cielab(hex_colour: str) -> np.ndarray:
+    """sRGB (D65) to CIELAB, from the standard's formulas: an independent check on what a reader sees."""
+    rgb = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]) / 255
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ linear
+    t = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(t > (6 / 29) ** 3, np.cbrt(t), t / (3 * (6 / 29) ** 2) + 4 / 29)  # black lies on the linear toe
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def test_twelve_colours_a_reader_tells_apart():
+    # kl_gradients_spell_backward's headline drew k2_loss_b005 (#009E73) and k1_reward_b05 (#44AA99) as one
+    # green: distinct hex strings are not distinct lines. Okabe-Ito's blue and sky blue (ΔE 26) are the closest
+    # pair it accepts, by design of that colour-blind-safe set.
+    import itertools
+    from grpo_bench.analysis.plotting import PALETTE
+
+    assert np.allclose(_cielab("#FFFFFF"), [100, 0, 0], atol=0.05) and np.allclose(_cielab("#000000"), 0, atol=1e-9)
+    assert np.allclose(_cielab("#FF0000"), [53.24, 80.09, 67.20], atol=0.1)   # sRGB red's published Lab
+    gaps = {(a, b): float(np.linalg.norm(_cielab(a) - _cielab(b))) for a, b in itertools.combinations(PALETTE, 2)}
+    closest = min(gaps, key=gaps.get)
+    assert gaps[closest] >= 25, (closest, gaps[closest])
+
+
 def test_the_headline_leads_with_the_metric_the_claim_is_judged_on(tmp_path):
     # kl_gradients is judged on final/kl/seq: its headline figure must show kl/seq, not only the task's reward
     from grpo_bench.analysis import figures
