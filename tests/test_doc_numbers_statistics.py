@@ -166,7 +166,8 @@ def test_evaluation_points_and_run_times_are_the_results():
         if d.endswith("lm_acts"):
             assert set(problems) == {1000} and len(steps) == 7, d
             says(f"`lm_acts`'s {(steps[-1] + 1) // 30} inner steps: {points}", f"results/{d}/outcomes.parquet")
-        elif d == "dapo_ladder_lm":   # rerun with every evaluation on all its problems (statistics.md names it)
+        elif d in ("dapo_ladder_lm", "dapo_ladder_lm_wide", "dapo_ladder_spell_backward"):   # rerun with every
+            # evaluation on all its problems (statistics.md names them)
             assert set(problems) == {1000} and len(steps) == 7, d
             says(f"`eval_every: 5`: {len(steps)} points (steps {points}", f"results/{d}/outcomes.parquet")
             says("the `lm` settings of adv_norm, aggregation, length_bias, dapo_ladder,", d)

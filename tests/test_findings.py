@@ -794,8 +794,7 @@ def test_a_claim_with_one_real_effect_among_null_tasks_keeps_its_family_wise_err
 # is rerun, and no setting may join it.
 MID_RUN_SUBSET = {f"{claim}:countdown" for claim in ("adv_norm", "dapo_ladder", "kl_gradients", "policy_losses",
                                                     "ref_policy", "sampler_mismatch")} \
-    | {"dapo_ladder:spell_backward"} \
-    | {"dapo_ladder:lm_wide", "sampler_mismatch:lm_wide", "sampler_mismatch:lm"}
+    | {"sampler_mismatch:lm_wide"}
 
 
 def test_no_new_setting_scores_a_mid_run_evaluation_on_other_problems_than_the_final_one():
