@@ -32,7 +32,8 @@ ARMS = {  # name: (trainer dtype, sampler precision, fp32 head on both sides)
 def gap(preset: str, arm: str, prompts: int, group: int) -> dict:
     from grpo_bench.algos.corrections import mismatch
     from grpo_bench.config.run import resolve_run
-    from grpo_bench.engine.trainer import Sampler, build_task
+    from grpo_bench.engine.sampling import Sampler
+    from grpo_bench.engine.trainer import build_task
     from grpo_bench.store.rundir import cpu_name
 
     dtype, precision, fp32 = ARMS[arm]

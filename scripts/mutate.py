@@ -60,6 +60,7 @@ REPORT = ROOT / "results" / "mutation.md"
 # module -> the fast tests that cover it (pytest arguments)
 MODULES = {
     "grpo_bench/engine/trainer.py": ["tests/test_trainer.py"],
+    "grpo_bench/engine/sampling.py": ["tests/test_trainer.py", "tests/test_sampler.py", "tests/test_cpu_numerics.py"],
     "grpo_bench/numerics/logprobs.py": ["tests/test_logprobs.py", "tests/test_properties.py", "tests/test_kernels_loss.py"],
     # the CLI-subprocess tests of test_runner.py execute runner.py in other processes, where no
     # line is traced: they could never be picked for a mutant, so the baseline skips them too

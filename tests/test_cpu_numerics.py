@@ -122,14 +122,14 @@ def test_cpu_sqrt_is_ieees_where_a_tensors_need_not_be():
 
 
 def test_the_spread_metrics_round_as_ieee_says():
-    """The coefficients of variation the mechanisms read (trainer._spreads) on lengths whose sums, mean and squared
+    """The coefficients of variation the mechanisms read (sampling._spreads) on lengths whose sums, mean and squared
     deviations are exact in float32: every rounding left is the root's and the quotient's, so each value must be
     the correctly rounded one bit for bit, the same on every processor (with MKL's root, many were one unit off)."""
     import types
 
     import numpy as np
 
-    from grpo_bench.engine.trainer import _spreads
+    from grpo_bench.engine.sampling import _spreads
 
     g = torch.Generator().manual_seed(1)
     p, b, gs, t = 200, 8, 8, 40

@@ -9,7 +9,8 @@ import torch
 from grpo_bench.errors import ConfigError
 from grpo_bench.config.run import resolve_run
 from grpo_bench.registry import get
-from grpo_bench.engine.trainer import Sampler, train
+from grpo_bench.engine.sampling import Sampler
+from grpo_bench.engine.trainer import train
 
 SORT = {"task": {"name": "sort", "prompts": None, "n": 4, "vocab": 6, "num_prompts": 8, "dim": 16},
         "group_size": 4, "epochs": 12, "inner_steps": 3, "lr": 0.05}

@@ -7,7 +7,8 @@ import torch
 
 from grpo_bench import registry
 from grpo_bench.config.run import resolve_run
-from grpo_bench.engine.trainer import Population, sample, train
+from grpo_bench.engine.sampling import sample
+from grpo_bench.engine.trainer import Population, train
 
 # one position, two tokens, two responses per prompt: about half the groups are all-equal
 COIN = {"task": {"name": "sort", "prompts": None, "n": 1, "vocab": 2, "num_prompts": 6, "dim": 4},
@@ -194,7 +195,7 @@ def test_length_and_reward_spreads_by_hand():
     with only flat groups logs NaN, not a 0 that would read as "did not act"."""
     import numpy as np
 
-    from grpo_bench.engine.trainer import _rollout_metrics
+    from grpo_bench.engine.sampling import _rollout_metrics
     from grpo_bench.tasks import Rollout
 
     lengths = [[[2, 4, 6], [5, 5, 5], [3, 3, 10]], [[4, 4, 4], [1, 7, 7], [2, 2, 2]]]
