@@ -877,3 +877,15 @@ def test_a_setting_added_later_is_judged_with_the_margin_its_own_run_recorded(tm
     head = T.readme_table(tmp_path).splitlines()[0]
     assert "(lm_slow) (eval accuracy, ±0.2)" in head and "(lm) (eval accuracy, ±0.01)" in head, head
     assert "(lm_slow) on eval accuracy, δ ±0.2 (declared by the claims run there" in " ".join(text.split())
+
+
+def test_findings_names_its_tasks_as_a_list_with_each_preset_inside_its_name():
+    """FINDINGS' first sentence: "the sorting toy (`sort_converge`), the arithmetic LM (lm: `arithmetic_scratchpad`),
+    and ...", not "the arithmetic LM (lm) (`arithmetic_scratchpad`) and the ... and the ..."."""
+    from grpo_bench.analysis.findings_text import _series, _with_presets
+    assert _with_presets("arithmetic LM (lm)", ["arithmetic_scratchpad"]) == "the arithmetic LM (lm: `arithmetic_scratchpad`)"
+    assert _with_presets("sorting toy", ["sort_converge", "sort"]) == "the sorting toy (`sort_converge`, `sort`)"
+    assert _with_presets("sorting toy", None) == "the sorting toy"
+    assert _series(["a"]) == "a"
+    assert _series(["a", "b"]) == "a and b"
+    assert _series(["a", "b", "c"]) == "a, b, and c"

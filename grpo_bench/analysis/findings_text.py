@@ -403,6 +403,18 @@ def intro(where: str, tasks: dict[str, metrics.TaskInfo], order: list[str], name
         "number is recomputed from them (docs/statistics.md has the rules).")
 
 
+def _with_presets(name: str, presets: list[str] | None) -> str:
+    """"the arithmetic LM (lm: `arithmetic_scratchpad`)": a name's own parenthesis takes the task presets."""
+    if not presets:
+        return f"the {name}"
+    tags = "`" + "`, `".join(presets) + "`"
+    return f"the {name[:-1]}: {tags})" if name.endswith(")") else f"the {name} ({tags})"
+
+
+def _series(items: list[str]) -> str:
+    return " and ".join(items) if len(items) < 3 else ", ".join(items[:-1]) + ", and " + items[-1]
+
+
 def render(root: Path) -> str:
     return _render(root)[0]
 
@@ -418,8 +430,7 @@ def _render(root: Path) -> tuple[str, str]:
     called = names(order, tasks)
     name = {s: n for s, (n, _) in called.items()}
     presets = _presets(families, root)
-    where = " and ".join(f"the {name[s]}" + (f" (`{'`, `'.join(presets[s])}`)" if presets.get(s) else "")
-                         for s in order)
+    where = _series([_with_presets(name[s], presets.get(s)) for s in order])
     own = setting_margins(judged, tasks)
     lines = ["# Findings: published claims about GRPO, put to the test", "", intro(where, tasks, order, name, own), "",
              "| " + " | ".join(["claim", "source", *(name[s] for s in order), "across tasks",
