@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import copy
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -13,9 +12,6 @@ from torch import Tensor
 from ..algos import Batch
 from ..numerics import cpu as cpu_numerics
 from ..tasks import Rollout
-
-if TYPE_CHECKING:
-    from .trainer import Population
 
 
 def per_member_parts(parts) -> bool:
@@ -68,10 +64,11 @@ def _rollout_metrics(ro: Rollout) -> dict[str, Tensor]:
             "response/length": ro.lengths.float().flatten(1).mean(1), **_spreads(ro, flat), **ro.metrics}
 
 
-def sample(task, pop: Population, epoch: int, group_size: int, budget: int,
+def sample(task, pop, epoch: int, group_size: int, budget: int,
            sampler: torch.nn.Module | None = None) -> tuple[Rollout, dict[str, Tensor], dict[int, Exception]]:
     """Every member's batch for this epoch, through its rollout-stage filters, its sampling metrics, and the
-    members whose own rollout raised (task.failed: a reward on one of its prompts), by index.
+    members whose own rollout raised (task.failed: a reward on one of its prompts), by index. `pop` is the
+    trainer's Population (not imported: the trainer imports this module).
 
     A filter that marks groups as not kept (batch.keep) has them replaced, member by member,
     by groups of further draws, up to batch.max_draws draws; if the cap is reached the batch
