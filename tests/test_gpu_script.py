@@ -202,3 +202,30 @@ def test_kernel_table_reports_the_share_of_the_measured_bound(tmp_path):
     assert any("| grpo_bench (Triton) | 2.00 (0.00) | 1.00 | 1 | 50% (75%) |" in t for t in table)
     assert any("| torch eager | 8.00 (0.00) | 4.00 | 1 | — |" in t for t in table)
     assert "2,900 GB/s" in gpu_report.bound_note(df)[0]
+
+
+def test_carry_sets_the_tree_aside_and_puts_it_back_bit_for_bit(tmp_path):
+    """scripts/gpu_carry.sh aside/back on a small repository: what travels shrinks to the code while the results,
+    tests, docs and shipped starts wait in the ignored .gpu/hold, a second 'aside' refuses rather than mixing two
+    trees, and 'back' leaves git status clean."""
+    repo = tmp_path / "repo"
+    for rel, text in {"scripts/gpu_carry.sh": (ROOT / "scripts/gpu_carry.sh").read_text(), ".gitignore": "/.gpu/\n",
+                      "grpo_bench/a.py": "x = 1\n", "results/r/summary.csv": "a\n" * 5000, "tests/t.py": "t\n" * 300,
+                      "docs/d.md": "d\n", "tasks/t.yaml": "k: v\n", "tasks/start/w.bin": "w" * 20000}.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    git = lambda *a: subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=repo,
+                                    capture_output=True, text=True, check=True).stdout
+    git("init", "-q"); git("add", "-A"); git("commit", "-qm", "x")
+    carry = lambda what: subprocess.run(["bash", "scripts/gpu_carry.sh", what], cwd=repo, capture_output=True, text=True)
+    r = carry("aside")
+    assert r.returncode == 0, r.stderr
+    assert not (repo / "results").exists() and not (repo / "tasks/start").exists() and (repo / "tasks/t.yaml").exists()
+    assert (repo / ".gpu/hold/tasks/start/w.bin").read_text() == "w" * 20000
+    code = sum((repo / f).stat().st_size for f in ("scripts/gpu_carry.sh", ".gitignore", "grpo_bench/a.py", "tasks/t.yaml"))
+    assert f"what travels now: {code // 1024} KiB" in r.stdout  # the code alone
+    r = carry("aside")
+    assert r.returncode == 2 and "run 'back' first" in r.stderr and r.stderr.count("\n") == 1
+    r = carry("back")
+    assert r.returncode == 0 and r.stdout == "" and git("status", "--short") == ""
+    assert not (repo / ".gpu/hold").exists()
