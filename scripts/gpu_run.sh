@@ -13,7 +13,8 @@
 #   population  scripts/gpu_population.py: toy P = 1 .. 4,096 (CUDA graphs off and on) and LM P = 1 .. 128,
 #               runs per GPU-minute, one CPU core's rate beside it, device-busy share, memory, member == alone
 #   tests       kernel, log-prob, fused-head and population tests on CUDA, full sizes
-#   bench       log-prob (bf16), loss and Qwen-width GRPO-step benchmarks against TRL's and Liger's own code
+#   bench       log-prob (bf16), loss and Qwen-width GRPO-step benchmarks against TRL's and Liger's own code,
+#               then the log-prob forward's launch configurations (kernels/logprob.py FWD_CONFIGS)
 #   sweep       policy_losses' LM setting at 10 seeds on the GPU, populations of every seed (not in `all`)
 #   claims      scripts/gpu_sweeps.py: the claim sweeps on the reasoning-gym tasks and the wide arithmetic
 #               start at 10 seeds, those with no run yet first, many sweeps at once (a call of its own);
@@ -42,7 +43,7 @@ out=${2:-results/gpu}
 py=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 STAGES="step population tests bench sweep claims acts smollm2"
-declare -A BUDGET=([step]=160 [population]=200 [tests]=90 [bench]=80 [sweep]=100 [claims]=400 [acts]=430 [smollm2]=440)
+declare -A BUDGET=([step]=160 [population]=180 [tests]=80 [bench]=120 [sweep]=100 [claims]=400 [acts]=430 [smollm2]=440)
 for s in $STAGES; do v="BUDGET_$s"; [ -n "${!v:-}" ] && BUDGET[$s]=${!v}; done
 
 case $stage in
@@ -129,7 +130,8 @@ for s in $todo; do
     step) rm -f "$out/step.jsonl"  # the report reads this run's lines only
           GRPO_BENCH_JSONL=$out/step.jsonl run_stage step $py -m pytest -q -p no:cacheprovider -rs \
             tests/benchmarks/test_bench_grpo_step.py --benchmark-only ;;
-    tests) run_stage tests $py -m pytest -q -p no:cacheprovider -rs tests/test_kernels_logits_loss.py \
+    tests) # -v: a stage stopped at its budget still names each test's outcome (the H200's run of 11-28 did not)
+           run_stage tests $py -m pytest -v -p no:cacheprovider -rs tests/test_kernels_logits_loss.py \
              tests/test_kernels_linear.py tests/test_kernels_loss.py tests/test_kernels_logprob.py tests/test_logprobs.py \
              tests/test_arithmetic_fused.py tests/test_population.py ;;
     sweep) run_stage sweep $py -m grpo_bench run ablations/policy_losses.yaml --setting lm --seeds 10 \
@@ -149,7 +151,7 @@ for s in $todo; do
              done ;;
     bench) rm -f "$out/bench.jsonl"
            GRPO_BENCH_JSONL=$out/bench.jsonl run_stage bench $py -m pytest -q -p no:cacheprovider -rs \
-             tests/benchmarks/test_bench_logprobs.py tests/benchmarks/test_bench_loss.py tests/benchmarks/test_bench_lm_step.py \
+             tests/benchmarks/test_bench_loss.py tests/benchmarks/test_bench_lm_step.py tests/benchmarks/test_bench_logprobs.py \
              -k "bfloat16 or loss_forward or lm_step" --benchmark-only ;;
   esac
 done

@@ -192,8 +192,17 @@ def gpu_visit_sentences() -> list[tuple[str, str]]:
     ]
 
 
+def gpu_bench_sentences() -> list[tuple[str, str]]:
+    rows = [json.loads(line) for line in (ROOT / "results/gpu/bench.jsonl").read_text().splitlines() if line.strip()]
+    fwd = {(r["extra_info"]["provider"], r["extra_info"]["v"]): r["stats"]["median"] for r in rows
+           if r["extra_info"].get("kernel") == "logprob" and r["extra_info"].get("mode") == "fwd"
+           and r["extra_info"].get("dtype") == "bfloat16"}
+    behind = sorted(fwd["triton", v] / fwd["liger", v] for v in (50_257, 151_936))
+    return [("results/gpu/bench.jsonl", f"read {behind[0]:.1f}-{behind[1]:.1f}x faster than ours on the H200")]
+
+
 SENTENCES = [*cpu_sentences(), *step_sentences(), *gpu_kernel_sentences(), *gpu_step_sentences(),
-             *gpu_visit_sentences()]
+             *gpu_visit_sentences(), *gpu_bench_sentences()]
 
 
 @pytest.mark.parametrize("source, text", SENTENCES, ids=[f"{i}:{s}" for i, (s, _) in enumerate(SENTENCES)])

@@ -31,8 +31,8 @@ def test_dry_lists_every_stage_with_its_budget_and_overrides():
     """`all` is one call's worth (the claims stage, 400 s on its own, is asked for by name)."""
     r = _run("bash", "scripts/gpu_run.sh", "dry", BUDGET_population="7")
     assert r.returncode == 0
-    assert r.stdout.splitlines() == ["step: budget 160 s", "population: budget 7 s", "tests: budget 90 s",
-                                     "bench: budget 80 s"]
+    assert r.stdout.splitlines() == ["step: budget 160 s", "population: budget 7 s", "tests: budget 80 s",
+                                     "bench: budget 120 s"]
 
 
 def test_sweeps_run_in_order_skip_what_cannot_load_and_stop_at_the_deadline(tmp_path):
@@ -202,6 +202,30 @@ def test_kernel_table_reports_the_share_of_the_measured_bound(tmp_path):
     assert any("| grpo_bench (Triton) | 2.00 (0.00) | 1.00 | 1 | 50% (75%) |" in t for t in table)
     assert any("| torch eager | 8.00 (0.00) | 4.00 | 1 | — |" in t for t in table)
     assert "2,900 GB/s" in gpu_report.bound_note(df)[0]
+
+
+def test_each_launch_configuration_sweep_gets_a_table_of_its_own(tmp_path):
+    """gpu_report.main on a bench.jsonl holding the log-prob forward beside Liger and its FWD_CONFIGS sweep: the
+    providers' table has no configuration row, the sweep's table has each, with its own x-fastest column."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_report
+    (tmp_path / "device.txt").write_text("2026-12-01T00:00:00Z\nname, memory.total [MiB]\nNVIDIA H200, 143771 MiB\n"
+                                         "torch 2.11.0 | triton 3.6.0 | cuda 13.0\ncpus 16 | load 0.1 0.1 0.1\n")
+    group = "logprob fwd N=16384 V=50257 (gpt2) bfloat16"
+
+    def line(group, provider, ms, kernel):
+        info = {"group": group, "provider": provider, "gb_per_s": 1.0, "peak_mem_mb": 0.0, "kernel": kernel}
+        return json.dumps({"extra_info": info, "stats": {"median": ms / 1e3, "iqr": 0.0, "rounds": 20}})
+    sweep = "logprob fwd kernel configurations N=16384 V=50257 bfloat16"
+    (tmp_path / "bench.jsonl").write_text("\n".join([
+        line(group, "triton", 0.66, "logprob"), line(group, "liger", 0.51, "logprob"),
+        line(sweep, "ours 1024x4w 3st", 0.66, "logprob_config"), line(sweep, "ours 2048x2w 4st", 0.50, "logprob_config")]))
+    md = gpu_report.main(str(tmp_path))
+    main_table, _, rest = md.partition("Launch configurations of the log-prob forward")
+    assert "| Liger-Kernel ? | 0.51 (0.00) | 1.00 |" in main_table  # device.txt names no Liger version here
+    assert "| grpo_bench (Triton) | 0.66 (0.00) | 1.29 |" in main_table
+    assert "x4w" not in main_table and "x2w" not in main_table
+    assert "| ours 2048x2w 4st | 0.50 (0.00) | 1.00 |" in rest and "| ours 1024x4w 3st | 0.66 (0.00) | 1.32 |" in rest
 
 
 def test_carry_sets_the_tree_aside_and_puts_it_back_bit_for_bit(tmp_path):

@@ -184,6 +184,32 @@ def test_int32_labels_and_unused_entropy():
         torch.testing.assert_close(g.double(), rg, rtol=1e-5, atol=1e-6)
 
 
+def test_forced_forward_configuration_is_checked_and_used(monkeypatch):
+    """GRPO_BENCH_LOGPROB_FWD_CFG (the benchmark's sweep of FWD_CONFIGS): a malformed or invalid value is a
+    one-line error naming the variable; a valid one sets the forward's tile, warps and stages (clamped to the
+    row's width), leaves the backward's rule alone, and gives the fp64 log-probs and entropy with tiles
+    narrower than the row, a ragged last one included."""
+    monkeypatch.delenv("GRPO_BENCH_LOGPROB_FWD_CFG", raising=False)
+    assert K._launch_cfg(10, 50_257) == dict(grid=(10,), BLOCK_V=1024, num_warps=4)
+    assert K.FWD_CONFIGS[0] == (K.FWD_BLOCK_V_MAX, 4, 3) and all(K.fwd_config_valid(c) for c in K.FWD_CONFIGS)
+    for bad in ("1000,4,3", "2048,1", "4096,1,4", "1024,3,4", "1024,4,0", "big,4,3"):
+        monkeypatch.setenv("GRPO_BENCH_LOGPROB_FWD_CFG", bad)
+        with pytest.raises(ValueError, match="GRPO_BENCH_LOGPROB_FWD_CFG") as e:
+            K._launch_cfg(10, 50_257)
+        assert "\n" not in str(e.value)
+    monkeypatch.setenv("GRPO_BENCH_LOGPROB_FWD_CFG", "2048,2,4")
+    assert K._launch_cfg(10, 50_257) == dict(grid=(10,), BLOCK_V=2048, num_warps=2, num_stages=4)
+    assert K._launch_cfg(10, 200) == dict(grid=(10,), BLOCK_V=256, num_warps=2, num_stages=4)
+    assert K._launch_cfg(10, 50_257, backward=True)["BLOCK_V"] == K.BLOCK_V_MAX
+    monkeypatch.setenv("GRPO_BENCH_LOGPROB_FWD_CFG", "32,1,2")  # 200 = 6 tiles of 32 and a ragged 8
+    logits = randn(3, 7, 200, seed=11)
+    labels = labels_for((3, 7), 200)
+    lp, ent = K.triton_logprobs(logits, labels, True)
+    rlp, rent = reference(logits, labels)
+    torch.testing.assert_close(lp.double(), rlp, **TOL[torch.float32])
+    torch.testing.assert_close(ent.double(), rent, **TOL[torch.float32])
+
+
 # ----------------------------------------------------------------- full size, GPU only
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="full-size kernel checks need a GPU")

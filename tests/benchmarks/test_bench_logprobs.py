@@ -82,12 +82,34 @@ def cases(full: bool, device: str) -> dict[str, list[Case]]:
         sizes = [("fwd", 4096, 50_257, f32), ("fwd", 1024, 151_936, f32),
                  ("fwd+bwd", 1024, 50_257, f32), ("fwd+bwd", 512, 151_936, f32)]
         providers = PROVIDERS
-    out = {"fwd_case": [], "fwdbwd_case": []}
+    out = {"fwd_case": [], "fwdbwd_case": [], "fwd_config_case": fwd_config_cases(full, device)}
     for mode, n, v, dtype in sizes:
         for p in providers:
             if applies(p, mode, v, dtype, full):
                 out["fwd_case" if mode == "fwd" else "fwdbwd_case"].append(Case(mode, p, n, v, dtype))
     return out
+
+
+@dataclass(frozen=True)
+class ConfigCase:
+    case: Case
+    cfg: tuple  # (BLOCK_V, num_warps, num_stages), as kernels/logprob.FWD_CONFIGS
+
+    @property
+    def id(self) -> str:
+        return f"{self.case.id}-" + "-".join(map(str, self.cfg))
+
+
+def fwd_config_cases(full: bool, device: str) -> list[ConfigCase]:
+    try:
+        from grpo_bench.numerics.kernels.logprob import FWD_CONFIGS
+    except ImportError:  # no Triton: nothing to sweep
+        return []
+    if not full:  # smoke: the test's wiring, one configuration in the interpreter
+        return [ConfigCase(Case("fwd", "triton", 8, 97, torch.float32), FWD_CONFIGS[1])]
+    if device != "cuda":
+        return []
+    return [ConfigCase(Case("fwd", "triton", 16384, v, torch.bfloat16), cfg) for v in VOCABS for cfg in FWD_CONFIGS]
 
 
 def _naive(x, y):
@@ -260,6 +282,32 @@ def test_logprob_forward(bench, fwd_case, device):
 
 def test_logprob_forward_backward(bench, fwdbwd_case, device):
     run_case(bench, fwdbwd_case, device)
+
+
+def test_logprob_forward_config(bench, fwd_config_case, device, monkeypatch):
+    """One launch configuration of the log-prob forward (kernels/logprob.FWD_CONFIGS), checked against fp64 like
+    every provider, then timed beside the others; one this GPU cannot compile or launch skips with the reason."""
+    case, (block, warps, stages) = fwd_config_case.case, fwd_config_case.cfg
+    from grpo_bench.numerics.kernels import logprob as K
+    if not K.fwd_config_valid(fwd_config_case.cfg):
+        pytest.skip(f"{fwd_config_case.cfg} is not a valid configuration")
+    fn = provider(case.provider, device, bench.full)
+    x, y, g, rows, ref = inputs(case, device)
+    monkeypatch.setenv("GRPO_BENCH_LOGPROB_FWD_CFG", f"{block},{warps},{stages}")
+    try:
+        with torch.no_grad():
+            fn(x, y)
+    except Exception as e:  # noqa: BLE001 - a configuration this GPU cannot run is a result, not a crash
+        pytest.skip(f"configuration {block}x{warps}w {stages}st failed here: {type(e).__name__}: {e}"[:300])
+    check(case, fn, x, y, g, rows, ref)
+
+    def step():
+        with torch.no_grad():
+            return fn(x, y)
+    n = case.n
+    bench.run(step, group=f"logprob fwd kernel configurations N={n} V={case.v} {case.dtype_name}", rows=n,
+              nbytes=n * case.v * x.element_size() + 12 * n, kernel="logprob_config", mode="fwd",
+              provider=f"ours {block}x{warps}w {stages}st", n=n, v=case.v, dtype=case.dtype_name)
 
 
 def test_reference_is_the_log_softmax_and_its_gradient():

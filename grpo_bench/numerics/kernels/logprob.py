@@ -18,6 +18,8 @@ two strides in int64, so `logits[:, :-1]` is read in place.
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 import torch
@@ -34,6 +36,15 @@ MAX_PROGRAMS = 1 << 20
 # the backward, which also writes V values a row, with 8192-wide tiles and 16 warps.
 BLOCK_V_MAX = 8192
 FWD_BLOCK_V_MAX = 1024
+# The forward's launch configurations (BLOCK_V, num_warps, num_stages) the GPU benchmark times side by side
+# (tests/benchmarks/test_bench_logprobs.py, kernel "logprob_config"), the first being the rule above. The H100
+# sweep tried 4 to 16 warps only, and on an H200 (results/gpu, 2026-11-28) Liger's forward, which reads with one
+# warp, 2048-wide tiles and 4 pipeline stages, was 1.29x (V 50,257) and 1.19x (151,936) faster than ours. Our
+# lanes keep their running max and sum (no per-tile reduction), so a thread holds 2-3 fp32 values per element
+# of its share of a tile: shares of 16-32 (MAX_FWD_PER_THREAD) keep it in registers.
+FWD_CONFIGS = [(1024, 4, 3), (1024, 1, 4), (2048, 2, 4), (2048, 2, 3), (4096, 4, 4), (1024, 2, 4), (2048, 4, 4),
+               (512, 1, 4)]
+MAX_FWD_PER_THREAD = 32
 
 # Logits are clamped here so that -inf (a banned token) never meets -inf in a subtraction:
 # exp(FLOOR - real max) is exactly 0, and every product stays finite. Logits below -1e30
@@ -119,13 +130,37 @@ def _logprob_bwd(x_ptr, lab_ptr, lse_ptr, ent_ptr, g_ptr, ge_ptr, dx_ptr,
             tl.store(dbase + idx, dx.to(dx_ptr.dtype.element_ty), mask=inb)
 
 
+def fwd_config_valid(cfg) -> bool:
+    block, warps, stages = cfg
+    return (block >= 16 and block & (block - 1) == 0 and warps in (1, 2, 4, 8, 16, 32) and 1 <= stages <= 8
+            and block // (32 * warps) <= MAX_FWD_PER_THREAD)
+
+
+def fwd_env_config() -> tuple | None:
+    """$GRPO_BENCH_LOGPROB_FWD_CFG = "BLOCK_V,warps,stages" (the benchmark's sweep), checked; None when unset."""
+    env = os.environ.get("GRPO_BENCH_LOGPROB_FWD_CFG")
+    if not env:
+        return None
+    try:
+        cfg = tuple(int(x) for x in env.split(","))
+    except ValueError:
+        cfg = ()
+    if len(cfg) != 3 or not fwd_config_valid(cfg):
+        raise ValueError(f"GRPO_BENCH_LOGPROB_FWD_CFG={env!r} is not a valid configuration (BLOCK_V a power of two, "
+                         f"warps in 1..32, stages in 1..8, at most {MAX_FWD_PER_THREAD} values a thread)")
+    return cfg
+
+
 def _launch_cfg(n_rows: int, v: int, backward: bool = False) -> dict:
     block = min(BLOCK_V_MAX, triton.next_power_of_2(max(v, 16)))
+    grid = (max(1, min(n_rows, MAX_PROGRAMS)),)
     if backward:
         warps = 16 if block >= 4096 else 8 if block >= 1024 else 4
+    elif (forced := fwd_env_config()) is not None:
+        return dict(grid=grid, BLOCK_V=min(block, forced[0]), num_warps=forced[1], num_stages=forced[2])
     else:
         block, warps = min(block, FWD_BLOCK_V_MAX), 4
-    return dict(grid=(max(1, min(n_rows, MAX_PROGRAMS)),), BLOCK_V=block, num_warps=warps)
+    return dict(grid=grid, BLOCK_V=block, num_warps=warps)
 
 
 def logprob_fwd(x: Tensor, labels: Tensor, with_entropy: bool,
