@@ -38,7 +38,8 @@
 # sampler_mismatch_spell_backward 2,591 s for seeds 5-9 of its 10 (its sweep.json; seeds 0-4 took 2,670 s before
 # it resumed; the run it replaces likewise took 1,328 s for its seeds 5-9); sampler_mismatch_lm 2,258 s,
 # dapo_ladder_spell_backward 1,332 s, dapo_ladder_lm_wide 3,162 s (the runs they replace: 1,310, 1,340 and
-# 1,355 s). fp32_head's countdown
+# 1,355 s), dapo_ladder_countdown 2,441 s, policy_losses_countdown 2,001 s (the runs they replace: 1,945 s on one
+# worker and 1,860 s). fp32_head's countdown
 # and spell_backward settings (10 bf16 runs each, about 2.5 core-hours each here) have not been rerun since
 # the claim put the fp32 head on both sides.
 # The kernel benchmarks are separate (README, Kernels): they want an otherwise idle machine.

@@ -308,10 +308,12 @@ def test_findings_notes_on_dynamic_sampling_at_equal_samples_are_the_findings():
     grpo = _findings_cells("dapo_ladder", "dynamic_sampling > grpo")
     wide, countdown, small = (delta(token, c) for c in ("arithmetic LM (lm_wide)", "reasoning-gym LM (countdown)",
                                                          "arithmetic LM (lm)"))
-    assert (f"(−{-countdown:.1f} countdown, on the 250 problems every evaluation scored there, "
-            f"and −{-small:.1f} small and −{-wide:.1f} wide, on all 1,000 since their reruns" in notes)
-    assert "(1,000 problems" in token["arithmetic LM (lm)"] and "(1,000 problems" in token["arithmetic LM (lm_wide)"]
-    assert "(250 problems" in token["reasoning-gym LM (countdown)"]
+    assert (f"(−{-countdown:.1f} countdown, −{-small:.1f} small and −{-wide:.1f} wide, each on all 1,000 problems "
+            "since their reruns" in notes)
+    assert all("(1,000 problems" in token[f"{t} LM ({s})"] for t, s in (("arithmetic", "lm"), ("arithmetic", "lm_wide"),
+                                                                         ("reasoning-gym", "countdown")))
+    assert all("**equivalent within ±0.035**" in c["reasoning-gym LM (countdown)"] for c in (token, grpo))
+    assert "equivalent within ±0.035 on countdown" in notes and "equivalent within ±0.035), a change of" in notes
     assert f"it ends level with GRPO (−{-delta(grpo, 'arithmetic LM (lm)'):.1f} points, equivalent within ±0.027)" in notes
     assert "**equivalent within ±0.027**" in grpo["arithmetic LM (lm)"]
     assert f"on countdown 5.9 where it is {-delta(grpo, 'reasoning-gym LM (countdown)'):.1f}" in notes
