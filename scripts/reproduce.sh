@@ -39,7 +39,8 @@
 # it resumed; the run it replaces likewise took 1,328 s for its seeds 5-9); sampler_mismatch_lm 2,258 s,
 # dapo_ladder_spell_backward 1,332 s, dapo_ladder_lm_wide 3,162 s (the runs they replace: 1,310, 1,340 and
 # 1,355 s), dapo_ladder_countdown 2,441 s, policy_losses_countdown 2,001 s (the runs they replace: 1,945 s on one
-# worker and 1,860 s). fp32_head's countdown
+# worker and 1,860 s), kl_gradients_countdown 3,901 s (the run it replaces: 1,907 s; the 1,000-problem countdown
+# evaluations double a run's time, 150-175 s on one core). fp32_head's countdown
 # and spell_backward settings (10 bf16 runs each, about 2.5 core-hours each here) have not been rerun since
 # the claim put the fp32 head on both sides.
 # The kernel benchmarks are separate (README, Kernels): they want an otherwise idle machine.
