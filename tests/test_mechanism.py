@@ -208,6 +208,50 @@ def test_twelve_colours_a_reader_tells_apart():
     assert gaps[closest] >= 25, (closest, gaps[closest])
 
 
+def test_a_variant_whose_runs_are_another_s_is_drawn_over_it_and_named(tmp_path):
+    # kl_gradients' k3st_loss_b05 trains exactly as k2_loss_b05 (k3's value, k2's gradient): its line lay on
+    # k2's at every point, and k2's black line was in the legend but nowhere on any curve
+    from matplotlib.colors import to_hex
+
+    from grpo_bench.analysis import figures
+    from grpo_bench.analysis.plotting import PALETTE
+
+    claim = {"text": "t", "source": "s", "expect": ["a > b"]}
+    curves = {(v, s): [(step, 8 * step, {"a": 0.5, "b": 0.3, "c": 0.5}[v] + 0.01 * step * (s + 1)) for step in range(4)]
+              for v in "abc" for s in range(3)}
+    write(tmp_path / "tw_sort", "tw", "sort", {"a": [1.0, 1.1, 0.9], "b": [0.5, 0.4, 0.6], "c": [1.0, 1.1, 0.9]},
+          claim, curves=curves)
+    head = {stem: fig for stem, fig, _ in figures.build_figures(tmp_path / "tw_sort")}["curve_eval_reward"]
+    lines = {to_hex(ln.get_color()).upper(): ln for ln in head.axes[0].get_lines() if ln.get_gid() in "abc"}
+    assert lines[PALETTE[0]].get_linestyle() == "-" and lines[PALETTE[2]].get_linestyle() == "--"
+    labels = [t.get_text() for t in head.legends[0].get_texts()]
+    assert labels == ["a", "b", "c (= a)"]
+    # one value apart at one step of one seed: two sets of runs, each drawn as itself
+    curves[("c", 1)][2] = (2, 16, 0.75)
+    write(tmp_path / "tw2_sort", "tw2", "sort", {"a": [1.0, 1.1, 0.9], "b": [0.5, 0.4, 0.6], "c": [1.0, 1.1, 0.9]},
+          claim, curves=curves)
+    head = {stem: fig for stem, fig, _ in figures.build_figures(tmp_path / "tw2_sort")}["curve_eval_reward"]
+    assert [t.get_text() for t in head.legends[0].get_texts()] == ["a", "b", "c"]
+    assert {ln.get_linestyle() for ln in head.axes[0].get_lines() if ln.get_gid() in "abc"} == {"-"}
+
+
+def test_twins_are_read_on_training_not_on_the_objective_s_value_or_clocks():
+    from grpo_bench.analysis.plotting import twin_variants
+
+    def frame(v, metric, values):
+        return pd.DataFrame({"run": f"{v}-s0", "variant": v, "seed": 0, "step": range(len(values)), "value": values})
+
+    same = {"reward/mean": [0.1, 0.2, 0.3], "grad/norm": [1.0, 0.5, 0.25]}
+    curves = {m: pd.concat([frame(v, m, x) for v in ("k2", "k3st", "k1")]) for m, x in same.items()}
+    curves["reward/mean"].loc[curves["reward/mean"].variant.eq("k1"), "value"] = [0.1, 0.2, 0.31]
+    for m, k2, k3 in (("kl/value", [0.0, 0.01, 0.02], [0.0, 0.011, 0.021]), ("loss/total", [1, 2, 3], [1, 2, 4]),
+                      ("time/step_s", [1.0, 1.1, 1.2], [0.9, 1.0, 1.3])):
+        curves[m] = pd.concat([frame("k2", m, k2), frame("k3st", m, k3), frame("k1", m, k2)])
+    assert twin_variants(curves, ["k2", "k3st", "k1"]) == {"k3st": "k2"}
+    curves["entropy"] = pd.concat([frame("k2", "entropy", [0.3, 0.2]), frame("k3st", "entropy", [0.3, 0.21])])
+    assert twin_variants(curves, ["k2", "k3st", "k1"]) == {}
+
+
 def test_the_headline_leads_with_the_metric_the_claim_is_judged_on(tmp_path):
     # kl_gradients is judged on final/kl/seq: its headline figure must show kl/seq, not only the task's reward
     from grpo_bench.analysis import figures

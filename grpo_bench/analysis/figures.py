@@ -20,7 +20,8 @@ from ..store.rundir import load, load_outcomes
 from . import mechanism
 from .plotting import (BAND_SEEDS, COLUMN_IN, PAGE_IN, add_legend, legend_rows, bootstrap_mean_ci, by_metric,
                        clip_parts_sum, describe_band, draw_curves, label, label_column, log_ticks, metric_range,
-                       plt, points_per_run, same_curve, samples_axis, slug, style, ticker, variant_styles)
+                       plt, points_per_run, same_curve, samples_axis, slug, style, ticker, twin_variants,
+                       variant_styles)
 from .quantities import same_problems
 
 DIAGNOSTICS = ["clip/*", "kl/*", "entropy", "ratio/*", "grad/norm", "reward/zero_std_frac", "filter/*",
@@ -49,7 +50,7 @@ def curves_figure(meta: dict, summary: pd.DataFrame, curves: dict, panels: list[
     """Panels stacked in one column, one metric each, one legend under them; x: gradient steps, or
     (x_axis, see samples_axis) responses sampled."""
     order = _drawn(meta, curves, panels)
-    rows = legend_rows(order, COLUMN_IN)
+    rows = legend_rows(order, COLUMN_IN, styles)
     fig, axes = plt.subplots(len(panels), 1, figsize=(COLUMN_IN, 0.55 + 1.75 * len(panels) + 0.14 * rows),
                              sharex=True, squeeze=False)
     bands = []
@@ -121,7 +122,7 @@ def diagnostics_figure(meta: dict, summary: pd.DataFrame, curves: dict, diag: li
     # four small panels a row: a reference grid a reader scans for what moved, at 0.65x the bytes of three
     cols = min(4, len(diag))
     rows = math.ceil(len(diag) / cols)
-    lrows = legend_rows(order, PAGE_IN)
+    lrows = legend_rows(order, PAGE_IN, styles)
     fig, axes = plt.subplots(rows, cols, figsize=(PAGE_IN, 0.5 + 1.4 * rows + 0.14 * lrows), sharex=True,
                              squeeze=False)
     for ax, metric in zip(axes.flat, diag):
@@ -153,7 +154,7 @@ def mechanism_figure(meta: dict, summary: pd.DataFrame, curves: dict, panels: li
     order = _drawn(meta, drawn, list(drawn))
     cols = min(4, len(panels))
     rows = math.ceil(len(panels) / cols)
-    lrows = legend_rows(order, PAGE_IN)
+    lrows = legend_rows(order, PAGE_IN, styles)
     fig, axes = plt.subplots(rows, cols, figsize=(PAGE_IN, 0.6 + 1.6 * rows + 0.14 * lrows), squeeze=False)
     for ax, (metric, threshold, reduce) in zip(axes.flat, panels):
         draw_curves(ax, drawn, metric, order, styles)
@@ -253,7 +254,7 @@ def fit_figure(meta: dict, fits: dict, styles: dict):
     axes_ = list(fits["axes"])
     order = [v for v in meta["variants"] if v in fits["axes"][axes_[0]]]
     width = min(PAGE_IN, COLUMN_IN * len(axes_))
-    fig, axs = plt.subplots(1, len(axes_), figsize=(width, 2.9 + 0.14 * legend_rows(order, width)), squeeze=False)
+    fig, axs = plt.subplots(1, len(axes_), figsize=(width, 2.9 + 0.14 * legend_rows(order, width, styles)), squeeze=False)
     for ax, axis in zip(axs[0], axes_):
         ends = []
         for v in order:
@@ -308,7 +309,7 @@ def build_figures(out: str | Path, fits: dict | None = None) -> list[tuple[str, 
     meta, summary, table = load(Path(out))
     curves = by_metric(same_problems(table, load_outcomes(Path(out))))
     fits = curve_fits(meta, curves) if fits is None else fits
-    styles = variant_styles(meta["variants"])
+    styles = variant_styles(meta["variants"], twin_variants(curves, meta["variants"]))
     ok = summary[summary.status == "ok"]
     headline = headline_columns(summary, meta)
     figures = []

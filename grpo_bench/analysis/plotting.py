@@ -75,10 +75,38 @@ RC = {"font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize
       "figure.constrained_layout.use": True}
 
 
-def variant_styles(variants: list[str]) -> dict[str, dict]:
-    """One fixed colour, dash and marker per variant, by its position in the ablation's order."""
-    return {v: {"color": PALETTE[i % len(PALETTE)], "ls": DASHES[i // len(PALETTE) % len(DASHES)],
-                "marker": MARKERS[i // len(PALETTE) % len(MARKERS)]} for i, v in enumerate(variants)}
+def variant_styles(variants: list[str], twins: dict[str, str] | None = None) -> dict[str, dict]:
+    """One fixed colour, dash and marker per variant, by its position in the ablation's order.
+    twins (twin_variants): a variant whose runs are an earlier one's, number for number, is drawn in wide
+    dashes over it, or its line would hide the other's exactly, and the legend names the pair."""
+    styles = {v: {"color": PALETTE[i % len(PALETTE)], "ls": DASHES[i // len(PALETTE) % len(DASHES)],
+                  "marker": MARKERS[i // len(PALETTE) % len(MARKERS)], "label": v} for i, v in enumerate(variants)}
+    for v, first in (twins or {}).items():
+        styles[v].update(ls=(0, (4, 4)), label=f"{v} (= {first})")
+    return styles
+
+
+def twin_variants(curves: dict, order: list[str]) -> dict[str, str]:
+    """Later variant -> the earlier one whose runs logged, seed by seed, the same value of every metric at
+    every step: one set of runs under two names. Clocks aside, and the objective's value (loss/*, kl/value):
+    k3+ logs k3's value and trains on k2's gradient, number for number as k2 does."""
+    parts = {v: [] for v in order}
+    for metric in sorted(curves):
+        if metric.startswith(("time/", "loss/")) or metric == "kl/value":
+            continue
+        for v, g in curves[metric].groupby("variant", observed=True):
+            if v in parts:
+                g = g.sort_values(["seed", "step"])
+                parts[v].append(g[["seed", "step", "value"]].to_numpy(float))
+    twins = {}
+    for i, v in enumerate(order):
+        for first in order[:i]:
+            if first in twins or not parts[v] or len(parts[v]) != len(parts[first]):
+                continue
+            if all(a.shape == b.shape and np.array_equal(a, b, equal_nan=True) for a, b in zip(parts[v], parts[first])):
+                twins[v] = first
+                break
+    return twins
 
 
 def style():
@@ -105,13 +133,15 @@ def legend_cols(variants: list[str], width_in: float) -> int:
     return max(1, min(len(variants), int(width_in // per)))
 
 
-def legend_rows(variants: list[str], width_in: float) -> int:
-    return math.ceil(len(variants) / legend_cols(variants, width_in))
+def legend_rows(variants: list[str], width_in: float, styles: dict | None = None) -> int:
+    labels = [styles[v]["label"] for v in variants] if styles else variants
+    return math.ceil(len(labels) / legend_cols(labels, width_in))
 
 
 def add_legend(fig, styles: dict, variants: list[str], width_in: float) -> None:
     handles = [plt.Line2D([], [], color=styles[v]["color"], ls=styles[v]["ls"], lw=1.6) for v in variants]
-    fig.legend(handles, variants, loc="outside lower center", ncols=legend_cols(variants, width_in),
+    labels = [styles[v].get("label", v) for v in variants]
+    fig.legend(handles, labels, loc="outside lower center", ncols=legend_cols(labels, width_in),
                handlelength=2.2, columnspacing=1.2)
 
 
