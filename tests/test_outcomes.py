@@ -172,6 +172,14 @@ def test_a_population_members_outcomes_are_those_it_has_alone_at_every_evaluatio
         assert 0 < np.mean([o[2] for o in member]) < 1
 
 
+def test_without_pass_at_k_the_trainer_keeps_each_outcome_without_k_correct():
+    raw = {**copy.deepcopy(TINY_LM), "seed": 0, "epochs": 1}
+    raw["task"]["pass_k"] = 0
+    kept = []
+    train(resolve_run(raw), [], kept)
+    assert len(kept) == 400 and {o[3] for o in kept} == {None}   # both evaluations, all 200 problems
+
+
 def test_a_task_without_outcomes_leaves_none():
     sort = {"task": {"name": "sort", "prompts": None, "num_prompts": 2, "eval_prompts": 4, "n": 2, "vocab": 3},
             "epochs": 2, "inner_steps": 1, "group_size": 2, "delta": "centered", "eval_every": 1, "seed": 0}

@@ -430,6 +430,22 @@ def test_a_member_failing_beside_a_lagging_sampler_leaves_the_others_their_numbe
         assert isinstance(res, dict) and res == res_a and _untimed(rows) == _untimed(rows_a)
 
 
+@pytest.mark.parametrize("case", ["per_member_draws", "entropy_controller"])
+def test_after_the_first_member_fails_the_others_keep_their_seeds_and_recipes(case):
+    """Member 0 diverges at its first step, so every survivor moves down one index: its per-member random
+    draws (clip_cov, dynamic sampling's redraws) must still come from its own seed and its controller must
+    still be its own, as alone."""
+    over = {"per_member_draws": DIFFER["top_entropy_clip_cov_dynamic_sampling"],
+            "entropy_controller": DIFFER["entropy_controller"]}[case]
+    raws = [{**SORT, **o, "optimizer": "sgd", "lr": lr, "epochs": 6, "seed": s}
+            for o, s, lr in zip(over, [2, 0, 1], [1e30, 0.05, 0.08])]
+    together, alone = _both_ways(raws)
+    assert isinstance(together[0][0], NonFiniteLoss) and "epoch 0" in str(together[0][0])
+    for i in (1, 2):
+        (res, rows), (res_a, rows_a) = together[i], alone[i]
+        assert isinstance(res, dict) and res == res_a and _untimed(rows) == _untimed(rows_a)
+
+
 def test_time_per_step_is_the_populations_divided_by_its_members(monkeypatch):
     """time/step_s is what a step cost each run: the population's wall time over the members alive. A clock that
     ticks one second a reading makes a population's steps cost what one run's do, P times over."""

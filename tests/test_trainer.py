@@ -30,6 +30,15 @@ def _spy(entry, fn):
     return dataclasses.replace(entry, obj=fn, traits={**entry.traits, "per_member": True})
 
 
+def _install_spy(monkeypatch, entry, fn, seen: list):
+    """entry's part replaced by the spy fn. The registry checks a user's part once per process by calling it
+    on a probe (B 2 x G 3): whichever test installs a spy first in its worker would see that call, so it is
+    made here and forgotten (test_kl_in_the_loss_leaves_the_rewards_alone failed alone, passed after others)."""
+    monkeypatch.setitem(registry._REGISTRY[entry.axis], entry.name, _spy(entry, fn))
+    registry.entry(entry.axis, entry.name)
+    seen.clear()
+
+
 def _floats(metrics):
     """A population of one's (1,) metric tensors as floats."""
     return {k: float(v[0]) for k, v in metrics.items()}
@@ -100,10 +109,9 @@ def test_kl_in_the_reward_is_subtracted(monkeypatch):
         seen.append(rewards.clone())
         return raw.obj(rewards, lengths, greedy)
 
-    monkeypatch.setitem(registry._REGISTRY["delta"], "centered", _spy(raw, spy))
+    _install_spy(monkeypatch, raw, spy, seen)
     beta = 0.5
     _, rows = _rows({**RICH, "kl_coef": beta, "kl": "k2", "kl_placement": "reward", "lr": 0.1, "epochs": 3})
-    seen[:] = [s for s in seen if s.shape[-2:] != (2, 3)]  # not the contract check's probe (registry, B 2 x G 3)
     by_epoch = {}
     for _, m, v in rows:
         by_epoch.setdefault(m, []).append(v)
@@ -198,14 +206,16 @@ def test_length_and_reward_spreads_by_hand():
     from grpo_bench.engine.sampling import _rollout_metrics
     from grpo_bench.tasks import Rollout
 
-    lengths = [[[2, 4, 6], [5, 5, 5], [3, 3, 10]], [[4, 4, 4], [1, 7, 7], [2, 2, 2]]]
-    rewards = torch.tensor([[[0, 1, 1], [1, 1, 1], [0, 0, 0.5]], [[1, 1, 1], [0, 0, 0], [1, 1, 1]]])
-    mask = torch.zeros(2, 3, 3, 12)
+    # member 2: one group a loss sees, two of its responses empty (a mean length under 1 token)
+    lengths = [[[2, 4, 6], [5, 5, 5], [3, 3, 10]], [[4, 4, 4], [1, 7, 7], [2, 2, 2]], [[0, 0, 1], [3, 3, 3], [2, 2, 2]]]
+    rewards = torch.tensor([[[0, 1, 1], [1, 1, 1], [0, 0, 0.5]], [[1, 1, 1], [0, 0, 0], [1, 1, 1]],
+                            [[0, 1, 0], [1, 1, 1], [0, 0, 0]]])
+    mask = torch.zeros(3, 3, 3, 12)
     for p, member in enumerate(lengths):
         for b, group in enumerate(member):
             for g, n in enumerate(group):
                 mask[p, b, g, :n] = 1
-    m = _rollout_metrics(Rollout(prompts=None, responses=torch.zeros(2, 3, 3, 12, dtype=torch.long), mask=mask,
+    m = _rollout_metrics(Rollout(prompts=None, responses=torch.zeros(3, 3, 3, 12, dtype=torch.long), mask=mask,
                                  rewards=rewards))
     live = [np.array(lengths[0][0], float), np.array(lengths[0][2], float)]   # member 0's groups 0 and 2
 
@@ -217,6 +227,9 @@ def test_length_and_reward_spreads_by_hand():
     assert m["reward/group_std_cv"][0].item() == pytest.approx(1 / 3)   # stds s and s/2 (0, 1, 1 and 0, 0, 1/2)
     assert all(math.isnan(m[k][1].item()) for k in ("response/length_cv", "response/length_group_cv",
                                                       "response/length_prompt_cv", "reward/group_std_cv"))
+    # one group: its own spread, and nothing between groups to vary
+    assert m["response/length_cv"][2].item() == pytest.approx(cv([0, 0, 1])) == m["response/length_group_cv"][2].item()
+    assert m["response/length_prompt_cv"][2].item() == 0 and m["reward/group_std_cv"][2].item() == 0
 
 
 def test_step_metrics_by_hand():
@@ -330,7 +343,7 @@ def test_deltas_see_the_rewards_and_lengths(monkeypatch):
         seen.append((rewards.clone(), lengths.clone(), greedy))
         return raw.obj(rewards, lengths, greedy)
 
-    monkeypatch.setitem(registry._REGISTRY["delta"], "centered", _spy(raw, spy))
+    _install_spy(monkeypatch, raw, spy, seen)
     _, rows = _rows({**RICH, "epochs": 2})
     m = dict((m, v) for s, m, v in rows if s == 0)
     r, lengths, greedy = seen[0]
@@ -449,11 +462,66 @@ def test_summary_tails_average_the_last_tenth_of_the_epochs():
         assert summary["final/response/length"] == 3.0     # the sort task answers with all n = 3 tokens
 
 
+def test_narrowing_a_rollout_keeps_the_survivors_reward_components_and_sampler_log_probs():
+    from grpo_bench.engine.trainer import _narrow
+
+    ro = _Scripted([[[[1.0, 0.0]] * 2]] * 3).rollout(0, 0, 2)
+    ro = ro.replace(components=torch.arange(3.0).view(3, 1).expand(3, 4), sampler_logp=-torch.arange(3.0).view(3, 1))
+    kept = _narrow(ro, [0, 2])
+    assert kept.components[:, 0].tolist() == [0.0, 2.0] and kept.sampler_logp[:, 0].tolist() == [0.0, -2.0]
+    assert kept.rewards.shape[0] == 2
+    bare = _narrow(ro.replace(components=None, sampler_logp=None), [1])
+    assert bare.components is None and bare.sampler_logp is None
+
+
+def test_a_population_narrowed_after_a_failure_maps_the_survivors_numbers_on_a_device():
+    # off the CPU, map copies the members' numbers to the device once and reuses them: after keep() the copy
+    # must be of the survivors' ('meta' stands in for CUDA: its tensors have shapes and no values)
+    pop = Population([resolve_run({**COIN, "loss": {"name": "clipped", "clip_high": 0.2 + 0.1 * i}, "seed": i})
+                      for i in range(3)])
+    shapes = lambda out: tuple(out.shape)  # noqa: E731
+    fn = lambda a, numbers: a.sum() + numbers["loss.clip_high"]  # noqa: E731
+    assert shapes(pop.map(fn, torch.zeros(3, 2, device="meta"), per_member=False)) == (3,)
+    pop.keep([0, 2])
+    assert pop.seeds == [0, 2] and pop.numbers["loss.clip_high"].tolist() == pytest.approx([0.2, 0.4])
+    assert shapes(pop.map(fn, torch.zeros(2, 2, device="meta"), per_member=False)) == (2,)
+
+
+def test_a_delta_that_needs_entropies_is_refused_where_the_task_gives_none():
+    from grpo_bench.engine.recipe import Recipe
+    from grpo_bench.engine.trainer import _extra
+
+    ro = _Scripted([[[[1.0, 0.0], [0.0, 1.0]]]]).rollout(0, 0, 2)
+    logp = torch.zeros(1, 2, 2, 1)
+    gtpo = Recipe.from_config(resolve_run({**COIN, "delta": "gtpo"}))
+    with pytest.raises(ValueError, match="delta 'gtpo' needs the policy's entropy; the task gave none"):
+        _extra(None, ro, gtpo, logp, None)
+    ids, old, ent, *_ = _extra(None, ro, gtpo, logp, torch.ones(1, 2, 2, 1))
+    assert ids is ro.responses and old is None and ent.sum() == 4
+    # one that needs no entropy goes on without it
+    task = type("T", (), {"sum_pi_squared": lambda self, r: torch.full((1, 2, 2, 1), 0.5)})()
+    otb = Recipe.from_config(resolve_run({**COIN, "delta": "optimal_token_baseline"}))
+    ids, old, ent, pi2, ref = _extra(task, ro, otb, logp, None)
+    assert ids is None and old is logp and ent is None and pi2.sum() == 2 and ref is None
+
+
+def test_a_step_filter_s_gate_reaches_the_loss():
+    # top_entropy trains on the highest-entropy tokens only: the first update already differs from the unfiltered
+    # one, and at rho 1 (every token kept) it is the unfiltered one to the bit
+    def first(filters):
+        _, rows = _rows({**RICH, "epochs": 1, "inner_steps": 1, "log_every": 1, "filters": filters})
+        return [v for _, m, v in rows if m in ("loss/policy", "grad/norm")]
+
+    plain = first([])
+    assert first([{"name": "top_entropy", "rho": 0.3}]) != plain
+    assert first([{"name": "top_entropy", "rho": 1.0}]) == plain
+
+
 def test_kl_in_the_loss_leaves_the_rewards_alone(monkeypatch):
     seen = []
     raw = registry.entry("delta", "centered")
     spy = lambda r, n=None, g=None, c=None, x=None: seen.append(r.clone()) or raw.obj(r, n, g)  # noqa: E731
-    monkeypatch.setitem(registry._REGISTRY["delta"], "centered", _spy(raw, spy))
+    _install_spy(monkeypatch, raw, spy, seen)
     _, rows = _rows({**RICH, "epochs": 3, "kl_coef": 0.5, "kl": "k2", "lr": 0.1, "kl_placement": "loss"})
     means = [v for _, m, v in rows if m == "reward/mean"]
     assert [r.mean().item() for r in seen] == pytest.approx(means, rel=1e-6)
@@ -526,7 +594,8 @@ class _Scripted:
         self.asked.append(draw)
         r = torch.tensor([m[draw] if draw < len(m) else [[0.0, 0.0]] * 2 for m in self.rewards])
         p = len(self.rewards)
-        return Rollout(prompts=torch.arange(2).expand(p, 2), responses=torch.zeros(p, 2, 2, 1, dtype=torch.long),
+        prompts = getattr(self, "prompts", None)
+        return Rollout(prompts=torch.arange(2).expand(p, 2) if prompts is None else prompts, responses=torch.zeros(p, 2, 2, 1, dtype=torch.long),
                        mask=torch.ones(p, 2, 2, 1), rewards=r)
 
 
@@ -547,6 +616,36 @@ def test_dynamic_sampling_stops_as_soon_as_the_batch_is_full():
     ro, m, _ = _scripted_sample([[[[1.0, 1.0], [1.0, 0.0]], [[0.0, 0.0], [1.0, 1.0]]]], 2)
     assert m["filter/draws"] == [2.0] and m["filter/capped"] == [1.0]
     assert ro.rewards[0].tolist() == [[1.0, 0.0], [1.0, 1.0]]
+
+
+def test_a_member_whose_reward_failed_asks_for_no_more_draws():
+    # both members' first draws leave them short; member 0's reward raised there, so only member 1 draws on,
+    # and member 0's failure is reported once, from the draw it needed
+    class Failing(_Scripted):
+        def rollout(self, epoch, draw, group_size):
+            if draw == 0:
+                self.failed = {0: ValueError("reward")}
+            return super().rollout(epoch, draw, group_size)
+
+    flat = [[1.0, 1.0], [0.0, 0.0]]
+    task = Failing([[flat, flat, flat], [flat, [[0.0, 1.0], [1.0, 0.0]]]])
+    cfgs = [resolve_run({**COIN, "filters": [{"name": "dynamic_sampling", "max_draws": 3}], "seed": s}) for s in range(2)]
+    _, m, failed = sample(task, Population(cfgs), 0, cfgs[0].group_size, cfgs[0].task.generation_budget)
+    assert task.asked == [0, 1] and list(failed) == [0]
+    assert m["filter/draws"].tolist() == [1.0, 2.0]
+
+
+def test_a_curriculum_retires_each_member_s_passed_prompts_and_only_those():
+    # member 0 passes its prompt 1 (every response 1.0) but not prompt 0; member 1 passes neither
+    cfgs = [resolve_run({**COIN, "filters": ["no_positive_resample"], "seed": s}) for s in range(2)]
+    task = _Scripted([[[[1.0, 0.0], [1.0, 1.0]]], [[[0.0, 1.0], [1.0, 0.0]]]])
+    task.prompts = torch.tensor([[[3], [4]], [[5], [6]]])   # (P, B, n): which prompt is which
+    retired = []
+    task.retire = lambda member, prompts: retired.append((member, prompts.tolist()))
+    ro, m, _ = sample(task, Population(cfgs), 0, cfgs[0].group_size, cfgs[0].task.generation_budget)
+    assert retired == [(0, [[4]])]
+    assert "filter/draws" not in m and task.asked == [0]   # it drops no group: nothing is drawn again
+    assert ro.rewards.tolist() == [[[1.0, 0.0], [1.0, 1.0]], [[0.0, 1.0], [1.0, 0.0]]]   # this batch still learns
 
 
 def test_dynamic_sampling_per_member_in_a_population():

@@ -126,13 +126,11 @@ def sample(task, pop, epoch: int, group_size: int, budget: int,
             draws += need.float()
             n_kept = n_kept + keeps[-1].sum(1)
         allk = torch.cat(keeps, 1)                                       # (P, D B)
-        dropped = ~allk
-        for i in range(1, len(keeps)):  # draws a member never asked for are not its spares either
-            dropped[:, i * b:(i + 1) * b] &= (draws > i).unsqueeze(1)
         order = torch.arange(allk.shape[1]).expand_as(allk)
-        # kept groups in draw order, then the dropped ones, then the rest: the first B of each member
-        rank = torch.where(allk, order, torch.where(dropped, order + allk.shape[1], order + 2 * allk.shape[1]))
-        idx = rank.argsort(1)[:, :b]
+        # the first B of each member: its kept groups in draw order, then the others in draw order. A member
+        # short of B after its last draw was capped (it asked for every draw) or failed (whatever fills it is
+        # never trained on), so the groups of draws it did not ask for, all later, are never its spares
+        idx = torch.where(allk, order, order + allk.shape[1]).argsort(1)[:, :b]
         ro = Rollout.cat(parts).take(idx)
         metrics["filter/draws"] = draws
         metrics["filter/capped"] = (n_kept < b).float()
