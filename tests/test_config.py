@@ -180,6 +180,18 @@ def test_config_hash_follows_the_resolved_config():
     assert config_hash(a) == config_hash(b) and len(config_hash(a)) == 10   # the same run however written
     assert config_hash(a) != config_hash(dataclasses.replace(a, lr=0.002))
     assert config_hash(a) != config_hash(resolve_run({"task": {"name": "sort", "vocab": 6}, "loss": "clipped"}))
+    # a part's parameters in another order are the same run
+    c = resolve_run({"task": "sort", "loss": {"name": "clipped", "clip_high": 0.28, "clip_low": 0.2}})
+    d = resolve_run({"task": "sort", "loss": {"name": "clipped", "clip_low": 0.2, "clip_high": 0.28}})
+    assert config_hash(c) == config_hash(d)
+
+
+def test_with_seed_is_the_config_for_another_seed_and_a_copy():
+    from grpo_bench.config.run import with_seed
+    a = resolve_run({"task": "sort", "seed": 3, "loss": {"name": "clipped", "clip_high": 0.28}})
+    b = with_seed(a, 11)
+    assert (a.seed, b.seed) == (3, 11) and b == dataclasses.replace(a, seed=11)
+    assert b.loss is not a.loss and b.task is not a.task   # runs never share a part's mapping
 
 
 # ------------------------------------------------------------------ ablations
@@ -280,3 +292,29 @@ def test_type_check_of_each_kind():
         resolve_part("aggregate", {"name": "seq_mean_token_sum_norm", "max_len": "x"}, "f", "aggregate")
     assert resolve_part("aggregate", {"name": "seq_mean_token_sum_norm", "max_len": None}, "f", "aggregate",
                         {"max_len": 6})["max_len"] == 6   # null: the task's budget
+
+
+def test_the_main_jobs_plan_has_the_committed_run_ids():
+    """README's main job reruns results/loss_modes in place: its run ids (config hashes) must be the committed
+    ones, or the runner would refuse the directory (check_out) instead of rewriting it."""
+    from grpo_bench.sweep.runner import plan
+    abl = load_ablation(ROOT / "ablations" / "loss_modes.yaml")
+    committed = json.loads((ROOT / "results" / "loss_modes" / "ablation.json").read_text())["runs"]
+    assert [s.run_id for s in plan(abl)] == committed
+
+
+def test_seeds_includes_and_graphs_at_their_bounds():
+    """A seed is an int64 (torch.Generator's range); `include` is a list of path strings, said in one line
+    otherwise; CUDA graphs are opt-in."""
+    assert resolve_run({"seed": 2**63 - 1}).seed == 2**63 - 1
+    with pytest.raises(ConfigError, match=r"seed: must be 0 <= seed < 2\*\*63"):
+        resolve_run({"seed": 2**63})
+    for bad in ("x.py", [1], ["a.py", 2]):
+        with pytest.raises(ConfigError, match="include: expected a list of paths"):
+            resolve_run({"include": bad})
+    assert resolve_run({"task": "sort"}).cuda_graphs is False
+
+
+def test_the_task_name_is_kept_beside_its_section():
+    assert resolve_run({"task": {"name": "sort", "vocab": 6}}).task_name == "sort"
+    assert resolve_run({"task": "sort"}).task_name == "sort"

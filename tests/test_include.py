@@ -305,3 +305,11 @@ def test_the_include_docs_show_each_axis_contract():
     text = (ROOT / "docs" / "extending.md").read_text()
     for axis, contract in registry.CONTRACTS.items():
         assert f"| `{axis}` | `{contract}` |" in text, axis
+
+
+def test_a_run_config_loads_its_own_includes(user):
+    """A config resolved on its own (a worker, a TRL run, resolve_run by hand) loads the files it names before
+    it looks its parts up; nothing had included them in this process."""
+    assert "scaled_pg" not in registry.names("loss")
+    cfg = resolve_run({**TINY, "include": [str(user)], "loss": {"name": "scaled_pg", "scale": 2.0}})
+    assert cfg.loss["name"] == "scaled_pg" and "scaled_pg" in registry.names("loss")

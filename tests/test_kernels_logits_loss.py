@@ -211,3 +211,17 @@ def test_full_size_gpu(v, monkeypatch):
     monkeypatch.undo()
     compare(batch(b=4, g=8, t=64, v=v, seed=11), rtol=2e-5, loss=LOSSES["clipped"], aggregate="seq_mean_token_mean",
             kl="k3", kl_coef=0.04)
+
+
+def test_a_kl_named_without_a_coefficient_adds_nothing_and_needs_no_reference():
+    gen = torch.Generator().manual_seed(12)
+    logits = torch.randn(2, 3, 4, 9, generator=gen)
+    labels = torch.randint(0, 9, (2, 3, 4), generator=gen)
+    old = token_logprobs(logits, labels, backend="torch")[0].detach() + 0.1
+    deltas, mask = torch.randn(2, 3, generator=gen), torch.ones(2, 3, 4)
+    want, _ = grpo_loss_from_logits(logits, labels, old, None, deltas, mask, backend="torch")
+    for kw in ({"kl": "k3"}, {"kl": "k3", "kl_coef": 0.0}):
+        got, stats = grpo_loss_from_logits(logits, labels, old, None, deltas, mask, backend="torch", **kw)
+        assert torch.equal(got, want) and "kl/value" not in stats
+    with pytest.raises(ValueError, match="needs ref_logp"):
+        grpo_loss_from_logits(logits, labels, old, None, deltas, mask, kl="k3", kl_coef=0.1, backend="torch")

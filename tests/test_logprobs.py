@@ -216,3 +216,138 @@ def test_clip_share_of_a_single_token(backend):
                          backend=backend)
     assert stats["clip/frac"].item() == stats["clip/high_frac"].item() == 1.0 and stats["clip/low_frac"].item() == 0.0
     assert stats["kl/value"].item() == 0.0
+
+
+def _loss_inputs(seed=6):
+    gen = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(2, 3, 5, generator=gen)
+    old = logp + 0.2 * torch.randn(2, 3, 5, generator=gen)
+    deltas = torch.tensor([[1.0, -0.5, 0.0], [-1.0, 2.0, 0.5]])
+    mask = (torch.rand(2, 3, 5, generator=gen) > 0.3).float()
+    mask[..., 0] = 1.0
+    entropy = torch.rand(2, 3, 5, generator=gen)
+    return logp, old, deltas, mask, entropy
+
+
+@pytest.mark.parametrize("backend", ["torch", "chunked"])
+def test_entropy_and_nll_terms_against_their_token_means(backend):
+    """value = policy - c_H * H + c_NLL * NLL, H the token mean of the entropy over the mask, NLL the token mean
+    of -log p over the positive responses' tokens; either term named without its coefficient adds nothing (but
+    H is still reported); a 0-d tensor coefficient (vmap's) of 0 keeps the term, worth 0."""
+    logp, old, deltas, mask, entropy = _loss_inputs()
+    kw = dict(loss="clipped", aggregate="seq_mean_token_mean", backend=backend)
+    base, base_stats = grpo_loss(logp, old, None, deltas, mask, **kw)
+    on = mask > 0
+    h = entropy[on].double().mean()
+    pos = (deltas > 0)[..., None] & on
+    nll = (-logp)[pos].double().mean()
+    v, stats = grpo_loss(logp, old, None, deltas, mask, entropy=entropy, entropy_coef=0.1, nll_coef=0.3, **kw)
+    torch.testing.assert_close(v.double(), base.double() - 0.1 * h + 0.3 * nll, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(stats["loss/entropy"].double(), h, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(stats["loss/nll"].double(), nll, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(stats["loss/policy"], base_stats["loss/policy"])
+    # positive= overrides deltas > 0: the second group's responses alone
+    chosen = torch.tensor([[False, False, False], [True, True, True]])
+    v2, stats2 = grpo_loss(logp, old, None, deltas, mask, nll_coef=0.3, positive=chosen, **kw)
+    nll2 = (-logp)[chosen[..., None] & on].double().mean()
+    torch.testing.assert_close(v2.double(), base.double() + 0.3 * nll2, rtol=1e-5, atol=1e-6)
+    # named without a coefficient: nothing added, the entropy still reported, no NLL statistic
+    v3, stats3 = grpo_loss(logp, old, None, deltas, mask, entropy=entropy, **kw)
+    torch.testing.assert_close(v3, base)
+    assert "loss/nll" not in stats3 and stats3["loss/entropy"].item() == pytest.approx(h.item(), rel=1e-6)
+    # an entropy coefficient without an entropy: no term, no statistic
+    v4, stats4 = grpo_loss(logp, old, None, deltas, mask, entropy_coef=0.1, **kw)
+    torch.testing.assert_close(v4, base)
+    assert "loss/entropy" not in stats4
+    # statistics carry no graph whatever has one
+    x, ent = logp.clone().requires_grad_(), entropy.clone().requires_grad_()
+    _, live = grpo_loss(x, old, None, deltas, mask, entropy=ent, entropy_coef=0.1, nll_coef=0.3, **kw)
+    assert live and not any(s.requires_grad for s in live.values())
+
+
+def test_the_entropy_mean_follows_the_gate_and_a_tensor_coefficient_keeps_the_term():
+    from grpo_bench import registry
+    from grpo_bench.numerics.logprobs import compose_loss
+    logp, old, deltas, mask, entropy = _loss_inputs(7)
+    gate = torch.zeros_like(mask)
+    gate[0] = 1.0   # the first group's tokens only
+    parts = dict(loss=(registry.entry("loss", "clipped"), {"clip_low": 0.2, "clip_high": 0.2}),
+                 aggregate=(registry.entry("aggregate", "token_mean"), {}), backend="torch")
+    v, stats = compose_loss(logp, old, None, deltas, mask, gate=gate, entropy=entropy,
+                            entropy_coef=torch.tensor(0.2), **parts)
+    h = entropy[(mask * gate) > 0].double().mean()
+    torch.testing.assert_close(stats["loss/entropy"].double(), h, rtol=1e-6, atol=1e-7)
+    base, _ = compose_loss(logp, old, None, deltas, mask, gate=gate, **parts)
+    torch.testing.assert_close(v.double(), base.double() - 0.2 * h, rtol=1e-5, atol=1e-6)
+    # a KL part without a coefficient: the term is there, worth 0, and its value reported
+    ref = logp - 0.1
+    vk, sk = compose_loss(logp, old, ref, deltas, mask, gate=gate, kl=(registry.entry("kl", "k1"), {}), **parts)
+    torch.testing.assert_close(vk, base)
+    torch.testing.assert_close(sk["kl/value"], torch.tensor(0.1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["torch", "chunked"])
+def test_sum_pi_squared_at_temperature_one_unless_given(backend):
+    from grpo_bench.numerics.logprobs import linear_sum_pi_squared, token_sum_pi_squared
+    gen = torch.Generator().manual_seed(8)
+    h, w, b = torch.randn(2, 3, 6, generator=gen), torch.randn(11, 6, generator=gen), torch.randn(11, generator=gen)
+    z = (h.double() @ w.double().T + b.double())
+    for t in (None, 0.7):
+        want = torch.softmax(z / (t or 1.0), -1).pow(2).sum(-1)
+        kw = {} if t is None else {"temperature": t}
+        got = token_sum_pi_squared(z.float(), backend=backend, **kw)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+        got = linear_sum_pi_squared(h, w, backend=backend, bias=b, **kw)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_fused_loss_refuses_only_the_terms_it_lacks():
+    """backend='triton' runs the fused kernel, which has no entropy or NLL term: asked for one it says so; an
+    entropy with a coefficient of 0 (or none at all) is no term, and the kernel runs."""
+    needs("triton")
+    logp, old, deltas, mask, entropy = _loss_inputs(9)
+    kw = dict(loss="clipped", aggregate="token_mean", backend="triton")
+    for extra, term in [({"entropy": entropy, "entropy_coef": 0.1}, "entropy"), ({"nll_coef": 0.1}, "nll")]:
+        with pytest.raises(ValueError, match=f"no {term} term"):
+            grpo_loss(logp, old, None, deltas, mask, **extra, **kw)
+    want, _ = grpo_loss(logp, old, None, deltas, mask, **{**kw, "backend": "torch"})
+    for extra in ({"entropy": entropy}, {"entropy": entropy, "entropy_coef": 0.0}, {"entropy_coef": 0.1}):
+        got, _ = grpo_loss(logp, old, None, deltas, mask, **extra, **kw)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_which_losses_are_handed_the_reference():
+    from grpo_bench import registry
+    from grpo_bench.numerics.logprobs import loss_needs_ref
+    needing = [n for n in registry.names("loss") if loss_needs_ref(n)]
+    assert "a2po" in needing and "clipped" not in needing and len(needing) < len(registry.names("loss"))
+
+
+def test_composed_terms_need_their_coefficient_and_masked_minus_inf_stays_out():
+    """compose_loss (what a Recipe calls) adds no entropy or NLL term without its coefficient; a padded position's
+    -inf log-prob, masked, changes neither the value nor any gradient (0 * inf would be nan)."""
+    from grpo_bench import registry
+    from grpo_bench.numerics.logprobs import compose_loss
+    logp, old, deltas, mask, entropy = _loss_inputs(10)
+    parts = dict(loss=(registry.entry("loss", "clipped"), {"clip_low": 0.2, "clip_high": 0.2}),
+                 aggregate=(registry.entry("aggregate", "seq_mean_token_mean"), {}), backend="torch")
+    base, _ = compose_loss(logp, old, None, deltas, mask, **parts)
+    v, stats = compose_loss(logp, old, None, deltas, mask, entropy=entropy, **parts)
+    assert torch.equal(v, base) and "loss/nll" not in stats
+    padded = logp.masked_fill(mask == 0, float("-inf")).requires_grad_()
+    v, _ = compose_loss(padded, old.masked_fill(mask == 0, float("-inf")), None, deltas, mask, **parts)
+    (g,) = torch.autograd.grad(v, padded)
+    assert torch.equal(v, base) and torch.isfinite(g).all() and (g[mask == 0] == 0).all()
+
+
+def test_sum_pi_squared_runs_each_backends_own_path(monkeypatch):
+    import grpo_bench.numerics.logprobs as LP
+    ran = []
+    for name in ["rows_sum_pi_squared", "chunked_sum_pi_squared"]:
+        real = getattr(LP, name)
+        monkeypatch.setattr(LP, name, lambda *a, _n=name, _f=real, **k: ran.append(_n) or _f(*a, **k))
+    x, _ = logits_and_labels(2, 3, v=7)
+    for backend, want in [("torch", "rows_sum_pi_squared"), ("chunked", "chunked_sum_pi_squared")]:
+        ran.clear()
+        LP.token_sum_pi_squared(x, backend=backend)
+        assert ran == [want], backend

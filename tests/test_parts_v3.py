@@ -105,7 +105,11 @@ def test_advantage_clipping():
     close(clip_deltas(d, [-0.25, None]), [[-0.25, -0.25, 0.5, 3.0]])
     assert clip_deltas(d, None) is d
     assert resolve_run({"adv_clip": [-1, None]}).adv_clip == [-1, None]
-    for bad in (0, -1.0, [1.0, 0.5], [1], "x", [None, "y"]):
+    assert resolve_run({"adv_clip": 0.5}).adv_clip == 0.5   # any number > 0, not only those past 1
+    assert resolve_run({"adv_clip": [None, None]}).adv_clip == [None, None]
+    assert resolve_run({"adv_clip": [0, 1]}).adv_clip == [0, 1]
+    for bad in (0, -1.0, [1.0, 0.5], [1], "x", [None, "y"], True, [False, 1.0], [float("nan"), 1.0], [1.0, 1.0],
+                [0.5, 1.0, 2.0]):
         with pytest.raises(ConfigError, match="adv_clip: expected null, a number > 0 or a pair"):
             resolve_run({"adv_clip": bad})
 

@@ -1583,3 +1583,40 @@ def test_committed_report_figures_and_compare_are_what_the_code_writes(d, tmp_pa
         P.plt.close(fig)
     assert text == (d / "REPORT.md").read_text(), f"{d}: run `python -m grpo_bench plot {d.relative_to(ROOT)}`"
     assert figures == {name for name, _ in drawn}, d
+
+
+def _long(rows):
+    return pd.DataFrame(rows, columns=["variant", "seed", "step", "value"])
+
+
+def test_twins_are_read_on_what_trains_and_a_variant_without_curves_twins_nothing():
+    """b logs a's numbers on every metric but the clock and the objective's value: b is a's twin; c differs in
+    one value; d logged nothing (all its runs failed) and is nobody's twin."""
+    same = [(v, s, t, 0.1 * s + t) for v in "abc" for s in (0, 1) for t in (0, 1)]
+    reward = _long([(v, s, t, x + (0.5 if (v, s, t) == ("c", 1, 1) else 0)) for v, s, t, x in same])
+    clock = _long([(v, s, t, {"a": 1.0, "b": 2.0, "c": 3.0}[v]) for v, s, t, _ in same])
+    curves = {"reward": reward, "time/step_s": clock, "loss/total": clock, "kl/value": clock}
+    assert P.twin_variants(curves, ["a", "b", "c", "d"]) == {"b": "a"}
+
+
+def test_tables_split_by_metric_and_variant_name_only_what_they_hold():
+    """A metric or variant column kept categorical after a filter still lists the dropped names as categories:
+    they are no metric to draw and no variant on the samples axis."""
+    t = _long([("a", 0, 0, 1.0), ("b", 0, 0, 2.0)]).assign(metric="samples/total")
+    t = pd.concat([t, t.assign(metric="reward")])
+    t["metric"] = t.metric.astype("category")
+    t["variant"] = t.variant.astype(pd.CategoricalDtype(["a", "b", "gone"]))
+    kept = t[t.metric == "samples/total"]
+    assert list(P.by_metric(kept)) == ["samples/total"]
+    kept = kept.assign(value=[1.0, 2.0])                                  # b draws twice a's samples
+    axis = P.samples_axis({"samples/total": kept}, ["a", "b", "gone"])
+    assert sorted(axis) == ["a", "b"]
+
+
+def test_a_saved_png_is_palette_coded(tmp_path):
+    """Committed figures are quantised to the palette (png.shrink): a few KB each, not an RGBA render."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1], color=P.PALETTE[0])
+    name = P.save(fig, tmp_path, "f", "png")
+    assert name == "f.png" and Image.open(tmp_path / name).mode == "P"

@@ -577,6 +577,11 @@ def test_a_ray_sweep_through_a_stand_in_session(tmp_path, monkeypatch, capsys):
     # described on start (1), after each of the 4 runs (2-5), and in sweep.json (6)
     assert "t [ray: 1 nodes]" in err and "t [ray: 5 nodes]" in err and "a note from the cluster" in err
     assert json.loads((out / "sweep.json").read_text())["where"] == "ray: 6 nodes"
+    # Ray schedules the populations itself: they are made as for one worker (4 runs of one part: one population
+    # of 4, where two local workers get two of 2)
+    one = load_ablation(_write(tmp_path, TINY, {"loss": ["naive"]}, 4))
+    RN.run_ablation(one, tmp_path / "one", executor="ray", address="auto", progress=False)
+    assert json.loads((tmp_path / "one" / "sweep.json").read_text())["populations"] == [4]
 
 
 def test_the_progress_bar_moves_with_the_epochs_of_a_population(tmp_path):
@@ -637,6 +642,91 @@ def test_the_progress_bar_never_passes_its_total_when_epoch_reports_arrive_after
     for spec in groups[1]:
         bar.update(progress.finished(spec))
     assert bar.n == pytest.approx(sum(map(len, groups)))
+
+
+def test_the_progress_bar_counts_an_epoch_as_its_share_of_a_run_and_keeps_the_last_share_for_the_result():
+    """A population of 3 runs of 4 epochs: each epoch moves the bar 3/4 of a run; the epochs' reports stop at
+    99% of the population's runs (the rest lands with the results); a 1-epoch population's single report
+    takes it straight there; a run the bar never planned settles a whole run."""
+    from types import SimpleNamespace as NS
+
+    def group(n, epochs, tag):
+        return [NS(run_id=f"{tag}{k}", resolved=NS(epochs=epochs)) for k in range(n)]
+
+    class Bar:
+        n = 0.0
+
+        def update(self, x):
+            self.n += x
+
+    bar = Bar()
+    progress = RN._Progress(bar, [group(3, 4, "a"), group(2, 1, "b")])
+    progress.tick(0, 3)
+    assert bar.n == pytest.approx(0.75)
+    for _ in range(4):
+        progress.tick(0, 3)
+    assert bar.n == pytest.approx(0.99 * 3)
+    progress.tick(1, 2)
+    assert bar.n == pytest.approx(0.99 * 3 + 0.99 * 2)
+    assert progress.finished(NS(run_id="a0")) == pytest.approx(0.01)
+    assert progress.finished(NS(run_id="elsewhere")) == 1.0
+
+
+def test_the_record_names_the_device_the_runs_trained_on(tmp_path, monkeypatch):
+    """ablation.json's device is the set of the runs' devices (cpu when none is named); sweep.json names the GPU
+    only where a run asked for cuda or auto and one was there."""
+    import torch
+    from types import SimpleNamespace as NS
+
+    abl = _abl(tmp_path, seeds=1)
+    specs = RN.plan(abl)
+    out = tmp_path / "o"
+    out.mkdir()
+    on = lambda *devices: [NS(config={"device": d}, run_id=f"r{k}") for k, d in enumerate(devices)]  # noqa: E731
+    for specs_, want in [(specs, "cpu"), ([], "cpu"), (on("cuda", "cuda"), "cuda"), (on("cpu", "cuda"), "cpu/cuda")]:
+        RN.write_meta(out, abl, abl.seeds, specs_, {})
+        assert json.loads((out / "ablation.json").read_text())["device"] == want
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Some GPU")
+    assert RN.gpu_record(on("cpu", "cpu")) == {} and RN.gpu_record([NS(config={})]) == {}
+    assert RN.gpu_record(on("cpu", "cuda")) == RN.gpu_record(on("auto")) == {"gpu": "Some GPU"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert RN.gpu_record(on("cuda")) == {}
+    # two planned runs in one directory would lose one of them
+    from grpo_bench.errors import ConfigError
+    with pytest.raises(ConfigError, match="share the run id 'r0'"):
+        RN.write_meta(out, abl, abl.seeds, [*on("cpu"), *on("cuda")], {})   # both r0
+
+
+def test_leaving_the_results_early_ends_the_runs_in_progress(tmp_path):
+    """Ctrl-C, SIGTERM or an error while populations train: the runs in progress are ended, not waited for (a
+    pool left normally waits for every run it started: here a million epochs). Six populations on two workers:
+    the pool queues three (workers + 1), and the rest, never queued, are dropped."""
+    import multiprocessing as mp
+
+    abl = _abl(tmp_path, {"loss": ["naive", "clipped", "unclipped"]}, seeds=2, base={**TINY, "epochs": 1_000_000})
+    groups = RN.populations(RN.plan(abl), 1, 2)
+    assert len(groups) == 6
+
+    def tick(i, members):  # the first epoch a worker reports: stop the sweep
+        raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError, match="stop"):
+        for _ in RN.local_results(groups, 2, 1, tick=tick):
+            pass
+    assert not mp.active_children()
+
+
+def test_another_ablations_results_are_refused_unless_forced(tmp_path):
+    """run_ablation itself, not only the CLI, keeps another ablation's results unless told to replace them."""
+    from grpo_bench.errors import ConfigError
+    out = tmp_path / "o"
+    RN.run_ablation(_abl(tmp_path, seeds=1), out, workers=1, progress=False)
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({"name": "other", "base": TINY, "grid": {"lr": [0.1]}, "seeds": 1}))
+    with pytest.raises(ConfigError, match="--force"):
+        RN.run_ablation(load_ablation(other), out, workers=1, progress=False)
+    assert len(RN.run_ablation(load_ablation(other), out, workers=1, progress=False, force=True)) == 1
 
 
 def test_device_auto_takes_the_gpu_only_where_it_beats_this_machines_cpu_workers(tmp_path, monkeypatch):

@@ -162,3 +162,12 @@ def test_an_fp32_head_on_both_sides_closes_the_bf16_heads_gap_on_the_shipped_sta
     spec.loader.exec_module(hg)
     k3 = {arm: hg.gap("arithmetic_scratchpad", arm, 4, 4)["mismatch/k3"] for arm in ("bf16_head", "fp32_head")}
     assert 0 < 5 * k3["fp32_head"] < k3["bf16_head"] < 1e-3, k3
+
+
+def test_a_sampler_section_is_active_when_any_of_its_keys_leaves_the_trainers_own():
+    """The trainer builds a separate sampler only then (one setting apart is enough; the default is none)."""
+    from grpo_bench.config.run import SamplerSection
+    assert not SamplerSection().active
+    assert SamplerSection(precision="bf16").active and SamplerSection(staleness=1).active
+    assert SamplerSection(head="fp32").active
+    assert not SamplerSection(precision="fp32", staleness=0, head="same").active

@@ -187,7 +187,7 @@ def test_one_variant_has_nothing_to_decide(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_resumed_sweep_counts_each_skipped_run_once(tmp_path):
+def test_a_resumed_sweep_counts_each_skipped_run_once(tmp_path, capsys):
     # issue 31: a resumed sweep counted the runs it found finished once per look. Another cap is refused
     # now (issue 27), so the resume here is of a sweep whose last look's runs were lost (killed)
     import shutil
@@ -195,6 +195,8 @@ def test_a_resumed_sweep_counts_each_skipped_run_once(tmp_path):
     path, out = write(tmp_path, {"moving": MOVING, "wild": WILD}), tmp_path / "out"
     first = sweep(path, out, 15)
     assert first["looks"] == [5, 10] and (first["runs"], first["skipped"]) == (20, 0)
+    # the second look's plan holds the first look's runs, run by this sweep: not "already finished"
+    assert "already finished" not in capsys.readouterr().err
     for d in (out / "runs").iterdir():
         if int(d.name.rsplit("-s", 1)[1].split("-")[0]) >= 5:   # the second look's runs were lost
             shutil.rmtree(d)

@@ -131,7 +131,7 @@ def local_results(todo: list[list[RunSpec]], workers: int, threads: int,
                     p.kill()
 
 
-def _finished(done, futures, threads: int = 1) -> Iterator[tuple[RunSpec, Result]]:
+def _finished(done, futures, threads: int) -> Iterator[tuple[RunSpec, Result]]:
     for fut in done:
         group = futures[fut]
         try:
@@ -282,7 +282,7 @@ class _Progress:
         return 1.0 - self.shown[i] / self.size[i]
 
 
-def _report(bar, summary: dict, amount: float = 1.0) -> None:
+def _report(bar, summary: dict, amount: float) -> None:
     bar.update(amount)
     if summary["status"] != "ok":
         bar.write(f"run {summary['run']} failed: {summary['error']}", file=sys.stderr)
