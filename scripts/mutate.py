@@ -737,13 +737,17 @@ def main(argv=None) -> int:
             only, previous, sample = None, None, args.sample
             if args.survivors:
                 previous, prev_secs, sample, _ = _load_cached(mod)
+                # the module as it is now: a line edited since has new mutants (run), and the old ones are gone
+                current = [m.key for m in find_mutants(mod)[1][::sample]]
+                known = {m.key for m in previous}
                 # and those whose equivalent row was dropped since (it turned out not to be)
                 only = {m.key for m in previous if m.status in ("survived", "no test")
-                        or (m.status == "equivalent" and m.key not in equivalent.get(mod, {}))}
+                        or (m.status == "equivalent" and m.key not in equivalent.get(mod, {}))} \
+                    | (set(current) - known)
             ms, secs, source = run_module(mod, MODULES[mod], sandboxes, work, equivalent, args.verbose, sample, only)
-            if previous is not None:  # merge: the re-run survivors' new status, everything else as it was
-                again = {m.key: m for m in ms}
-                ms, secs = [again.get(m.key, m) for m in previous], prev_secs + secs
+            if previous is not None:  # merge: the re-run mutants' new status, the others' as it was
+                again, old = {m.key: m for m in ms}, {m.key: m for m in previous}
+                ms, secs = [again[k] if k in again else old[k] for k in current], prev_secs + secs
             results[mod] = (ms, secs, sample, args.jobs)
             c = score(ms)
             print(f"{mod}: {c['mutants']} mutants, {c['killed']} killed, {c['timeout']} timeout, {c['survived']} "
