@@ -685,8 +685,8 @@ def main(argv=None) -> int:
                     help="run every K-th mutant only (the same ones every time); the report says so")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     ap.add_argument("--survivors", action="store_true",
-                    help="run again only the last run's survivors of each module (after adding tests), and mutants "
-                         "no longer listed as equivalent; keep the rest")
+                    help="run again only the last run's survivors of each module (after adding tests), mutants "
+                         "no longer listed as equivalent and those of lines edited since; keep the rest")
     ap.add_argument("--report", action="store_true",
                     help="write results/mutation.md from the last run of each module (kept in .cache/), run nothing")
     ap.add_argument("-v", "--verbose", action="store_true")
