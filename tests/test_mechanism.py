@@ -161,6 +161,20 @@ def test_report_says_whether_each_mechanism_acted_and_draws_it_against_its_thres
     assert "clip/high_frac" in ax.get_title() and "threshold 0.01" in ax.get_title()
 
 
+def test_the_mechanism_figures_title_wraps_a_long_name_inside_the_figure(tmp_path):
+    import json
+
+    from grpo_bench.analysis import figures
+
+    d, _ = results(tmp_path, {"b": [0.0, 0.02], "c": [0.005, 0.015], "a": [0.02, 0.02]})
+    meta = json.loads((d / "ablation.json").read_text())
+    (d / "ablation.json").write_text(json.dumps(meta | {"name": "a_long_ablation_name_" * 5}))
+    fig = {stem: fig for stem, fig, _ in figures.build_figures(d)}["mechanism"]
+    fig.canvas.draw()
+    box = fig._suptitle.get_window_extent(fig.canvas.get_renderer())
+    assert "a_long_ablation_name_" * 5 in fig._suptitle.get_text() and box.x0 >= -1 and box.x1 <= fig.bbox.x1 + 1
+
+
 def test_a_threshold_decades_above_the_curves_keeps_a_few_decade_labels(tmp_path):
     # fp32_head_lm: mismatch/k3 at 1e-6..2e-5 under a 1e-3 threshold; the 1-2-5 ticks chosen for the curves'
     # own range piled eleven labels into a 1.6-inch panel once the line widened the axis

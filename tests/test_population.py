@@ -338,6 +338,99 @@ def _both_ways_any(raws):
     return list(zip(together, rows)), alone
 
 
+def test_a_reward_error_in_a_redraw_fails_the_member_that_asked_for_it_and_no_other(tmp_path, monkeypatch):
+    """Dynamic sampling: seed 1's first-draw groups all score 1.0 (nothing kept), so it asks for a second draw,
+    whose prompt the reward cannot score: seed 1 fails as it does alone. Seed 0 keeps every group of its first
+    draw; the population draws a second one for it too, whose prompt also raises, but alone seed 0 never
+    draws it: not its failure."""
+    from grpo_bench.numerics import rng
+
+    cfg = {**SORT, "filters": [{"name": "dynamic_sampling", "max_draws": 3}]}
+    t = cfg["task"]
+
+    def drawn(seed, epoch, draw):
+        return [tuple(r) for r in torch.randint(0, t["vocab"], (t["num_prompts"], t["n"]),
+                                                 generator=rng.stream(seed, "prompts", epoch, draw)).tolist()]
+
+    first = {s: drawn(s, 0, 0) for s in (0, 1)}
+    second = {s: drawn(s, 0, 1) for s in (0, 1)}
+    elsewhere = {p for s in (0, 1) for e in range(1, cfg["epochs"]) for d in range(3) for p in drawn(s, e, d)}
+    bad = [next(p for p in second[s] if p not in elsewhere and p not in first[0] + first[1]) for s in (0, 1)]
+    spec = _reward_module(tmp_path, monkeypatch, "member_reward_redraw", f"""
+UNIFORM = {set(first[1])!r}
+BAD = {set(bad)!r}
+def reward(prompts, completions, **kw):
+    for p in prompts:
+        if tuple(p) in BAD:
+            raise ValueError(f'cannot score {{p}}')
+    return [1.0 if tuple(p) in UNIFORM else float(sum(c)) for p, c in zip(prompts, completions)]
+""")
+    raws = [{**cfg, "task": {**t, "rewards": {spec: 1.0}}, "seed": s} for s in (0, 1)]
+    together, alone = _both_ways_any(raws)
+    (r1, rows1), (a1, arows1) = together[1], alone[1]
+    assert isinstance(r1, ValueError) and str(r1) == str(a1) and _untimed(rows1) == _untimed(arows1)
+    (r0, rows0), (a0, arows0) = together[0], alone[0]
+    assert isinstance(r0, dict) and r0 == a0 and _untimed(rows0) == _untimed(arows0)
+    draws0 = [v for _, m, v in rows0 if m == "filter/draws"]
+    assert draws0 and set(draws0) == {1.0}                     # seed 0 never asked for a second draw
+
+
+def test_a_member_whose_own_evaluation_raises_fails_there_and_the_others_go_on(monkeypatch):
+    """A scoring error in one member's held-out evaluation (task.failed after evaluate) fails that member with
+    it, logging none of that evaluation; the others finish as they do alone."""
+    from grpo_bench.engine import trainer
+
+    real, calls = trainer._evaluate, []
+
+    def evaluate(task, mid_run):
+        out = real(task, mid_run)
+        calls.append(mid_run)
+        if len(calls) == 2 and len(out) == 3:  # the population's second evaluation: member 1's scoring raised
+            task.failed = {1: ValueError("cannot score a held-out answer")}
+        return out
+
+    raws = [{**SORT, "seed": s, "lr": 0.01 * (s + 1)} for s in (0, 1, 2)]
+    cfgs = [resolve_run(copy.deepcopy(r)) for r in raws]
+    rows = [[] for _ in cfgs]
+    monkeypatch.setattr(trainer, "_evaluate", evaluate)
+    together = train_population(cfgs, rows)
+    monkeypatch.setattr(trainer, "_evaluate", real)
+    assert isinstance(together[1], ValueError) and "held-out" in str(together[1])
+    evals1 = sorted({step for step, m, _ in rows[1] if m.startswith("eval/")})
+    assert len(evals1) == 1                                     # the first evaluation only
+    for i in (0, 2):
+        alone = []
+        assert together[i] == train(resolve_run(copy.deepcopy(raws[i])), alone)
+        assert _untimed(rows[i]) == _untimed(alone)
+
+
+def test_a_rollout_filter_that_draws_sees_its_members_stream_of_each_draw():
+    """A rollout-stage part that draws from torch's generator gets, at each draw of an epoch, the stream of its
+    member's seed and ("rollout", epoch, draw): the first draw's numbers are not the second's."""
+    from grpo_bench import registry
+    from grpo_bench.algos.filters import Batch
+    from grpo_bench.numerics import rng
+
+    seen = []
+
+    @registry.register("filter", "coin_keep", stage="rollout", needs_group=True, per_member="draws its own coins")
+    def coin_keep(batch: Batch) -> Batch:
+        """Keep each group on a coin flip."""
+        u = torch.rand(batch.rewards.shape[0])
+        if batch.rewards.shape == (SORT["task"]["num_prompts"], SORT["group_size"]):  # not the loader's probe
+            seen.append(u)
+        return batch.replace(keep=u < 0.5, max_draws=3)
+
+    try:
+        train(resolve_run({**SORT, "epochs": 1, "seed": 5, "filters": [{"name": "coin_keep"}]}), [])
+    finally:
+        registry._REGISTRY["filter"].pop("coin_keep", None)
+    assert len(seen) >= 2
+    for d, u in enumerate(seen):
+        g = torch.Generator().manual_seed(rng.stream_seed(5, "part", "rollout", 0, d))
+        assert torch.equal(u, torch.rand(len(u), generator=g)), d
+
+
 def test_an_lm_members_reward_error_fails_only_that_member(tmp_path, monkeypatch):
     from grpo_bench.engine.trainer import build_task
     cfgs = [resolve_run({**LM, "seed": s}) for s in (0, 1, 2)]

@@ -539,17 +539,29 @@ def test_compare_panel_titles_stay_apart(tmp_path):
         fig = C.figure([C.load_side(d, None) for d in dirs])
         fig.canvas.draw()
         boxes = [ax.title.get_window_extent() for ax in fig.axes]
+        default_size = fig.axes[0].title.get_fontsize()
+    import matplotlib as mpl
+    with P.style():
+        assert default_size == mpl.font_manager.FontProperties(size=mpl.rcParams["axes.titlesize"]).get_size_in_points()
     assert [ax.get_title() for ax in fig.axes] == ["lm (3 seeds)", "lm_seed1 (3 seeds)", "lm_seed2 (3 seeds)"]
     assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:]))
     assert all(n in fig._suptitle.get_text() for n in names)   # the title still names each in full
     # names that share no word keep theirs, and a title too wide for its panel shrinks until it fits
-    long = [dir_with_means(tmp_path, "x" * 40 + str(i), {"fresh": 0.8}) for i in range(3)]
-    with P.style():
-        fig = C.figure([C.load_side(d, None) for d in long])
-        fig.canvas.draw()
-    assert fig.axes[0].get_title().startswith("x" * 40)
-    assert all(ax.title.get_window_extent().width <= ax.get_window_extent().width or ax.title.get_fontsize() == 6
-               for ax in fig.axes)
+    for n in (40, 14):  # 40: shrunk to the 6-point floor; 14: fits half a point under the default
+        long = [dir_with_means(tmp_path, "x" * n + str(i), {"fresh": 0.8}) for i in range(3)]
+        with P.style():
+            fig = C.figure([C.load_side(d, None) for d in long])
+            r = fig.canvas.get_renderer()
+            for ax in fig.axes:  # shrunk in half points, no further than it must (as laid out when it shrank)
+                size = ax.title.get_fontsize()
+                assert 6 <= size < default_size
+                ax.title.set_fontsize(size + 0.5)
+                assert ax.title.get_window_extent(r).width > ax.get_window_extent(r).width
+                ax.title.set_fontsize(size)
+            fig.canvas.draw()
+        assert fig.axes[0].get_title().startswith("x" * n)
+        assert all(ax.title.get_window_extent().width <= ax.get_window_extent().width or ax.title.get_fontsize() == 6
+                   for ax in fig.axes)
 
 
 def test_compare_metric_per_directory(tmp_path, capsys):
@@ -1270,6 +1282,9 @@ def test_diagnostics_with_two_and_four_panels(tmp_path):
     summary = pd.read_csv(d / "summary.csv")
     summary[summary.variant == "a"].to_csv(d / "summary.csv", index=False)
     assert all_figures(d)["diagnostics"].get_suptitle() == "two: training diagnostics, 1 of 2 variants, 2 seeds"
+    meta = {"seeds": [0, 1], "variants": ["a", "b"], "axes": ["loss"]}   # every run failed, or none is in yet
+    assert F._what(meta, summary.assign(status="failed")) == F._what(meta, summary.iloc[:0]) \
+        == F._what(meta, pd.DataFrame()) == "0 of 2 variants of loss, 2 seeds"
     d = write_results(tmp_path / "four", ["a", "b"], range(2), Four(), SORT_FINALS, name="four")
     fig = all_figures(d)["diagnostics"]  # one row of four
     assert [ax.get_title() for ax in fig.axes] == ["kl/value", "entropy", "ratio/max, log", "grad/norm, log"]
@@ -1317,6 +1332,11 @@ class Saturating(SortLike):
 SAT_STEPS = range(9, 800, 10)
 
 
+def stats_min_points():
+    from grpo_bench.stats import fits
+    return fits.MIN_POINTS
+
+
 def test_curves_against_compute_in_the_report(tmp_path):
     d = write_results(tmp_path / "sat", ["a", "b", "flat"], range(5), Saturating(), SORT_FINALS, steps=SAT_STEPS)
     meta, summary, metrics = R.load(d)
@@ -1354,6 +1374,36 @@ def test_curves_against_compute_in_the_report(tmp_path):
     ax.set_xlim(128, 3840)
     fig.canvas.draw()
     assert [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()] == []
+
+
+class SampledLate(Saturating):
+    """samples/total first logged at the second step: the first point has drawn nothing yet (0 samples)."""
+
+    def __call__(self, metric, i, seed, step):
+        return None if metric == "samples/total" and step == SAT_STEPS[0] else super().__call__(metric, i, seed, step)
+
+
+def test_a_point_before_any_sample_is_left_off_the_log_axis_and_the_ratio(tmp_path):
+    name = "sampler_mismatch_spell_backward_slow_seed2"  # the longest name a setting has, and more
+    d = write_results(tmp_path / "late", ["a", "b", "flat"], range(3), SampledLate(), SORT_FINALS, steps=SAT_STEPS,
+                      name=name)
+    meta, _, metrics = R.load(d)
+    fits = F.curve_fits(meta, P.by_metric(metrics))
+    assert fits["per_step"] == 16 and fits["axes"]["samples"]["a"]["C"][0] == 0
+    fig = all_figures(d)["fit"]
+    xs = np.concatenate([c.get_offsets()[:, 0] for c in fig.axes[0].collections if c.get_gid()])
+    assert len(xs) and xs.min() > 0
+    fig.canvas.draw()
+    box = fig._suptitle.get_window_extent(fig.canvas.get_renderer())
+    assert name in fig._suptitle.get_text() and box.x0 >= -1 and box.x1 <= fig.bbox.x1 + 1
+
+
+@pytest.mark.parametrize("points", [stats_min_points() - 1, stats_min_points()])
+def test_a_curve_is_fitted_from_min_points_on(tmp_path, points):
+    d = write_results(tmp_path / "sat", ["a", "b", "flat"], range(3), Saturating(), SORT_FINALS,
+                      steps=SAT_STEPS[:points])
+    meta, _, metrics = R.load(d)
+    assert (F.curve_fits(meta, P.by_metric(metrics)) is None) == (points < stats_min_points())
 
 
 def test_curves_against_steps_where_samples_per_step_differ(tmp_path):
@@ -1422,9 +1472,10 @@ class WithSamples(SortLike):
 
 def test_curves_against_samples_when_variants_draw_differently(tmp_path):
     names = ["a_rather_long_variant_name_for_the_title", "dynamic_sampling", "c"]
-    d = write_results(tmp_path / "a_long_ablation_name_that_fills_the_title", names, range(5), WithSamples(),
-                      SORT_FINALS, name="a_long_ablation_name_that_fills_the_title")
+    long = "sampler_mismatch_spell_backward_slow_seed2"  # the longest name a setting has, and more
+    d = write_results(tmp_path / "long", names, range(5), WithSamples(), SORT_FINALS, name=long)
     figs = all_figures(d)
+    assert "diagnostics" in figs, sorted(figs)
     fig = figs["headline_samples"]
     ax = fig.axes[0]
     assert ax.get_xlabel() == "" and fig.axes[-1].get_xlabel() == "responses sampled"
@@ -1450,6 +1501,7 @@ def test_small_means_keep_their_digits():
     assert _fmt(8.2e-07, 3e-07) != _fmt(5.071e-05, 1.2e-05)
     assert _fmt(0.0, 0.0) == "0.000 ± 0.000" and _fmt(0.0183, 0.008) == "0.018 ± 0.008"
     assert _fmt(float("nan"), 0.1) == "—"
+    assert _fmt(5e-4, 0.0) == f"{5e-4:.3f} ± 0.000" and _fmt(-4.9e-4, 0.0) == "-4.90e-04 ± 0.0e+00"  # from 5e-4 up: fixed
     # and the seeds' table beside it (fp32_head_lm's mismatch/k3 read 0.000 [0.000, 0.000] for both variants)
     from grpo_bench.analysis.report import _ci
     assert _ci(9.6e-06, 4.1e-06, 1.5e-05) == "9.60e-06 [4.10e-06, 1.50e-05]"
@@ -1620,3 +1672,98 @@ def test_a_saved_png_is_palette_coded(tmp_path):
     ax.plot([0, 1], [0, 1], color=P.PALETTE[0])
     name = P.save(fig, tmp_path, "f", "png")
     assert name == "f.png" and Image.open(tmp_path / name).mode == "P"
+
+
+def test_samples_at_other_steps_are_another_samples_axis():
+    """Two variants with the same sample counts logged at other steps (one redraws and logs every other
+    step) do not share the step axis."""
+    t = pd.concat([_long([("a", 0, s, float(s + 1)) for s in range(3)]),
+                   _long([("b", 0, 2 * s, float(s + 1)) for s in range(3)])]).assign(metric="samples/total")
+    axis = P.samples_axis({"samples/total": t}, ["a", "b"])
+    assert axis is not None and list(axis["b"].index) == [0, 2, 4]
+    same = pd.concat([t[t.variant == "a"], t[t.variant == "a"].assign(variant="b")])
+    assert P.samples_axis({"samples/total": same}, ["a", "b"]) is None
+
+
+@pytest.mark.parametrize("sizes, linthresh", [((1, 1, 100), 1), ((1, 2, 3, 1000), 3), ((1, 1, 40), None)])
+def test_a_variant_fifty_times_the_typical_one_puts_the_axis_on_symlog(sizes, linthresh):
+    """A KL that runs away would flatten the other variants into the axis: linear up to the typical (median)
+    variant's size, logarithmic beyond. The largest variant has a step it did not log, and is still counted."""
+    import matplotlib.pyplot as plt
+    names = [f"v{k}" for k in range(len(sizes))]
+    rows = [(f"{v}-s0", v, st, "m", float(size)) for v, size in zip(names, sizes) for st in range(10)]
+    rows[-1] = (*rows[-1][:4], float("nan"))
+    _, ax = plt.subplots()
+    P.draw_curves(ax, curves_from(rows), "m", names, P.variant_styles(names))
+    if linthresh is None:
+        assert ax.get_yscale() == "linear"
+    else:
+        assert ax.get_yscale() == "symlog" and ax.yaxis.get_transform().linthresh == pytest.approx(linthresh)
+
+
+def test_a_wide_figures_title_wraps_a_long_name_inside_it(tmp_path):
+    """A plain name breaks nowhere, but its title can break after it: diagnostics.png (the widest figure) keeps
+    a title of an 80-character name inside its edges."""
+    long = "x" * 80
+    d = write_results(tmp_path / "long", ["a", "b"], range(3), SortLike(), SORT_FINALS, name=long)
+    fig = all_figures(d)["diagnostics"]
+    fig.canvas.draw()
+    box = fig._suptitle.get_window_extent(fig.canvas.get_renderer())
+    assert long in fig._suptitle.get_text() and box.x0 >= -1 and box.x1 <= fig.bbox.x1 + 1
+
+
+def test_fit_data_keeps_a_run_with_gaps_and_leaves_out_a_variant_without_samples():
+    """A run that skipped a step is still a seed of the fit (NaN where it did not log); a variant that never
+    logged samples/total has no point on the samples axis, while the steps axis keeps it."""
+    rows = [("a-s0", "a", st, "m", 0.1 * st) for st in range(4)]
+    rows += [("a-s1", "a", st, "m", 0.2 * st) for st in (0, 1, 3)]
+    rows += [("b-s0", "b", st, "m", 0.3) for st in range(4)]
+    rows += [(r, "a", st, "samples/total", 8.0 * (st + 1)) for r in ("a-s0", "a-s1") for st in range(4)]
+    curves = curves_from(rows)
+    samples = F.fit_data(curves, "m", ["a", "b"], "samples")
+    assert list(samples) == ["a"]
+    C, M = samples["a"]
+    assert M.shape == (4, 2) and np.isnan(M[2, 1]) and M[3, 1] == pytest.approx(0.6)
+    assert C.tolist() == [8.0, 16.0, 24.0, 32.0]
+    assert list(F.fit_data(curves, "m", ["a", "b"], "steps")) == ["a", "b"]
+
+
+def test_the_headline_leads_with_the_judged_metric_from_two_points_on(tmp_path):
+    """A claim judged on a metric logged twice a run (a length read at two evaluations) has a curve to show:
+    the headline draws it first; logged once, it is no curve."""
+    class Judged(SortLike):
+        metrics = SortLike.metrics + ["response/length_mean"]
+
+        def __init__(self, points):
+            self.points = points
+
+        def __call__(self, metric, i, seed, step):
+            if metric == "response/length_mean":
+                return 10.0 + i if step in self.points else None
+            return super().__call__(metric, i, seed, step)
+
+    for points, first in (((0, 100), "response/length_mean"), ((100,), None)):
+        d = write_results(tmp_path / f"j{len(points)}", ["a", "b"], range(2), Judged(points),
+                          SORT_FINALS)
+        meta = json.loads((d / "ablation.json").read_text())
+        (d / "ablation.json").write_text(json.dumps(meta | {"claim": {"metric": "final/response/length_mean"}}))
+        head = all_figures(d)["headline"]
+        labels = [ax.get_ylabel() for ax in head.axes]
+        assert (labels[0] == P.label(first) if first else not any("length" in t for t in labels)), labels
+
+
+def test_equal_columns_with_the_same_gaps_repeat():
+    ok = pd.DataFrame({"x": [1.0, np.nan, 0.5], "y": [1.0, np.nan, 0.5], "z": [1.0, 0.0, 0.5]})
+    head = [("x", "X", ""), ("y", "Y", ""), ("z", "Z", "")]
+    assert F.repeated_columns(ok, head) == {"y": "X"}
+
+
+def test_a_variant_with_one_finished_seed_has_no_seeds_and_problems_row():
+    """One seed splits nothing between seeds and problems: its row is left out, the others stay."""
+    rows = [(f"{v}-s{s}", v, 9, j, float((s + j) % 2)) for v, seeds in (("a", (0, 1)), ("b", (0,)))
+            for s in seeds for j in range(4)]
+    outcomes = pd.DataFrame(rows, columns=["run", "variant", "step", "problem", "greedy"])
+    ok = pd.DataFrame({"run": ["a-s0", "a-s1", "b-s0"]})
+    lines = R.seeds_problems_section(outcomes, ok, ["a", "b"])
+    assert [line[:7] for line in lines if line.startswith("| `")] == ["| `a` |"]
+    assert R.seeds_problems_section(outcomes[outcomes.variant == "b"], ok, ["a", "b"]) == []

@@ -696,6 +696,8 @@ def test_the_record_names_the_device_the_runs_trained_on(tmp_path, monkeypatch):
     from grpo_bench.errors import ConfigError
     with pytest.raises(ConfigError, match="share the run id 'r0'"):
         RN.write_meta(out, abl, abl.seeds, [*on("cpu"), *on("cuda")], {})   # both r0
+    with pytest.raises(ConfigError, match="share the run id 'r1'"):  # the shared one named, not the first
+        RN.write_meta(out, abl, abl.seeds, [*on("cpu", "cpu"), on("cpu", "cpu")[1]], {})
 
 
 def test_leaving_the_results_early_ends_the_runs_in_progress(tmp_path):
@@ -727,6 +729,24 @@ def test_another_ablations_results_are_refused_unless_forced(tmp_path):
     with pytest.raises(ConfigError, match="--force"):
         RN.run_ablation(load_ablation(other), out, workers=1, progress=False)
     assert len(RN.run_ablation(load_ablation(other), out, workers=1, progress=False, force=True)) == 1
+
+
+def test_check_out_counts_runs_kept_as_table_rows_or_directories_and_nothing_else(tmp_path):
+    """As results/ are committed (summary.csv's rows, no runs/), another ablation's runs are still refused; an
+    ablation.json listing runs of which neither a row nor a directory is left (cancelled before any finished)
+    holds nothing to lose."""
+    from grpo_bench.errors import ConfigError
+    out, abl = tmp_path / "o", _abl(tmp_path, seeds=1)
+    out.mkdir()
+    (out / "ablation.json").write_text(json.dumps({"name": "other", "runs": ["a-s0", "b-s0"]}))
+    RN.check_out(out, abl)                                        # nothing of them kept
+    pd.DataFrame({"run": ["b-s0"], "x": [1.0]}).to_csv(out / "summary.csv", index=False)
+    with pytest.raises(ConfigError, match="holds 1 runs of ablation 'other'"):
+        RN.check_out(out, abl)                                    # one as a row only
+    (out / "summary.csv").unlink()
+    (out / "runs" / "a-s0").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="holds 1 runs of ablation 'other'"):
+        RN.check_out(out, abl)                                    # one as a directory only
 
 
 def test_device_auto_takes_the_gpu_only_where_it_beats_this_machines_cpu_workers(tmp_path, monkeypatch):
