@@ -1701,15 +1701,20 @@ def test_a_variant_fifty_times_the_typical_one_puts_the_axis_on_symlog(sizes, li
         assert ax.get_yscale() == "symlog" and ax.yaxis.get_transform().linthresh == pytest.approx(linthresh)
 
 
-def test_a_wide_figures_title_wraps_a_long_name_inside_it(tmp_path):
-    """A plain name breaks nowhere, but its title can break after it: diagnostics.png (the widest figure) keeps
-    a title of an 80-character name inside its edges."""
-    long = "x" * 80
+@pytest.mark.parametrize("long", ["x" * 100, "_".join(["sampler_mismatch"] * 6)])
+def test_every_figures_title_keeps_a_long_name_inside_it(tmp_path, long):
+    """matplotlib wraps at spaces only, and a name is one word: a 100-character name (or six joined by
+    underscores) is broken inside every figure's edges, the one-column headline's included, after an
+    underscore where one falls in the line, and keeps every character."""
     d = write_results(tmp_path / "long", ["a", "b"], range(3), SortLike(), SORT_FINALS, name=long)
-    fig = all_figures(d)["diagnostics"]
-    fig.canvas.draw()
-    box = fig._suptitle.get_window_extent(fig.canvas.get_renderer())
-    assert long in fig._suptitle.get_text() and box.x0 >= -1 and box.x1 <= fig.bbox.x1 + 1
+    for stem, fig in all_figures(d).items():
+        fig.canvas.draw()
+        box = fig._suptitle.get_window_extent(fig.canvas.get_renderer())
+        text = fig._suptitle.get_text()
+        assert long in text.replace("\n", "") and box.x0 >= -1 and box.x1 <= fig.bbox.x1 + 1, (stem, text)
+        lines = text[:text.index(":")].split("\n")
+        if "_" in long:
+            assert len(lines) > 1 and all(line.endswith("_") for line in lines[:-1]), (stem, lines)
 
 
 def test_fit_data_keeps_a_run_with_gaps_and_leaves_out_a_variant_without_samples():

@@ -20,7 +20,7 @@ from ..store.rundir import load, load_outcomes
 from . import mechanism
 from .plotting import (BAND_SEEDS, COLUMN_IN, PAGE_IN, add_legend, legend_rows, bootstrap_mean_ci, by_metric,
                        clip_parts_sum, describe_band, draw_curves, label, label_column, log_ticks, metric_range,
-                       plt, points_per_run, same_curve, samples_axis, slug, style, ticker, twin_variants,
+                       plt, points_per_run, same_curve, samples_axis, slug, style, suptitle, ticker, twin_variants,
                        variant_styles)
 from .quantities import same_problems
 
@@ -58,8 +58,7 @@ def curves_figure(meta: dict, summary: pd.DataFrame, curves: dict, panels: list[
         bands.append(draw_curves(ax, curves, metric, order, styles, x_axis))
         ax.set_ylabel(label(metric))
     axes[-1, 0].set_xlabel("gradient step" if x_axis is None else "responses sampled")
-    fig.suptitle(f"{meta['name']}: {title}\n{_what(meta, summary)}" + ("" if x_axis is None else ", at equal samples"),
-                 wrap=True)  # a long ablation name would run off both edges
+    suptitle(fig, f"{meta['name']}: {title}\n{_what(meta, summary)}" + ("" if x_axis is None else ", at equal samples"))
     add_legend(fig, styles, order, COLUMN_IN)
     return fig, bands
 
@@ -96,7 +95,7 @@ def dot_panels(rows: list[str], panels: list[tuple[str, str, str, dict]], styles
         ax.grid(axis="y", visible=False)
     axes[0, 0].set_yticks(range(len(rows)), rows)
     axes[0, 0].set_ylim(len(rows) - 0.5, -0.5)  # first variant on top
-    fig.suptitle(title, wrap=True)
+    suptitle(fig, title)
     # a panel title wider than its panel runs into the next one's: shrink it to fit
     renderer = fig.canvas.get_renderer()
     for ax in axes[0]:
@@ -138,7 +137,7 @@ def diagnostics_figure(meta: dict, summary: pd.DataFrame, curves: dict, diag: li
         ax = axes[(len(diag) - 1 - i) // cols, i]
         ax.xaxis.set_tick_params(labelbottom=True)
         ax.set_xlabel("gradient step")
-    fig.suptitle(f"{meta['name']}: training diagnostics, {_what(meta, summary)}", wrap=True)
+    suptitle(fig, f"{meta['name']}: training diagnostics, {_what(meta, summary)}")
     add_legend(fig, styles, order, PAGE_IN)
     return fig
 
@@ -168,7 +167,7 @@ def mechanism_figure(meta: dict, summary: pd.DataFrame, curves: dict, panels: li
         ax.set_xlabel("gradient step")
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle(f"{meta['name']}: did each part's mechanism act? {_what(meta, summary)}", wrap=True)
+    suptitle(fig, f"{meta['name']}: did each part's mechanism act? {_what(meta, summary)}")
     add_legend(fig, styles, order, PAGE_IN)
     return fig
 
@@ -278,8 +277,8 @@ def fit_figure(meta: dict, fits: dict, styles: dict):
         ax.set_ylabel(label(fits["metric"]))
     declined = [v for v in order if not fits["axes"][axes_[0]][v]["ok"]]
     # the dotted half budget is named in the caption: the title has no room left in one column
-    fig.suptitle(f"{meta['name']}: {label(fits['metric'])} against compute\ndots: seed mean; line: fit"
-                 + (f" ({len(declined)} declined)" if declined else ""), wrap=True)
+    suptitle(fig, f"{meta['name']}: {label(fits['metric'])} against compute\ndots: seed mean; line: fit"
+             + (f" ({len(declined)} declined)" if declined else ""))
     add_legend(fig, styles, order, width)
     return fig
 
