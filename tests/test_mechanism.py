@@ -172,7 +172,7 @@ def test_the_mechanism_figures_title_wraps_a_long_name_inside_the_figure(tmp_pat
     fig = {stem: fig for stem, fig, _ in figures.build_figures(d)}["mechanism"]
     fig.canvas.draw()
     box = fig._suptitle.get_window_extent(fig.canvas.get_renderer())
-    assert "a_long_ablation_name_" * 5 in fig._suptitle.get_text() and box.x0 >= -1 and box.x1 <= fig.bbox.x1 + 1
+    assert "a_long_ablation_name_" * 5 in fig._suptitle.get_text().replace("\n", "") and box.x0 >= -1 and box.x1 <= fig.bbox.x1 + 1
 
 
 def test_a_threshold_decades_above_the_curves_keeps_a_few_decade_labels(tmp_path):
@@ -280,6 +280,29 @@ def test_the_headline_leads_with_the_metric_the_claim_is_judged_on(tmp_path):
         figures["headline"].axes[0].get_ylabel()
     # and its final values lead with it too (kl_gradients' once showed only accuracy and reward)
     assert figures["final_values"].axes[0].get_xlabel() == "final kl/seq"
+
+
+def test_a_threshold_near_the_axis_floor_is_read_on_a_log_scale_above_it(tmp_path):
+    """sampler_mismatch_countdown: mismatch/kl from 6e-5 (bf16) to 1.1 (none_k16) against a 1e-3 threshold. On a
+    linear axis the dotted line sat on the floor with bf16 under it; above a tenth of the threshold the axis is
+    logarithmic, so a curve under the line is drawn visibly under it and one over it visibly over it."""
+    from grpo_bench.analysis import figures
+
+    d, _ = results(tmp_path, {"b": [-1e-4, 6e-5], "c": [3e-3, 3e-3], "a": [0.8, 2.0]},
+                   logged="mismatch/kl", metric="mismatch/kl", min=1e-3)
+    ax = {stem: fig for stem, fig, _ in figures.build_figures(d)}["mechanism"].axes[0]
+    assert ax.get_yscale() == "symlog" and ax.yaxis.get_transform().linthresh == pytest.approx(1e-4)
+    to_px = ax.transData.transform
+    height = ax.bbox.height
+    line = to_px((0, 1e-3))[1]
+    b, c = (max(to_px((0, y))[1] for y in ys) for ys in ([-1e-4, 6e-5], [3e-3]))
+    assert line - b > 0.05 * height and c - line > 0.05 * height
+    # k1's dip under 0 is drawn, and the floor is not rounded down to a decade far below it (it was -0.1)
+    assert -1e-3 < ax.get_ylim()[0] <= -1e-4
+    # a threshold inside the curves' range stays on a linear axis
+    d, _ = results(tmp_path / "mid", {"b": [0.0, 0.0198], "c": [0.005, 0.015], "a": [0.02, 0.02]})
+    ax = {stem: fig for stem, fig, _ in figures.build_figures(d)}["mechanism"].axes[0]
+    assert ax.get_yscale() == "linear"
 
 
 def test_a_variant_fifty_times_the_others_does_not_flatten_them(tmp_path):

@@ -161,6 +161,15 @@ def mechanism_figure(meta: dict, summary: pd.DataFrame, curves: dict, panels: li
             ax.set_title(f"{metric}\nits cv over steps: threshold {threshold:g}")
         else:
             ax.axhline(threshold, color="k", ls=":", lw=0.8)
+            lo, hi = ax.get_ylim()
+            squeezed = ax.get_yscale() == "linear" and threshold < 0.05 * (hi - lo) \
+                or ax.get_yscale() == "symlog" and ax.yaxis.get_transform().linthresh > threshold
+            if threshold > 0 and squeezed:
+                # sampler_mismatch_countdown: a 1e-3 threshold on a 0-2 axis sat on the floor, and bf16's 6e-5
+                # could not be told from none_k4's 3e-3 across it: linear up to a tenth of it, log above
+                ax.set_yscale("symlog", linthresh=threshold / 10, linscale=1.0)
+                # symlog's locator rounds the floor to a decade: three of the panel's eight went to a -1e-4 dip
+                ax.set_ylim(bottom=1.5 * min(ax.dataLim.y0, 0.0) - threshold / 50)
             if ax.get_yscale() == "log":  # a threshold decades above the curves widens the axis
                 log_ticks(ax)
             ax.set_title(f"{'|' + metric + '|' if reduce == 'abs_mean' else metric}\nthreshold {threshold:g} (dotted)")
