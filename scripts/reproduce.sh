@@ -40,7 +40,10 @@
 # dapo_ladder_spell_backward 1,332 s, dapo_ladder_lm_wide 3,162 s (the runs they replace: 1,310, 1,340 and
 # 1,355 s), dapo_ladder_countdown 2,441 s, policy_losses_countdown 2,001 s (the runs they replace: 1,945 s on one
 # worker and 1,860 s), kl_gradients_countdown 3,901 s (the run it replaces: 1,907 s; the 1,000-problem countdown
-# evaluations double a run's time, 150-175 s on one core). fp32_head's countdown
+# evaluations double a run's time, 150-175 s on one core); sampler_mismatch_countdown 3,138 s for the last 30
+# of its 110 runs (its sweep.json, the last invocation's: the sweep was resumed across sessions; its 110 runs' own wall
+# times sum to 19,432 s, 5.4 core-hours, 130-312 s a run, the bf16 and fp16 samplers' about 237 s, and runs
+# beside other work slower; the run it replaces: 2,090 s for its last 55). fp32_head's countdown
 # and spell_backward settings (10 bf16 runs each, about 2.5 core-hours each here) have not been rerun since
 # the claim put the fp32 head on both sides.
 # The kernel benchmarks are separate (README, Kernels): they want an otherwise idle machine.

@@ -203,6 +203,21 @@ def test_reproduce_sh_times_every_setting_rerun_with_full_evaluations():
         assert int(seconds.replace(",", "")) == round(json.loads((ROOT / "results" / d / "sweep.json").read_text())["wall_s"]), d
 
 
+def test_reproduce_sh_sums_a_resumed_sweeps_runs_from_its_summary():
+    """sweep.json times the last invocation only: the clause of a sweep resumed across sessions says how many of
+    its runs that was, and what all its runs' own wall times sum to (summary.csv), in core-hours too."""
+    text = " ".join((ROOT / "scripts/reproduce.sh").read_text().replace("#", " ").split())
+    resumed = re.findall(r"(\w+) [\d,]+ s for the last (\d+) of its (\d+) runs .*?own wall times sum to ([\d,]+) s, "
+                         r"([\d.]+) core-hours", text)
+    assert resumed, "no resumed sweep's clause in reproduce.sh"
+    for d, last, total, secs, hours in resumed:
+        sweep = json.loads((ROOT / "results" / d / "sweep.json").read_text())
+        wall = pd.read_csv(ROOT / "results" / d / "summary.csv").wall_s
+        assert (int(last), int(total)) == (sweep["runs"], len(wall)) and sweep["runs"] + sweep["skipped"] == len(wall)
+        assert (int(secs.replace(",", "")), float(hours)) == (round(wall.sum()), round(wall.sum() / 3600, 1)), d
+        assert f"{round(wall.min())}-{round(wall.max())} s a run" in text, d
+
+
 def test_rerun_bits_in_the_docs_are_results_cpu_reruns():
     """statistics.md and reliability.md say how close the Intel Xeon reruns came to the AMD EPYC runs from
     results/cpu_reruns.csv (scripts/rerun_bits.py): runs compared, those that drew every sample the same,

@@ -171,7 +171,7 @@ def test_evaluation_points_and_run_times_are_the_results():
             says(f"`eval_every: 5`: {len(steps)} points (steps {points}", f"results/{d}/outcomes.parquet")
             says("the `lm` settings of adv_norm, aggregation, length_bias, dapo_ladder,", d)
     # a setting not yet rerun (tests/test_findings.py MID_RUN_SUBSET) still scores 250 problems between its ends
-    d = "sampler_mismatch_countdown"
+    d = "sampler_mismatch_lm_wide"
     o = pd.read_parquet(RESULTS / d / "outcomes.parquet")
     steps, problems = sorted(o.step.unique()), o.groupby(["run", "step"]).problem.nunique().groupby("step").max()
     assert list(problems) == [1000] + [250] * 5 + [1000], d

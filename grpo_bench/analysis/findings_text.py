@@ -295,7 +295,10 @@ def _timing(result: dict) -> str:
     s = result["sweep"]
     if not s or "wall_s" not in s:
         return "not recorded"
-    return f"{s['wall_s'] / 60:.1f} min for {s['runs']} runs ({s['where']}, {s['cpu']}, load {s['load_avg_end']})"
+    # sweep.json is the last invocation's: a resumed sweep's earlier runs are not in its minutes
+    before = f"; {s['skipped']} runs had finished in earlier invocations" if s.get("skipped") else ""
+    return (f"{s['wall_s'] / 60:.1f} min for {s['runs']} runs ({s['where']}, {s['cpu']}, "
+            f"load {s['load_avg_end']}{before})")
 
 
 def _command(d: Path, source: str) -> str:
