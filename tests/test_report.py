@@ -1776,3 +1776,27 @@ def test_a_variant_with_one_finished_seed_has_no_seeds_and_problems_row():
     lines = R.seeds_problems_section(outcomes, ok, ["a", "b"])
     assert [line[:7] for line in lines if line.startswith("| `")] == ["| `a` |"]
     assert R.seeds_problems_section(outcomes[outcomes.variant == "b"], ok, ["a", "b"]) == []
+
+
+def test_bootstrap_band_sums_seeds_in_order_whatever_the_blas():
+    """A committed figure's digest holds its band to 6 digits, and bands of accuracies sit on rounding boundaries
+    (0.7042975): `values @ counts` let OpenBLAS choose how to sum (its Haswell kernel on a Zen 5, SkylakeX on a
+    Zen 4, each with fused multiply-adds), and eight committed REPORT.md digests moved between the two. The band's
+    resampled means are the seeds summed one after another, as plain Python floats sum them; on these accuracies
+    (k/1000, 10 seeds) `@` gives other bits in about a third of the means and another band in a few steps."""
+    M = np.random.default_rng(1).integers(0, 1000, size=(80, 10)) / 1000
+    M[1, 3] = np.nan   # a seed that did not log this step: it leaves the mean's count as well as its sum
+    n = M.shape[1]
+    counts = np.random.default_rng(0).multinomial(n, np.full(n, 1 / n), size=1000)
+    means = np.empty((len(M), 1000))
+    for i, row in enumerate(M.tolist()):
+        for b, c in enumerate(counts.tolist()):
+            total = weight = 0.0
+            for x, k in zip(row, c):
+                if x == x:
+                    total += x * k
+                    weight += k
+            means[i, b] = total / weight
+    lo, hi = P.bootstrap_mean_ci(M)
+    assert lo.tolist() == np.percentile(means, 2.5, axis=1).tolist()
+    assert hi.tolist() == np.percentile(means, 97.5, axis=1).tolist()

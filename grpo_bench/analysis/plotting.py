@@ -191,8 +191,16 @@ def bootstrap_mean_ci(matrix: np.ndarray, n_boot: int = N_BOOT, seed: int = 0) -
     n = matrix.shape[1]
     counts = rng.multinomial(n, np.full(n, 1 / n), size=n_boot).T.astype(float)  # (seeds, n_boot)
     have = np.isfinite(matrix)
+    values = np.where(have, matrix, 0.0)
+    # summed seed by seed, not by `values @ counts`: BLAS picks its kernel, and with it the order of the sum, by the
+    # CPU (OpenBLAS takes its Haswell kernel on a Zen 5 and its SkylakeX one on a Zen 4), so a band then differs in
+    # the last bit between machines and a committed figure's digest with it
+    total, weight = np.zeros((len(matrix), n_boot)), np.zeros((len(matrix), n_boot))
+    for j in range(n):
+        total += values[:, j, None] * counts[j]
+        weight += have[:, j, None] * counts[j]
     with np.errstate(invalid="ignore", divide="ignore"):
-        means = (np.where(have, matrix, 0.0) @ counts) / (have @ counts)  # (steps, n_boot)
+        means = total / weight  # (steps, n_boot)
     return _percentiles(means, 2.5), _percentiles(means, 97.5)
 
 
