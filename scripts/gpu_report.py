@@ -151,6 +151,10 @@ def claims_section(c: pd.DataFrame, d: Path) -> list[str]:
             + ", ".join(f"`{s}`" for s in kept.sweep) + ". Their models are bf16 (`model.dtype: auto` on CUDA) where "
             "the CPU's are fp32, so a claim judged here is judged at another precision as well as on another device "
             "(FINDINGS names the device of each)."
+            + "".join(f" {' and '.join(f'`{s}`' for s in rerun)} {'was' if len(rerun) == 1 else 'were'} since "
+                      "rerun on the CPU with every evaluation on all the held-out problems (these score a subset "
+                      "mid-run): FINDINGS judges the rerun and lists the sweep here beside it, not judged."
+                      for rerun in [[s for s in kept.sweep if (d.parent / s).is_dir()]] if rerun)
             + (f" A countdown population of 10 took {walls.min():.0f}-{walls.max():.0f} s of wall time (the kept "
                "sweeps' `summary.csv`)." if len(walls) else ""), "", *rows, ""]
 

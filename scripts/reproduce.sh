@@ -45,7 +45,8 @@
 # times sum to 19,432 s, 5.4 core-hours, 130-312 s a run, the bf16 and fp16 samplers' about 237 s, and runs
 # beside other work slower; the run it replaces: 2,090 s for its last 55); ref_policy_countdown 3,758 s (its first
 # CPU run: the runs it is judged before are a GPU's, results/gpu/ref_policy_countdown, with 250-problem mid-run
-# evaluations; partly beside other work). fp32_head's countdown
+# evaluations; partly beside other work), adv_norm_countdown 3,185 s (likewise its first CPU run, before
+# results/gpu/adv_norm_countdown; 101-124 s a run with nothing beside it). fp32_head's countdown
 # and spell_backward settings (10 bf16 runs each, about 2.5 core-hours each here) have not been rerun since
 # the claim put the fp32 head on both sides.
 # The kernel benchmarks are separate (README, Kernels): they want an otherwise idle machine.

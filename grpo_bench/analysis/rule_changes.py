@@ -131,8 +131,10 @@ def render(root: Path) -> str:
     name = {s: n for s, (n, _) in names(order, tasks).items()}
     tested = sum(1 for k in keys if v4[k][0] not in ("not testable", "not exercised"))
     lines = ["## What changed in v4, and why: the verdict rules", "",
-             f"No run was retrained and no result added: FINDINGS v4 judges the committed results of v3 with "
-             f"{_NUMBER.get(len(STEPS), len(STEPS))} rules changed ([Statistics](../docs/statistics.md); issue 42). `python -m grpo_bench.analysis.rule_changes "
+             f"This table isolates the rules: FINDINGS v4 changes {_NUMBER.get(len(STEPS), len(STEPS))} of v3's "
+             f"([Statistics](../docs/statistics.md); issue 42), and judges results rerun and added since v3 (issue 41), "
+             f"so each cell here is judged on today's committed results under both rule sets, and a move is the rules' "
+             f"alone. `python -m grpo_bench.analysis.rule_changes "
              f"results` judges every cell (claim × task × ordering, on the claim's quantity: {len(keys)} cells, "
              f"{tested} testable under v4) with v3's rules, then applies v4's changes one at a time in the order "
              f"below; a cell moves when its verdict, its verdict in the claim's family across tasks, or its plateau "
