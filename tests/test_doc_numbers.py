@@ -396,3 +396,28 @@ def test_statistics_counts_of_v3_plateau_rows_and_df_jumps_are_findings():
     jumps = re.search(r"In (\d+) crossed rows the seed term's estimate was negative", findings).group(1)
     assert f"of its {plateau} plateau rows" in stats
     assert f"that happened in {jumps} crossed rows of the committed results" in stats
+
+
+def test_the_default_recipe_on_countdown_is_the_same_bits_in_three_sweeps():
+    """countdown's default recipe ran under three names in three sweeps, two CPU generations and three sessions
+    (sampler_mismatch's fresh, ref_policy's no_kl, adv_norm's group_std_seq); reliability.md says they are one run
+    each seed: every logged value but the clocks and every held-out answer the same bits."""
+    import pandas as pd
+    same = {"sampler_mismatch_countdown": "fresh", "ref_policy_countdown": "no_kl", "adv_norm_countdown": "group_std_seq"}
+    metrics, outcomes = {}, {}
+    for d, v in same.items():
+        m = pd.read_parquet(ROOT / "results" / d / "metrics.parquet").query("variant == @v")
+        metrics[d] = m[~m.metric.str.startswith("time/")].astype({"metric": str})
+        o = pd.read_parquet(ROOT / "results" / d / "outcomes.parquet").query("variant == @v")
+        outcomes[d] = o.drop(columns=["run", "variant"]).sort_values(["seed", "step", "problem"]).reset_index(drop=True)
+    shared = set.intersection(*(set(m.metric) for m in metrics.values()))
+    assert {"loss/policy", "ratio/max", "grad/norm", "eval/accuracy"} <= shared
+    key = ["seed", "step", "metric"]
+    first, *others = [m[m.metric.isin(shared)][key + ["value"]].sort_values(key).reset_index(drop=True)
+                      for m in metrics.values()]
+    assert first.seed.nunique() == 10 and all(first.equals(m) for m in others)
+    first, *others = outcomes.values()
+    assert len(first) == 10 * 7 * 1000 and all(first.equals(o) for o in others)
+    text = " ".join((ROOT / "docs/reliability.md").read_text().split())
+    assert "(sampler_mismatch's `fresh`, ref_policy's `no_kl`, adv_norm's `group_std_seq`)" in text
+    assert f"Their {first.seed.nunique()} seeds are the same bits" in text
