@@ -374,7 +374,8 @@ def test_sweep_json_and_the_progress_bar(tmp_path, monkeypatch, capsys):
     assert 0 <= wall <= elapsed + 0.05 and wall == round(wall, 1)      # to a tenth of a second
     # two loss parts, two seeds each: two populations, split in four for four workers
     assert sweep == {"runs": 4, "skipped": 0, "where": "local: 4 workers", "threads": 2, "populations": [1, 1, 1, 1],
-                     "cpus": 8, "cpu": RN.cpu_name(), "cpu_paths": cpu_numerics.state(),  # the paths its numbers took
+                     "cpus": 8, "cpu": RN.cpu_name(), "cpu_model": RN.cpu_model(),
+                     "cpu_paths": cpu_numerics.state(),  # the paths its numbers took
                      "load_avg_end": 1.23, "command": "run sweep.yaml --seeds 2"}
     written = pd.read_csv(out / "summary.csv")
     assert written.run.tolist() == summary.run.tolist()
@@ -442,6 +443,20 @@ def test_cpu_name_keeps_colons_in_the_model_name(monkeypatch):
     info = "processor\t: 0\nmodel name\t: Vendor: Fast CPU @ 2.0GHz\n"
     monkeypatch.setattr(rundir, "open", lambda *a, **k: io.StringIO(info), raising=False)
     assert rundir.cpu_name() == "Vendor: Fast CPU @ 2.0GHz"
+
+
+def test_cpu_model_names_the_generation_the_model_name_hides(monkeypatch):
+    """Two of these machines both read "AMD EPYC" and pick different BLAS kernels (reliability.md): sweep.json
+    keeps the family and model of the first processor; "" where cpuinfo lacks them."""
+    import io
+    from grpo_bench.store import rundir
+    one = "vendor_id\t: AuthenticAMD\ncpu family\t: {f}\nmodel\t\t: {m}\nmodel name\t: AMD EPYC\n"
+    info = one.format(f=26, m=2) + "\n" + one.format(f=25, m=17)   # a second block may not win
+    monkeypatch.setattr(rundir, "open", lambda *a, **k: io.StringIO(info), raising=False)
+    assert rundir.cpu_model() == "AuthenticAMD family 26 model 2"
+    monkeypatch.setattr(rundir, "open", lambda *a, **k: io.StringIO("processor\t: 0\nmodel name\t: x\n"),
+                        raising=False)
+    assert rundir.cpu_model() == ""
 
 
 def test_train_one_threads_traceback_and_wall_time():

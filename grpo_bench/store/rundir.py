@@ -519,6 +519,25 @@ def cpu_name() -> str:
         return platform.processor() or platform.machine() or "unknown CPU"
 
 
+def cpu_model() -> str:
+    """The processor's generation, which the model name may hide (these machines' read "AMD EPYC" on a Zen 4 and
+    a Zen 5 alike) and which decides kernels the CPU pin does not reach (numpy's BLAS): "AuthenticAMD family 26
+    model 2"; "" where /proc/cpuinfo does not say."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if not key.strip():
+                    break   # the first processor's block is enough
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return ""
+    if not {"vendor_id", "cpu family", "model"} <= fields.keys():
+        return ""
+    return f"{fields['vendor_id']} family {fields['cpu family']} model {fields['model']}"
+
+
 def schedule_note(summary: pd.DataFrame) -> str:
     """'' when a summary's finished runs ran on one device at one thread count, else a sentence (REPORT.md's,
     and collect's on stderr) counting the runs of each: their numbers are not bitwise those of one schedule, so

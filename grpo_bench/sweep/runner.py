@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..config.ablation import Ablation, ablation_record
 from ..config.run import config_hash, with_seed
 from ..numerics import cpu as cpu_numerics
-from ..store.rundir import _atomic_write, _read_json, check_run, collect, cpu_name, lock_out, meta_text, write_run
+from ..store.rundir import _atomic_write, _read_json, check_run, collect, cpu_model, cpu_name, lock_out, meta_text, write_run
 from . import trackers
 from .sequential import run_sequential, sequential_orderings
 from .worker import (Result, RunSpec, WorkerLost, _die_with_parent, default_population, failed_result, populations,
@@ -214,7 +214,8 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
                 # how long this sweep took, where: FINDINGS.md quotes it
                 return {"wall_s": round(time.perf_counter() - started, 1), "runs": len(todo), "skipped": skipped,
                         "where": where(), "threads": n_threads, "populations": [len(g) for g in groups],
-                        "cpus": os.cpu_count(), "cpu": cpu_name(), "cpu_paths": cpu_numerics.state(),
+                        "cpus": os.cpu_count(), "cpu": cpu_name(), "cpu_model": cpu_model(),
+                        "cpu_paths": cpu_numerics.state(),
                         **gpu_record(todo),
                         "load_avg_end": round(os.getloadavg()[0], 2), "command": " ".join(sys.argv[1:])}
 

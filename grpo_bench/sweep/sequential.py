@@ -18,8 +18,8 @@ from ..store.rundir import _atomic_write, _read_json, collect, meta_text
 BATCH = 5  # seeds per look of --seeds auto; fixed, so the looks (and the decisions) do not depend on --population
 
 
-TIMING = ("wall_s", "runs", "skipped", "where", "threads", "populations", "cpus", "cpu", "cpu_paths", "gpu",
-          "load_avg_end", "command")
+TIMING = ("wall_s", "runs", "skipped", "where", "threads", "populations", "cpus", "cpu", "cpu_model", "cpu_paths",
+          "gpu", "load_avg_end", "command")
 
 
 def sequential_orderings(abl: Ablation) -> list[str]:
