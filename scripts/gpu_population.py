@@ -25,7 +25,8 @@ Writes, each file as soon as its row is measured (a stopped call keeps what it f
   population_profile.csv   the same profiles as a table: device-busy share, kernel launches,
                            memcpy calls and stream syncs of 3 epochs
 cpu_cores_replaced is runs per device-minute over one CPU core's runs per minute, measured first in
-the same process (the toy as a population of 32 on one thread, the LM one run at a time). A case
+the same process (the toy as a population of 32 on one thread, the LM one run at a time), to 3
+significant digits (--tiny's are about 0.01, which 2 decimals rounded to 0 on a loaded machine). A case
 still training at its task's budget is abandoned (rows already written stay); none starts after it.
 --tiny shrinks everything (CPU test of this script: tests/test_gpu_script.py).
 """
@@ -230,7 +231,7 @@ def main() -> None:
                    "s_per_run": float(f"{per_run:.6g}"), "runs_per_device_minute": round(60 / per_run, 2),
                    "speedup": round(base[0] / per_run, 2), "peak_mem_mb": round(peak, 1),
                    "mem_per_member_mb": round((peak - base[1]) / (p - 1), 2) if p > 1 and not math.isnan(peak) else "",
-                   "cpu_cores_replaced": round(60 / per_run / cpu_rate, 2), "cuda_graphs": "on" if graphs else "off",
+                   "cpu_cores_replaced": float(f"{60 / per_run / cpu_rate:.3g}"), "cuda_graphs": "on" if graphs else "off",
                    "device": name, "settings": " ".join(TASKS[task]["sets"] + (TINY[task] if args.tiny else ()))}
             rows.append(row)
             write(out / "population.csv", FIELDS, rows)
