@@ -46,7 +46,10 @@
 # beside other work slower; the run it replaces: 2,090 s for its last 55); ref_policy_countdown 3,758 s (its first
 # CPU run: the runs it is judged before are a GPU's, results/gpu/ref_policy_countdown, with 250-problem mid-run
 # evaluations; partly beside other work), adv_norm_countdown 3,185 s (likewise its first CPU run, before
-# results/gpu/adv_norm_countdown; 101-124 s a run with nothing beside it). fp32_head's countdown
+# results/gpu/adv_norm_countdown; 101-124 s a run with nothing beside it); on an AMD EPYC (Zen 5),
+# sampler_mismatch_lm_wide 2,501 s for the last 15 of its 55 runs (its sweep.json, the last invocation's: the sweep
+# was resumed across sessions; its 55 runs' own wall times sum to 14,173 s, 3.9 core-hours, 146-414 s a run, the
+# bf16 and fp16 samplers' 405-414 s, the others' 146-322 s; the run it replaces: 3,651 s). fp32_head's countdown
 # and spell_backward settings (10 bf16 runs each, about 2.5 core-hours each here) have not been rerun since
 # the claim put the fp32 head on both sides.
 # The kernel benchmarks are separate (README, Kernels): they want an otherwise idle machine.
