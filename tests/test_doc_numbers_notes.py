@@ -142,3 +142,9 @@ def test_the_wide_starts_stale_sampler_is_its_summary_and_findings():
     assert all("**equivalent within ±0.045**" in cell[o] for o in ("`fresh > none_k4`", "`tis_k16 > seq_tis_k16`"))
     gap = re.search(r"not exercised\*\*: mismatch/kl on `bf16` ([\d.e-]+) <", cell["`fp16 > bf16`"]).group(1)
     assert f"not exercised ({gap} nats a token)" in text
+
+
+def test_the_length_paragraph_quotes_the_lm_runs_lengths():
+    m = pd.read_parquet(ROOT / "results/length_bias_lm/metrics.parquet")
+    length = m[m.metric == "response/length"].groupby("step").value.mean()
+    assert f"({length.iloc[0]:.0f} → {length.iloc[-1]:.0f} tokens under every variant)" in paragraph("length_bias —")
