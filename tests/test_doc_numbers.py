@@ -421,3 +421,21 @@ def test_the_default_recipe_on_countdown_is_the_same_bits_in_three_sweeps():
     text = " ".join((ROOT / "docs/reliability.md").read_text().split())
     assert "(sampler_mismatch's `fresh`, ref_policy's `no_kl`, adv_norm's `group_std_seq`)" in text
     assert f"Their {first.seed.nunique()} seeds are the same bits" in text
+
+
+def test_readme_findings_opening_says_where_each_gym_setting_ran():
+    """'every claim but fp32_head also on both reasoning-gym tasks ... adv_norm and ref_policy on countdown at 10,
+    first on an H100 and judged on their CPU reruns': the results directories and their sweeps say so."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    claims = {p.stem for p in (ROOT / "ablations").glob("*.yaml")} & {
+        p.name.rsplit("_", 1)[0] for p in (ROOT / "results").glob("*_countdown")}
+    gym = {c for c in claims if (ROOT / f"results/{c}_spell_backward").is_dir()}
+    assert not (ROOT / "results/fp32_head_countdown").exists() and "fp32_head" not in gym and len(gym) == 9
+    assert "every claim but `fp32_head` also on both reasoning-gym tasks" in readme
+    for c in ("adv_norm", "ref_policy"):
+        meta = json.loads((ROOT / f"results/{c}_countdown/ablation.json").read_text())
+        sweep = json.loads((ROOT / f"results/{c}_countdown/sweep.json").read_text())
+        first = json.loads((ROOT / f"results/gpu/{c}_countdown/sweep.json").read_text())
+        assert len(meta["seeds"]) == 10 and "gpu" not in sweep and sweep["cpu_paths"], c
+        assert "H100" in first["gpu"], c
+    assert ("`adv_norm` and `ref_policy` on countdown at 10, first on an H100 and judged on their CPU reruns" in readme)
