@@ -92,7 +92,7 @@ def lm_core_hours() -> str:
         if "final/eval/accuracy_gain" in pd.read_csv(ROOT / f.replace("sweep.json", "summary.csv"), nrows=0):
             s = json.loads(src(f))
             total += s["wall_s"] * int(s["where"].split()[1]) * s["threads"]  # "local: 2 workers"
-    return f"(rerunning them all is about {total / 3600:.0f} core-hours by their `sweep.json` times)"
+    return f"(rerunning every LM sweep is about {total / 3600:.0f} core-hours by their `sweep.json` times)"
 
 
 def checkpoint_mb() -> str:
