@@ -144,3 +144,35 @@ def test_the_spread_metrics_round_as_ieee_says():
         var = ((v - mean[:, None]) ** 2).mean(1)                         # multiples of 1/64**2, far below 2**24
         want = (np.sqrt(var.astype(f32)) / mean.astype(f32)).astype(f32)
         assert np.array_equal(got[name].numpy(), want), name
+
+
+INCLUDED = r"""
+import pickle, sys, warnings
+warnings.simplefilter("error", RuntimeWarning)   # a late pin warns: here that is the failure
+spec = pickle.loads(open(sys.argv[1], "rb").read())   # loads examples/my_variant: its contract probe computes
+from grpo_bench.sweep.worker import train_group
+(cfg, rows, summary, _), = train_group([spec])
+from grpo_bench.numerics import cpu
+print(summary["status"], cpu.state())
+"""
+
+
+@needs_mkl
+def test_a_worker_pins_before_a_users_part_is_probed(tmp_path):
+    """A spawned worker (or a Ray task) unpickles its runs, which loads their include; registering a user's part
+    runs its contract probe, a small computation, and MKL's path is fixed by its first one. The worker must pin
+    before that, or every run of a user's part keeps this CPU's native paths (examples/my_variant did, with a
+    RuntimeWarning per worker)."""
+    import pickle
+
+    from grpo_bench.config.ablation import load_ablation
+    from grpo_bench.sweep.runner import plan
+
+    spec = plan(load_ablation(ROOT / "examples/my_variant/ablation.yaml", seeds=1))[0]   # one toy run
+    (tmp_path / "spec.pkl").write_bytes(pickle.dumps(spec))
+    env = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "GRPO_BENCH_CPU_NUMERICS",
+                                                            "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")}
+    out = subprocess.run([sys.executable, "-c", INCLUDED, str(tmp_path / "spec.pkl")], cwd=ROOT,
+                         env=env | {"GRPO_BENCH_CPU_PIN": "1"}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert out.stdout.splitlines()[-1] == f"ok {cpu.PINNED}", out.stdout

@@ -49,7 +49,16 @@ class RunSpec:
         return _rebuild, (self.run_id, self.variant, self.values, self.seed, self.config, pickle.dumps(self.resolved))
 
 
+def _pin_if_asked() -> None:
+    if os.environ.get("GRPO_BENCH_CPU_PIN"):  # set by `run` (its workers inherit it): the same bits on any CPU
+        from ..numerics import cpu
+        cpu.pin()
+
+
 def _rebuild(run_id: str, variant: str, values: dict, seed: int, config: dict, resolved: bytes) -> RunSpec:
+    # before the includes: registering a user's part probes it (a computation), and MKL's path is fixed by the
+    # process's first one, so a pin after it is too late (examples/my_variant's runs were unpinned)
+    _pin_if_asked()
     load_includes(config.get("include"), run_id)
     return RunSpec(run_id, variant, values, seed, config, pickle.loads(resolved))
 
@@ -71,10 +80,8 @@ def train_group(specs: list[RunSpec], threads: int = 1, executor: str = "local",
     import torch
 
     from ..engine.trainer import train_population
-    from ..numerics import cpu
 
-    if os.environ.get("GRPO_BENCH_CPU_PIN"):  # set by `run` (its workers inherit it): the same bits on any CPU
-        cpu.pin()
+    _pin_if_asked()
     # the same thread count in every kind of worker: it changes reduction order, so the bits
     torch.set_num_threads(threads)
     cfgs = [s.resolved for s in specs]
