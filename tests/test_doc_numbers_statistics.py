@@ -175,7 +175,13 @@ def test_evaluation_points_and_run_times_are_the_results():
     o = pd.read_parquet(RESULTS / d / "outcomes.parquet")
     steps, problems = sorted(o.step.unique()), o.groupby(["run", "step"]).problem.nunique().groupby("step").max()
     assert set(problems) == {1000} and len(steps) == 7, d
-    says(f"({len(steps)} points), each on all {problems.max():,} held-out problems", f"results/{d}/outcomes.parquet")
+    says(f"scores all {problems.max():,} held-out problems at every evaluation", f"results/{d}/outcomes.parquet")
+    says(f"every 5 of its 30 rollouts ({len(steps)} points) in the `lm`, `lm_wide`", d)
+    for few in sorted(RESULTS.glob("*_lm_seed*")) + sorted(RESULTS.glob("*_spell_backward_slow")):
+        o = pd.read_parquet(few / "outcomes.parquet")
+        assert o.step.nunique() == 4 and set(o.groupby(["run", "step"]).problem.nunique()) == {1000}, few
+    says("every 10 of 30 in the `lm_seed` settings and every 5 of 15 in `spell_backward_slow` (4 points each)",
+         "the lm_seed and spell_backward_slow outcomes")
     says("and the `lm_wide` settings of dapo_ladder, policy_losses and sampler_mismatch.", d)
     # v3 read "levelled off" from the first mid-run point on: that point's share of the budget
     says(f'"levelled off by {(steps[1] + 1) / (steps[-1] + 1):.0%}" was just the first mid-run', d)
