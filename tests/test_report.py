@@ -612,6 +612,10 @@ def test_gallery_from_files(tmp_path, capsys):
     assert "(kernels/benchmarks.md)" in text and "FINDINGS.md" not in text
     (tmp_path / "FINDINGS.md").write_text("x")
     assert "- [FINDINGS.md](FINDINGS.md)" in C.gallery_text(tmp_path)
+    # a second run of one ablation file (another lr, say) is its own entry, titled by its folder
+    write_results(tmp_path / "first_lr1e-4", ["a", "b"], range(5), SortLike(), SORT_FINALS, name="first")
+    text = C.gallery_text(tmp_path)
+    assert "## [first](first/REPORT.md)" in text and "## [first_lr1e-4](first_lr1e-4/REPORT.md)" in text
 
 
 def test_committed_gallery_is_current():
@@ -724,6 +728,10 @@ def test_pairwise_and_answer_at_their_edges():
     assert R.answer(one, "final/reward", ["a", "b"]) == \
         "`b` is best (final reward 0.300 ± 0.000, 1 seeds); too few seeds to test differences."
     assert R.answer(one, "final/eval/accuracy", ["a", "b"]) == "no finished runs."    # a column it never logged
+    # one variant over five seeds: nothing to compare, not "too few seeds" (the gym default-recipe runs said so)
+    alone = pd.DataFrame({"variant": ["g"] * 5, "status": "ok", "final/reward": [0.1, 0.2, 0.3, 0.4, 0.5]})
+    assert R.answer(alone, "final/reward", ["g"]) == \
+        "`g` alone (final reward 0.300 ± 0.158, 5 seeds): one variant, nothing to compare."
 
 
 # ------------------------------------------------------------ what each figure shows

@@ -319,10 +319,11 @@ def gallery_text(root: str | Path) -> str:
         column = main_column(summary, meta)
         # a link is a URL: a space or a non-ASCII letter in a folder's name is percent-encoded, or Markdown stops there
         head = next((quote(f"{d.name}/headline.{f}") for f in plotting.FORMATS if (d / f"headline.{f}").is_file()), None)
-        lines += [f"## [{meta['name']}]({quote(d.name)}/REPORT.md)", "",
+        # the folder names the entry: two runs of one ablation file (spell_backward_grpo at lr 1e-3 and 1e-4) share a name
+        lines += [f"## [{d.name}]({quote(d.name)}/REPORT.md)", "",
                   f"**Question.** {question(meta.get('description', ''))}", ""]
         if head:
-            lines += [f"![{meta['name']} headline]({head})", ""]
+            lines += [f"![{d.name} headline]({head})", ""]
         ans = report.answer(summary, column, meta["variants"], meta) if column else "no main metric in summary.csv."
         lines += [f"**Answer** ({plotting.label_column(column) if column else '—'}): {ans}", ""]
     extras = sorted(d for d in root.iterdir() if (d / "COMPARE.md").is_file())

@@ -196,6 +196,9 @@ def answer(summary: pd.DataFrame, column: str, order: list[str], meta: dict | No
     beaten = [t for t in tests if t["significant"] and best in (t["a"], t["b"])
               and sign * (t["mean_a"] - t["mean_b"]) * (1 if t["a"] == best else -1) > 0]
     others = len(means) - 1
+    if others == 0:   # a default-recipe run: there is no other variant to beat, whatever the seeds
+        return (f"`{best}` alone ({label_column(column)} {_fmt(b['mean'], b['std'])}, {int(b['count'])} seeds): "
+                "one variant, nothing to compare.")
     line = f"`{best}` is best ({label_column(column)} {_fmt(b['mean'], b['std'])}, {int(b['count'])} seeds)"
     if not tests:
         return line + "; too few seeds to test differences."
