@@ -1808,3 +1808,19 @@ def test_bootstrap_band_sums_seeds_in_order_whatever_the_blas():
     lo, hi = P.bootstrap_mean_ci(M)
     assert lo.tolist() == np.percentile(means, 2.5, axis=1).tolist()
     assert hi.tolist() == np.percentile(means, 97.5, axis=1).tolist()
+
+
+def test_the_main_jobs_figures_are_the_bytes_plot_draws(tmp_path, capsys):
+    """README: rerunning the main job changes its clock files alone, so loss_modes' committed PNGs must be the
+    bytes `plot` draws today, not only the same data to the 6 digits a REPORT digest holds (after the bootstrap
+    bands' summation changed in their last bits, every committed band figure still held the old pixels)."""
+    import shutil
+
+    src = ROOT / "results/loss_modes"
+    shutil.copytree(src, tmp_path / "loss_modes", ignore=shutil.ignore_patterns("*.png"))
+    code, _, err = run_main(capsys, "plot", tmp_path / "loss_modes")
+    assert code == 0, err
+    pngs = sorted(p.name for p in src.glob("*.png"))
+    assert pngs and pngs == sorted(p.name for p in (tmp_path / "loss_modes").glob("*.png"))
+    for name in pngs:
+        assert (tmp_path / "loss_modes" / name).read_bytes() == (src / name).read_bytes(), name
