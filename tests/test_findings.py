@@ -2,6 +2,7 @@
 final and area at equal samples, sequential results, toy-vs-LM tau; ablation settings and claims and what a claim
 may not ask. The statistics themselves are tested in test_stats.py."""
 import json
+import math
 
 import re
 
@@ -898,3 +899,157 @@ def test_findings_names_its_tasks_as_a_list_with_each_preset_inside_its_name():
     assert _series(["a"]) == "a"
     assert _series(["a", "b"]) == "a and b"
     assert _series(["a", "b", "c"]) == "a, b, and c"
+
+
+def test_an_ordering_is_untestable_only_when_every_part_it_swaps_is_one_the_task_declares_inert():
+    toy = M.declared_task("sort")
+    cfg = {"seed": 0, "aggregate": "seq_mean_token_mean", "filters": [], "loss": "clipped"}
+    why_f = "no toy response is cut off, so overlong filtering removes nothing"
+    # a list axis: the part one run has and the other not, whatever they share
+    both = cfg | {"filters": ["mask_truncated", "dynamic_sampling"]}
+    assert F.inert_reason(toy, both, cfg | {"filters": ["dynamic_sampling"]}) == why_f
+    assert F.inert_reason(toy, cfg | {"filters": [{"name": "mask_truncated"}]}, cfg) == why_f
+    # one swapped part that acts is enough to test the ordering
+    assert F.inert_reason(toy, both, cfg) is None
+    assert F.inert_reason(toy, cfg | {"aggregate": "token_mean", "loss": "naive"}, cfg) is None
+    # two inert axes at once: both reasons, once each
+    assert F.inert_reason(toy, cfg | {"aggregate": "token_mean", "filters": ["mask_truncated"]}, cfg) == \
+        "every toy response has exactly n tokens, so these aggregations are one average; " + why_f
+    assert F.inert_reason(toy, cfg | {"aggregate": "seq_mean_token_sum"}, cfg) is None  # not declared inert
+
+
+SEQ_WHY = "decided at look 2 (10 pairs) of 2, level {} with O'Brien-Fleming-type spending"
+
+
+@pytest.mark.parametrize("seed, shift, kind, orderings, margin, outcome, verdict, fixed, why", [
+    # an "a = b" claim the boundaries refute, where the fixed-sample test calls the difference negligible
+    (15, 0.01, "=", 1, 0.02, "holds, size unclear", "fails, size unclear", "holds", SEQ_WHY.format(0.05)),
+    (3, 0.005, "=", 1, 0.02, "equivalent", "holds", "holds", SEQ_WHY.format(0.05)),
+    # each of the sweep's two orderings was decided at alpha / 2; a record without the count means one
+    (20, 0.02, ">", 2, 0.02, "holds, size unclear", "holds, size unclear", "holds, negligible", SEQ_WHY.format(0.025)),
+    (20, 0.02, ">", None, 0.02, "holds, size unclear", "holds, size unclear", "holds, negligible", SEQ_WHY.format(0.05)),
+    # no margin in the sweep: nothing is shown equivalent, though the fixed-sample test (the task's margin) would
+    (3, 0.005, ">", 1, None, "undecided", "undecided", "equivalent", "undecided after 10 pairs of at most 20"),
+    # the batches are the seeds in the order the sweep ran them (9..5 first), not the file's seed list
+    (18, 0.05, ">", 1, 0.02, "holds", "holds", "holds", SEQ_WHY.format(0.05)),
+])
+def test_a_sequential_verdict_replaces_the_fixed_sample_one(tmp_path, seed, shift, kind, orderings, margin, outcome,
+                                                             verdict, fixed, why):
+    rng = np.random.default_rng(seed)
+    base = rng.normal(0.5, 0.05, 10)
+    values = {"a": base + shift + rng.normal(0, 0.01, 10), "b": base}
+    claim = {"text": "t", "source": "s", "expect": [f"a {kind} b"], "margin": 0.02}
+    seq = {"cap": 20, "batch": 5, "stopped": "decided", "reason": "r", "metric": SORT} | (
+        {"orderings": orderings} if orderings else {})
+    d = tmp_path / "c_sort"
+    write(d, "c", "sort", values, claim, meta={"sequential": seq, "seeds": list(range(20))})
+    sweep = json.loads((d / "sweep.json").read_text())
+    (d / "sweep.json").write_text(json.dumps(sweep | {"looks": [5, 10], "seeds": list(range(9, -1, -1)),
+                                                      "margin": margin}))
+    r = judge_setting(d, claim, "sort")["rows"][0]["quantities"]["final"]
+    assert (r["outcome"], r["verdict"], r["sequential"]) == (outcome, verdict, why)
+    (alone,) = S.compare_pairs({v: pd.Series(x) for v, x in values.items()}, [("a", "b", kind)], 0.02)
+    assert alone["verdict"] == fixed
+
+
+def test_a_claim_comparing_two_recorded_configs_that_are_one_run_is_refused(tmp_path):
+    claim = {"text": "t", "source": "s", "expect": ["x > y"], "margin": 0.02}
+    cfg = {"task": {"name": "sort"}, "loss": "clipped"}
+    write(tmp_path / "d_sort", "d", "sort", {"x": [0.5, 0.6, 0.7], "y": [0.4, 0.5, 0.6]}, claim,
+          meta={"configs": {"x": cfg, "y": dict(cfg)}})
+    with pytest.raises(ConfigError, match=r"claim of d_sort: claim\.expect: 'x > y': x and y resolve to the same run"):
+        judge_setting(tmp_path / "d_sort", claim, "sort")
+
+
+def test_two_seeds_a_side_are_judged_and_one_is_missing(tmp_path):
+    claim = {"text": "t", "source": "s", "expect": ["x > y", "x > z"], "margin": 0.02}
+    write(tmp_path / "d_sort", "d", "sort", {"x": [0.9, 0.8], "y": [0.4, 0.5], "z": [0.1]}, claim,
+          seeds={"z": [0]})
+    xy, xz = judge_setting(tmp_path / "d_sort", claim, "sort")["rows"]
+    assert not xy["missing"] and xy["quantities"]["final"]["n"] == 2
+    assert xz["missing"] and "quantities" not in xz
+
+
+def test_only_finished_runs_with_a_value_are_read_for_twins_and_the_sampled_reward(tmp_path):
+    # y ran x's numbers on its finished seeds; its failed seed (status failed, its values left in the table)
+    # and a finished run that logged no value are neither evidence against the twin nor part of a mean
+    claim = {"text": "t", "source": "s", "expect": ["x > w", "y > w"], "margin": 0.02}
+    d = tmp_path / "d_sort"
+    write(d, "d", "sort", {"x": [0.9, 0.8, 0.7], "y": [0.9, 0.8, 0.7], "w": [0.1, 0.2, 0.3]}, claim,
+          extra={"final/reward": {"x": [0.5, 0.5, 0.5], "y": [0.5, 0.5, 0.5], "w": [0.2, 0.2, 0.2]}})
+    s = pd.read_csv(d / "summary.csv")
+    extra = pd.DataFrame([{"run": "y-s3", "variant": "y", "seed": 3, "status": "failed", "error": "boom", "wall_s": 1.0,
+                           SORT: 0.0, "final/reward": 9.0},
+                          {"run": "w-s3", "variant": "w", "seed": 3, "status": "ok", "error": "", "wall_s": 1.0,
+                           SORT: math.nan, "final/reward": 9.0}])
+    pd.concat([s, extra]).to_csv(d / "summary.csv", index=False)
+    meta = json.loads((d / "ablation.json").read_text())
+    (d / "ablation.json").write_text(json.dumps(meta | {"runs": meta["runs"] + ["y-s3", "w-s3"]}))
+    r = judge_setting(d, claim, "sort")
+    assert r["rows"][1]["why"] == "the same runs as `x > w` (`y` ran the same numbers as `x`)"
+    assert r["sampled"].to_dict() == {"x": 0.5, "y": 0.5, "w": pytest.approx(0.2)}
+
+
+def test_twins_are_named_after_the_variant_listed_first_and_nan_equals_nan():
+    ok = pd.DataFrame({"variant": ["zeta", "alpha", "zeta", "alpha", "mid", "mid"], "seed": [0, 0, 1, 1, 0, 1],
+                       "final/a": [0.1, 0.1, 0.2, 0.2, 0.1, 0.3], "final/b": [math.nan] * 6})
+    assert F._identities(ok, ["final/a", "final/b"]) == {"alpha": "zeta"}
+    assert F._identities(ok, []) == {} and F._identities(ok.drop(columns="seed"), ["final/a"]) == {}
+
+
+@pytest.mark.parametrize("a, b, expect", [
+    ([1000.0, 1000.0], [1010.0, 1000.0], None),     # 1% apart: the same budget (EQUAL_BUDGET, inclusive)
+    ([1000.0, 1000.0], [1010.1, 1000.0], 1000.0),   # further: both read at the smaller
+    ([2000.0, 2000.0], [1000.0, 1500.0], 1000.0),
+    ([0.0, 1000.0], [2000.0, 2000.0], None),        # a run that drew nothing has no budget to read at
+    ([1.0, 1000.0], [1000.0, 1000.0], 1.0),         # one that drew a single sample has
+    ([], [], None),
+])
+def test_runs_that_drew_different_numbers_of_samples_are_read_at_the_smaller_budget(a, b, expect):
+    budgets = {"a": pd.Series(a, dtype=float), "b": pd.Series(b, dtype=float)}
+    assert F._budget(budgets, "a", "b") == expect
+    assert F._budget({"a": budgets["a"]}, "a", "b") is None and F._budget({"b": budgets["b"]}, "a", "b") is None
+
+
+def test_v3s_rules_decide_each_claims_rows_in_their_own_tasks_family(tmp_path):
+    claim = {"text": "t", "source": "s", "expect": ["x > y"], "margin": 0.02}
+    for name in ("one_sort", "two_sort"):
+        write(tmp_path / name, name.split("_")[0], "sort", {"x": [0.9, 0.8, 0.85], "y": [0.4, 0.5, 0.45]}, claim)
+    results = {s: judge_setting(tmp_path / f"{s}_sort", claim, "sort", rules=S.V3) for s in ("one", "two")}
+    assert F.family(results, S.V3) == 0
+    for r in results.values():
+        t = r["rows"][0]["quantities"]["final"]
+        assert t["family"] == {k: t[k] for k in ("p_holm", "outcome", "verdict", "m")}
+
+
+def test_a_plateau_is_read_for_a_final_verdict_only_and_a_pair_without_curves_has_no_area(tmp_path):
+    claim = {"text": "t", "source": "s", "expect": ["quick > slow"], "margin": 0.05}
+    rng = np.random.default_rng(5)
+    finals = {v: 0.8 + 0.002 * rng.standard_normal(6) for v in ("quick", "slow")}
+    curves = {(v, s): [(step, x, f if k >= {"quick": 1, "slow": 2}[v] else y)
+                       for k, (step, x, y) in enumerate(curve(f, 1000.0))]
+              for v, xs in finals.items() for s, f in enumerate(xs)}
+    write(tmp_path / "p_sort", "p", "sort", finals, claim, curves=curves)
+    (row,) = judge_setting(tmp_path / "p_sort", claim, "sort")["rows"]
+    assert row["plateau"] is not None and set(row["quantities"]) == {"final", "area"}
+    (row,) = judge_setting(tmp_path / "p_sort", claim | {"judge": "area"}, "sort")["rows"]
+    assert row["plateau"] is None  # a plateau qualifies a final value, not an area
+    # slow's runs kept no curves: its final values are judged, and nothing is read from a curve it lacks
+    write(tmp_path / "q_sort", "q", "sort", finals, claim, curves={k: c for k, c in curves.items() if k[0] == "quick"})
+    (row,) = judge_setting(tmp_path / "q_sort", claim, "sort")["rows"]
+    assert set(row["quantities"]) == {"final"} and row["quantities"]["final"]["m"] == 1
+
+
+def test_per_problem_outcomes_of_one_side_only_leave_the_row_on_its_seeds(tmp_path):
+    rng = np.random.default_rng(2)
+    outcome = {(v, s): rng.random(50) < (0.6 if v == "a" else 0.4) for v in "ab" for s in range(5)}
+    values = {v: [float(outcome[(v, s)].mean()) for s in range(5)] for v in "ab"}
+    claim = {"text": "t", "source": "s", "expect": ["a > b"], "margin": {"lm": 0.01}}
+    d = tmp_path / "claimx_lm"
+    write(d, "claimx", "lm", values, claim, column=LM)
+    pd.DataFrame([{"run": f"b-s{s}", "variant": "b", "seed": s, "step": 59, "problem": j,
+                   "greedy": int(outcome[("b", s)][j]), "k_correct": None}
+                  for s in range(5) for j in range(50)]).to_parquet(d / "outcomes.parquet")
+    (row,) = judge_setting(d, claim, "lm")["rows"]
+    t = row["quantities"]["final"]
+    assert not t.get("crossed") and not t["test"].startswith("seeds × problems")

@@ -351,3 +351,46 @@ def test_a_claims_report_tests_the_pairs_its_claim_asks_about(tmp_path):
     (d / "ablation.json").write_text(json.dumps(meta))
     section = report.render(d)[0].split("## Differences in eval reward\n", 1)[1].split("\n## ", 1)[0]
     assert "3 pairs, Holm-corrected together" in section and "| `b` vs `c` |" in section
+
+
+def test_without_a_metrics_table_every_ordering_is_judged_and_marked_not_measured(tmp_path):
+    """A results directory whose sweep kept no per-step metrics shows nothing idle: the verdicts stand, each
+    marked, rather than the reading failing on the missing table."""
+    d, claim = results(tmp_path, {"b": [0.0, 0.0], "c": [0.0, 0.0]})
+    (d / "metrics.parquet").unlink()
+    ab, ac = judge_setting(d, claim, "sort")["rows"]
+    assert ab["unexercised"] is None and ab["mechanism"]["acts"] is None
+    assert ab["quantities"]["final"]["outcome"] == "holds" and ac["quantities"]["final"]["m"] == 2
+    assert "mechanism not measured: clip/high_frac on `b` not logged" in render(tmp_path)
+
+
+def test_a_diagnostic_nothing_logs_says_why_once_and_draws_no_panel():
+    none = {"acts": "the reference's distance", "metric": "none", "why": "no per-step metric shows it"}
+    table = pd.DataFrame({"run": ["r0"], "variant": ["b"], "metric": ["none"], "value": [5.0]})
+    result = mechanism.judge(table, {"default": none}, "a > b", "a", "b")
+    assert result == {"readings": [(none, None)], "acts": None}
+    assert mechanism.text(result, "a", "b") == "no diagnostic logged (the reference's distance)"
+    meta = {"claim": {"expect": ["a > b", "a > c"],
+                      "mechanism": {"a > b": [none, DIAG], "a > c": [DIAG | {"min": 0.5}, DIAG | {"metric": "x/y"}]}}}
+    # each metric once, with the threshold of the first ordering that declares it; none is no panel
+    assert mechanism.panels(meta, None) == [("clip/high_frac", 0.01, "mean"), ("x/y", 0.01, "mean")]
+
+
+def test_the_ablation_file_found_first_decides_and_a_bad_declaration_in_it_is_refused_naming_it(tmp_path, monkeypatch):
+    """declared(): the file as the results name it (from the working directory) wins over one beside the results
+    root, and where it declares no mechanism the recorded one stands (not the other file's)."""
+    claim = {"text": "t", "source": "s", "expect": ["a > b"], "mechanism": {"default": DIAG}}
+    here, beside = tmp_path / "cwd", tmp_path / "repo"
+    for top, mech in ((here, None), (beside, {"default": DIAG | {"min": 0.5}})):
+        (top / "ablations").mkdir(parents=True)
+        own = {k: v for k, v in claim.items() if k != "mechanism"} | ({"mechanism": mech} if mech else {})
+        (top / "ablations" / "x.yaml").write_text(yaml.safe_dump({"name": "x", "claim": own}))
+    monkeypatch.chdir(here)
+    meta = {"source": "ablations/x.yaml", "claim": claim}
+    assert mechanism.declared(meta, beside / "results") == {"default": DIAG}
+    monkeypatch.chdir(tmp_path)  # now only the file beside the results exists: today's threshold
+    assert mechanism.declared(meta, beside / "results") == {"default": DIAG | {"min": 0.5}}
+    bad = beside / "ablations" / "x.yaml"
+    bad.write_text(yaml.safe_dump({"name": "x", "claim": claim | {"mechanism": {"default": DIAG | {"min": 0}}}}))
+    with pytest.raises(ConfigError, match=rf"^{bad}: claim\.mechanism\.default\.min: expected a positive number"):
+        mechanism.declared(meta, beside / "results")

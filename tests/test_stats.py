@@ -295,6 +295,8 @@ def test_identical_runs_are_not_testable_and_stay_out_of_holm():
     g["twin"] = g["b"].copy()
     rows = S.compare_pairs(g, [("a", "b", ">"), ("twin", "b", "="), ("a", "c", ">")], margin=0.02)
     assert rows[1]["verdict"] == rows[1]["outcome"] == S.NOT_TESTABLE
+    # REPORT counts a row's `significant` and `equivalent`: a tie is neither
+    assert rows[1]["significant"] is False and rows[1]["equivalent"] is False
     assert S.verdict_text(rows[1]) == "not testable here: every paired difference is exactly 0 (6 seeds): the two " \
         "ran the same numbers"
     # Holm over the two testable orderings only (m = 2, not 3)
@@ -900,3 +902,69 @@ def test_orderings_split_on_one_sign_and_grid_labels_may_hold_equals():
     for bad in ("a >= b", "a b", "a > b > c", "lr=0.001>lr=0.002", " > b"):
         with pytest.raises(ValueError, match="expected 'a > b' or 'a = b'"):
             S.split_ordering(bad)
+
+
+# ------------------------------------------------------------------------------ the rules at their edges
+
+
+def _row(p, diff=0.01, se=0.004, margin=0.02, n=8):
+    return {"p": p, "diff": diff, "se": se, "df": n - 1, "sd": se * math.sqrt(n), "n": n, "paired": True,
+            "margin": margin, "claim": ">"}
+
+
+def test_a_p_exactly_at_alpha_is_not_significant_and_a_tost_p_there_is_not_equivalent(monkeypatch):
+    """Both tests reject below alpha, strictly: a Holm p of exactly 0.05 shows nothing."""
+    (r,) = S.decide([_row(0.05)])
+    assert r["p_holm"] == 0.05 and r["significant"] is False and r["outcome"] in ("equivalent", "undecided")
+    from grpo_bench.stats import verdicts
+    monkeypatch.setattr(verdicts, "tost", lambda *a: 0.05)
+    (r,) = S.decide([_row(0.5)])
+    assert r["p_tost_holm"] == 0.05 and r["equivalent"] is False and r["outcome"] == "undecided"
+    # without a margin there is no equivalence test: its p is 1, and 1 after Holm
+    monkeypatch.undo()
+    (r,) = S.decide([_row(0.5, margin=None)])
+    assert (r["p_tost"], r["p_tost_holm"], r["equivalent"]) == (1.0, 1.0, False)
+
+
+@pytest.mark.parametrize("diff, ci, margin, clear", [
+    (0.05, (0.02, 0.08), 0.02, False),    # touching the margin is not clearing it
+    (0.05, (0.0201, 0.08), 0.02, True),
+    (-0.05, (-0.08, -0.02), 0.02, False),
+    (-0.05, (-0.08, -0.0201), 0.02, True),
+    (0.05, (0.0, 0.1), None, False),       # no margin: the interval must clear 0
+    (-0.05, (-0.1, -1e-9), None, True),
+])
+def test_an_interval_clears_the_margin_only_strictly_beyond_it(diff, ci, margin, clear):
+    assert S.clears({"diff": diff, "ci": (*ci, 0.95, ""), "margin": margin}) is clear
+
+
+def test_an_undecided_row_without_a_margin_names_the_seeds_to_detect_it_never_a_margin():
+    # a Δ of 1e-4 under noise of 0.05 would need more seeds than anyone runs; there is no margin to show it within
+    rng = np.random.default_rng(3)
+    base = rng.normal(0.5, 0.05, 6)
+    (r,) = S.compare_pairs({"a": by_seed(base + 1e-4 + rng.normal(0, 0.05, 6)), "b": by_seed(base)},
+                           [("a", "b", ">")], None)
+    assert r["outcome"] == "undecided" and r["seeds_basis"] == "observed" and r["seeds_needed"] == S.MAX_SEEDS + 1
+    assert S.verdict_text(r) == f"undecided (more than {S.MAX_SEEDS} pairs would be needed)"
+    # exactly MAX_SEEDS is still a number worth printing
+    assert S.verdict_text(r | {"seeds_needed": S.MAX_SEEDS}) == f"undecided (about {S.MAX_SEEDS} pairs to detect the observed Δ)"
+    # Δ or its spread not finite: no seeds are computed from them
+    for bad in ({"diff": math.nan}, {"sd": math.inf}):
+        assert S.verdict_text(r | bad) == "undecided (some values are not finite)"
+
+
+def test_a_tie_between_the_two_ways_to_decide_names_the_observed_effect(monkeypatch):
+    from grpo_bench.stats import verdicts
+    monkeypatch.setattr(verdicts, "seeds_to_detect", lambda *a, **k: 7)
+    monkeypatch.setattr(verdicts, "seeds_for_equivalence", lambda *a, **k: 7)
+    (r,) = S.decide([_row(0.5, se=0.02)])
+    assert r["outcome"] == "undecided" and (r["seeds_needed"], r["seeds_basis"]) == (7, "observed")
+
+
+def test_an_equivalence_with_no_spread_has_a_point_interval_labelled_without_holm_for_one_row():
+    # two variants on different seeds, every value the same: Welch, Δ 0, TOST shows it within ±0.02
+    (r,) = S.compare_pairs({"a": by_seed([0.5] * 3), "b": by_seed([0.5] * 3, [3, 4, 5])}, [("a", "b", ">")], 0.02)
+    assert r["outcome"] == "equivalent" and r["ci"] == (0.0, 0.0, pytest.approx(0.9), "TOST 90% CI")
+    # interval() alone adjusts for nothing unless told how many rows Holm took together
+    r2 = dict(r)
+    assert S.interval(r2)["ci"][3] == "TOST 90% CI" and S.interval(r2, m=2)["ci"][3] == "TOST, Holm-adjusted 90% CI"
