@@ -909,6 +909,7 @@ def test_an_ordering_is_untestable_only_when_every_part_it_swaps_is_one_the_task
     both = cfg | {"filters": ["mask_truncated", "dynamic_sampling"]}
     assert F.inert_reason(toy, both, cfg | {"filters": ["dynamic_sampling"]}) == why_f
     assert F.inert_reason(toy, cfg | {"filters": [{"name": "mask_truncated"}]}, cfg) == why_f
+    assert F.inert_reason(toy, cfg | {"filters": ["dynamic_sampling"]}, both) == why_f  # and the other way round
     # one swapped part that acts is enough to test the ordering
     assert F.inert_reason(toy, both, cfg) is None
     assert F.inert_reason(toy, cfg | {"aggregate": "token_mean", "loss": "naive"}, cfg) is None
@@ -931,7 +932,7 @@ SEQ_WHY = "decided at look 2 (10 pairs) of 2, level {} with O'Brien-Fleming-type
     # no margin in the sweep: nothing is shown equivalent, though the fixed-sample test (the task's margin) would
     (3, 0.005, ">", 1, None, "undecided", "undecided", "equivalent", "undecided after 10 pairs of at most 20"),
     # the batches are the seeds in the order the sweep ran them (9..5 first), not the file's seed list
-    (18, 0.05, ">", 1, 0.02, "holds", "holds", "holds", SEQ_WHY.format(0.05)),
+    (30, 0.03, ">", 1, 0.02, "holds", "holds", "holds", SEQ_WHY.format(0.05)),
 ])
 def test_a_sequential_verdict_replaces_the_fixed_sample_one(tmp_path, seed, shift, kind, orderings, margin, outcome,
                                                              verdict, fixed, why):
@@ -1053,3 +1054,20 @@ def test_per_problem_outcomes_of_one_side_only_leave_the_row_on_its_seeds(tmp_pa
     (row,) = judge_setting(d, claim, "lm")["rows"]
     t = row["quantities"]["final"]
     assert not t.get("crossed") and not t["test"].startswith("seeds × problems")
+
+
+def test_results_from_before_tasks_were_recorded_get_their_task_from_metrics_or_setting(tmp_path):
+    claim = {"text": "t", "source": "s", "expect": ["x > y"], "margin": 0.02}
+    for name, setting, column in (("a/old_sort", "sort", "final/reward/mean"), ("a/old_other", "other", LM),
+                                  ("b/old_lm", "lm", LM)):
+        d = tmp_path / name
+        write(d, "old", setting, {"x": [0.5, 0.6], "y": [0.4, 0.5]}, claim, column=column)
+        meta = json.loads((d / "ablation.json").read_text())
+        (d / "ablation.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "task"}))
+    # sort: read off the metric its runs logged; other: nothing says
+    families, tasks, _ = F.collect(tmp_path / "a")
+    assert {s: t.name for s, t in tasks.items()} == {"sort": "sort"}
+    assert set(families["old"]["settings"]) == {"sort", "other"}
+    # lm: no marker, the setting's old name; and no task for a setting no result has
+    _, tasks, _ = F.collect(tmp_path / "b")
+    assert {s: t.name for s, t in tasks.items()} == {"lm": "arithmetic"}
