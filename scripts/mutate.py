@@ -88,6 +88,12 @@ MODULES = {
     "grpo_bench/analysis/plotting.py": ["tests/test_report.py"],
     "grpo_bench/analysis/figures.py": ["tests/test_report.py", "tests/test_mechanism.py"],
     "grpo_bench/analysis/report.py": ["tests/test_report.py"],
+    # the verdict itself: an ordering's outcome from its pairs, the mechanism gate that withholds it, and
+    # findings' judging of a results directory
+    "grpo_bench/stats/verdicts.py": ["tests/test_stats.py", "tests/test_findings.py", "tests/test_mechanism.py"],
+    "grpo_bench/stats/paired.py": ["tests/test_stats.py", "tests/test_findings.py"],
+    "grpo_bench/analysis/mechanism.py": ["tests/test_mechanism.py", "tests/test_findings.py"],
+    "grpo_bench/analysis/findings.py": ["tests/test_findings.py", "tests/test_mechanism.py", "tests/test_stats.py"],
 }
 
 SWAP_BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Pow: ast.Mult,
@@ -631,14 +637,51 @@ def score(ms: list[Mutant]) -> dict:
     return c
 
 
-def write_report(results: dict, jobs: int, total_s: float) -> None:
+COUNTS = ("mutants", "killed", "timeout", "survived", "no test", "equivalent")
+
+
+def committed(report: Path = REPORT) -> dict[str, dict]:
+    """The committed report's rows, module -> {"row": its table line, counts, "seconds", "left": its survivor
+    lines, "why": its equivalent mutants' lines}: what --report keeps for a module whose run is not cached
+    here (.cache/ is a machine's, and a module's run takes up to an hour: the row stands until it is rerun)."""
+    try:
+        text = report.read_text()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| `grpo_bench/") and len(cells) == 10:
+            module = cells[0].strip("`")
+            counts = dict(zip(COUNTS, (int(cells[2].split()[0]), *map(int, cells[3:8]))))
+            out[module] = {"row": line, **counts, "seconds": 60 * float(cells[9].split()[0]),
+                           "left": [], "why": []}
+    for line in text.splitlines():
+        for module, entry in out.items():
+            if line.startswith(f"- `{module}` "):
+                entry["left"].append(line)
+            elif line.startswith(f"| `{Path(module).name}` |"):
+                entry["why"].append(line)
+    return out
+
+
+def write_report(results: dict, jobs: int, total_s: float, kept: dict | None = None) -> None:
+    """kept: rows of the committed report (committed()) for modules run before, not in results."""
+    kept = {m: e for m, e in (kept or {}).items() if m not in results}
+    total_s += sum(e["seconds"] for e in kept.values())
     lines = ["# Mutation testing", "",
              f"`scripts/mutate.py` (see its docstring) on a {os.cpu_count()}-core machine shared with other jobs; "
              f"total {total_s / 60:.1f} min. Score = killed / (mutants - equivalent); a timeout counts as killed. "
              "Time: wall time of that module's run, `jobs` workers.",
              "", "| module | tests | mutants | killed | timeout | survived | no test | equivalent | score | time (jobs) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    for module, (ms, secs, sample, jobs_) in results.items():
+    for module in MODULES:
+        if module in kept:
+            lines.append(kept[module]["row"])
+            continue
+        if module not in results:
+            continue
+        ms, secs, sample, jobs_ = results[module]
         c = score(ms)
         tests = ", ".join(Path(t).name if t.startswith("tests/") else f"`{t}`" for t in MODULES[module])
         sampled = f" (1 in {sample})" if sample > 1 else ""
@@ -646,19 +689,26 @@ def write_report(results: dict, jobs: int, total_s: float) -> None:
                      f"{c['no test']} | {c['equivalent']} | {100 * c['score']:.1f}% | {secs / 60:.1f} min ({jobs_}) |")
     allm = [m for ms, *_ in results.values() for m in ms]
     c = score(allm)
+    for k in COUNTS:
+        c[k] += sum(e[k] for e in kept.values())
+    live = c["mutants"] - c["equivalent"]
+    c["score"] = (c["killed"] + c["timeout"]) / live if live else 1.0
     lines.append(f"| **all** | | {c['mutants']} | {c['killed']} | {c['timeout']} | {c['survived']} | {c['no test']} | "
                  f"{c['equivalent']} | {100 * c['score']:.1f}% | {total_s / 60:.1f} min |")
     left = [m for m in allm if m.status in ("survived", "no test")]
     lines += ["", "## Survivors", ""]
-    lines += [f"- `{m.module}` {m.qualname}: {m.desc} in `{m.code}` ({m.status})" for m in left] or ["None."]
+    lines += ([f"- `{m.module}` {m.qualname}: {m.desc} in `{m.code}` ({m.status})" for m in left]
+              + [x for e in kept.values() for x in e["left"]]) or ["None."]
     lines += ["", "## Equivalent mutants", "",
               "Listed in `scripts/mutants_equivalent.tsv`; each change cannot alter what the code computes "
               "(or only in a way no caller can observe), for the reason given.", "",
               "| module | where | change | line | why equivalent |", "|---|---|---|---|---|"]
-    for m in allm:
-        if m.status == "equivalent":
-            code = m.code.replace("|", "\\|")
-            lines.append(f"| `{Path(m.module).name}` | {m.qualname} | {m.desc} | `{code}` | {m.reason} |")
+    for module in MODULES:
+        lines += kept[module]["why"] if module in kept else []
+        for m in results.get(module, ([],))[0]:
+            if m.status == "equivalent":
+                code = m.code.replace("|", "\\|")
+                lines.append(f"| `{Path(m.module).name}` | {m.qualname} | {m.desc} | `{code}` | {m.reason} |")
     REPORT.write_text("\n".join(lines) + "\n")
 
 
@@ -688,7 +738,8 @@ def main(argv=None) -> int:
                     help="run again only the last run's survivors of each module (after adding tests), mutants "
                          "no longer listed as equivalent and those of lines edited since; keep the rest")
     ap.add_argument("--report", action="store_true",
-                    help="write results/mutation.md from the last run of each module (kept in .cache/), run nothing")
+                    help="write results/mutation.md from the last run of each module (kept in .cache/; a module not "
+                         "run on this machine keeps its row of the committed report), run nothing")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     modules = args.modules or list(MODULES)
@@ -704,7 +755,10 @@ def main(argv=None) -> int:
     if args.report:
         results, total = {}, 0.0
         equivalent = load_equivalent()
+        kept = committed() if not args.modules else {}
         for mod in modules:
+            if not _cache(mod).exists() and mod in kept:  # run on another machine: its committed row stands
+                continue
             ms, secs, sample, jobs = _load_cached(mod)
             known = equivalent.get(mod, {})
             for m in ms:  # the list of equivalents may have changed since that run
@@ -721,12 +775,12 @@ def main(argv=None) -> int:
         # module as it is now matches it
         keys |= {(mod, m.key) for mod, (_, _, sample, _) in results.items() if sample > 1
                  for m in find_mutants(mod)[1]}
-        stale = [f"{mod}\t{k}" for mod in modules for k in equivalent.get(mod, {}) if (mod, k) not in keys]
+        stale = [f"{mod}\t{k}" for mod in results for k in equivalent.get(mod, {}) if (mod, k) not in keys]
         if stale:
             print("\n".join(["rows of scripts/mutants_equivalent.tsv that match no mutant of the last run "
                               "(remove them, or run the module again):", *stale]), file=sys.stderr)
             return 1
-        write_report(results, args.jobs, total)
+        write_report(results, args.jobs, total, kept)
         print(f"wrote {REPORT.relative_to(ROOT)}")
         return 0
     preload()

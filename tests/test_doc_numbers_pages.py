@@ -268,3 +268,23 @@ def test_a_number_on_the_page_is_its_file(name, source, text, holds):
 
 if __name__ == "__main__":
     print("\n".join(f"docs/{p} ({s}): {t}" for p, s, t, _ in CASES))
+
+
+def test_the_mutation_report_is_what_mutate_writes_from_its_own_rows(tmp_path, monkeypatch):
+    """results/mutation.md is scripts/mutate.py's: rewritten from its own module rows (what --report keeps for a
+    module run on another machine), it comes out byte for byte, so its **all** row and its total are the sums of
+    the rows and no row was typed in by hand."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("mutate", ROOT / "scripts" / "mutate.py")
+    mutate = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "mutate", mutate)  # its dataclasses look their module up there
+    spec.loader.exec_module(mutate)
+    kept = mutate.committed(R / "mutation.md")
+    assert set(kept) == set(mutate.MODULES)  # every module listed has been run and reported
+    mutate.REPORT = tmp_path / "mutation.md"
+    cores = int(re.search(r"on a (\d+)-core machine", (R / "mutation.md").read_text()).group(1))
+    monkeypatch.setattr(mutate.os, "cpu_count", lambda: cores)  # the machine it ran on, not this one
+    mutate.write_report({}, 2, 0.0, kept)
+    assert mutate.REPORT.read_text() == (R / "mutation.md").read_text()

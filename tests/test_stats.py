@@ -968,3 +968,47 @@ def test_an_equivalence_with_no_spread_has_a_point_interval_labelled_without_hol
     # interval() alone adjusts for nothing unless told how many rows Holm took together
     r2 = dict(r)
     assert S.interval(r2)["ci"][3] == "TOST 90% CI" and S.interval(r2, m=2)["ci"][3] == "TOST, Holm-adjusted 90% CI"
+
+
+def test_the_constants_the_statistics_page_states_are_the_ones_the_code_uses():
+    page = " ".join((Path(__file__).parent.parent / "docs" / "statistics.md").read_text().split())
+    assert f"percentile bootstrap CI ({S.N_BOOT:,} resamples, fixed seed" in page
+    assert f"Past {S.MAX_SEEDS:,} it says so." in page
+    assert f"Until v3 this stopped at {S.V3.exact_max}," in page
+
+
+def test_welch_without_spread_has_no_error_and_the_pooled_degrees_of_freedom():
+    # Welch–Satterthwaite's df is 0 / 0 here; the pooled n_x + n_y - 2 is its value at equal variances
+    assert S.welch_se(np.full(3, 0.5), np.full(4, 0.2)) == (0.0, 5.0)
+    se, df = S.welch_se(np.array([0.1, 0.3]), np.array([0.2, 0.2, 0.2]))
+    assert se == pytest.approx(math.sqrt(0.02 / 2)) and df == pytest.approx(1.0)  # all of it from x: its n - 1
+
+
+def test_sign_flip_p_at_its_edges():
+    # sums ±1 (two patterns) and 0 (two): half of them reach |1|
+    assert S.sign_flip_p(np.array([0.5, 0.5])) == (0.5, True)
+    # no difference at all: p 1, exact as long as the patterns would have been enumerated
+    assert S.sign_flip_p(np.zeros(S.EXACT_MAX)) == (1.0, True)
+    assert S.sign_flip_p(np.zeros(S.EXACT_MAX + 1)) == (1.0, False)
+    # past EXACT_MAX, N_MC patterns from seed 0: 21 equal differences are matched only by the all-equal patterns
+    # (2 of 2^21), which 20,000 draws miss: p = (1 + 0) / (1 + 20,000)
+    assert S.sign_flip_p(np.ones(S.EXACT_MAX + 1)) == (1 / (1 + S.N_MC), False)
+    d = np.random.default_rng(4).normal(0.01, 0.05, S.EXACT_MAX + 1)
+    p, exact = S.sign_flip_p(d)
+    assert not exact and p == S.sign_flip_p(d, seed=0)[0] != S.sign_flip_p(d, seed=1)[0]
+
+
+def test_pearson_needs_three_pairs_and_spread_on_both_sides():
+    x, y = np.array([1.0, 2.0, 3.0]), np.array([1.0, 2.0, 4.0])
+    assert S.pearson(x, y) == pytest.approx(st.pearsonr(x, y)[0])
+    assert math.isnan(S.pearson(x[:2], y[:2]))
+    assert math.isnan(S.pearson(x, np.ones(3))) and math.isnan(S.pearson(np.ones(3), y))
+    unit = np.array([-1.0, 1.0, -1.0, 1.0])  # a spread of exactly 1 is a spread
+    assert unit.std() == 1.0 and S.pearson(unit, np.array([0.0, 1.0, 0.5, 2.0])) == pytest.approx(
+        st.pearsonr(unit, [0.0, 1.0, 0.5, 2.0])[0])
+    assert S.pearson(np.array([0.0, 1.0, 0.5, 2.0]), unit) == pytest.approx(st.pearsonr([0.0, 1.0, 0.5, 2.0], unit)[0])
+
+
+def test_two_shared_seeds_are_already_paired():
+    r = S.two_sample(by_seed([0.5, 0.7]), by_seed([0.4, 0.5]))
+    assert r["paired"] and r["test"] == "paired t" and r["df"] == 1
