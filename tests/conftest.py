@@ -15,6 +15,15 @@ import torch  # noqa: E402
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(max(1, torch.get_num_threads() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
+# A test process pins its CPU paths before anything computes, as every run's process does (numerics/cpu.py): MKL's
+# and ATen's paths are fixed by a process's first computation, so a test that computed first left its whole xdist
+# worker on this CPU's native paths (MKL OFF, ATen AVX512 here), where a population's stacked products round
+# otherwise than its members' alone: test_lm_population_equals_runs_alone failed in one worker of the full suite
+# and passed alone. GRPO_BENCH_CPU_NUMERICS=native still keeps the native paths.
+from grpo_bench.numerics import cpu as _cpu  # noqa: E402
+
+_cpu.pin()
+
 # Triton kernels run in the interpreter where there is no GPU; the variable must be
 # set before any kernel module is imported, and conftest is imported first.
 if not torch.cuda.is_available():

@@ -435,6 +435,12 @@ class Arithmetic:
             # TRL's cast_lm_head_to_fp32: the head's GEMM in fp32 (an exact upcast; only its rounding changes)
             up = (lambda x: None if x is None else x.float()) if self.cfg.model.cast_lm_head_to_fp32 else (lambda x: x)
             if ab is None:  # one head for every member: one call over all rows
+                p = self.layers[0].A.shape[0] if self.layers else 1
+                if hidden.device.type == "cpu" and p > 1 and hidden.shape[0] % p == 0:
+                    # member by member on a CPU, as stacked.py's base products: the pinned MKL path rounds a GEMM
+                    # by its row count, so one call over every member's rows would not be each run's alone
+                    return [on_head(up(h), up(base.weight), up(base.bias), r)
+                            for h, r in zip(hidden.chunk(p), responses.chunk(p))]
                 return on_head(up(hidden), up(base.weight), up(base.bias), responses)
             # an adapter on the head: W x + s B A x is the GEMM of [x, s A x] and [W, B], member by member
             a, b = ab

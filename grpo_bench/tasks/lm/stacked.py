@@ -78,7 +78,14 @@ class StackedLoRA(nn.Module):
         return (self.A, self.B) if self.mode == POLICY else (self.ref_A, self.ref_B)
 
     def forward(self, x: Tensor) -> Tensor:
-        y = self.base(x)
+        members = self.A.shape[0]
+        if x.device.type == "cpu" and members > 1 and x.shape[0] % members == 0:
+            # member by member: the pinned MKL path (numerics/cpu.py) picks a GEMM's kernel by its row count
+            # (5 rows alone and the same 5 inside 15 differ in the last bit), so a stacked product would round
+            # a member's rows otherwise than its run alone; a CPU gains nothing from stacking the LM anyway
+            y = torch.cat([self.base(c) for c in x.chunk(members)])
+        else:
+            y = self.base(x)
         ab = self.factors()
         if ab is None:
             return y
