@@ -90,11 +90,6 @@ def test_sort_population_equals_runs_alone(case):
         assert len(rows_p) > 50
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known, open: under the pinned MKL path a GEMM's rounding depends on its row count, and a stale sampler's "
-    "generation runs the LM head once over every member's rows, so its log-probs (mismatch/kl at rollout 4: "
-    "-2.89e-08 against -3.61e-08 alone) differ in the last bit; the base and the fused head go member by member "
-    "on a CPU already. CPU LM runs train one at a time unless --population asks otherwise (population_cap)"))
 def test_lm_population_equals_runs_alone():
     raws = [{**LM, "seed": s, "kl_coef": 0.05, "ref_update": {"name": "hard", "every": 2},
              "loss": {"name": "clipped", "clip_high": 0.2 + 0.1 * i}, "sampler": {"staleness": 1},

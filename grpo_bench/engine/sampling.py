@@ -199,8 +199,11 @@ def _fp32_head(model: torch.nn.Module) -> None:
     """The sampler's LM head GEMM from upcast hidden states and weights (vLLM's head_dtype fp32): the
     logits lose the bf16 rounding that ScaleRL and MiniMax-M1 blame for the sampler-trainer gap."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if type(head) is not torch.nn.Linear:  # an adapter on the head would need its own fp32 path
+    if not isinstance(head, torch.nn.Linear):  # an adapter on the head would need its own fp32 path
         raise ValueError(f"sampler.head: fp32 needs a policy whose LM head is a plain linear layer, got "
                          f"{type(head).__name__}; valid: same")
+    if hasattr(head, "upcast"):  # an LM task's head (MemberHead, grpo_bench/tasks/lm/stacked.py): per member on a CPU
+        head.upcast = True
+        return
     f = torch.nn.functional.linear
     head.forward = lambda x: f(x.float(), head.weight.float(), None if head.bias is None else head.bias.float())

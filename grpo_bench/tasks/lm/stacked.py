@@ -143,7 +143,29 @@ def attach(model: nn.Module, targets: list[str], rank: int, alpha: float, dropou
         layer = StackedLoRA(module, rank, alpha, dropout, gens)
         setattr(parent, name.rpartition(".")[2], layer)
         layers.append(layer)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is nn.Linear:  # generation's logits come from it (the fused path has its own split)
+        head.__class__ = MemberHead
+        object.__setattr__(head, "members_of", layers[0])  # not a submodule: a deepcopy maps it to the copy's
     return layers
+
+
+class MemberHead(nn.Linear):
+    """A frozen LM head that on a CPU runs each population member's rows as their own GEMM, for the reason
+    StackedLoRA.forward gives; its weight stays the module's (a tied embedding stays tied)."""
+
+    upcast = False  # the sampler's fp32 head (engine/sampling._fp32_head): the GEMM from upcast x and weights
+
+    def _one(self, x: Tensor) -> Tensor:
+        if self.upcast:
+            return nn.functional.linear(x.float(), self.weight.float(), None if self.bias is None else self.bias.float())
+        return super().forward(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        members = self.members_of.A.shape[0]
+        if x.device.type == "cpu" and members > 1 and x.shape[0] % members == 0:
+            return torch.cat([self._one(c) for c in x.chunk(members)])
+        return self._one(x)
 
 
 @contextlib.contextmanager
