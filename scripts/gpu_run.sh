@@ -31,6 +31,13 @@
 #               so scripts/gpu_carry.sh sets the tree's results, docs and starts aside and splits what
 #               the stage needs over two calls back to back; GPU_CARRY=<dir of the parts, wheels, sdists and
 #               tasks_<preset>/ starts> joins the parts, installs the wheels, builds the sdists, puts the starts back.
+#   pretrained  the claims whose mechanism can act only on SmolLM2 (a bf16 head or sampler leaves a gap there and on
+#               no tiny GPT-2): sampler_mismatch's `smollm2` (its bf16 half ran out of memory on 11-30), fp32_head's
+#               `smollm2_arith` (`smollm2`, on countdown, ran: not exercised), then smollm2_grpo on countdown, 10
+#               seeds, populations on one shared base (scripts/gpu_sweeps.py, two processes a sweep, one sweep at
+#               a time: four processes at once ran out of the H200's memory), the fused chunked head (fp32_head's
+#               cast lives there), each block recomputed in the backward.
+#               Carried like smollm2 (scripts/gpu_carry.sh); CLAIMS="ablations/x.yaml:setting ..." picks others.
 # Budgets (seconds) can be overridden: BUDGET_population=200 bash scripts/gpu_run.sh all.
 # If $TAR_TO is set, OUTDIR is packed there after each stage (a lent machine returns few files).
 #
@@ -42,12 +49,12 @@ stage=${1:?"all, dry, or a stage: population step tests sweep bench claims"}
 out=${2:-results/gpu}
 py=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-STAGES="step population tests bench sweep claims acts smollm2"
-declare -A BUDGET=([step]=160 [population]=180 [tests]=80 [bench]=120 [sweep]=100 [claims]=400 [acts]=430 [smollm2]=440)
+STAGES="step population tests bench sweep claims acts smollm2 pretrained"
+declare -A BUDGET=([step]=160 [population]=180 [tests]=80 [bench]=120 [sweep]=100 [claims]=400 [acts]=430 [smollm2]=440 [pretrained]=440)
 for s in $STAGES; do v="BUDGET_$s"; [ -n "${!v:-}" ] && BUDGET[$s]=${!v}; done
 
 case $stage in
-  all|dry) todo=${STAGES% sweep claims acts smollm2} ;;  # sweep and claims are calls of their own: `all` fits one 9-minute call
+  all|dry) todo=${STAGES% sweep claims acts smollm2 pretrained} ;;  # sweep and claims are calls of their own: `all` fits one 9-minute call
   *) todo=${stage//,/ }
      for s in $todo; do
        case " $STAGES " in *" $s "*) ;; *) echo "gpu_run.sh: unknown stage '$s'; valid: all, dry, $STAGES" >&2; exit 2 ;; esac
@@ -159,6 +166,10 @@ for s in $todo; do
                  --set device=cuda --set backend=torch --set task.model.gradient_checkpointing=true --workers 1 \
                  --population 20 --no-progress --out "$out/smollm2_grpo_$t"
              done ;;
+    pretrained) run_stage pretrained $py scripts/gpu_sweeps.py "$out" --seeds 10 --slots 2 --per-sweep 2 \
+                  --deadline-s $((BUDGET[pretrained] - 45)) --set device=cuda --set backend=chunked \
+                  --set task.model.gradient_checkpointing=true ${CLAIMS:-ablations/sampler_mismatch.yaml:smollm2 \
+                    ablations/fp32_head.yaml:smollm2_arith ablations/smollm2_grpo.yaml:countdown_warm} ;;
     bench) rm -f "$out/bench.jsonl"
            GRPO_BENCH_JSONL=$out/bench.jsonl run_stage bench $py -m pytest -q -p no:cacheprovider -rs \
              tests/benchmarks/test_bench_loss.py tests/benchmarks/test_bench_lm_step.py tests/benchmarks/test_bench_logprobs.py \

@@ -58,21 +58,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("presets", nargs="*", default=["smollm2_arithmetic", "arithmetic_scratchpad"])
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     ap.add_argument("--out", type=Path, default=Path("results/smollm2_start/head_gap.csv"))
+    # each row names its machine: a gap measured on another processor is kept beside this one's, not replaced
+    ap.add_argument("--append", action="store_true", help="add the rows to --out's instead of replacing them")
     args = ap.parse_args(argv)
     rows = []
     for preset in args.presets:
-        for arm in ARMS:
+        for arm in args.arms:
             rows.append(gap(preset, arm, args.prompts, args.group))
             r = rows[-1]
             print(f"{preset:24s} {arm:13s} k3 {r['mismatch/k3']:.3g}  kl {r['mismatch/kl']:.3g}  "
                   f"ratio [{r['mismatch/ratio_min']:.3f}, {r['mismatch/ratio_max']:.3f}]  {r['tokens']} tokens  "
                   f"{r['seconds']} s", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    old = list(csv.DictReader(args.out.open())) if args.append and args.out.is_file() else []
     with args.out.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
-        w.writerows(rows)
+        w.writerows(old + rows)
     return 0
 
 

@@ -1071,3 +1071,20 @@ def test_results_from_before_tasks_were_recorded_get_their_task_from_metrics_or_
     # lm: no marker, the setting's old name; and no task for a setting no result has
     _, tasks, _ = F.collect(tmp_path / "b")
     assert {s: t.name for s, t in tasks.items()} == {"lm": "arithmetic"}
+
+
+def test_a_settings_failed_runs_are_named_by_variant_and_error_beside_its_ranking(tmp_path):
+    """A cell left empty because one variant's runs failed says so in the notes (sampler_mismatch_smollm2: the
+    bf16 population ran out of GPU memory), by variant, with each error's kind; a directory without failures or
+    without a summary says nothing."""
+    assert T._failed(tmp_path) == ""
+    (tmp_path / "summary.csv").write_text(
+        "run,variant,status,error\n"
+        "a-s0,a,ok,\n"
+        "b-s0,b,failed,\"OutOfMemoryError: CUDA out of memory. Tried to allocate 1.88 GiB\"\n"
+        "b-s1,b,failed,RewardTimeout: the reward ran past 60 s\n"
+        "c-s0,c,failed,\n")
+    assert T._failed(tmp_path) == ("3 of 4 runs failed: `b` 2 (OutOfMemoryError, RewardTimeout); "
+                                   "`c` 1 (no error recorded). ")
+    (tmp_path / "summary.csv").write_text("run,variant,status,error\na-s0,a,ok,\n")
+    assert T._failed(tmp_path) == ""

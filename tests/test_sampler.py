@@ -171,3 +171,31 @@ def test_a_sampler_section_is_active_when_any_of_its_keys_leaves_the_trainers_ow
     assert SamplerSection(precision="bf16").active and SamplerSection(staleness=1).active
     assert SamplerSection(head="fp32").active
     assert not SamplerSection(precision="fp32", staleness=0, head="same").active
+
+
+def test_head_gap_appends_a_machines_rows_beside_the_others_and_runs_the_arms_asked(tmp_path, monkeypatch):
+    """--append keeps the rows another processor measured (each row names its machine) and --arms runs only
+    those named; without --append the file is replaced."""
+    import importlib.util
+    from helpers import ROOT
+    spec = importlib.util.spec_from_file_location("head_gap", ROOT / "scripts" / "head_gap.py")
+    hg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hg)
+    asked = []
+
+    def fake(preset, arm, prompts, group):
+        asked.append((preset, arm, prompts, group))
+        return {"preset": preset, "arm": arm, "mismatch/k3": 0.5, "mismatch/kl": 0.1, "mismatch/ratio_min": 1.0,
+                "mismatch/ratio_max": 1.0, "tokens": 4, "seconds": 0.0, "machine": "here"}
+
+    monkeypatch.setattr(hg, "gap", fake)
+    out = tmp_path / "gap.csv"
+    assert hg.main(["p1", "--out", str(out)]) == 0
+    assert [a for _, a, _, _ in asked] == list(hg.ARMS)
+    asked.clear()
+    assert hg.main(["p2", "--arms", "bf16_head", "--prompts", "3", "--append", "--out", str(out)]) == 0
+    assert asked == [("p2", "bf16_head", 3, 8)]
+    rows = out.read_text().splitlines()
+    assert len(rows) == 1 + len(hg.ARMS) + 1 and rows[-1].startswith("p2,bf16_head,")
+    assert hg.main(["p3", "--arms", "fp32_head", "--out", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 2

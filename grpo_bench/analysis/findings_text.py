@@ -291,6 +291,25 @@ def _ranking(result: dict) -> str:
     return " > ".join(f"`{v}` {m:.3f} (IQM {stats.iqm(side.values[v]):.3f}{beside(v)})" for v, m in means.items())
 
 
+def _failed(d: Path) -> str:
+    """The runs of directory d that failed, by variant and error, so a cell left empty says why."""
+    import csv
+
+    f = d / "summary.csv"
+    if not f.is_file():
+        return ""
+    with f.open(newline="") as fh:
+        runs = list(csv.DictReader(fh))
+    bad = [r for r in runs if r.get("status", "ok") != "ok"]
+    if not bad:
+        return ""
+    kinds: dict[str, list[str]] = {}
+    for r in bad:
+        kinds.setdefault(r.get("variant", "?"), []).append((r.get("error") or "").split(":")[0].strip())
+    parts = [f"`{v}` {len(k)} ({', '.join(sorted(set(k) - {''})) or 'no error recorded'})" for v, k in kinds.items()]
+    return f"{len(bad)} of {len(runs)} runs failed: {'; '.join(parts)}. "
+
+
 def _timing(result: dict) -> str:
     s = result["sweep"]
     if not s or "wall_s" not in s:
@@ -515,7 +534,7 @@ def _render(root: Path) -> tuple[str, str]:
         details.append("")
         for s, r in results.items():
             details.append(f"- {name[s]} ({label_column(r['column'])}, final, {r['side'].seeds} seeds): {_ranking(r)}. "
-                           f"Time: {_timing(r)}. Command: `{_command(r['dir'], entry['source'])}`.")
+                           f"{_failed(r['dir'])}Time: {_timing(r)}. Command: `{_command(r['dir'], entry['source'])}`.")
         for s, why in untestable.items():
             details.append(f"- {name[s]}: {'not testable here' if s not in results else 'note'}: {why}")
         if len(results) >= 2:

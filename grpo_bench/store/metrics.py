@@ -352,7 +352,7 @@ def declared_task(name: str, section: dict | None = None) -> TaskInfo:
     main = getattr(cls, "main_metric", "final/reward")
     curves = tuple(getattr(cls, "curves", (metric_of(main) or main,)))
     higher = get(main).higher_is_better
-    label = getattr(cls, "label", name)
+    label = cls.label_of(section) if hasattr(cls, "label_of") else getattr(cls, "label", name)
     return TaskInfo(name, label, getattr(cls, "short", label), main, curves, True if higher is None else higher,
                     **judging(cls, section))
 
@@ -373,6 +373,8 @@ def recorded_task(meta: dict | None) -> TaskInfo | None:
 def _from_record(t: dict, section: dict | None = None) -> TaskInfo:
     base = {k: tuple(t[k]) if k == "curves" else t[k] for k in TASK_KEYS}
     cls = (_classes() or {}).get(t["name"])
+    if cls is not None and section is not None and hasattr(cls, "label_of"):
+        base["label"] = cls.label_of(section)  # a pretrained model's runs: named by the model, as the class names it now
     if cls is not None:
         judged = judging(cls, section)
     else:

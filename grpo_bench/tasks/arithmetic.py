@@ -412,9 +412,33 @@ class Arithmetic:
     @classmethod
     def headroom_of(cls, section: dict | None):
         """What the default recipe moves greedy held-out accuracy from this section's start: the model-size axis's
-        wide start has its own, every other start the class's."""
+        wide start has its own, a pretrained model none yet (the tiny start's would set its margin), every other
+        start the class's."""
         source = ((section or {}).get("model") or {}).get("source")
+        if cls.pretrained_of(section):
+            return None
         return cls.HEADROOM[source] if source in cls.HEADROOM else cls.headroom
+
+    @staticmethod
+    def pretrained_of(section: dict | None) -> str | None:
+        """The packaged pretrained model a task section trains (its model.source, or the base a shipped warm-up
+        sits on), else None: reads the manifest only, so judging old results loads no weights."""
+        from .lm import pretrained, shipped
+
+        source = ((section or {}).get("model") or {}).get("source")
+        if not isinstance(source, str):
+            return None
+        for s in (source, shipped.base(source) if source.startswith(shipped.PREFIX) else None):
+            found = pretrained.entry(s) if s else None
+            if found is not None:
+                return found.model
+        return None
+
+    @classmethod
+    def label_of(cls, section: dict | None) -> str:
+        """FINDINGS' name for the task a section runs: a pretrained model's runs are their own model family."""
+        model = cls.pretrained_of(section)
+        return f"{model} ({cls.label})" if model else cls.label
 
     def _through_head(self, ids: Tensor, attn: Tensor, responses: Tensor, mask: Tensor, on_head, on_logits):
         """The model's last hidden states of responses (N, T) after prompts (N, P), handed to

@@ -433,7 +433,8 @@ class Gym(Arithmetic):
 
     @classmethod
     def headroom_of(cls, section: dict | None):
-        return cls.HEADROOM.get((section or {}).get("dataset"))
+        # the tiny GPT-2's headroom on a dataset is not a pretrained model's on it
+        return None if cls.pretrained_of(section) else cls.HEADROOM.get((section or {}).get("dataset"))
 
     def _starting_model(self, dtype):
         from .lm import models, shipped
