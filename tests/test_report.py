@@ -1515,6 +1515,12 @@ def test_small_means_keep_their_digits():
     assert _ci(9.6e-06, 4.1e-06, 1.5e-05) == "9.60e-06 [4.10e-06, 1.50e-05]"
     assert _ci(-2e-6, -3e-6, 1e-6, signed=True) == "-2.00e-06 [-3.00e-06, +1.00e-06]"
     assert _ci(0.0, 0.0, 0.0) == "0.000 [0.000, 0.000]" and _ci(0.8213, 0.81, 0.83) == "0.821 [0.810, 0.830]"
+    # fp32_head_smollm2's gap (4.5e-4 [1.9e-4, 7.1e-4] read 0.000 [0.000, 0.001]): a value that would read 0.000
+    # keeps its digits; one that reads as itself stays in the accuracies' fixed decimals, and so does a difference:
+    # its interval says what -0.000 leaves out
+    assert _ci(4.51e-4, 1.9e-4, 7.1e-4) == "4.51e-04 [1.90e-04, 7.10e-04]"
+    assert _ci(-4.9e-4, -0.002, 0.001, signed=True) == "-0.000 [-0.002, +0.001]"
+    assert _ci(0.004, 0.001, 0.007, signed=True) == "+0.004 [+0.001, +0.007]" and _ci(5e-4, 0.0, 0.001) == "0.001 [0.000, 0.001]"
 
 
 def test_a_redraw_removes_the_figures_its_report_no_longer_draws(tmp_path):

@@ -233,7 +233,8 @@ def _fmt(mean: float, std: float) -> str:
 
 def _ci(value: float, lo: float, hi: float, signed: bool = False) -> str:
     f = "{:+.3f}" if signed else "{:.3f}"
-    if 0 < max(abs(value), abs(lo), abs(hi)) < 5e-4:  # a sampler KL of 1e-5 would read 0.000 [0.000, 0.000]
+    if 0 < max(abs(value), abs(lo), abs(hi)) < 5e-4 or (not signed and 0 < abs(value) < 5e-4):
+        # three decimals leave a sampler KL of 1e-5 at 0.000 [0.000, 0.000] and one of 4.5e-4 at 0.000 [0.000, 0.001]
         f = "{:+.2e}" if signed else "{:.2e}"
     return f"{f.format(value)} [{f.format(lo)}, {f.format(hi)}]"
 
