@@ -635,6 +635,185 @@ def test_more_seeds_cannot_decide_what_the_problems_hold_back():
                                                                                       r["level"])
 
 
+def test_variance_of_mean_by_hand_on_each_branch():
+    """Var(grand mean) S J = MS_seed + MS_problem - MS_resid with both components positive, by hand; a component
+    estimated at 0 (its mean square at or under MS_resid) leaves its mean squares out, and Satterthwaite's df
+    is (sum of terms)^2 / sum(term^2 / its df). v4 (floor, the default) keeps the seed term at MS_resid on S - 1 df;
+    v3 drops it. A problem mean square equal to MS_resid is no problem component (the df says so); an all-zero
+    table has infinite df, not 0/0."""
+    # both positive: 4 + 3 - 1 = 6 over S J = 50; df = 36 / (16/4 + 9/9 + 1/36)
+    for floor in (True, False):
+        v, df = S.variance_of_mean(4.0, 3.0, 1.0, 5, 10, floor=floor)
+        assert v == pytest.approx(6 / 50) and df == pytest.approx(36 / (16 / 4 + 9 / 9 + 1 / 36))
+    # seed estimate negative (0.5 < 1): v4 floors MS_seed at 1 on 4 df -> 1 + 3 - 1 = 3, df 9 / (1/4 + 9/9 + 1/36)
+    v, df = S.variance_of_mean(0.5, 3.0, 1.0, 5, 10)
+    assert (v, df) == S.variance_of_mean(0.5, 3.0, 1.0, 5, 10, floor=True)
+    assert v == pytest.approx(3 / 50) and df == pytest.approx(9 / (1 / 4 + 9 / 9 + 1 / 36))
+    # v3 drops it: MS_problem alone on J - 1 = 9 df
+    v, df = S.variance_of_mean(0.5, 3.0, 1.0, 5, 10, floor=False)
+    assert v == pytest.approx(3 / 50) and df == pytest.approx(9)
+    # v3, problem negative, seed positive: MS_seed alone on S - 1 = 4 df
+    v, df = S.variance_of_mean(4.0, 0.5, 1.0, 5, 10, floor=False)
+    assert v == pytest.approx(4 / 50) and df == pytest.approx(4)
+    # v3, both negative: the residual alone, (S - 1)(J - 1) = 36 df
+    v, df = S.variance_of_mean(0.5, 0.5, 1.0, 5, 10, floor=False)
+    assert v == pytest.approx(1 / 50) and df == pytest.approx(36)
+    # MS_problem == MS_resid: no problem term, so the df are the seed term's alone (4), not 3.5
+    v, df = S.variance_of_mean(2.0, 1.0, 1.0, 5, 10)
+    assert v == pytest.approx(2 / 50) and df == pytest.approx(4)
+    assert S.variance_of_mean(0.0, 0.0, 0.0, 5, 10) == (0.0, math.inf)
+    # the smallest crossed table is 2 x 2
+    assert S.crossed_variance(np.array([[0.0, 1.0], [1.0, 1.0]])) is not None
+    assert S.crossed_variance(np.ones((2, 1))) is None and S.crossed_variance(np.ones((1, 2))) is None
+
+
+def test_crossed_pair_defaults_to_v4_and_leaves_a_constant_difference_alone():
+    """crossed_pair floors the seed term unless told (v3 only when replaying), and a table whose every cell is the
+    same difference (no variance to split) leaves the seeds-only row as it was."""
+    rng = np.random.default_rng(11)
+    D = 0.02 + 0.3 * rng.standard_normal((5, 200))
+    D -= D.mean(1, keepdims=True) - D.mean()          # equal seed means: the seed estimate is negative
+    row = lambda: {"diff": float(D.mean()), "se": 1.0, "df": 4}  # noqa: E731
+    assert S.crossed_pair(row(), D)["df"] == S.crossed_pair(row(), D, floor=True)["df"] != \
+        S.crossed_pair(row(), D, floor=False)["df"]
+    flat = np.full((4, 30), 0.25)
+    r = {"diff": 0.25, "se": 0.0, "df": 3}
+    assert S.crossed_pair(dict(r), flat) == r
+
+
+def _crossed_row(d, seed=0.0, problem=0.0, resid=0.0, J=100, margin=None):
+    return {"diff": d, "margin": margin, "crossed": {"problems": J, "seed": seed, "problem": problem, "resid": resid}}
+
+
+def test_crossed_seeds_at_its_edges():
+    """The seeds that would decide a crossed row: 2 where two already do (the bisection starts there), at once where
+    nothing varies; a power or TOST power of exactly the target decides (>=); past MAX_SEEDS the basis is
+    "problems" only where a problem spread exists and no number of seeds, 10^9 included, would decide it."""
+    assert S.crossed_seeds(_crossed_row(1.0, seed=1e-6), 0.05) == (2, "observed")
+    assert S.crossed_seeds(_crossed_row(0.3), 0.05) == (2, "observed")      # se 0
+    # power exactly 1.0 in floats (Δ a thousand standard errors) meets a target of 1.0
+    assert S.crossed_seeds(_crossed_row(10.0, seed=1e-4), 0.05, target=1.0) == (2, "observed")
+    # TOST power exactly 1.0 (Δ 0 well inside the margin): decided on the margin
+    assert S.crossed_seeds(_crossed_row(0.0, seed=1e-8, margin=0.5), 0.05, target=1.0) == (2, "margin")
+    # no seed spread (fixed = 0 is impossible with per-seed variance absent; here the seeds' variance is tiny and
+    # the problems' absent): undecidable within MAX_SEEDS but decidable with more seeds -> "observed"
+    assert S.crossed_seeds(_crossed_row(1e-3, seed=1.0), 0.05) == (S.MAX_SEEDS + 1, "observed")
+    # without a problem spread the basis stays "observed" even where 10^9 seeds would not decide
+    assert S.crossed_seeds(_crossed_row(1e-6, seed=1.0), 0.05) == (S.MAX_SEEDS + 1, "observed")
+    # a problem spread that no number of seeds outgrows -> "problems"
+    assert S.crossed_seeds(_crossed_row(1e-3, seed=1.0, problem=1.0), 0.05) == (S.MAX_SEEDS + 1, "problems")
+    # a problem spread so small that about 1.5e9 seeds would decide: more than 10^9, so still "problems"
+    se_star = math.sqrt(1 / 1.5e9)
+    d = 2.80 * se_star
+    r = _crossed_row(d, seed=1.0, problem=1e-30 * 100, J=100)
+    assert S.crossed_seeds(r, 0.05) == (S.MAX_SEEDS + 1, "problems")
+    # and one that 10^6 seeds decide: "observed", though past MAX_SEEDS
+    assert S.crossed_seeds(_crossed_row(2.80 / math.sqrt(1e6), seed=1.0, problem=1e-30 * 100), 0.05) == \
+        (S.MAX_SEEDS + 1, "observed")
+
+
+def test_the_noncentral_t_tail_falls_back_to_its_normal_approximation_where_scipy_gives_nan(monkeypatch):
+    """Where scipy's noncentral t returns NaN far in a tail, P(T > x) is the normal approximation
+    Phi-bar((x - nc) / sqrt(1 + x^2 / (2 df))), by hand here at x 2, df 4, nc 1: (2 - 1) / sqrt(1.5)."""
+    import importlib
+    P = importlib.import_module("grpo_bench.stats.power")   # the package exports a function of the same name
+    assert P._nct_sf(2.0, 4.0, 1.0) == pytest.approx(st.nct.sf(2.0, 4.0, 1.0))
+    monkeypatch.setattr(P.st.nct, "sf", lambda *a: math.nan)
+    assert P._nct_sf(2.0, 4.0, 1.0) == pytest.approx(st.norm.sf(1 / math.sqrt(1.5)), rel=1e-12)
+    assert P._nct_sf(-3.0, 10.0, 2.0) == pytest.approx(st.norm.sf(-5 / math.sqrt(1 + 9 / 20)), rel=1e-12)
+
+
+def test_mde_at_its_edges():
+    """No spread detects any difference (0); the default test is the paired one; at a level where even a
+    thousand-sd effect stays under the target power the MDE is infinite, while one just over it is found; a
+    target power that floats reach exactly (1.0) is reached, not declared out of reach."""
+    import importlib
+    from scipy import optimize
+    P = importlib.import_module("grpo_bench.stats.power")
+    assert S.mde(0.0, 5, 0.05) == 0.0
+    assert S.mde(0.1, 5, 0.05) == S.mde(0.1, 5, 0.05, paired=True) != S.mde(0.1, 5, 0.05, paired=False)
+    # the level at which a 1000.5-sd effect has power 0.8 with 2 pairs: 1000 sd falls short of it, 1001 passes
+    a = optimize.brentq(lambda x: P.power(1000.5, 2, x, True) - 0.8, 1e-9, 0.5, xtol=1e-15)
+    assert P.power(1000.0, 2, a, True) < 0.8 < P.power(1001.0, 2, a, True)
+    assert P._mde_d(2, a, True, 0.8) == math.inf
+    assert math.isfinite(P._mde_d(5, 0.05, True, 1.0)) and P.power(P._mde_d(5, 0.05, True, 1.0), 5, 0.05) == 1.0
+
+
+def test_seeds_to_detect_at_its_edges():
+    """No spread and an effect: 2 pairs; no effect (with or without spread): never; 2 where two already reach the
+    target; 3 where two fall short and three reach it (the root found between them, rounded up); a target that
+    floats reach exactly at some n (power 1.0) is reached there, not declared out of reach."""
+    import importlib
+    from scipy import optimize
+    P = importlib.import_module("grpo_bench.stats.power")
+    never = S.MAX_SEEDS + 1
+    assert S.seeds_to_detect(math.nan, 1.0, 0.05) == never and S.seeds_to_detect(0.1, math.inf, 0.05) == never
+    assert S.seeds_to_detect(0.5, 1.0, 0.05) == S.seeds_to_detect(0.5, 1.0, 0.05, paired=True) != \
+        S.seeds_to_detect(0.5, 1.0, 0.05, paired=False)
+    assert S.seeds_to_detect(1.0, 0.0, 0.05) == 2
+    assert S.seeds_to_detect(0.0, 0.0, 0.05) == never and S.seeds_to_detect(0.0, 1.0, 0.05) == never
+    assert S.seeds_to_detect(1000.0, 1.0, 0.05) == 2
+    # an effect that 3 pairs detect with power 0.8 and 2 do not
+    d = optimize.brentq(lambda e: P.power(e, 2.5, 0.05) - 0.8, 1.0, 100.0)
+    assert P.power(d, 2, 0.05) < 0.8 <= P.power(d, 3, 0.05)
+    assert S.seeds_to_detect(d, 1.0, 0.05) == 3
+    # one sd of effect: power reaches 1.0 in floats well below MAX_SEEDS pairs, so f(MAX_SEEDS) is exactly 0
+    # (where power is flat at 1.0 the root found is any n of that stretch: reachable, not the first n)
+    assert P.power(1.0, 200, 0.05) == 1.0
+    n = S.seeds_to_detect(1.0, 1.0, 0.05, target=1.0)
+    assert 2 < n <= S.MAX_SEEDS and P.power(1.0, n, 0.05) == 1.0
+
+
+def test_tost_without_spread_is_a_comparison_with_the_margin():
+    """se 0: equivalent (p 0) strictly inside the margin, not at it (p 1), as the interval rule's strict bound."""
+    assert S.tost(0.05, 0.0, 4, 0.1) == 0.0 and S.tost(0.1, 0.0, 4, 0.1) == 1.0 and S.tost(-0.1, 0.0, 4, 0.1) == 1.0
+
+
+def test_seeds_for_equivalence_at_its_edges():
+    """Seeds for TOST to show a difference within the margin: never where the difference is not finite or sits at
+    or beyond the margin (no spread included); 2 without spread inside it, or where two already reach the target;
+    3 where two fall short and three reach it; never where MAX_SEEDS would not; a target floats reach exactly
+    (TOST power 1.0) is reached."""
+    import importlib
+    from scipy import optimize
+    P = importlib.import_module("grpo_bench.stats.power")
+    never = S.MAX_SEEDS + 1
+    assert S.seeds_for_equivalence(math.nan, 1.0, 0.1, 0.05) == never
+    assert S.seeds_for_equivalence(0.0, math.inf, 0.1, 0.05) == never
+    assert S.seeds_for_equivalence(0.2, 0.0, 0.1, 0.05) == never and S.seeds_for_equivalence(0.1, 0.0, 0.1, 0.05) == never
+    assert S.seeds_for_equivalence(0.05, 0.0, 0.1, 0.05) == 2
+    assert S.seeds_for_equivalence(0.0, 1e-3, 1.0, 0.05) == 2
+    assert S.seeds_for_equivalence(0.099, 1.0, 0.1, 0.05) == never
+    sd = optimize.brentq(lambda x: P.tost_power(0.0, x, 2.5, 1.0, 0.05) - 0.8, 1e-3, 10.0)
+    assert P.tost_power(0.0, sd, 2, 1.0, 0.05) < 0.8 <= P.tost_power(0.0, sd, 3, 1.0, 0.05)
+    assert S.seeds_for_equivalence(0.0, sd, 1.0, 0.05) == 3
+    assert P.tost_power(0.0, 1.0, S.MAX_SEEDS, 0.5, 0.05) == 1.0
+    n = S.seeds_for_equivalence(0.0, 1.0, 0.5, 0.05, target=1.0)
+    assert 2 < n <= S.MAX_SEEDS and P.tost_power(0.0, 1.0, n, 0.5, 0.05) == 1.0
+
+
+def test_power_from_a_standard_error_at_its_edges():
+    """At no effect the two-sided test rejects at its level (both tails); mde_se is 0 without spread, even where
+    no effect could be detected at that level (a unit MDE of inf times a se of 0 would be NaN), and positive with."""
+    import importlib
+    P = importlib.import_module("grpo_bench.stats.power")
+    assert P._power_se(0.0, 1.0, 10, 0.05) == pytest.approx(0.05, rel=1e-9)
+    assert P._power_se(2.0, 1.0, 10, 0.05) == pytest.approx(
+        st.nct.sf(st.t.isf(0.025, 10), 10, 2.0) + st.nct.cdf(-st.t.isf(0.025, 10), 10, 2.0), rel=1e-9)
+    assert P._mde_se_units(1, 1e-12, S.POWER) == math.inf
+    assert S.mde_se(0.0, 1, 1e-12) == 0.0 and S.mde_se(0.0, 10, 0.05) == 0.0 and S.mde_se(1.0, 10, 0.05) > 0
+    # as _mde_d: out of reach where 1000 se fall short of the target and 1001 would not; a target of exactly 1.0
+    # that floats reach is reached
+    from scipy import optimize
+    a = optimize.brentq(lambda x: P._power_se(1000.5, 1.0, 1, x) - 0.8, 1e-12, 0.5, xtol=1e-16)
+    assert P._power_se(1000.0, 1.0, 1, a) < 0.8 < P._power_se(1001.0, 1.0, 1, a)
+    assert P._mde_se_units(1, a, 0.8) == math.inf
+    # a low target power (0.1, barely over the level) is met under one standard error: found there too
+    assert 0 < P._mde_se_units(10, 0.05, 0.1) < 1 and P._power_se(P._mde_se_units(10, 0.05, 0.1), 1.0, 10, 0.05) == \
+        pytest.approx(0.1)
+    assert math.isfinite(P._mde_se_units(10, 0.05, 1.0)) and P._power_se(P._mde_se_units(10, 0.05, 1.0), 1.0, 10, 0.05) == 1.0
+
+
 # ------------------------------------------ restored: lost in b9a9377's merge, not superseded
 
 
