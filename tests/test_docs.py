@@ -87,9 +87,10 @@ def test_files_map_covers_the_tree():
 
 
 def test_the_tracked_results_stay_light():
-    """What a clone checks out of results/ stays under 23 MB (it was 37 MB of figures and tables stored
+    """What a clone checks out of results/ stays under 24 MB (it was 37 MB of figures and tables stored
     plainly; 20 MB until the starts' replications, about 0.22 MB each, 21 MB until spell_backward_slow's
-    four sweeps, 22 MB until sampler_mismatch's countdown rerun); docs/storage.md says how."""
+    four sweeps, 22 MB until sampler_mismatch's countdown rerun, 23 MB until SmolLM2's first GPU sweeps);
+    docs/storage.md says how."""
     tracked = subprocess.run(["git", "ls-files", "-z", "results"], cwd=ROOT, capture_output=True,
                              text=True).stdout.split("\0")
     files = [ROOT / f for f in tracked if f and (ROOT / f).is_file()]
@@ -97,7 +98,7 @@ def test_the_tracked_results_stay_light():
         pytest.skip("not a git checkout")
     size = sum(f.stat().st_size for f in files)
     biggest = sorted(files, key=lambda f: -f.stat().st_size)[:3]
-    assert size < 23e6, (f"tracked results/ is {size / 1e6:.1f} MB, the budget 23 MB; largest: "
+    assert size < 24e6, (f"tracked results/ is {size / 1e6:.1f} MB, the budget 24 MB; largest: "
                          + ", ".join(f"{f.relative_to(ROOT)} ({f.stat().st_size / 1e6:.2f} MB)" for f in biggest))
 
 
