@@ -1088,3 +1088,18 @@ def test_a_settings_failed_runs_are_named_by_variant_and_error_beside_its_rankin
                                    "`c` 1 (no error recorded). ")
     (tmp_path / "summary.csv").write_text("run,variant,status,error\na-s0,a,ok,\n")
     assert T._failed(tmp_path) == ""
+
+
+def test_agreement_leaves_out_a_task_that_orders_one_variant():
+    """Kendall's W is over the variants every task ran: a task left with one variant (a setting whose other
+    variant's runs all failed) would leave none in common, so it is left out, and the count of tasks says so."""
+    from types import SimpleNamespace
+    import pandas as pd
+
+    side = lambda **m: {"side": SimpleNamespace(means=pd.Series(m, dtype=float))}  # noqa: E731
+    three = {"a": side(x=0.1, y=0.2, z=0.3), "b": side(x=0.2, y=0.3, z=0.4), "c": side(x=0.3, y=0.1, z=0.5)}
+    w = T._agreement(three)
+    assert w.startswith("W ") and "3 tasks, 3 variants" in w
+    assert T._agreement({**three, "d": side(y=0.9)}) == w
+    assert T._agreement({**three, "d": side(x=float("nan"), y=0.9)}) == w
+    assert T._agreement({"a": three["a"], "d": side(y=0.9)}) == "—"

@@ -266,8 +266,10 @@ def across_summary(results: dict, n: int) -> str:
 
 
 def _agreement(results: dict, short: bool = False) -> str:
-    """Kendall's W over every task the claim ran on: do the tasks order its variants alike?"""
-    w, p, m, n = kendall_w([r["side"].means for r in results.values()])
+    """Kendall's W over every task the claim ran on that orders two variants or more: do the tasks order its
+    variants alike? A task left with one (sampler_mismatch on SmolLM2, whose bf16 runs failed) orders nothing, and
+    the variants common to every task would be none."""
+    w, p, m, n = kendall_w([r["side"].means for r in results.values() if r["side"].means.notna().sum() >= 2])
     if math.isnan(w):
         return "—"
     return f"{w:.2f} (p {p:.2g})" if short else f"W {w:.2f} (p {p:.2g}; {m} tasks, {n} variants)"
