@@ -161,6 +161,22 @@ def test_report_says_whether_each_mechanism_acted_and_draws_it_against_its_thres
     assert "clip/high_frac" in ax.get_title() and "threshold 0.01" in ax.get_title()
 
 
+def test_report_names_orderings_a_settings_only_left_out_as_not_run_not_as_not_measured(tmp_path):
+    """A setting that ran a and b only: `a > c` was not run there, which is not a diagnostic left unlogged."""
+    import json
+
+    d, _ = results(tmp_path, {"b": [0.0, 0.0198], "c": [0.005, 0.015], "a": [0.02, 0.02]})
+    meta = json.loads((d / "ablation.json").read_text()) | {"variants": ["a", "b"]}
+    lines = mechanism.report_section(meta, d)
+    assert any(x.startswith("| `a > b` |") for x in lines)
+    assert not any(x.startswith("| `a > c` |") for x in lines)
+    assert "Not run in this setting (a variant of each is outside its `only:`): `a > c`." in lines
+    only_c = mechanism.report_section(meta | {"variants": ["a", "c"]}, d)
+    assert not any(x.startswith("| `a > b` |") for x in only_c) and any(x.startswith("| `a > c` |") for x in only_c)
+    neither = mechanism.report_section(meta | {"variants": ["a"]}, d)
+    assert not any(x.startswith("|") for x in neither) and neither[-2].endswith("`a > b`, `a > c`.")
+
+
 def test_the_mechanism_figures_title_wraps_a_long_name_inside_the_figure(tmp_path):
     import json
 

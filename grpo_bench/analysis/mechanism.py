@@ -131,9 +131,20 @@ def report_section(meta: dict, root: Path) -> list[str]:
              "read, against the threshold the source's argument needs. Under it the ordering is *not exercised* "
              "here: FINDINGS gives it no verdict. Over training: mechanism.png.", "",
              "| ordering | diagnostic (variant read): value vs threshold | acts |", "|---|---|---|"]
+    # a setting's `only:` leaves some of the claim's variants out: their orderings were not run here, which
+    # is not the same as run without the diagnostic logged ("not measured")
+    ran = set(meta.get("variants") or [])
+    absent = [o for o, a, b, _ in rows if ran and not {a, b} <= ran]
     for o, a, b, result in rows:
+        if o in absent:
+            continue
         acts = {True: "yes", False: "**no: not exercised**", None: "not measured"}[result["acts"]]
         lines.append(f"| `{o}` | {text(result, a, b).replace('|', '&#124;')} | {acts} |")
+    if absent:
+        if len(absent) == len(rows):
+            lines = lines[:-2]
+        names = ", ".join(f"`{o}`" for o in absent)
+        lines += ["", f"Not run in this setting (a variant of each is outside its `only:`): {names}."]
     return lines + [""]
 
 
