@@ -98,6 +98,10 @@ MODULES = {
     # docs/statistics.md's worked numbers are held by test_doc_numbers_statistics
     "grpo_bench/stats/crossed.py": ["tests/test_stats.py", "tests/test_findings.py", "tests/test_doc_numbers_statistics.py"],
     "grpo_bench/stats/power.py": ["tests/test_stats.py", "tests/test_findings.py", "tests/test_doc_numbers_statistics.py"],
+    # what every verdict is read from: the per-seed final/area, the common sample budget, the seeds x problems
+    # table and the plateau; test_starts reads a start's headroom through it
+    "grpo_bench/analysis/quantities.py": ["tests/test_quantities.py", "tests/test_findings.py", "tests/test_mechanism.py",
+                                          "tests/test_starts.py", "tests/test_doc_numbers_statistics.py"],
 }
 
 SWAP_BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Pow: ast.Mult,
