@@ -322,7 +322,8 @@ CONFIG_TABLES = {
     "loss_config": "Launch configurations of the logits -> loss kernel (`kernels/logits_loss.py` CONFIGS: BLOCK_V x "
                    "warps, programs per SM, second pass reversed), each checked against the default one:",
     "logprob_config": "Launch configurations of the log-prob forward (`kernels/logprob.py` FWD_CONFIGS: BLOCK_V x "
-                      "warps, pipeline stages; the first is the default rule), each checked against fp64:",
+                      "warps, pipeline stages, and `tile` where each tile is reduced first, Liger's scheme; the first "
+                      "is the default rule), each checked against fp64:",
 }
 
 

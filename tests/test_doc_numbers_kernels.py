@@ -198,7 +198,15 @@ def gpu_bench_sentences() -> list[tuple[str, str]]:
            if r["extra_info"].get("kernel") == "logprob" and r["extra_info"].get("mode") == "fwd"
            and r["extra_info"].get("dtype") == "bfloat16"}
     behind = sorted(fwd["triton", v] / fwd["liger", v] for v in (50_257, 151_936))
-    return [("results/gpu/bench.jsonl", f"read {behind[0]:.1f}-{behind[1]:.1f}x faster than ours on the H200")]
+    sweep = [r["stats"]["median"] for r in rows if r["extra_info"].get("kernel") == "logprob_config"
+             and r["extra_info"].get("v") == 50_257]
+    closest = min(sweep) / fwd["liger", 50_257]
+    words = {8: "eight", 9: "nine", 10: "ten"}
+    return [("results/gpu/bench.jsonl", f"read {behind[0]:.1f}-{behind[1]:.1f}x faster than ours on the H200"),
+            ("results/gpu/bench.jsonl", f"none of {words.get(len(sweep), len(sweep))} launches of our scheme")
+            if closest >= 1.25 else ("results/gpu/bench.jsonl", f"closest launch {closest:.2f}x"),
+            ("results/gpu/bench.jsonl", "came within 1.25x of it at V 50,257") if closest >= 1.25
+            else ("results/gpu/bench.jsonl", "its launch sweep closes the gap")]
 
 
 SENTENCES = [*cpu_sentences(), *step_sentences(), *gpu_kernel_sentences(), *gpu_step_sentences(),

@@ -191,13 +191,18 @@ def test_forced_forward_configuration_is_checked_and_used(monkeypatch):
     narrower than the row, a ragged last one included."""
     monkeypatch.delenv("GRPO_BENCH_LOGPROB_FWD_CFG", raising=False)
     assert K._launch_cfg(10, 50_257) == dict(grid=(10,), BLOCK_V=1024, num_warps=4)
-    assert K.FWD_CONFIGS[0] == (K.FWD_BLOCK_V_MAX, 4, 3) and all(K.fwd_config_valid(c) for c in K.FWD_CONFIGS)
-    for bad in ("1000,4,3", "2048,1", "4096,1,4", "1024,3,4", "1024,4,0", "big,4,3"):
+    assert K.FWD_CONFIGS[0] == (K.FWD_BLOCK_V_MAX, 4, 3, 0) and all(K.fwd_config_valid(c) for c in K.FWD_CONFIGS)
+    for bad in ("1000,4,3", "2048,1", "4096,1,4", "1024,3,4", "1024,4,0", "big,4,3", "4096,1,4,1", "1024,4,3,2",
+                "1024,4,3,1,0"):
         monkeypatch.setenv("GRPO_BENCH_LOGPROB_FWD_CFG", bad)
         with pytest.raises(ValueError, match="GRPO_BENCH_LOGPROB_FWD_CFG") as e:
             K._launch_cfg(10, 50_257)
         assert "\n" not in str(e.value)
     monkeypatch.setenv("GRPO_BENCH_LOGPROB_FWD_CFG", "2048,2,4")
+    assert K._launch_cfg(10, 50_257) == dict(grid=(10,), BLOCK_V=2048, num_warps=2, num_stages=4)
+    monkeypatch.setenv("GRPO_BENCH_LOGPROB_FWD_CFG", "2048,1,4,1")   # 64 a thread: too many for lanes, not for tiles
+    assert K._launch_cfg(10, 50_257) == dict(grid=(10,), BLOCK_V=2048, num_warps=1, num_stages=4, TILE_REDUCE=True)
+    monkeypatch.setenv("GRPO_BENCH_LOGPROB_FWD_CFG", "2048,2,4,0")
     assert K._launch_cfg(10, 50_257) == dict(grid=(10,), BLOCK_V=2048, num_warps=2, num_stages=4)
     assert K._launch_cfg(10, 200) == dict(grid=(10,), BLOCK_V=256, num_warps=2, num_stages=4)
     assert K._launch_cfg(10, 50_257, backward=True)["BLOCK_V"] == K.BLOCK_V_MAX
@@ -208,6 +213,23 @@ def test_forced_forward_configuration_is_checked_and_used(monkeypatch):
     rlp, rent = reference(logits, labels)
     torch.testing.assert_close(lp.double(), rlp, **TOL[torch.float32])
     torch.testing.assert_close(ent.double(), rent, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_the_tile_reducing_forward_gives_the_fp64_log_probs_entropy_and_gradient(monkeypatch, with_entropy):
+    """tile-reduce 1 (Liger's scheme in our kernel, a GPU benchmark's candidate) against fp64, values and the
+    gradient its lse feeds: tiles narrower than the row with a ragged last one, a row whose max sits in the last
+    tile (every earlier sum rescaled), logits of +-3e4 (where a sum kept against a stale max overflows), the first
+    tiles of a row all -inf (banned tokens: the running max starts at the floor), a lone -inf."""
+    monkeypatch.setenv("GRPO_BENCH_LOGPROB_FWD_CFG", "32,1,2,1")
+    logits = randn(3, 7, 200, seed=12)
+    logits[0, 0, 199] = 40.0
+    logits[0, 1] *= 1e4
+    logits[1, 2, :150] = float("-inf")
+    logits[2, 3, 7] = float("-inf")
+    labels = labels_for((3, 7), 200)
+    labels[1, 2] = 170
+    check("triton", logits, labels, with_entropy)
 
 
 # ----------------------------------------------------------------- full size, GPU only

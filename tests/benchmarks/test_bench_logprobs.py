@@ -93,7 +93,7 @@ def cases(full: bool, device: str) -> dict[str, list[Case]]:
 @dataclass(frozen=True)
 class ConfigCase:
     case: Case
-    cfg: tuple  # (BLOCK_V, num_warps, num_stages), as kernels/logprob.FWD_CONFIGS
+    cfg: tuple  # (BLOCK_V, num_warps, num_stages, tile-reduce), as kernels/logprob.FWD_CONFIGS
 
     @property
     def id(self) -> str:
@@ -105,8 +105,8 @@ def fwd_config_cases(full: bool, device: str) -> list[ConfigCase]:
         from grpo_bench.numerics.kernels.logprob import FWD_CONFIGS
     except ImportError:  # no Triton: nothing to sweep
         return []
-    if not full:  # smoke: the test's wiring, one configuration in the interpreter
-        return [ConfigCase(Case("fwd", "triton", 8, 97, torch.float32), FWD_CONFIGS[1])]
+    if not full:  # smoke: the test's wiring in the interpreter, one configuration of each scheme
+        return [ConfigCase(Case("fwd", "triton", 8, 97, torch.float32), c) for c in (FWD_CONFIGS[1], FWD_CONFIGS[3])]
     if device != "cuda":
         return []
     return [ConfigCase(Case("fwd", "triton", 16384, v, torch.bfloat16), cfg) for v in VOCABS for cfg in FWD_CONFIGS]
@@ -287,18 +287,19 @@ def test_logprob_forward_backward(bench, fwdbwd_case, device):
 def test_logprob_forward_config(bench, fwd_config_case, device, monkeypatch):
     """One launch configuration of the log-prob forward (kernels/logprob.FWD_CONFIGS), checked against fp64 like
     every provider, then timed beside the others; one this GPU cannot compile or launch skips with the reason."""
-    case, (block, warps, stages) = fwd_config_case.case, fwd_config_case.cfg
+    case, (block, warps, stages, tile) = fwd_config_case.case, fwd_config_case.cfg
+    name = f"{block}x{warps}w {stages}st" + (" tile" if tile else "")
     from grpo_bench.numerics.kernels import logprob as K
     if not K.fwd_config_valid(fwd_config_case.cfg):
         pytest.skip(f"{fwd_config_case.cfg} is not a valid configuration")
     fn = provider(case.provider, device, bench.full)
     x, y, g, rows, ref = inputs(case, device)
-    monkeypatch.setenv("GRPO_BENCH_LOGPROB_FWD_CFG", f"{block},{warps},{stages}")
+    monkeypatch.setenv("GRPO_BENCH_LOGPROB_FWD_CFG", f"{block},{warps},{stages},{tile}")
     try:
         with torch.no_grad():
             fn(x, y)
     except Exception as e:  # noqa: BLE001 - a configuration this GPU cannot run is a result, not a crash
-        pytest.skip(f"configuration {block}x{warps}w {stages}st failed here: {type(e).__name__}: {e}"[:300])
+        pytest.skip(f"configuration {name} failed here: {type(e).__name__}: {e}"[:300])
     check(case, fn, x, y, g, rows, ref)
 
     def step():
@@ -307,7 +308,7 @@ def test_logprob_forward_config(bench, fwd_config_case, device, monkeypatch):
     n = case.n
     bench.run(step, group=f"logprob fwd kernel configurations N={n} V={case.v} {case.dtype_name}", rows=n,
               nbytes=n * case.v * x.element_size() + 12 * n, kernel="logprob_config", mode="fwd",
-              provider=f"ours {block}x{warps}w {stages}st", n=n, v=case.v, dtype=case.dtype_name)
+              provider=f"ours {name}", n=n, v=case.v, dtype=case.dtype_name)
 
 
 def test_reference_is_the_log_softmax_and_its_gradient():

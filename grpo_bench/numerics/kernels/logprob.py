@@ -36,15 +36,18 @@ MAX_PROGRAMS = 1 << 20
 # the backward, which also writes V values a row, with 8192-wide tiles and 16 warps.
 BLOCK_V_MAX = 8192
 FWD_BLOCK_V_MAX = 1024
-# The forward's launch configurations (BLOCK_V, num_warps, num_stages) the GPU benchmark times side by side
-# (tests/benchmarks/test_bench_logprobs.py, kernel "logprob_config"), the first being the rule above. The H100
-# sweep tried 4 to 16 warps only, and on an H200 (results/gpu, 2026-11-28) Liger's forward, which reads with one
-# warp, 2048-wide tiles and 4 pipeline stages, was 1.29x (V 50,257) and 1.19x (151,936) faster than ours. Our
-# lanes keep their running max and sum (no per-tile reduction), so a thread holds 2-3 fp32 values per element
-# of its share of a tile: shares of 16-32 (MAX_FWD_PER_THREAD) keep it in registers.
-FWD_CONFIGS = [(1024, 4, 3), (1024, 1, 4), (2048, 2, 4), (2048, 2, 3), (4096, 4, 4), (1024, 2, 4), (2048, 4, 4),
-               (512, 1, 4)]
+# The forward's launch configurations (BLOCK_V, num_warps, num_stages, tile-reduce) the GPU benchmark times side
+# by side (tests/benchmarks/test_bench_logprobs.py, kernel "logprob_config"), the first being the rule above. On an
+# H200 (results/gpu, 2026-11-30) no lane configuration came within 1.25x of Liger's forward at V 50,257, its own
+# launch (one warp, 2048-wide tiles, 4 stages) included: the gap is the work an element costs, not the launch.
+# Our lanes keep their running max and sum (no per-tile reduction: 3 selects and a rescale an element); Liger
+# reduces each tile (a max, then a sum of exp against the new max). tile-reduce 1 runs that scheme in our kernel
+# (_row_tiles). Lanes hold 2-3 fp32 values per element of a thread's share of a tile, so shares of 16-32
+# (MAX_FWD_PER_THREAD) keep them in registers; a reduced tile holds one or two, so up to 64.
+FWD_CONFIGS = [(1024, 4, 3, 0), (1024, 2, 4, 0), (512, 1, 4, 0),
+               (2048, 1, 4, 1), (1024, 1, 4, 1), (1024, 2, 4, 1), (2048, 2, 4, 1), (1024, 4, 3, 1), (4096, 4, 4, 1)]
 MAX_FWD_PER_THREAD = 32
+MAX_TILE_PER_THREAD = 64
 
 # Logits are clamped here so that -inf (a banned token) never meets -inf in a subtraction:
 # exp(FLOOR - real max) is exactly 0, and every product stays finite. Logits below -1e30
@@ -63,29 +66,15 @@ def _load_row(ptrs, mask, temp, TEMPERED: tl.constexpr):
 @triton.jit
 def _logprob_fwd(x_ptr, lab_ptr, logp_ptr, lse_ptr, ent_ptr,
                  n_rows, L, sxb, sxl, slb, sll, V, temp,
-                 BLOCK_V: tl.constexpr, WITH_ENTROPY: tl.constexpr, TEMPERED: tl.constexpr):
+                 BLOCK_V: tl.constexpr, WITH_ENTROPY: tl.constexpr, TEMPERED: tl.constexpr,
+                 TILE_REDUCE: tl.constexpr = False):
     cols = tl.arange(0, BLOCK_V)
     for r in tl.range(tl.program_id(0).to(tl.int64), n_rows, tl.num_programs(0)):
         base = x_ptr + (r // L) * sxb + (r % L) * sxl
-        m = tl.full([BLOCK_V], FLOOR, tl.float32)
-        s = tl.zeros([BLOCK_V], tl.float32)
-        t = tl.zeros([BLOCK_V], tl.float32)
-        for start in range(0, V, BLOCK_V):
-            idx = start + cols
-            x = tl.maximum(_load_row(base + idx, idx < V, temp, TEMPERED), FLOOR)
-            # One exp per element: either the max moves up to x (old terms scale by
-            # exp(m - x), the new one is 1) or it stays (the new term is exp(x - m)).
-            delta = x - m
-            d = tl.exp(-tl.abs(delta))
-            up = delta > 0
-            if WITH_ENTROPY:
-                t = tl.where(up, d * (t - delta * s), t + d * delta)
-            s = tl.where(up, s * d + 1.0, s + d)
-            m = tl.maximum(m, x)
-        mx = tl.max(m, axis=0)
-        scale = tl.exp(m - mx)
-        ssum = tl.sum(s * scale, axis=0)
-        log_s = tl.log(ssum)
+        if TILE_REDUCE:
+            mx, log_s, ent = _row_tiles(base, V, temp, cols, BLOCK_V, WITH_ENTROPY, TEMPERED)
+        else:
+            mx, log_s, ent = _row_lanes(base, V, temp, cols, BLOCK_V, WITH_ENTROPY, TEMPERED)
         label = tl.load(lab_ptr + (r // L) * slb + (r % L) * sll).to(tl.int64)
         # an out-of-range label reads nothing and gives -inf, not another row's memory
         x_lab = _load_row(base + label, (label >= 0) & (label < V), temp, TEMPERED)
@@ -94,8 +83,60 @@ def _logprob_fwd(x_ptr, lab_ptr, logp_ptr, lse_ptr, ent_ptr,
         tl.store(lse_ptr + r, mx)
         tl.store(lse_ptr + n_rows + r, log_s)
         if WITH_ENTROPY:
-            tsum = tl.sum(scale * (t + (m - mx) * s), axis=0)
-            tl.store(ent_ptr + r, log_s - tsum / ssum)
+            tl.store(ent_ptr + r, ent)
+
+
+@triton.jit
+def _row_lanes(base, V, temp, cols, BLOCK_V: tl.constexpr, WITH_ENTROPY: tl.constexpr, TEMPERED: tl.constexpr):
+    """(row max, log sum exp(x - max), entropy or 0) with a running max and sum per lane, merged once."""
+    m = tl.full([BLOCK_V], FLOOR, tl.float32)
+    s = tl.zeros([BLOCK_V], tl.float32)
+    t = tl.zeros([BLOCK_V], tl.float32)
+    for start in range(0, V, BLOCK_V):
+        idx = start + cols
+        x = tl.maximum(_load_row(base + idx, idx < V, temp, TEMPERED), FLOOR)
+        # One exp per element: either the max moves up to x (old terms scale by
+        # exp(m - x), the new one is 1) or it stays (the new term is exp(x - m)).
+        delta = x - m
+        d = tl.exp(-tl.abs(delta))
+        up = delta > 0
+        if WITH_ENTROPY:
+            t = tl.where(up, d * (t - delta * s), t + d * delta)
+        s = tl.where(up, s * d + 1.0, s + d)
+        m = tl.maximum(m, x)
+    mx = tl.max(m, axis=0)
+    scale = tl.exp(m - mx)
+    ssum = tl.sum(s * scale, axis=0)
+    log_s = tl.log(ssum)
+    ent = 0.0
+    if WITH_ENTROPY:
+        ent = log_s - tl.sum(scale * (t + (m - mx) * s), axis=0) / ssum
+    return mx, log_s, ent
+
+
+@triton.jit
+def _row_tiles(base, V, temp, cols, BLOCK_V: tl.constexpr, WITH_ENTROPY: tl.constexpr, TEMPERED: tl.constexpr):
+    """The same three numbers with the tile reduced first (its max, then its sum against the new max), as
+    Liger's forward does: two reductions a tile but fewer operations an element (no selects, no per-lane
+    rescale), which is what a bandwidth-bound read has left to spend. t stays relative to the running max."""
+    m = -1e30   # FLOOR, as a float literal: a loop-carried scalar must start as a value, not a constexpr
+    s = 0.0
+    t = 0.0
+    for start in range(0, V, BLOCK_V):
+        idx = start + cols
+        x = tl.maximum(_load_row(base + idx, idx < V, temp, TEMPERED), FLOOR)
+        new = tl.maximum(m, tl.max(x, axis=0))
+        alpha = tl.exp(m - new)
+        e = tl.exp(x - new)
+        if WITH_ENTROPY:  # sum e (x - new), and the old terms moved from m to new: alpha (t + (m - new) s)
+            t = alpha * (t + (m - new) * s) + tl.sum(e * (x - new), axis=0)
+        s = s * alpha + tl.sum(e, axis=0)
+        m = new
+    log_s = tl.log(s)
+    ent = 0.0
+    if WITH_ENTROPY:
+        ent = log_s - t / s
+    return m, log_s, ent
 
 
 @triton.jit
@@ -131,13 +172,18 @@ def _logprob_bwd(x_ptr, lab_ptr, lse_ptr, ent_ptr, g_ptr, ge_ptr, dx_ptr,
 
 
 def fwd_config_valid(cfg) -> bool:
-    block, warps, stages = cfg
+    """(BLOCK_V, warps, stages[, tile-reduce 0/1])."""
+    if len(cfg) not in (3, 4):
+        return False
+    block, warps, stages, tile = (*cfg, 0)[:4]
+    share = MAX_TILE_PER_THREAD if tile else MAX_FWD_PER_THREAD
     return (block >= 16 and block & (block - 1) == 0 and warps in (1, 2, 4, 8, 16, 32) and 1 <= stages <= 8
-            and block // (32 * warps) <= MAX_FWD_PER_THREAD)
+            and tile in (0, 1) and block // (32 * warps) <= share)
 
 
 def fwd_env_config() -> tuple | None:
-    """$GRPO_BENCH_LOGPROB_FWD_CFG = "BLOCK_V,warps,stages" (the benchmark's sweep), checked; None when unset."""
+    """$GRPO_BENCH_LOGPROB_FWD_CFG = "BLOCK_V,warps,stages[,tile-reduce]" (the benchmark's sweep), checked, as a
+    4-tuple; None when unset."""
     env = os.environ.get("GRPO_BENCH_LOGPROB_FWD_CFG")
     if not env:
         return None
@@ -145,10 +191,11 @@ def fwd_env_config() -> tuple | None:
         cfg = tuple(int(x) for x in env.split(","))
     except ValueError:
         cfg = ()
-    if len(cfg) != 3 or not fwd_config_valid(cfg):
+    if not fwd_config_valid(cfg):
         raise ValueError(f"GRPO_BENCH_LOGPROB_FWD_CFG={env!r} is not a valid configuration (BLOCK_V a power of two, "
-                         f"warps in 1..32, stages in 1..8, at most {MAX_FWD_PER_THREAD} values a thread)")
-    return cfg
+                         f"warps in 1..32, stages in 1..8, tile-reduce 0 or 1, at most {MAX_FWD_PER_THREAD} values "
+                         f"a thread, {MAX_TILE_PER_THREAD} with tile-reduce)")
+    return (*cfg, 0)[:4]
 
 
 def _launch_cfg(n_rows: int, v: int, backward: bool = False) -> dict:
@@ -157,7 +204,8 @@ def _launch_cfg(n_rows: int, v: int, backward: bool = False) -> dict:
     if backward:
         warps = 16 if block >= 4096 else 8 if block >= 1024 else 4
     elif (forced := fwd_env_config()) is not None:
-        return dict(grid=grid, BLOCK_V=min(block, forced[0]), num_warps=forced[1], num_stages=forced[2])
+        cfg = dict(grid=grid, BLOCK_V=min(block, forced[0]), num_warps=forced[1], num_stages=forced[2])
+        return cfg | ({"TILE_REDUCE": True} if forced[3] else {})
     else:
         block, warps = min(block, FWD_BLOCK_V_MAX), 4
     return dict(grid=grid, BLOCK_V=block, num_warps=warps)
