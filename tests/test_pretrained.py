@@ -259,6 +259,41 @@ def test_the_gpu_headroom_ablation_loads_as_it_says():
         assert task.model.gradient_checkpointing and (loss["name"] if isinstance(loss, dict) else loss) == "clipped"
 
 
+@needs_weights
+def test_dapo_ladders_smollm2_setting_is_what_its_description_and_the_start_probe_say():
+    """ablations/dapo_ladder.yaml's `smollm2` (a GPU's runs): the preset's own 10-token budget, 8 updates a rollout,
+    every evaluation on all 200 problems with pass@8, 10 seeds, the margin fixed by the task's rule at the start's
+    greedy accuracy; and each share its description quotes is results/smollm2_start/rollout_probe.csv's, which
+    scripts/rollout_probe.py measured at that budget and at 6."""
+    import csv
+    import math
+
+    from grpo_bench.config.ablation import load_ablation
+    from helpers import ROOT
+
+    abl = load_ablation(ROOT / "ablations/dapo_ladder.yaml", setting="smollm2")
+    assert [v[0] for v in abl.variants][-1] == "dynamic_sampling" and abl.seeds == list(range(10))
+    task = abl.configs[0].task
+    preset = yaml.safe_load((ROOT / "tasks/smollm2_countdown_warm.yaml").read_text())["task"]
+    assert task.model.source == preset["model"]["source"] and task.model.gradient_checkpointing
+    assert (task.eval_size, task.eval_subset, task.pass_k, task.sampling.max_new_tokens) == (200, 0, 8, 10)
+    assert {c.inner_steps for c in abl.configs} == {8} and {c.epochs for c in abl.configs} == {20}
+    start = {r["preset"]: r for r in csv.DictReader(open(ROOT / "results/smollm2_start/start.csv"))}
+    greedy = float(start["smollm2_countdown_warm"]["greedy"])
+    assert abl.claim["margin"]["smollm2"] == round(greedy * (1 - greedy) * math.log(1.2), 3)
+    probe = {int(r["max_new_tokens"]): r for r in csv.DictReader(open(ROOT / "results/smollm2_start/rollout_probe.csv"))
+             if r["preset"] == "smollm2_countdown_warm"}
+    text = " ".join(abl.description.split())
+    at10, at6 = probe[10], probe[6]
+    pct = lambda x: f"{100 * float(x):.1f}%"  # noqa: E731
+    assert f"cuts off {pct(at10['cut_off'])} of the responses, {pct(at10['cut_off_tokens'])} of the tokens" in text
+    assert f"{100 * float(at10['equal_reward_groups']):.1f}% of its groups scored alike" in text
+    assert f"cv of {float(at10['length_cv_in_group']):.2f}" in text
+    assert f"{pct(at10['last_2_tokens'])} of the responses end in the punished last 2 tokens" in text
+    assert f"A budget of 6 cuts off {100 * float(at6['cut_off']):.0f}%" in text
+    assert f"ends {100 * float(at6['last_2_tokens']):.0f}% of the responses in the punished zone" in text
+
+
 def _start_script():
     import importlib.util as iu
 

@@ -199,3 +199,28 @@ def test_head_gap_appends_a_machines_rows_beside_the_others_and_runs_the_arms_as
     assert len(rows) == 1 + len(hg.ARMS) + 1 and rows[-1].startswith("p2,bf16_head,")
     assert hg.main(["p3", "--arms", "fp32_head", "--out", str(out)]) == 0
     assert len(out.read_text().splitlines()) == 2
+
+
+def test_rollout_probe_counts_what_dapos_parts_would_act_on(tmp_path):
+    """scripts/rollout_probe.py on the arithmetic start, whose shortest responses here have 3 tokens: a budget of 2
+    cuts off every one, so every response and token is cut and every response ends in the last 2 tokens; at 60
+    none is cut, and the lengths spread (scratchpads of up to 41 tokens beside direct answers).
+    The CSV keeps each budget's row, and --append keeps another machine's."""
+    import csv
+    import importlib.util
+    from helpers import ROOT
+    spec = importlib.util.spec_from_file_location("rollout_probe", ROOT / "scripts" / "rollout_probe.py")
+    rp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rp)
+    out = tmp_path / "probe.csv"
+    assert rp.main(["arithmetic_scratchpad", "--max-new-tokens", "2", "60", "--prompts", "4", "--group", "4",
+                    "--out", str(out)]) == 0
+    short, long_ = list(csv.DictReader(out.open()))
+    assert (float(short["cut_off"]), float(short["cut_off_tokens"]), float(short["last_2_tokens"])) == (1.0, 1.0, 1.0)
+    assert short["lengths"] == "0 0 16" and short["responses"] == "16"
+    assert float(long_["cut_off"]) == 0.0 and float(long_["last_2_tokens"]) == 0.0
+    assert 0 < float(long_["length_cv_in_group"]) and 0 <= float(long_["equal_reward_groups"]) <= 1
+    assert sum(map(int, long_["lengths"].split())) == 16
+    assert rp.main(["arithmetic_scratchpad", "--max-new-tokens", "3", "--prompts", "2", "--group", "2",
+                    "--append", "--out", str(out)]) == 0
+    assert len(list(csv.DictReader(out.open()))) == 3
