@@ -7,9 +7,10 @@ A setting where a claim's mechanism acts is chosen from numbers like these (abla
 `smollm2`): one rollout of PROMPTS x GROUP completions from the start (seed 0, the preset's temperature), at
 each response budget, and per budget the share of responses cut off at it and of the tokens they carry (what
 overlong filtering drops), the share ending in the budget's last `cache` tokens (what the soft punishment
-lowers), the groups whose rewards are all alike (what dynamic sampling replaces) and the spread of lengths
-within a group (what the token-level mean weighs). The clip's share needs updates, which a rollout does not
-take: the runs' own diagnostics say it.
+lowers), and two of the trainer's own diagnostics at its first rollout: the groups whose rewards are all alike
+(reward/zero_std_frac, what dynamic sampling replaces) and the spread of the lengths of the responses in the
+other groups (response/length_cv, what the token-level mean weighs). The clip's share needs updates, which a
+rollout does not take: the runs' own diagnostics say it.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import torch
 
 def probe(preset: str, budget: int, prompts: int, group: int, cache: int) -> dict:
     from grpo_bench.config.run import resolve_run
+    from grpo_bench.engine.sampling import _rollout_metrics
     from grpo_bench.engine.trainer import build_task
     from grpo_bench.store.rundir import cpu_name
 
@@ -35,13 +37,14 @@ def probe(preset: str, budget: int, prompts: int, group: int, cache: int) -> dic
     length = ro.mask.sum(-1).float()                      # (members, prompts, group)
     cut = 1.0 - ro.finished.float()
     rewards = ro.rewards.float()
+    logged = {k: float(v[0]) for k, v in _rollout_metrics(ro).items()}   # the trainer's own step-0 diagnostics
     return {"preset": preset, "max_new_tokens": budget, "responses": length.numel(),
             "reward": round(float(rewards.mean()), 4),
             "cut_off": round(float(cut.mean()), 4),
             "cut_off_tokens": round(float((length * cut).sum() / length.sum()), 4),
             f"last_{cache}_tokens": round(float(((length > budget - cache) & (length <= budget)).float().mean()), 4),
-            "equal_reward_groups": round(float((rewards.std(-1) == 0).float().mean()), 4),
-            "length_cv_in_group": round(float((length.std(-1, unbiased=False) / length.mean(-1)).mean()), 4),
+            "equal_reward_groups": round(logged["reward/zero_std_frac"], 4),
+            "length_cv": round(logged["response/length_cv"], 4),
             "lengths": " ".join(map(str, torch.bincount(length.long().flatten(), minlength=budget + 1).tolist())),
             "seconds": round(time.perf_counter() - t0, 1),
             "machine": f"{cpu_name()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}"}

@@ -288,7 +288,7 @@ def test_dapo_ladders_smollm2_setting_is_what_its_description_and_the_start_prob
     pct = lambda x: f"{100 * float(x):.1f}%"  # noqa: E731
     assert f"cuts off {pct(at10['cut_off'])} of the responses, {pct(at10['cut_off_tokens'])} of the tokens" in text
     assert f"{100 * float(at10['equal_reward_groups']):.1f}% of its groups scored alike" in text
-    assert f"cv of {float(at10['length_cv_in_group']):.2f}" in text
+    assert f"vary by a cv of {float(at10['length_cv']):.2f}" in text
     assert f"{pct(at10['last_2_tokens'])} of the responses end in the punished last 2 tokens" in text
     assert f"A budget of 6 cuts off {100 * float(at6['cut_off']):.0f}%" in text
     assert f"ends {100 * float(at6['last_2_tokens']):.0f}% of the responses in the punished zone" in text

@@ -219,7 +219,7 @@ def test_rollout_probe_counts_what_dapos_parts_would_act_on(tmp_path):
     assert (float(short["cut_off"]), float(short["cut_off_tokens"]), float(short["last_2_tokens"])) == (1.0, 1.0, 1.0)
     assert short["lengths"] == "0 0 16" and short["responses"] == "16"
     assert float(long_["cut_off"]) == 0.0 and float(long_["last_2_tokens"]) == 0.0
-    assert 0 < float(long_["length_cv_in_group"]) and 0 <= float(long_["equal_reward_groups"]) <= 1
+    assert 0 < float(long_["length_cv"]) and 0 <= float(long_["equal_reward_groups"]) <= 1
     assert sum(map(int, long_["lengths"].split())) == 16
     assert rp.main(["arithmetic_scratchpad", "--max-new-tokens", "3", "--prompts", "2", "--group", "2",
                     "--append", "--out", str(out)]) == 0
