@@ -68,6 +68,10 @@ def test_summaries_count_the_six_outcomes_and_leave_untestable_out():
     assert cell("equivalent", "reversed, negligible") == \
         "no difference that matters (eval reward, final: 0 of 2 hold, 1 negligible, 1 equivalent)"
     assert cell("equivalent", "undecided").startswith("undecided at this scale (eval reward, final: 0 of 2")
+    # a difference in the claim's direction whose size is unclear is held beside one that holds: with a reversal,
+    # mixed; alone, partly
+    assert cell("holds", "size unclear", "reversed").startswith("mixed (eval reward, final: 1 of 3 hold")
+    assert cell("size unclear", "reversed").startswith("mixed (") and cell("size unclear").startswith("partly holds")
     # a claimed "a = b": equivalent or negligible holds it, a difference not shown within the margin fails it
     assert cell("equivalent", "fails", claim="=") == "mixed (eval reward, final: 1 of 2 hold, 1 fail)"
     # not testable rows are in no count, and a setting with nothing else says so
@@ -422,6 +426,28 @@ def test_a_resumed_sweeps_time_says_its_minutes_are_the_last_invocations():
                                          "finished in earlier invocations)")
     assert _timing({"sweep": sweep | {"skipped": 0}}) == "52.3 min for 30 runs (local: 2 workers, AMD EPYC, load 1.52)"
     assert _timing({"sweep": {}}) == "not recorded"
+    assert _timing({"sweep": None}) == "not recorded" and _timing({"sweep": {"runs": 30}}) == "not recorded"
+
+
+def test_the_command_a_results_directory_names_is_the_one_that_made_it(tmp_path):
+    """sweep.json's command where it recorded a `run` (as typed); otherwise rebuilt from ablation.json: its setting,
+    --seeds auto:CAP for sequential seeds, --out where the directory is not results/<name>; an unreadable sweep.json
+    or none at all is the rebuilt one, not a crash."""
+    from grpo_bench.analysis.findings_text import _command
+    d = tmp_path / "claimx_lm"
+    d.mkdir()
+    (d / "ablation.json").write_text(json.dumps({"name": "claimx_lm", "source": "ablations/claimx.yaml", "variants": ["a"],
+                                                 "seeds": [0], "runs": ["a-s0"], "setting": "lm", "sequential": {"cap": 40}}))
+    built = f"python -m grpo_bench run ablations/claimx.yaml --setting lm --seeds auto:40 --out {d}"
+    assert _command(d, "ablations/claimx.yaml") == built
+    (d / "sweep.json").write_text("{not json")
+    assert _command(d, "ablations/claimx.yaml") == built
+    (d / "sweep.json").write_text(json.dumps({"command": None}))
+    assert _command(d, "ablations/claimx.yaml") == built
+    (d / "sweep.json").write_text(json.dumps({"command": "plot results/claimx_lm"}))
+    assert _command(d, "ablations/claimx.yaml") == built
+    (d / "sweep.json").write_text(json.dumps({"command": "run ablations/claimx.yaml --setting lm --seeds 3"}))
+    assert _command(d, "ablations/claimx.yaml") == "python -m grpo_bench run ablations/claimx.yaml --setting lm --seeds 3"
 
 
 def test_settings_and_claims_that_do_not_load(tmp_path):
@@ -535,6 +561,44 @@ def test_findings_name_the_presets_their_ablation_files_set(tmp_path):
     assert "on the sorting toy (`sort_converge`) and the arithmetic LM (`arithmetic_scratchpad`)," in intro
     (tmp_path / "ablations" / "claimx.yaml").unlink()   # the file gone: the labels alone, no guess
     assert "on the sorting toy and the arithmetic LM," in render(root).splitlines()[2]
+
+
+def test_the_preset_is_read_from_the_first_ablation_file_found_only(tmp_path, monkeypatch):
+    """ablation.json's source, relative to where findings runs, is read first; the copy beside the results' parent
+    is read only when that one is not there (two files may disagree: the first is the one the runs used)."""
+    claim = {"text": "a beats b", "source": "Someone (2025)", "expect": ["a > b"]}
+    here, there = tmp_path / "cwd", tmp_path / "repo"
+    for d, task in ((here, "sort_converge"), (there, "sort_fast")):
+        (d / "ablations").mkdir(parents=True)
+        (d / "ablations" / "claimx.yaml").write_text(yaml.safe_dump({"settings": {"sort": {"task": task}}}))
+    root = there / "results"
+    write(root / "claimx_sort", "claimx", "sort", {"a": [0.9, 0.91], "b": [0.5, 0.52]}, claim)
+    monkeypatch.chdir(here)
+    assert "on the sorting toy (`sort_converge`)," in render(root).splitlines()[2]
+    monkeypatch.chdir(tmp_path)
+    assert "on the sorting toy (`sort_fast`)," in render(root).splitlines()[2]
+
+
+def test_an_ordering_that_holds_on_both_of_two_tasks_holds_across_tasks(tmp_path):
+    """'Holds on every task tested' needs two tasks or more, and two are enough."""
+    claim = {"text": "a beats b", "source": "Someone (2025)", "expect": ["a > b"], "margin": {"sort": 0.01, "lm": 0.01}}
+    root = tmp_path / "results"
+    rng = np.random.default_rng(3)
+    write(root / "claimx_sort", "claimx", "sort", {"a": list(0.9 + 0.001 * rng.standard_normal(10)),
+                                                   "b": list(0.5 + 0.001 * rng.standard_normal(10))}, claim)
+    text = render(root)
+    assert "- Holds on every task tested: none." in text    # one task: not across tasks
+    write(root / "claimx_lm", "claimx", "lm", {"a": list(0.6 + 0.001 * rng.standard_normal(10)),
+                                               "b": list(0.3 + 0.001 * rng.standard_normal(10))}, claim, column=LM)
+    assert "- Holds on every task tested: `a > b` ([claimx](#claimx), 2 tasks)." in render(root)
+    # on one of the two only: task-specific, where it holds
+    import shutil
+    shutil.rmtree(root / "claimx_lm")
+    write(root / "claimx_lm", "claimx", "lm", {"a": list(0.3 + 0.001 * rng.standard_normal(10)),
+                                               "b": list(0.3 + 0.001 * rng.standard_normal(10))}, claim, column=LM)
+    text = render(root)
+    assert "- Holds on every task tested: none." in text
+    assert "- Task-specific: `a > b` ([claimx](#claimx): the sorting toy only)." in text
 
 
 def test_the_complete_run_with_outcomes_and_more_seeds_is_judged_and_its_device_named(tmp_path):
@@ -1092,9 +1156,10 @@ def test_a_settings_failed_runs_are_named_by_variant_and_error_beside_its_rankin
     assert T._failed(tmp_path) == ""
 
 
-def test_agreement_leaves_out_a_task_that_orders_one_variant():
-    """Kendall's W is over the variants every task ran: a task left with one variant (a setting whose other
-    variant's runs all failed) would leave none in common, so it is left out, and the count of tasks says so."""
+def test_agreement_leaves_out_a_task_that_orders_fewer_than_three_variants():
+    """Kendall's W is over the variants every task ran, three at least: a task left with one variant (a setting
+    whose other variant's runs all failed) or two (a setting whose `only` runs two) would leave too few in common
+    for any W, so it is left out, and the count of tasks says so; a fourth task with three is counted."""
     from types import SimpleNamespace
     import pandas as pd
 
@@ -1105,3 +1170,39 @@ def test_agreement_leaves_out_a_task_that_orders_one_variant():
     assert T._agreement({**three, "d": side(y=0.9)}) == w
     assert T._agreement({**three, "d": side(x=float("nan"), y=0.9)}) == w
     assert T._agreement({"a": three["a"], "d": side(y=0.9)}) == "—"
+    assert T._agreement({**three, "d": side(x=0.5, y=0.9)}) == w
+    assert "4 tasks, 3 variants" in T._agreement({**three, "d": side(x=0.5, y=0.9, z=0.1)})
+
+
+def test_a_cell_prints_a_not_testable_quantity_as_its_reason_and_compares_only_tested_rows():
+    """A quantity the rules found not testable (e.g. no curve: every paired difference 0) prints its reason, in
+    bold with the quantity named when it is the claim's own, plain and named by the quantity beside it, and no
+    test line for it; a row that is not testable, missing or not exercised has no final-and-area disagreement."""
+    from grpo_bench import stats
+
+    nt = {"verdict": stats.NOT_TESTABLE, "outcome": None, "why": "every paired difference is exactly 0", "a": "x", "b": "y"}
+    row = {"missing": False, "why": None, "unexercised": None, "claim": ">", "a": "x", "b": "y", "budget": None,
+           "mechanism": None, "plateau": None, "quantities": {"final": nt, "area": dict(nt)}}
+    result = {"judge": "final", "column": SORT}
+    cell = T._cell(result, row)
+    assert cell == ("eval reward, final: **not testable here: every paired difference is exactly 0**<br>"
+                    "area: not testable here: every paired difference is exactly 0")
+    assert T._cell({**result, "judge": "area"}, row).startswith("eval reward, area: **not testable here")
+    differ = {**row, "quantities": {"final": {"outcome": "holds"}, "area": {"outcome": "undecided"}}}
+    assert T._disagree(differ, "final") == "undecided"
+    for apart in ({"why": "inert"}, {"missing": True}, {"unexercised": "clip/frac 0 < 0.01"}):
+        assert T._disagree({**differ, **apart}, "final") is None, apart
+
+
+def test_across_cells_name_the_family_count_only_where_it_differs_on_two_tasks_or_more():
+    """'holds on k of m tasks (on s in the claim's family)': s beside k only where m > 1, s differs from k and not
+    every task holds (one task: its own verdict is the only one there is)."""
+    def setting(outcome, family):
+        q = {"outcome": outcome, "verdict": outcome, "family": {"outcome": family, "verdict": family}}
+        return {"judge": "final", "rows": [{"missing": False, "claim": ">", "why": None, "unexercised": None,
+                                             "quantities": {"final": q}}]}
+
+    two = {"toy": setting("holds", "holds"), "countdown": setting("undecided", "holds")}
+    assert T._across_cell(two, 0) == "holds on 1 of 2 tasks (on 2 in the claim's family)"
+    assert T._across_cell({"countdown": setting("undecided", "holds")}, 0) == "holds on 0 of 1 task"
+    assert T._across_cell({**two, "countdown": setting("holds", "holds")}, 0) == "holds on 2 of 2 tasks"

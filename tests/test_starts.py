@@ -65,3 +65,17 @@ def test_an_ordering_says_on_how_many_starts_it_holds():
     assert starts(results, 0) == {"lm": (2, 2)}
     results["lm_seed2"] = _setting(None)
     assert starts(results, 0) == {}                   # one start: nothing to replicate across
+    # a setting name that holds "_seed" twice: its start is the last suffix's, its base the rest
+    odd = {"lm_seed_x": _setting("holds"), "lm_seed_x_seed1": _setting("holds")}
+    assert starts(odd, 0) == {"lm_seed_x": (2, 2)}
+
+
+def test_a_claimed_equivalence_holds_on_a_start_where_its_verdict_holds():
+    """"a = b" holds where the verdict (equivalent or negligible) holds, whatever the outcome's words; "a > b"
+    where the outcome is *holds*."""
+    def eq(verdict, outcome):
+        return {"judge": "final", "rows": [{"missing": False, "claim": "=", "why": None, "unexercised": None,
+                                             "quantities": {"final": {"outcome": outcome, "verdict": verdict}}}]}
+    results = {"lm": eq("holds", "equivalent"), "lm_seed1": eq("holds", "reversed, negligible"),
+               "lm_seed2": eq("fails", "undecided")}
+    assert starts(results, 0) == {"lm": (2, 3)}

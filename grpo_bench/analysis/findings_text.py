@@ -224,14 +224,20 @@ def across(results: dict, i: int, family: bool = False) -> tuple[int, int]:
     return sum(tasks.values()), len(tasks)
 
 
+def start_base(setting) -> str | None:
+    """The setting a <setting>_seed<N> reruns on another start (its last such suffix), None for any other name."""
+    m = re.fullmatch(r"(.+)_seed\d+", str(setting))
+    return m[1] if m else None
+
+
 def starts(results: dict, i: int) -> dict[str, tuple[int, int]]:
     """Per task run on several starts (settings <setting>_seed<N> beside <setting>: the same setting on a start
     `build-start --seed N` built by the same recipe): (starts on which ordering i holds, starts it was tested on),
     each on its own verdict, as across() reads one."""
     out: dict[str, list[bool]] = {}
-    seeded = {s.rsplit("_seed", 1)[0] for s in map(str, results) if re.fullmatch(r".+_seed\d+", s)}
+    seeded = {b for s in results if (b := start_base(s))}
     for setting, r in results.items():
-        base = str(setting).rsplit("_seed", 1)[0] if re.fullmatch(r".+_seed\d+", str(setting)) else str(setting)
+        base = start_base(setting) or str(setting)
         if base not in seeded:
             continue
         t = _tested(r["rows"][i], r["judge"])
@@ -266,10 +272,11 @@ def across_summary(results: dict, n: int) -> str:
 
 
 def _agreement(results: dict, short: bool = False) -> str:
-    """Kendall's W over every task the claim ran on that orders two variants or more: do the tasks order its
-    variants alike? A task left with one (sampler_mismatch on SmolLM2, whose bf16 runs failed) orders nothing, and
-    the variants common to every task would be none."""
-    w, p, m, n = kendall_w([r["side"].means for r in results.values() if r["side"].means.notna().sum() >= 2])
+    """Kendall's W over every task the claim ran on that orders three variants or more: do the tasks order its
+    variants alike? W needs three variants every task ran, so a task with fewer (sampler_mismatch on SmolLM2: its
+    `only` runs two, and its bf16 runs failed once, leaving one) would leave too few in common for any W at all;
+    it is left out, and the count of tasks says so."""
+    w, p, m, n = kendall_w([r["side"].means for r in results.values() if r["side"].means.notna().sum() >= 3])
     if math.isnan(w):
         return "—"
     return f"{w:.2f} (p {p:.2g})" if short else f"W {w:.2f} (p {p:.2g}; {m} tasks, {n} variants)"
@@ -463,8 +470,7 @@ def _render(root: Path) -> tuple[str, str]:
     details, everywhere, specific = [], [], []
     # README folds a setting's other starts (<setting>_seed<N>) into one column: one per start would be a column
     # of "not run" for every claim not rerun there
-    again = {s: s.rsplit("_seed", 1)[0] for s in map(str, order)
-             if re.fullmatch(r".+_seed\d+", s) and s.rsplit("_seed", 1)[0] in order}
+    again = {s: b for s in map(str, order) if (b := start_base(s)) in order}
     rerun = list(dict.fromkeys(again.values()))
     readme = ["| claim | " + " | ".join(
         f"{name[s]} ({label_column(tasks[s].verdict_metric)}" + (f", ±{own.get(s, tasks[s].margin):g})"
