@@ -709,6 +709,16 @@ def test_committed_findings_and_readme_table_are_what_the_results_give():
     assert table in (ROOT / "README.md").read_text(), table
 
 
+def test_committed_rule_changes_are_what_the_results_give():
+    """results/FINDINGS_rules.md (appended to FINDINGS.md) is rule_changes.render(results) today: it was a run
+    behind once (fp32_head's SmolLM2 cell missing, five counts short), since `findings` appended it as committed;
+    `findings` now writes it again first. Each of v4's steps, and the words and counts the page prints, are held."""
+    from helpers import ROOT
+
+    from grpo_bench.analysis import rule_changes
+    assert (ROOT / "results" / T.RULES_FILE).read_text() == rule_changes.render(ROOT / "results")
+
+
 def test_an_lm_row_with_per_problem_outcomes_is_tested_on_seeds_and_problems(tmp_path):
     """Where the results kept each problem's outcome, a final held-out accuracy row is tested on the seeds x
     problems table of a − b (its last evaluation), and says so; the same results without outcomes.parquet are
