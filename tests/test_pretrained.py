@@ -294,6 +294,41 @@ def test_dapo_ladders_smollm2_setting_is_what_its_description_and_the_start_prob
     assert f"ends {100 * float(at6['last_2_tokens']):.0f}% of the responses in the punished zone" in text
 
 
+@needs_weights
+def test_policy_losses_smollm2_setting_is_what_its_description_and_the_clip_probe_say():
+    """ablations/policy_losses.yaml's `smollm2` (a GPU's runs): dapo_ladder's smollm2 settings, the claim's three
+    losses, and GSPO's clip range the one scripts/clip_probe.py matched to DAPO's clipped share in
+    results/smollm2_start/clip_probe.csv; every share and the mean answer length its description quotes are the CSVs'."""
+    import csv
+
+    from grpo_bench.config.ablation import load_ablation
+    from helpers import ROOT
+
+    abl = load_ablation(ROOT / "ablations/policy_losses.yaml", setting="smollm2")
+    ladder = load_ablation(ROOT / "ablations/dapo_ladder.yaml", setting="smollm2")
+    assert [v[0] for v in abl.variants] == ["dapo", "gspo", "cispo"] and abl.seeds == list(range(10))
+    assert abl.configs[0].task == ladder.configs[0].task and abl.claim["margin"]["smollm2"] == 0.035
+    for key in ("epochs", "inner_steps", "lr", "group_size", "eval_every", "backend"):
+        assert {getattr(c, key) for c in abl.configs} == {getattr(ladder.configs[0], key)}, key
+    rows = list(csv.DictReader(open(ROOT / "results/smollm2_start/clip_probe.csv")))
+    assert {r["preset"] for r in rows} == {"smollm2_countdown_warm"}
+    share = {(r["loss"], float(r["clip_low"])): float(r["clipped"]) for r in rows}
+    (matched,) = [r for r in rows if r["loss"] == "gspo matched to dapo"]
+    gspo = dict(abl.configs[1].loss)
+    assert (gspo["name"], gspo["clip_low"], gspo["clip_high"]) == ("gspo", float(matched["clip_low"]),
+                                                                  float(matched["clip_high"]))
+    text = " ".join(abl.description.split())
+    pct = lambda x: f"{100 * x:.1f}%"  # noqa: E731
+    assert f"DAPO's clip drops {pct(share[('dapo', 0.2)])} of the tokens" in text
+    assert (f"3e-4/4e-4 would drop {pct(share[('gspo', 3e-4)])}, 0.1/0.133 {pct(share[('gspo', 0.1)])}, "
+            f"0.2/0.267 {pct(share[('gspo', 0.2)])}, 0.3/0.4 {pct(share[('gspo', 0.3)])}") in text
+    assert f"gives {gspo['clip_low']:g}/{gspo['clip_high']:g}" in text and f"({matched['updates']} updates)" in text
+    probe = next(r for r in csv.DictReader(open(ROOT / "results/smollm2_start/rollout_probe.csv"))
+                 if r["preset"] == "smollm2_countdown_warm" and r["max_new_tokens"] == "10")
+    counts = [int(c) for c in probe["lengths"].split()]
+    assert f"answers of {sum(n * c for n, c in enumerate(counts)) / sum(counts):.1f} tokens on average" in text
+
+
 def _start_script():
     import importlib.util as iu
 

@@ -224,3 +224,53 @@ def test_rollout_probe_counts_what_dapos_parts_would_act_on(tmp_path):
     assert rp.main(["arithmetic_scratchpad", "--max-new-tokens", "3", "--prompts", "2", "--group", "2",
                     "--append", "--out", str(out)]) == 0
     assert len(list(csv.DictReader(out.open()))) == 3
+
+
+def _script(name):
+    import importlib.util
+    from helpers import ROOT
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_clip_probe_marks_where_gspos_sequence_clip_would_bind():
+    """scripts/clip_probe.py's loss is DAPO's, and its region per candidate range is GSPO's clip on the masked mean
+    log-ratio, worked by hand: a response with A > 0 and token log-ratios 0.1, 0.3 has s = e^0.2 = 1.221, past
+    1 + 4/3 * 0.1 but inside 1 + 4/3 * 0.2; one with A < 0 and log-ratio -0.5 (its second token masked, whatever
+    its value) has s = 0.607, under 1 - 0.3."""
+    from grpo_bench import registry
+    from grpo_bench.algos.losses import clipped
+    cp = _script("clip_probe")
+    loss_fn = registry.entry("loss", cp._register([0.1, 0.2, 0.3])).obj
+    old = torch.zeros(1, 2, 2)
+    logp = torch.tensor([[[0.1, 0.3], [-0.5, 9.0]]])
+    mask = torch.tensor([[[1.0, 1.0], [1.0, 0.0]]])
+    deltas = torch.tensor([[1.0, -1.0]])
+    loss, regions = loss_fn(logp, old, deltas, mask)
+    want, _ = clipped(logp, old, deltas, mask, clip_low=0.2, clip_high=0.28)
+    assert torch.equal(loss, want)
+    assert regions["gspo_0p1"][0, 0].tolist() == [True, True] and not regions["gspo_0p2"][0, 0].any()
+    assert regions["gspo_0p3"][0, 1].all() and regions["gspo_0p1"][0, 1].all()
+
+
+def test_clip_probe_rows_fall_as_the_range_widens_and_match_dapo_between_two(tmp_path):
+    """On the arithmetic start, one rollout of DAPO's updates: the published range clips more than DAPO, a wider range
+    never clips more (its region is a subset), and the matched range interpolates the two that bracket DAPO's share."""
+    import csv
+    import math
+    cp = _script("clip_probe")
+    out = tmp_path / "clip.csv"
+    assert cp.main(["arithmetic_scratchpad", "--rollouts", "1", "--prompts", "4", "--group", "4", "--inner-steps", "3",
+                    "--lr", "0.003", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    dapo, cands, matched = rows[0], [r for r in rows if r["loss"] == "gspo"], [r for r in rows if r["loss"].startswith("gspo matched")]
+    assert dapo["loss"] == "dapo" and dapo["updates"] == "3" and len(cands) == 7
+    shares = [float(r["clipped"]) for r in cands]
+    assert shares == sorted(shares, reverse=True) and shares[0] > float(dapo["clipped"]) > 0
+    (m,) = matched
+    lows = [float(r["clip_low"]) for r in cands]
+    i = next(i for i in range(6) if shares[i] >= float(dapo["clipped"]) >= shares[i + 1])
+    assert lows[i] <= float(m["clip_low"]) <= lows[i + 1]
+    assert math.isclose(float(m["clip_high"]), round(4 / 3 * float(m["clip_low"]), 3))
