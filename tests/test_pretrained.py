@@ -292,6 +292,9 @@ def test_dapo_ladders_smollm2_setting_is_what_its_description_and_the_start_prob
     assert f"{pct(at10['last_2_tokens'])} of the responses end in the punished last 2 tokens" in text
     assert f"A budget of 6 cuts off {100 * float(at6['cut_off']):.0f}%" in text
     assert f"ends {100 * float(at6['last_2_tokens']):.0f}% of the responses in the punished zone" in text
+    clip = next(r for r in csv.DictReader(open(ROOT / "results/smollm2_start/clip_probe.csv")) if r["loss"] == "dapo")
+    assert f"clip dropped {100 * float(clip['clipped']):.1f}% of the tokens over the first {clip['rollouts']}" in text
+    assert f"{round(int(clip['seconds']) / 60)} minutes on 2 CPU cores" in text
 
 
 @needs_weights
