@@ -189,7 +189,12 @@ def _command(args) -> int:
         print(text + f"\nwritten: {path}")
         return 0
     if args.cmd == "findings":
-        from .analysis.findings_text import write_findings
+        from .analysis.findings_text import RULES_FILE, write_findings
+        if (Path(args.root) / RULES_FILE).is_file():
+            # judged again on the results as they are now, before FINDINGS appends it: appended as committed, it
+            # went stale when fp32_head's SmolLM2 runs came in (one cell and five counts short)
+            from .analysis import rule_changes
+            rule_changes.main([args.root])
         print(write_findings(Path(args.root), Path(args.out) if args.out else None))
         return 0
     if args.cmd == "build-start":

@@ -593,10 +593,5 @@ def _why_not(d: Path) -> str:
 
 def write_findings(root: Path, out: Path | None = None) -> Path:
     out = out or root / "FINDINGS.md"
-    if (root / RULES_FILE).is_file():
-        # judged again on the results as they are now: appended as it was, it went stale when fp32_head's SmolLM2
-        # runs came in (one cell, and five counts, short)
-        from .rule_changes import main as rules_main
-        rules_main([str(root)])
     out.write_text(render(root))
     return out
