@@ -108,6 +108,11 @@ def main() -> None:
         backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else None
         torch.save({"procs": trainer.accelerator.num_processes, "backend": backend, "log": trainer.state.log_history,
                     "seen": trainer.seen, "weights": weights}, args.out)
+    if torch.distributed.is_initialized():
+        # every rank waits for the save, then tears gloo down: a rank that simply exited while the other still
+        # held the group aborted it once in CI ("terminate called without an active exception", exit -6)
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
