@@ -33,8 +33,10 @@ from grpo_bench.sweep.runner import run_ablation
 ABLATION = {
     "name": "ray_test",
     "base": {"task": {"name": "sort"}, "epochs": 4, "inner_steps": 2},
-    # SGD at lr 1e30 gives a non-finite loss within a step or two; `long` is there to be killed
-    "variants": {"short": {}, "bad": {"optimizer": "sgd", "lr": 1e30}, "long": {"epochs": 80}},
+    # SGD at lr 1e30 gives a non-finite loss within a step or two; `long` is there to be killed. At 80 epochs a long
+    # run took 0.26 s against a short one's 0.02 s, a window a loaded CI machine missed once (a long run finished
+    # before the first driver was killed); 1,200 take about 4 s
+    "variants": {"short": {}, "bad": {"optimizer": "sgd", "lr": 1e30}, "long": {"epochs": 1200}},
     "seeds": 2,
 }
 N_RUNS = 6
