@@ -1,13 +1,14 @@
 """How a population's host work grows with P, measured on the CPU: ATen calls and Python lines per epoch.
 
-    python scripts/population_ops.py [--sizes 8,64,256,1024] [--epochs 3] [--device-path]
+    python scripts/population_ops.py [--task toy|lm] [--sizes 8,64,256,1024] [--epochs 12] [--device-path]
 
 A GPU runs a population as fast as the host can launch its kernels, so what the host does per
 epoch, counted on any device, predicts the GPU's pace: an ATen call is (about) a kernel launch
 or a host-side tensor op, a line of grpo_bench's Python is host time. A population whose every
 step is batched across members does the same count at every P; one that loops over members
 grows with P. Counted on the harness's toy (loss_modes' clipped variant on sort_converge, 10 inner
-steps an epoch, metrics logged every 10th epoch, no evaluation, backend torch), for each P:
+steps an epoch, metrics logged every 10th epoch, no evaluation, backend torch) or, with --task lm, the
+harness's LM (arithmetic_lora's grpo: a rollout of generation, old log-probs and inner steps an epoch), for each P:
   aten_ops, py_lines, host_syncs   per epoch that logs nothing (the median over epochs 1..):
       calls that reach torch's dispatcher below autograd and vmap (TorchDispatchMode), lines of
       grpo_bench's own code executed (sys.settrace), and host syncs: reads of a tensor's value by
@@ -51,16 +52,16 @@ class Counter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def configs(p: int, epochs: int) -> list:
+def configs(task: str, p: int, epochs: int) -> list:
     sys.path.insert(0, str(ROOT / "scripts"))
-    import gpu_population  # the harness's own toy, so these counts describe what it times
-    cfgs = gpu_population.configs("toy", list(range(p)), "cpu", tiny=False)
+    import gpu_population  # the harness's own tasks, so these counts describe what it times
+    cfgs = gpu_population.configs(task, list(range(p)), "cpu", tiny=False)
     for c in cfgs:
         c.epochs, c.eval_every = epochs, 0
     return cfgs
 
 
-def count(p: int, epochs: int) -> dict:
+def count(p: int, epochs: int, task: str = "toy") -> dict:
     lines = [0]
 
     def tracer(frame, event, arg):
@@ -73,7 +74,7 @@ def count(p: int, epochs: int) -> dict:
             return local
         return local
 
-    cfgs = configs(p, epochs)
+    cfgs = configs(task, p, epochs)
     marks = []
     mode = Counter()
 
@@ -95,14 +96,17 @@ def count(p: int, epochs: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="8,64,256,1024")
-    ap.add_argument("--epochs", type=int, default=12, help="the 10th logs")
+    ap.add_argument("--task", choices=("toy", "lm"), default="toy")
+    ap.add_argument("--sizes", default=None, help="default 8,64,256,1024 (toy), 1,2,4,8 (lm)")
+    ap.add_argument("--epochs", type=int, default=None, help="default 12 (toy: the 10th logs), 4 (lm)")
     ap.add_argument("--device-path", action="store_true", help="count the paths a CUDA run takes (on the CPU)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     rng.DEVICE_PATHS = True if args.device_path else None
-    for i, p in enumerate(map(int, args.sizes.split(","))):
-        r = count(p, args.epochs)
+    sizes = args.sizes or ("8,64,256,1024" if args.task == "toy" else "1,2,4,8")
+    epochs = args.epochs or (12 if args.task == "toy" else 4)
+    for i, p in enumerate(map(int, sizes.split(","))):
+        r = count(p, epochs, args.task)
         if i == 0:
             print(",".join(r), flush=True)
         print(",".join(str(v) for v in r.values()), flush=True)

@@ -360,7 +360,7 @@ def test_special_tokens_inside_a_completion_are_not_skipped():
     texts, mask, finished = task._decode(torch.tensor([ids, clean]))
     assert texts == ["4<pad><bos>2", "42"] and finished.tolist() == [True, True]
     from grpo_bench.tasks.lm.problems import Problem
-    total, parts = task._score([Problem(40, "add", 2)], texts, mask, finished, 2)
+    total, parts = task._score([Problem(40, "add", 2)], texts, *task._host(mask, finished), 2)
     assert parts["correct"] == [0.0, 1.0] and parts["format"] == [0.0, 1.0]
 
 

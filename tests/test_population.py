@@ -643,7 +643,7 @@ def test_device_streams_are_the_hash_and_uniform():
     assert r.min() == 0 and r.max() == 5 and chi2 < 20.5  # 5 degrees of freedom: p = 0.001
 
 
-def _aten_ops_per_epoch(p: int) -> list[int]:
+def _aten_ops_per_epoch(p: int, raw: dict = SORT) -> list[int]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
@@ -652,7 +652,7 @@ def _aten_ops_per_epoch(p: int) -> list[int]:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             Count.n += 1
             return func(*args, **(kwargs or {}))
-    cfgs = [resolve_run({**SORT, "seed": s, "epochs": 4, "eval_every": 0, "log_every": 100}) for s in range(p)]
+    cfgs = [resolve_run({**raw, "seed": s, "epochs": 4, "eval_every": 0, "log_every": 100}) for s in range(p)]
     marks = []
     with Count():
         train_population(cfgs, on_epoch=lambda _: marks.append(Count.n))
@@ -667,6 +667,18 @@ def test_device_paths_do_the_same_work_at_every_population_size(monkeypatch):
     assert small == large and len(small) == 2
     monkeypatch.setattr(rng, "DEVICE_PATHS", False)
     assert _aten_ops_per_epoch(6)[0] > _aten_ops_per_epoch(2)[0]
+
+
+def test_an_lm_population_on_the_device_paths_does_the_same_work_at_every_size(monkeypatch):
+    """The LM's epoch (generation with each member's sampling stream, stacked LoRA, the head, old log-probs, inner
+    steps) on a GPU's paths: as many ATen calls at P = 2 as at P = 4 (every row here runs to max_new_tokens, so the
+    decode loop's length is the same). A LoRA product, a head GEMM or a draw per member fails it, as the CPU's
+    member-by-member products do (they keep a member's bits its own there)."""
+    monkeypatch.setattr(rng, "DEVICE_PATHS", True)
+    small, large = _aten_ops_per_epoch(2, LM), _aten_ops_per_epoch(4, LM)
+    assert small == large and len(small) == 2
+    monkeypatch.setattr(rng, "DEVICE_PATHS", False)
+    assert _aten_ops_per_epoch(4, LM)[0] > _aten_ops_per_epoch(2, LM)[0]
 
 
 def test_device_paths_keep_common_random_numbers(monkeypatch):

@@ -319,11 +319,3 @@ def combine(fns: dict[str, tuple[RewardFn, float]], prompts: list, completions: 
         parts[metric_name(spec)] = scores
         total = [t + weight * s for t, s in zip(total, scores)]
     return total, parts
-
-
-def components(parts: dict[str, list[float]], b: int, g: int, device=None) -> "torch.Tensor":
-    """(B, G, C) tensor of combine's raw scores, one column per reward function in their order."""
-    import torch
-
-    cols = [torch.tensor(v, dtype=torch.float32) for v in parts.values()]
-    return torch.stack(cols, -1).view(b, g, len(cols)).to(device)

@@ -349,21 +349,28 @@ class Arithmetic:
         texts = self.tokenizer.batch_decode([t[:k] for t, k in zip(tokens.tolist(), content)], skip_special_tokens=False)
         return texts, mask, finished
 
-    def _score(self, batch: list, texts: list[str], mask: Tensor, finished: Tensor, n: int):
-        """Weighted total reward and the raw components of the n completions of each problem."""
+    @staticmethod
+    def _host(mask: Tensor, finished: Tensor) -> tuple[list[int], list[bool]]:
+        """Every row's length (EOS included) and whether it finished, read by the host once for all members:
+        the rewards slice these lists member by member, which on a GPU would otherwise be two syncs a member."""
+        return mask.sum(-1).long().tolist(), finished.tolist()
+
+    def _score(self, batch: list, texts: list[str], lengths: list[int], finished: list[bool], n: int):
+        """Weighted total reward and the raw components of the n completions of each problem (lengths and finished:
+        _host's, for these completions)."""
         prompts = [self._render(p) for p in batch for _ in range(n)]
         return self._rewards_mod.combine(
             self.rewards, prompts, texts, limit=self.cfg.reward_timeout, group=n,
             answer=[p.answer for p in batch for _ in range(n)],
-            finished=finished.tolist(), completion_lengths=mask.sum(-1).long().tolist(),
-            max_new_tokens=self.cfg.sampling.max_new_tokens)
+            finished=finished, completion_lengths=lengths, max_new_tokens=self.cfg.sampling.max_new_tokens)
 
-    def _member_score(self, member: int, batch: list, texts: list[str], mask: Tensor, finished: Tensor, n: int):
+    def _member_score(self, member: int, batch: list, texts: list[str], lengths: list[int], finished: list[bool],
+                      n: int):
         """_score of one member's completions; a reward that raises (or is not finite) fails that member
         alone (self.failed) and scores it 0."""
         zeros = [0.0] * (len(batch) * n)
         stand_in = (zeros, {self._rewards_mod.metric_name(spec): zeros for spec in self.rewards})
-        return guarded(self.failed, member, lambda: self._score(batch, texts, mask, finished, n), stand_in)
+        return guarded(self.failed, member, lambda: self._score(batch, texts, lengths, finished, n), stand_in)
 
     def rollout(self, epoch: int, draw: int, group_size: int, sampler=None) -> Rollout:
         p, g, b = self.size, group_size, self.cfg.prompts_per_step
@@ -373,27 +380,29 @@ class Arithmetic:
         out = self._generate(ids, attn, gens, sampler, with_logprobs=sampler is not None, n=g)   # (P B G, T)
         tokens, sampler_logp = out if sampler is not None else (out, None)
         texts, mask, finished = self._decode(tokens)
+        lengths_h, finished_h = self._host(mask, finished)
         n = b * g
-        rewards, metrics, components = [], {}, []
-        right = torch.zeros(p * n, dtype=torch.bool)
+        # members' rewards as host lists, each kind made a tensor once: no tensor op (a GPU's launch) per member
+        rewards, metrics, components, right = [], {}, [], []
         for i, batch in enumerate(batches):
             rows = slice(i * n, (i + 1) * n)
-            total, parts = self._member_score(i, batch, texts[rows], mask[rows], finished[rows], g)
+            total, parts = self._member_score(i, batch, texts[rows], lengths_h[rows], finished_h[rows], g)
             rewards.append(total)
-            components.append(self._rewards_mod.components(parts, b, g, self.device))
+            components.append(list(zip(*parts.values())))
             for name, v in parts.items():
                 metrics.setdefault(f"reward/{name}", []).append(sum(v) / len(v))
-            right[rows] = torch.tensor(self._member_correct(i, batch, texts[rows], g), dtype=torch.bool)
+            right += self._member_correct(i, batch, texts[rows], g)
+        right = torch.tensor(right, dtype=torch.bool)
         metrics = {k: torch.tensor(v, dtype=torch.float64) for k, v in metrics.items()}
         metrics["response/finished"] = finished.float().view(p, n).mean(1)
         # Dr. GRPO's length bias shows as wrong answers growing longer: lengths split by exact correctness
         lengths = mask.sum(-1).cpu().view(p, n)
         right = right.view(p, n)
         for name, sel in (("response/length_correct", right), ("response/length_incorrect", ~right)):
-            if sel.any():  # a member with none of them logs nothing, as alone
-                counts = sel.sum(1)
-                means = torch.where(sel, lengths, torch.zeros_like(lengths)).sum(1) / counts.clamp(min=1)
-                metrics[name] = torch.where(counts > 0, means, torch.full_like(means, float("nan")))
+            counts = sel.sum(1)
+            means = torch.where(sel, lengths, torch.zeros_like(lengths)).sum(1) / counts.clamp(min=1)
+            # NaN for a member with none of them: it logs nothing (NaN rows are not written), as alone
+            metrics[name] = torch.where(counts > 0, means, torch.full_like(means, float("nan")))
         t = tokens.shape[1]
         return Rollout(
             prompts=batches,
@@ -403,7 +412,7 @@ class Arithmetic:
             finished=finished.view(p, b, g),
             extra={"prompt_ids": ids.view(p, b, -1), "prompt_mask": attn.view(p, b, -1)},
             metrics=metrics,
-            components=torch.stack(components),
+            components=torch.tensor(components, dtype=torch.float32).view(p, b, g, -1).to(self.device),
             sampler_logp=None if sampler_logp is None else sampler_logp.view(p, b, g, t),
         )
 
@@ -460,7 +469,7 @@ class Arithmetic:
             up = (lambda x: None if x is None else x.float()) if self.cfg.model.cast_lm_head_to_fp32 else (lambda x: x)
             if ab is None:  # one head for every member: one call over all rows
                 p = self.layers[0].A.shape[0] if self.layers else 1
-                if hidden.device.type == "cpu" and p > 1 and hidden.shape[0] % p == 0:
+                if not rng.device_paths(hidden.device) and p > 1 and hidden.shape[0] % p == 0:
                     # member by member on a CPU, as stacked.py's base products: the pinned MKL path rounds a GEMM
                     # by its row count, so one call over every member's rows would not be each run's alone
                     return [on_head(up(h), up(base.weight), up(base.bias), r)
@@ -528,8 +537,9 @@ class Arithmetic:
         with self._stacked.adapters(self.layers, self._stacked.REFERENCE):
             tokens = self._generate(ids, attn, gens, n=n)
         texts, mask, finished = self._decode(tokens)
-        out = [self._score(batch, texts[i * b * n:(i + 1) * b * n], mask[i * b * n:(i + 1) * b * n],
-                           finished[i * b * n:(i + 1) * b * n], n)[0] for i, batch in enumerate(rollout.prompts)]
+        lengths, done = self._host(mask, finished)
+        out = [self._score(batch, texts[i * b * n:(i + 1) * b * n], lengths[i * b * n:(i + 1) * b * n],
+                           done[i * b * n:(i + 1) * b * n], n)[0] for i, batch in enumerate(rollout.prompts)]
         return torch.tensor(out, dtype=torch.float32, device=self.device).view(p, b, n)
 
     def logprobs(self, rollout: Rollout, reference: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -565,8 +575,9 @@ class Arithmetic:
         p, b = rollout.rewards.shape[:2]
         ids, attn = rollout.extra["prompt_ids"].view(p * b, -1), rollout.extra["prompt_mask"].view(p * b, -1)
         texts, mask, finished = self._decode(self._generate(ids, attn, None))
-        out = [self._member_score(i, batch, texts[i * b:(i + 1) * b], mask[i * b:(i + 1) * b],
-                                  finished[i * b:(i + 1) * b], 1)[0] for i, batch in enumerate(rollout.prompts)]
+        lengths, done = self._host(mask, finished)
+        out = [self._member_score(i, batch, texts[i * b:(i + 1) * b], lengths[i * b:(i + 1) * b],
+                                  done[i * b:(i + 1) * b], 1)[0] for i, batch in enumerate(rollout.prompts)]
         return torch.tensor(out, dtype=torch.float32, device=self.device)
 
     def _streams(self, *key) -> list[torch.Generator] | rng.DeviceStreams:
@@ -605,12 +616,13 @@ class Arithmetic:
             n = len(batch)
             ids, attn = self._prompts(batch)
             texts, mask, finished = self._decode(self._generate(ids.repeat(p, 1), attn.repeat(p, 1), None))
+            lengths, done = self._host(mask, finished)
             for i in range(p):
                 rows = slice(i * n, (i + 1) * n)
                 # exact correctness whatever the training rewards, so reward mixes stay comparable
                 scores[i][0] += self._member_correct(i, batch, texts[rows])
-                scores[i][1] += self._member_score(i, batch, texts[rows], mask[rows], finished[rows], 1)[0]
-                scores[i][2] += self._format(texts[rows], finished[rows].tolist())
+                scores[i][1] += self._member_score(i, batch, texts[rows], lengths[rows], done[rows], 1)[0]
+                scores[i][2] += self._format(texts[rows], done[rows])
         for start in range(0, len(heldout), SAMPLE_CHUNK if k else len(heldout)):
             if not k:
                 break

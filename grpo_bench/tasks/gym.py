@@ -480,13 +480,13 @@ class Gym(Arithmetic):
     def _format(self, texts: list[str], finished: list[bool]) -> list[float]:
         return [float(bool(f) and bool(t.strip())) for t, f in zip(texts, finished)]
 
-    def _score(self, batch: list, texts: list[str], mask, finished, n: int):
+    def _score(self, batch: list, texts: list[str], lengths: list[int], finished: list[bool], n: int):
         prompts = [self._render(e) for e in batch for _ in range(n)]
         return self._rewards_mod.combine(
             self.rewards, prompts, texts, limit=self.cfg.reward_timeout, group=n,
             entry=[e for e in batch for _ in range(n)],
-            answer=[e.answer for e in batch for _ in range(n)], finished=finished.tolist(),
-            completion_lengths=mask.sum(-1).long().tolist(), max_new_tokens=self.cfg.sampling.max_new_tokens)
+            answer=[e.answer for e in batch for _ in range(n)], finished=finished,
+            completion_lengths=lengths, max_new_tokens=self.cfg.sampling.max_new_tokens)
 
     def retire(self, member: int, prompts: list) -> None:
         self._exclude[member].update(exclusion(prompts))

@@ -21,6 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ...numerics import rng
 from .models import mix_low_rank
 
 try:  # transformers 5.2x renamed the KV cache (argument and output field) and warns on the old name
@@ -79,7 +80,7 @@ class StackedLoRA(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         members = self.A.shape[0]
-        if x.device.type == "cpu" and members > 1 and x.shape[0] % members == 0:
+        if not rng.device_paths(x.device) and members > 1 and x.shape[0] % members == 0:
             # member by member: the pinned MKL path (numerics/cpu.py) picks a GEMM's kernel by its row count
             # (5 rows alone and the same 5 inside 15 differ in the last bit), so a stacked product would round
             # a member's rows otherwise than its run alone; a CPU gains nothing from stacking the LM anyway
@@ -130,8 +131,6 @@ class StackedLoRA(nn.Module):
 def attach(model: nn.Module, targets: list[str], rank: int, alpha: float, dropout: float,
            seeds: list[int]) -> list[StackedLoRA]:
     """Freeze model and put a StackedLoRA on every module whose name is, or ends with, a target (peft's rule)."""
-    from ...numerics import rng
-
     model.requires_grad_(False)
     layers = []
     named = [(n, m) for n, m in model.named_modules() if n and any(n == t or n.endswith("." + t) for t in targets)]
@@ -163,7 +162,7 @@ class MemberHead(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         members = self.members_of.A.shape[0]
-        if x.device.type == "cpu" and members > 1 and x.shape[0] % members == 0:
+        if not rng.device_paths(x.device) and members > 1 and x.shape[0] % members == 0:
             return torch.cat([self._one(c) for c in x.chunk(members)])
         return self._one(x)
 
@@ -192,8 +191,6 @@ def _next_tokens(logits: Tensor, gens: list[torch.Generator] | "rng.DeviceStream
         probs, order = torch.softmax(scaled, -1).sort(-1, descending=True)
         outside = probs.cumsum(-1) - probs > top_p
         scaled = scaled.masked_fill(torch.zeros_like(outside).scatter(-1, order, outside), -math.inf)
-    from ...numerics import rng
-
     n = logits.shape[0] // len(gens)
     if isinstance(gens, rng.DeviceStreams):  # on a GPU: every member's draw at once, on the device
         u = gens.rand(n, logits.shape[-1]).view(-1, logits.shape[-1])
