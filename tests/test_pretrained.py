@@ -107,11 +107,13 @@ def _run(source, seed, **over):
 def test_a_llama_population_member_equals_its_run_alone(tiny_llama, shared):
     """Members share the frozen base and differ in their adapters and streams: each one's metric rows are its
     rows alone, to the bit, through the fused head on the tied embedding; also where each prompt's prefill is
-    shared by its samples (sampling.shared_prefill, the SmolLM2 presets')."""
+    shared by its samples (sampling.shared_prefill, the SmolLM2 presets') and its log-prob passes by its group
+    (model.shared_prefix)."""
     sampling = {"max_new_tokens": 4, "shared_prefill": shared}
     raws = [_run(tiny_llama, s, lr=0.02 * (i + 1)) for i, s in enumerate([1, 0])]
     for r in raws:
         r["task"]["sampling"] = sampling
+        r["task"]["model"]["shared_prefix"] = shared
     cfgs = [resolve_run(copy.deepcopy(r)) for r in raws]
     rows = [[] for _ in cfgs]
     together = train_population(cfgs, rows)
@@ -154,6 +156,58 @@ def test_a_run_with_shared_prefill_samples_what_it_samples_without(tiny_llama):
         hook.remove()
     assert seen[False][1] == [9] and seen[True][1] == [3]
     assert torch.equal(seen[False][0], seen[True][0])
+
+
+def _passes(source, backend, shared):
+    """A population of two's rollout, its old log-probs and entropies, a gradient pass's, and every adapter's
+    gradient of a loss on both, with model.shared_prefix `shared`; adapters that act (B != 0) and differ."""
+    from grpo_bench.registry import get
+
+    raws = [_run(source, s, backend=backend) for s in (0, 1)]
+    for r in raws:
+        r["task"]["model"]["shared_prefix"] = shared
+    cfgs = [resolve_run(r) for r in raws]
+    task = get("task", "arithmetic")(cfgs[0].task, cfgs)
+    torch.manual_seed(3)
+    for layer in task.layers:
+        layer.B.data.normal_(0, 0.5)
+    prompt_rows = []   # rows of each forward that runs more than one position past a cache: the prompts'
+    hook = task.policy.get_input_embeddings().register_forward_hook(
+        lambda m, args, out: prompt_rows.append(args[0].shape[0]) if args[0].shape[1] > 4 else None)
+    ro = task.rollout(0, 0, 3)
+    prompt_rows.clear()
+    with torch.no_grad():
+        old, old_ent = task.logprobs(ro)
+    logp, ent = task.logprobs(ro)
+    hook.remove()
+    ((logp * ro.mask).sum() + 0.3 * (ent * ro.mask).sum()).backward()
+    grads = torch.cat([t.grad.flatten() for layer in task.layers for t in (layer.A, layer.B)])
+    return ro, (old, old_ent, logp.detach(), ent.detach()), grads, prompt_rows
+
+
+@pytest.mark.parametrize("source", ["llama", "tiny-scratch"])
+@pytest.mark.parametrize("backend", ["chunked", "torch"])
+def test_shared_prefix_passes_give_the_full_passes_numbers(tiny_llama, source, backend):
+    """model.shared_prefix runs each prompt once for its group and its responses on the repeated cache: the old and
+    the gradient pass's log-probs and entropies are the one-pass numbers to fp32 rounding, and so is every adapter's
+    gradient (a loss on log-probs and entropies: through the prompt's repeated keys and values too), on SmolLM2's
+    architecture and GPT-2's, through the fused head and the materialised logits, two members; and the prompts ran
+    3 rows a pass (3 prompts), not 9. A response position shifted by one, a prompt position off by its padding, or a
+    gradient that stops at the cache fails it."""
+    source = tiny_llama if source == "llama" else source
+    ro, full, g_full, rows_full = _passes(source, backend, False)
+    ro_s, shared, g_shared, rows_shared = _passes(source, backend, True)
+    assert torch.equal(ro.responses, ro_s.responses)
+    on = ro.mask > 0
+    for a, b in zip(full, shared):
+        torch.testing.assert_close(b[on], a[on], rtol=1e-5, atol=2e-6)
+    assert g_full.norm() > 0 and (g_shared - g_full).norm() / g_full.norm() < 1e-5
+    assert rows_full == [2 * 9, 2 * 9] and rows_shared == [2 * 3, 2 * 3]
+
+
+def test_shared_prefix_refuses_a_recomputed_block():
+    with pytest.raises(ConfigError, match="model.shared_prefix: needs model.gradient_checkpointing false"):
+        resolve_run({"task": {"name": "arithmetic", "model": {"shared_prefix": True, "gradient_checkpointing": True}}})
 
 
 def test_k_samples_of_a_prompt_from_one_prefill_are_those_of_k_copies(tiny_llama):
@@ -232,8 +286,9 @@ def test_a_two_rollout_run_on_four_prompts_with_the_real_weights(tmp_path):
 def test_the_gpu_headroom_ablation_loads_as_it_says():
     """ablations/smollm2_grpo.yaml (run on a GPU by gpu_run.sh smollm2, too slow for a CPU smoke) is default GRPO
     on the packaged weights at two learning rates x 10 seeds, every evaluation on all 200 problems with pass@8,
-    one setting per task of the start table, and takes the gradient checkpointing the GPU stage sets; the stage
-    runs every setting, those with headroom first."""
+    one setting per task of the start table, each prompt run once for its group in the log-prob passes (which the
+    GPU stage leaves alone: a --set of recomputed blocks would be refused beside it); the stage runs every setting,
+    those with headroom first."""
     import csv
     import re
 
@@ -247,7 +302,7 @@ def test_the_gpu_headroom_ablation_loads_as_it_says():
     headroom = [start[f"smollm2_{s}"]["headroom"] for s in planned]
     assert headroom == sorted(headroom, key=lambda h: h != "yes")
     for setting in planned:
-        abl = load_ablation(path, setting=setting, sets=["task.model.gradient_checkpointing=true"])
+        abl = load_ablation(path, setting=setting)
         assert [v[0] for v in abl.variants] == ["grpo_lr1e4", "grpo_lr5e4"] and abl.seeds == list(range(10))
         assert [c.lr for c in abl.configs] == [1e-4, 5e-4]
         task = abl.configs[0].task
@@ -256,7 +311,8 @@ def test_the_gpu_headroom_ablation_loads_as_it_says():
         assert (task.model.quantization, task.eval_size, task.eval_subset, task.pass_k) == ("Q4_1", 200, 0, 8)
         assert task.sampling.max_new_tokens == preset["sampling"]["max_new_tokens"] and task.sampling.shared_prefill
         loss = abl.configs[0].loss
-        assert task.model.gradient_checkpointing and (loss["name"] if isinstance(loss, dict) else loss) == "clipped"
+        assert task.model.shared_prefix and not task.model.gradient_checkpointing
+        assert (loss["name"] if isinstance(loss, dict) else loss) == "clipped"
 
 
 @needs_weights
@@ -275,7 +331,7 @@ def test_dapo_ladders_smollm2_setting_is_what_its_description_and_the_start_prob
     assert [v[0] for v in abl.variants][-1] == "dynamic_sampling" and abl.seeds == list(range(10))
     task = abl.configs[0].task
     preset = yaml.safe_load((ROOT / "tasks/smollm2_countdown_warm.yaml").read_text())["task"]
-    assert task.model.source == preset["model"]["source"] and task.model.gradient_checkpointing
+    assert task.model.source == preset["model"]["source"] and task.model.shared_prefix
     assert (task.eval_size, task.eval_subset, task.pass_k, task.sampling.max_new_tokens) == (200, 0, 8, 10)
     assert {c.inner_steps for c in abl.configs} == {8} and {c.epochs for c in abl.configs} == {20}
     start = {r["preset"]: r for r in csv.DictReader(open(ROOT / "results/smollm2_start/start.csv"))}

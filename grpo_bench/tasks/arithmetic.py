@@ -135,6 +135,11 @@ class ArithmeticConfig:
             raise ValueError(f"sampling.top_p: must be in (0, 1], got {self.sampling.top_p}")
         if not 0 <= self.lora.dropout < 1:
             raise ValueError(f"lora.dropout: must be in [0, 1), got {self.lora.dropout}")
+        if self.model.shared_prefix and (self.model.gradient_checkpointing or self.lora.dropout):
+            # a recomputed block would append to the prompt's cache a second time; a dropout mask drawn once for
+            # the prompt would be shared by its group where one pass per row draws one a row
+            raise ValueError("model.shared_prefix: needs model.gradient_checkpointing false and lora.dropout 0, got "
+                             f"{self.model.gradient_checkpointing} and {self.lora.dropout}")
         if self.model.gradient_checkpointing and self.lora.dropout:
             # the recomputed forward would draw other dropout masks from the members' own streams
             raise ValueError("model.gradient_checkpointing: needs lora.dropout 0 (the recomputed forward would "
@@ -449,11 +454,34 @@ class Arithmetic:
         model = cls.pretrained_of(section)
         return f"{model} ({cls.label})" if model else cls.label
 
-    def _through_head(self, ids: Tensor, attn: Tensor, responses: Tensor, mask: Tensor, on_head, on_logits):
+    def _prompt_once(self, ids: Tensor, attn: Tensor, responses: Tensor, mask: Tensor, group: int) -> Tensor:
+        """model.shared_prefix: what predicts each response token -- the last hidden states (fused path) or the
+        logits (N, T, ...) -- with each prompt run once for its `group` consecutive rows and its keys and values
+        repeated to them, as the sampler's shared prefill does: the same numbers as one pass over prompt and
+        response (causal attention: a prompt's states never see its responses), to rounding, on 1/group of the
+        prompt tokens. Gradients reach the prompt's adapters through its repeated cache, summed over the group."""
+        t = responses.shape[1]
+        model = self._models._hf_model(self.policy).base_model if self._fused else self.policy
+        key, keep = ("last_hidden_state", {}) if self._fused else ("logits", {"logits_to_keep": 1})
+        ids_1, attn_1 = ids[::group], attn[::group]
+        first = model(input_ids=ids_1, attention_mask=attn_1, position_ids=self._models.positions(attn_1),
+                      use_cache=True, **keep)
+        cache = getattr(first, self._stacked._CACHE)
+        cache.batch_repeat_interleave(group)
+        full_mask = torch.cat([attn, mask.to(attn.dtype)], 1)
+        rest = model(input_ids=responses, attention_mask=full_mask, position_ids=self._models.positions(full_mask)[:, -t:],
+                     use_cache=True, **{self._stacked._CACHE: cache})
+        # position P-1 (the prompt's last) predicts the first response token, response position j the (j+1)-th
+        return torch.cat([getattr(first, key)[:, -1:].repeat_interleave(group, 0), getattr(rest, key)[:, :-1]], 1)
+
+    def _through_head(self, ids: Tensor, attn: Tensor, responses: Tensor, mask: Tensor, on_head, on_logits,
+                      group: int = 1):
         """The model's last hidden states of responses (N, T) after prompts (N, P), handed to
         on_head(hidden, weight, bias, labels) -- once, or per member with an adapter on the head,
-        a list then -- on the fused path; else its (N, T, V) logits to on_logits(logits)."""
+        a list then -- on the fused path; else its (N, T, V) logits to on_logits(logits). Rows come in
+        runs of `group` with the same prompt (a rollout's responses to one prompt)."""
         t = responses.shape[1]
+        shared = self.cfg.model.shared_prefix and group > 1
         full = torch.cat([ids, responses], 1)                            # (N, P+T)
         full_mask = torch.cat([attn, mask.to(attn.dtype)], 1)
         inputs = dict(input_ids=full, attention_mask=full_mask, position_ids=self._models.positions(full_mask),
@@ -461,7 +489,8 @@ class Arithmetic:
         if self._fused:
             # Position P-1 predicts the first response token. The head's GEMM, the softmax and
             # their backward run in row chunks: no (N, T, V) logits, nor their gradient.
-            hidden = self._models.last_hidden(self.policy, **inputs)[:, -t - 1:-1]  # (N, T, H)
+            hidden = (self._prompt_once(ids, attn, responses, mask, group) if shared
+                      else self._models.last_hidden(self.policy, **inputs)[:, -t - 1:-1])  # (N, T, H)
             head = self.policy.get_output_embeddings()
             ab = head.factors() if isinstance(head, self._stacked.StackedLoRA) else None
             base = self._models._base_head(self.policy)
@@ -482,9 +511,12 @@ class Arithmetic:
                             up(base.bias), r)
                     for i, (h, r) in enumerate(zip(hidden.chunk(p), responses.chunk(p)))]
         # the materialised reference: the model's own logits, the T that predict response tokens
+        if shared:
+            return on_logits(self._prompt_once(ids, attn, responses, mask, group))
         return on_logits(self.policy(**inputs, logits_to_keep=t + 1).logits[:, :t])   # (N, T, V)
 
-    def _forward(self, ids: Tensor, attn: Tensor, responses: Tensor, mask: Tensor, with_entropy: bool):
+    def _forward(self, ids: Tensor, attn: Tensor, responses: Tensor, mask: Tensor, with_entropy: bool,
+                 group: int = 1):
         """fp32 log p and entropy (N, T) of responses (N, T) after prompts (N, P), under the sampler's
         tempered distribution softmax(fp32(logits) / T)."""
         from ..numerics.logprobs import linear_logprobs, token_logprobs
@@ -501,7 +533,7 @@ class Arithmetic:
                 logits = logits.float() / tau
             return token_logprobs(logits, responses, backend=backend, with_entropy=with_entropy)
 
-        out = self._through_head(ids, attn, responses, mask, on_head, on_logits)
+        out = self._through_head(ids, attn, responses, mask, on_head, on_logits, group)
         if isinstance(out, list):
             return torch.cat([o[0] for o in out]), None if out[0][1] is None else torch.cat([o[1] for o in out])
         return out
@@ -523,7 +555,7 @@ class Arithmetic:
         self.policy.eval()
         out = self._through_head(*self._flat(rollout),
                                  lambda h, w, bias, _: linear_sum_pi_squared(h, w, backend, bias, tau),
-                                 lambda logits: token_sum_pi_squared(logits, backend, tau))
+                                 lambda logits: token_sum_pi_squared(logits, backend, tau), rollout.responses.shape[2])
         return (torch.cat(out) if isinstance(out, list) else out).view(rollout.responses.shape)
 
     @torch.no_grad()
@@ -547,7 +579,7 @@ class Arithmetic:
         ids, attn, responses, mask = self._flat(rollout)
         if reference:
             with self._stacked.adapters(self.layers, self._stacked.REFERENCE):
-                logp, ent = self._forward(ids, attn, responses, mask, False)
+                logp, ent = self._forward(ids, attn, responses, mask, False, g)
         else:
             # train mode only matters for LoRA dropout (base dropout is off); no_grad passes
             # (old log-probs) run in eval mode so they match the sampler
@@ -557,7 +589,7 @@ class Arithmetic:
                 self._passes += 1
                 for i, layer in enumerate(self.layers):
                     layer.dropout_gens = [rng.stream(s, "dropout", self._passes, i) for s in self.seeds]
-            logp, ent = self._forward(ids, attn, responses, mask, True)
+            logp, ent = self._forward(ids, attn, responses, mask, True, g)
             self.policy.eval()
         return logp.view(p, b, g, t), None if ent is None else ent.view(p, b, g, t)
 
