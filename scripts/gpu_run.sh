@@ -36,7 +36,8 @@
 #               no tiny GPT-2): sampler_mismatch's `smollm2` (its bf16 half ran out of memory on 11-30), fp32_head's
 #               `smollm2_arith` (`smollm2`, on countdown, ran: not exercised), then smollm2_grpo on countdown
 #               (default GRPO's headroom, the margin's basis), then policy_losses' and dapo_ladder's `smollm2` (issue
-#               43's next; GSPO's range from scripts/clip_probe.py), 10
+#               43's next; GSPO's range from scripts/clip_probe.py), then every other claim's `smollm2` (where
+#               scripts/mechanism_probe.py found each mechanism acting or near its threshold), 10
 #               seeds, populations on one shared base (scripts/gpu_sweeps.py, two processes a sweep, one sweep at
 #               a time: four processes at once ran out of the H200's memory), the fused chunked head (fp32_head's
 #               cast lives there); each setting says how its log-prob passes run (fp32_head's and
@@ -175,7 +176,10 @@ for s in $todo; do
                   --deadline-s $((BUDGET[pretrained] - 45)) --set device=cuda --set backend=chunked \
                   ${CLAIMS:-ablations/sampler_mismatch.yaml:smollm2 \
                     ablations/fp32_head.yaml:smollm2_arith ablations/smollm2_grpo.yaml:countdown_warm \
-                    ablations/policy_losses.yaml:smollm2 ablations/dapo_ladder.yaml:smollm2} ;;
+                    ablations/policy_losses.yaml:smollm2 ablations/dapo_ladder.yaml:smollm2 \
+                    ablations/entropy_control.yaml:smollm2 ablations/ref_policy.yaml:smollm2 \
+                    ablations/adv_norm.yaml:smollm2 ablations/aggregation.yaml:smollm2 \
+                    ablations/length_bias.yaml:smollm2 ablations/kl_gradients.yaml:smollm2} ;;
     bench) rm -f "$out/bench.jsonl"
            GRPO_BENCH_JSONL=$out/bench.jsonl run_stage bench $py -m pytest -q -p no:cacheprovider -rs \
              tests/benchmarks/test_bench_loss.py tests/benchmarks/test_bench_lm_step.py tests/benchmarks/test_bench_logprobs.py \

@@ -388,6 +388,52 @@ def test_policy_losses_smollm2_setting_is_what_its_description_and_the_clip_prob
     assert f"answers of {sum(n * c for n, c in enumerate(counts)) / sum(counts):.1f} tokens on average" in text
 
 
+
+# each claim's quoted diagnostics in results/smollm2_start/mechanism_probe.csv: (metric, rollout)
+PROBE_QUOTES = {
+    "entropy_control": [("entropy", "0"), ("entropy", "3")],
+    "ref_policy": [("kl/seq", "3"), ("kl/seq", "1")],
+    "length_bias": [("response/length_cv", "all")],
+    "kl_gradients": [("kl/seq", "3"), ("kl/seq", "1")],
+    "adv_norm": [("reward/group_std_cv", "all"), ("cv over steps of reward/std", "all"), ("response/length_cv", "all")],
+    "aggregation": [("response/length_cv", "all"), ("response/length_prompt_cv", "all"),
+                    ("response/length_group_cv", "all")],
+}
+
+
+@needs_weights
+@pytest.mark.parametrize("claim", sorted(PROBE_QUOTES))
+def test_the_other_claims_smollm2_settings_are_dapo_ladders_and_quote_the_mechanism_probe(claim):
+    """issue 43's "then the rest": every other claim's `smollm2` setting (a GPU's runs) trains at dapo_ladder's smollm2
+    settings, 10 seeds, with a margin there, and each diagnostic its description quotes is
+    scripts/mechanism_probe.py's in results/smollm2_start/mechanism_probe.csv, in the order quoted."""
+    import csv
+    import re
+
+    from grpo_bench.config.ablation import load_ablation
+    from helpers import ROOT
+
+    abl = load_ablation(ROOT / f"ablations/{claim}.yaml", setting="smollm2")
+    ladder = load_ablation(ROOT / "ablations/dapo_ladder.yaml", setting="smollm2")
+    margin = abl.claim["margin"]   # a dict by setting, or one relative margin (kl_gradients' 5%) for every setting
+    assert abl.seeds == list(range(10)) and (isinstance(margin, str) or "smollm2" in margin)
+    for c in abl.configs:
+        assert c.task == ladder.configs[0].task
+        for key in ("epochs", "inner_steps", "lr", "group_size", "eval_every", "backend", "log_every"):
+            assert getattr(c, key) == getattr(ladder.configs[0], key), key
+    rows = list(csv.DictReader(open(ROOT / "results/smollm2_start/mechanism_probe.csv")))
+    assert {r["preset"] for r in rows} == {"smollm2_countdown_warm"}
+    assert {(r["inner_steps"], r["lr"], r["prompts"], r["group"]) for r in rows} == {("8", "0.0005", "8", "8")}
+    value = {(r["metric"], r["rollout"]): float(r["value"]) for r in rows}
+    text = " ".join(abl.description.split())
+    assert f"mechanism_probe.csv: 4 rollouts, {round(int(rows[0]['seconds']) / 60)} minutes on 2 CPU cores)" in text
+    at = 0
+    for key in PROBE_QUOTES[claim]:
+        found = re.compile(rf"(?<![\d.]){value[key]:.2f}(?!\d)").search(text, at)
+        assert found, (key, value[key])
+        at = found.end()
+
+
 def _start_script():
     import importlib.util as iu
 

@@ -274,3 +274,26 @@ def test_clip_probe_rows_fall_as_the_range_widens_and_match_dapo_between_two(tmp
     i = next(i for i in range(6) if shares[i] >= float(dapo["clipped"]) >= shares[i + 1])
     assert lows[i] <= float(m["clip_low"]) <= lows[i + 1]
     assert math.isclose(float(m["clip_high"]), round(4 / 3 * float(m["clip_low"]), 3))
+
+
+def test_mechanism_probe_averages_each_rollouts_updates_and_tracks_the_kl_to_its_start(tmp_path):
+    """scripts/mechanism_probe.py on the arithmetic start, 2 rollouts of 3 updates: a row per diagnostic and rollout,
+    each the mean of that rollout's 3 logged updates (rollout-level numbers repeat in each), `all` the mean of
+    them; the KL to the start is tracked (none in the loss): 0 while the sampler is the start, not after; the spread of
+    reward/std over steps is its cv."""
+    import csv
+    import statistics
+    mp = _script("mechanism_probe")
+    out = tmp_path / "probe.csv"
+    assert mp.main(["arithmetic_scratchpad", "--rollouts", "2", "--prompts", "4", "--group", "4", "--inner-steps", "3",
+                    "--lr", "0.003", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    by = {(r["metric"], r["rollout"]): float(r["value"]) for r in rows}
+    for metric in ("entropy", "kl/seq", "response/length_cv", "reward/std", "clip/frac"):
+        assert {k[1] for k in by if k[0] == metric} == {"0", "1", "all"}, metric
+        assert by[metric, "all"] == pytest.approx(statistics.fmean([by[metric, "0"], by[metric, "1"]]), abs=2e-6)
+    assert by["kl/seq", "0"] == 0 != by["kl/seq", "1"]   # the first rollout's sampler is the start itself
+    stds = [by["reward/std", "0"], by["reward/std", "1"]]   # constant within a rollout: the steps' cv is the rollouts'
+    assert by["cv over steps of reward/std", "all"] == pytest.approx(statistics.pstdev(stds) / statistics.fmean(stds),
+                                                                     abs=2e-6)
+    assert {r["inner_steps"] for r in rows} == {"3"}
