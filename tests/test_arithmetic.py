@@ -468,3 +468,28 @@ def test_gradient_checkpointing_gives_the_same_numbers_in_less_memory():
     assert any(g.abs().sum() > 0 for g in g0[::2])   # A's gradients are not all zero: the test sees them
     with pytest.raises(ValueError, match="model.gradient_checkpointing: needs lora.dropout 0"):
         build(True, dropout=0.1)
+
+
+def test_each_members_length_and_format_rewards_read_its_own_responses():
+    """A population of two's rollout on the scratchpad start: each response's `length` component is -(its tokens, EOS
+    included) / max_new_tokens and its format component 0 where it was cut off (no EOS), read from that member's
+    rows; the total is their weighted sum. A length off by one, another member's rows or `finished` read the wrong
+    way fails."""
+    from grpo_bench.registry import get
+    raws = [{"task": {"name": "arithmetic_scratchpad", "prompts_per_step": 3, "pass_k": 0,
+                      "rewards": {"scratchpad_format": 1.0, "length": 0.5}, "sampling": {"max_new_tokens": 8}},
+             "group_size": 4, "seed": s} for s in (0, 1)]
+    cfgs = [resolve_run(r) for r in raws]
+    task = get("task", "arithmetic")(cfgs[0].task, cfgs)
+    ro = task.rollout(0, 0, 4)
+    tokens = ro.mask.sum(-1)                                          # (P, B, G)
+    weights = dict(cfgs[0].task.rewards)          # the preset's own rewards, these two among them
+    col = {name: i for i, name in enumerate(weights)}
+    fmt, length = ro.components[..., col["scratchpad_format"]], ro.components[..., col["length"]]
+    assert torch.equal(length, -tokens / 8) and len(set(tokens.flatten().tolist())) > 1
+    assert not fmt[~ro.finished].any() and (~ro.finished).any() and fmt[ro.finished].any()
+    from grpo_bench.algos.rewards import scratchpad_format   # each text again, with the rollout's own ends
+    texts, _, _ = task._decode(ro.responses.reshape(-1, ro.responses.shape[-1]))
+    assert fmt.flatten().tolist() == scratchpad_format([], texts, finished=ro.finished.flatten().tolist())
+    torch.testing.assert_close(ro.rewards, sum(w * ro.components[..., col[n]] for n, w in weights.items()))
+    assert not torch.equal(ro.responses[0], ro.responses[1])
