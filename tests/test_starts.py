@@ -50,6 +50,30 @@ def test_compare_gives_the_variance_due_to_the_start(tmp_path):
     assert compare.between(sides) == []
 
 
+
+def test_variance_components_where_seeds_agree_exactly():
+    """No spread within any directory: the F test has no denominator, so p is 0 where the directories differ and 1
+    where they do not (every value the same)."""
+    assert compare.variance_components([np.array([1.0, 1.0]), np.array([2.0, 2.0])])[1:] == (0.0, 0.0)
+    assert compare.variance_components([np.array([1.0, 1.0]), np.array([1.0, 1.0])]) == (0.0, 0.0, 1.0)
+
+
+def test_compare_takes_a_variant_with_two_seeds_and_leaves_one_with_one(tmp_path):
+    """Two seeds are the fewest a spread (between) or a paired test (orderings) needs: a variant with exactly two in
+    each directory is split and tested, one with a single seed in a directory is not grouped there."""
+    import pandas as pd
+    sides = [_side(tmp_path, f"s{i}", f"shipped:a_seed{i}", {"a": [0.5 + i, 0.6 + i], "b": [0.1, 0.2 + i],
+                                                             "c": [0.3]}) for i in range(2)]
+    sides.append(_side(tmp_path, "s2", "shipped:a_seed2", {"a": [0.7], "b": [0.1, 0.3]}))
+    for s in sides:
+        s.by_seed = {v: pd.Series(x, index=range(len(x))) for v, x in s.values.items()}
+    rows = [x for x in compare.between(sides) if x.startswith("| `")]
+    assert [r.split(" | ")[:2] for r in rows] == [["| `a`", "2"], ["| `b`", "3"]]
+    table = compare.orderings(sides)
+    (pair,) = [x for x in table if x.startswith("| `a` vs `b`")]
+    assert pair.count("Δ +") == 2 and pair.split(" | ")[3] == "—" and not any(x.startswith("| `a` vs `c`") for x in table)
+
+
 def _setting(outcome):
     q = {"outcome": outcome, "verdict": outcome}
     return {"judge": "final", "rows": [{"missing": outcome is None, "claim": ">", "why": None, "unexercised": None,
