@@ -328,6 +328,23 @@ def test_lower_is_better_reads_as_best(bandit, tmp_path):
     assert "1 = best: the highest, or the lowest where lower is better" in text
 
 
+
+def test_compare_reads_only_finished_runs_with_a_value(bandit, tmp_path):
+    """load_side keeps a run that finished (status ok) and has the column's value: a failed run's leftover number or
+    an ok run with none is not a seed's value."""
+    regret = {"final/bandit/regret": lambda i, s: [0.5, 0.1, 0.3][i] + 0.01 * s}
+    task = M.declared_task("bandit").record() | {"main_metric": "final/bandit/regret", "higher_is_better": False}
+    d = write_results(tmp_path / "r", task, {"bandit/regret": lambda i, s, t: 0.1}, regret, variants=("a", "b", "c"))
+    s = pd.read_csv(d / "summary.csv")
+    a = s.index[s.variant == "a"]
+    s.loc[a[0], "status"] = "failed"                      # its number stays in the table
+    s.loc[a[1], "final/bandit/regret"] = float("nan")     # finished, but never measured it
+    s.to_csv(d / "summary.csv", index=False)
+    side = C.load_side(d, "final/bandit/regret")
+    assert len(side.values["a"]) == len(a) - 2 and not np.isnan(side.values["a"]).any()
+    assert len(side.values["b"]) == int((s.variant == "b").sum())
+
+
 # ------------------------------------------------------------------------------- old results
 
 
