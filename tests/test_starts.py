@@ -103,3 +103,21 @@ def test_a_claimed_equivalence_holds_on_a_start_where_its_verdict_holds():
     results = {"lm": eq("holds", "equivalent"), "lm_seed1": eq("holds", "reversed, negligible"),
                "lm_seed2": eq("fails", "undecided")}
     assert starts(results, 0) == {"lm": (2, 3)}
+
+
+def test_compare_says_whether_the_directories_that_decided_an_order_agree(tmp_path):
+    """The orderings column: two directories that both order a before b agree ("the same"), opposite orders say so,
+    and where only one directory decided it (the other's difference is noise) there is nothing to agree on."""
+    import pandas as pd
+    up, down = [0.80, 0.82, 0.81, 0.83, 0.80, 0.82], [0.40, 0.43, 0.41, 0.42, 0.40, 0.44]
+    noise = [0.80, 0.41, 0.83, 0.40, 0.44, 0.81]
+
+    def agree(*pairs):
+        sides = [_side(tmp_path, f"s{i}", f"shipped:a_seed{i}", {"a": a, "b": b}) for i, (a, b) in enumerate(pairs)]
+        for s in sides:
+            s.by_seed = {v: pd.Series(x, index=range(len(x))) for v, x in s.values.items()}
+        (row,) = [x for x in compare.orderings(sides) if x.startswith("| `a` vs `b`")]
+        return row.rsplit(" | ", 1)[1].rstrip(" |")
+    assert agree((up, down), (up, down)) == "the same"
+    assert agree((up, down), (down, up)) == "opposite"
+    assert agree((up, down), (noise, noise[::-1])) == "—"
