@@ -15,6 +15,8 @@ harness's LM (arithmetic_lora's grpo: a rollout of generation, old log-probs and
       the host (.item(), .tolist(), bool()) and nonzero. An upper bound for a GPU: the toy's one_hot
       checks its indices on the CPU (two reads a forward), on CUDA with a device assert instead
   log_*   what an epoch that logs adds (its last step writes every member's metric rows)
+  eval_*  the final held-out evaluation (after the last epoch; the LM's greedy pass over the task's
+          held-out problems, every member at once), counted the same way
 --device-path runs the paths a CUDA run takes (rng.DEVICE_PATHS) on the CPU, so that they are counted here.
 """
 from __future__ import annotations
@@ -90,8 +92,10 @@ def count(p: int, epochs: int, task: str = "toy") -> dict:
     per = [tuple(b - a for a, b in zip(m0, m1)) for m0, m1 in zip(marks, marks[1:])]
     med = [statistics.median(x[i] for x in per) for i in range(3)]
     top = [max(x[i] for x in per) - med[i] for i in range(3)]
+    final = (sum(mode.ops.values()) - marks[-1][0], lines[0] - marks[-1][1], mode.reads - marks[-1][2])
     names = ("aten_ops", "py_lines", "host_syncs")
-    return {"P": p, **{k: int(v) for k, v in zip(names, med)}, **{f"log_{k}": int(v) for k, v in zip(names, top)}}
+    return {"P": p, **{k: int(v) for k, v in zip(names, med)}, **{f"log_{k}": int(v) for k, v in zip(names, top)},
+            **{f"eval_{k}": int(v) for k, v in zip(names, final)}}
 
 
 def main() -> None:
