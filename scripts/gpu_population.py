@@ -23,7 +23,10 @@ Writes, each file as soon as its row is measured (a stopped call keeps what it f
   profile_<task>_p<P>.txt  torch.profiler's top kernels for P = 1 and the largest P, with the
                            share of the wall time the device was busy
   population_profile.csv   the same profiles as a table: device-busy share, kernel launches,
-                           memcpy calls and stream syncs of 3 epochs
+                           memcpy calls and stream syncs of 3 epochs, and the wall seconds of each
+                           phase (rollout, log-prob passes, evaluation, the rest: Phases)
+--profile 1,64 profiles only (each task's warm-up, then those sizes): where a population's time goes,
+in a call too short for the rates.
 cpu_cores_replaced is runs per device-minute over one CPU core's runs per minute, measured first in
 the same process (the toy as a population of 32 on one thread, the LM one run at a time), to 3
 significant digits (--tiny's are about 0.01, which 2 decimals rounded to 0 on a loaded machine). A case
@@ -127,8 +130,55 @@ def equality(task: str, alone: list[list], together: list[list]) -> list[dict]:
     return list(out.values())
 
 
+class Phases:
+    """Wall seconds in each phase of a population's training, exclusive of the phases inside it: the
+    rollouts (generation and rewards), every log-prob pass (old, reference and each inner step's), the
+    held-out evaluations; the rest is the loss, backward, optimizer and bookkeeping. A sync at every
+    boundary, so a phase owns the kernels it launched; each is a torch.profiler range (grpo/<phase>)."""
+
+    NAMES = ("rollout", "logprobs", "evaluate")
+
+    def __init__(self, device: str):
+        self.device, self.seconds, self.stack = device, dict.fromkeys(self.NAMES, 0.0), []
+
+    def wrap(self, name: str, fn):
+        from torch.profiler import record_function
+
+        def timed(*a, **k):
+            sync(self.device)
+            now = time.perf_counter()
+            if self.stack:  # the phase outside pauses
+                self.seconds[self.stack[-1][0]] += now - self.stack[-1][1]
+            self.stack.append([name, now])
+            try:
+                with record_function(f"grpo/{name}"):
+                    return fn(*a, **k)
+            finally:
+                sync(self.device)
+                now = time.perf_counter()
+                inner, start = self.stack.pop()
+                self.seconds[inner] += now - start
+                if self.stack:
+                    self.stack[-1][1] = now
+        return timed
+
+    def install(self):
+        """Wraps the trainer's rollout and evaluation and each task's log-prob pass; returns the undo."""
+        from grpo_bench.engine import trainer
+        saved = {n: getattr(trainer, n) for n in ("sample", "_evaluate", "build_task")}
+        trainer.sample = self.wrap("rollout", saved["sample"])
+        trainer._evaluate = self.wrap("evaluate", saved["_evaluate"])
+
+        def build(*a, **k):
+            task = saved["build_task"](*a, **k)
+            task.logprobs = self.wrap("logprobs", task.logprobs)
+            return task
+        trainer.build_task = build
+        return lambda: [setattr(trainer, n, f) for n, f in saved.items()]
+
+
 def profile(task: str, p: int, device: str, tiny: bool, out: Path, graphs: bool = False) -> None:
-    """Top kernels of a short run of P members, and how busy the device was."""
+    """Top kernels of a short run of P members, how busy the device was, and the wall time of each phase."""
     from torch.profiler import ProfilerActivity, profile as prof
 
     cfgs = configs(task, list(range(p)), device, tiny, graphs)
@@ -136,11 +186,16 @@ def profile(task: str, p: int, device: str, tiny: bool, out: Path, graphs: bool 
         c.epochs = min(c.epochs, 3)
         c.eval_every = 0
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    phases = Phases(device)
+    undo = phases.install()
     sync(device)
     t0 = time.perf_counter()
-    with prof(activities=acts) as pr:
-        train_population(cfgs, None)
-        sync(device)
+    try:
+        with prof(activities=acts) as pr:
+            train_population(cfgs, None)
+            sync(device)
+    finally:
+        undo()
     wall = time.perf_counter() - t0
     key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
     events = pr.key_averages()
@@ -151,13 +206,16 @@ def profile(task: str, p: int, device: str, tiny: bool, out: Path, graphs: bool 
     syncs = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize"))
     row = {"task": task, "population": p, "epochs": cfgs[0].epochs, "wall_s": round(wall, 4),
            "device_busy_s": round(busy, 4), "device_busy_share": round(busy / wall, 4), "kernel_launches": launches,
-           "memcpy_calls": copies, "syncs": syncs, "cuda_graphs": "on" if graphs else "off", "device": device}
+           "memcpy_calls": copies, "syncs": syncs, "cuda_graphs": "on" if graphs else "off", "device": device,
+           **{f"{n}_s": round(v, 4) for n, v in phases.seconds.items()},
+           "other_s": round(wall - sum(phases.seconds.values()), 4)}
     path = out / "population_profile.csv"
     old = list(csv.DictReader(path.open())) if path.exists() else []
     write(path, list(row), old + [row])
+    where = ", ".join(f"{n} {row[f'{n}_s']:.2f} s" for n in (*Phases.NAMES, "other"))
     head = (f"{task} P={p}, {cfgs[0].epochs} epochs x {cfgs[0].inner_steps} inner steps, device {device}: "
             f"wall {wall:.2f} s under the profiler, device busy {busy:.3f} s ({busy / wall:.1%} of wall), "
-            f"{launches} kernel launches\n\n")
+            f"{launches} kernel launches; {where}\n\n")
     (out / f"profile_{task}_p{p}{'_graphs' if graphs else ''}.txt").write_text(head + events.table(sort_by=key, row_limit=15) + "\n")
 
 
@@ -184,6 +242,8 @@ def main() -> None:
     ap.add_argument("--tasks", default="toy,lm")
     ap.add_argument("--graphs", default="both", choices=("off", "on", "both"),
                     help="the toy's P > 1 with cuda_graphs off, on or both (CUDA only; the LM is never graphed)")
+    ap.add_argument("--profile", default=None, metavar="P,...",
+                    help="only profile each task at these sizes (after the warm-up): no rates, no equality")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_population.py: --device cuda but torch.cuda.is_available() is False (use --device cpu)")
@@ -193,6 +253,12 @@ def main() -> None:
     rows, eq = [], []
     tasks = args.tasks.split(",")
     budgets = dict(zip(TASKS, map(float, args.budget_s.split(","))))
+    if args.profile:
+        for task in tasks:
+            train(configs(task, [0], args.device, args.tiny)[:1], args.device)  # warm-up
+            for p in map(int, args.profile.split(",")):
+                profile(task, p, args.device, args.tiny, out)
+        return
     for task in tasks:
         start = time.perf_counter()
         deadline = start + budgets[task]

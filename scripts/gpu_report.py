@@ -63,13 +63,23 @@ def busy_table(path: Path) -> list[str]:
     if not path.is_file():
         return []
     prof = pd.read_csv(path)
-    lines = ["| task | P | CUDA graphs | device busy (share of wall) | kernel launches | memcpy calls | syncs |",
-             "|---|---:|---|---:|---:|---:|---:|"]
+    # the phases' wall seconds (gpu_population.Phases), in files written since 2026-12-01
+    phases = "rollout_s" in prof and prof.rollout_s.notna().any()
+    head = "| task | P | CUDA graphs | device busy (share of wall) | kernel launches | memcpy calls | syncs |"
+    rule = "|---|---:|---|---:|---:|---:|---:|"
+    if phases:
+        head, rule = head + " rollouts / log-prob passes / evaluation / rest (s) |", rule + "---|"
+    lines = [head, rule]
     for _, r in prof.iterrows():
-        lines.append(f"| {r.task} | {r.population} | {r.cuda_graphs} | {100 * r.device_busy_share:.1f}% (goal ≥ 50% "
-                     f"for the toy) | {r.kernel_launches} | {r.memcpy_calls} | {r.syncs} |")
-    return ["Device-busy share over 3 profiled epochs (`population_profile.csv`, torch.profiler's CUDA time over the "
-            "wall time):", "", *lines, ""]
+        line = (f"| {r.task} | {r.population} | {r.cuda_graphs} | {100 * r.device_busy_share:.1f}% (goal ≥ 50% "
+                f"for the toy) | {r.kernel_launches} | {r.memcpy_calls} | {r.syncs} |")
+        if phases:
+            cols = [r.get(f"{n}_s") for n in ("rollout", "logprobs", "evaluate", "other")]
+            line += (" — |" if any(pd.isna(c) for c in cols) else f" {' / '.join(f'{c:.2f}' for c in cols)} |")
+        lines.append(line)
+    return ["Device-busy share over 3 profiled epochs and the final evaluation (`population_profile.csv`, "
+            "torch.profiler's CUDA time over the wall time; each phase's wall time with a sync at its edges):",
+            "", *lines, ""]
 
 
 def members_per_gpu(pop: pd.DataFrame, total_mb: float) -> dict[str, int]:

@@ -44,6 +44,9 @@
 #               sampler_mismatch's recompute each block, as their runs so far did: the sampler-trainer gap they are
 #               about is rounding, which the trainer's layout changes; the others run each prompt once a group).
 #               Carried like smollm2 (scripts/gpu_carry.sh); CLAIMS="ablations/x.yaml:setting ..." picks others.
+#   profile     scripts/gpu_population.py --profile: the LM population at P = 1 and 64 under torch.profiler only (the
+#               population stage ran out of its budget before the LM's profile on 11-28): the wall time of its
+#               rollouts, log-prob passes, evaluation and the rest, and its top kernels (a short call's worth)
 # Budgets (seconds) can be overridden: BUDGET_population=200 bash scripts/gpu_run.sh all.
 # If $TAR_TO is set, OUTDIR is packed there after each stage (a lent machine returns few files).
 #
@@ -55,12 +58,12 @@ stage=${1:?"all, dry, or a stage: population step tests sweep bench claims"}
 out=${2:-results/gpu}
 py=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-STAGES="step population tests bench sweep claims acts smollm2 pretrained"
-declare -A BUDGET=([step]=160 [population]=180 [tests]=80 [bench]=120 [sweep]=100 [claims]=400 [acts]=430 [smollm2]=440 [pretrained]=440)
+STAGES="step population tests bench sweep claims acts smollm2 pretrained profile"
+declare -A BUDGET=([step]=160 [population]=180 [tests]=80 [bench]=120 [sweep]=100 [claims]=400 [acts]=430 [smollm2]=440 [pretrained]=440 [profile]=90)
 for s in $STAGES; do v="BUDGET_$s"; [ -n "${!v:-}" ] && BUDGET[$s]=${!v}; done
 
 case $stage in
-  all|dry) todo=${STAGES% sweep claims acts smollm2 pretrained} ;;  # sweep and claims are calls of their own: `all` fits one 9-minute call
+  all|dry) todo=${STAGES% sweep claims acts smollm2 pretrained profile} ;;  # sweep and claims are calls of their own: `all` fits one 9-minute call
   *) todo=${stage//,/ }
      for s in $todo; do
        case " $STAGES " in *" $s "*) ;; *) echo "gpu_run.sh: unknown stage '$s'; valid: all, dry, $STAGES" >&2; exit 2 ;; esac
@@ -180,6 +183,7 @@ for s in $todo; do
                     ablations/entropy_control.yaml:smollm2 ablations/ref_policy.yaml:smollm2 \
                     ablations/adv_norm.yaml:smollm2 ablations/aggregation.yaml:smollm2 \
                     ablations/length_bias.yaml:smollm2 ablations/kl_gradients.yaml:smollm2} ;;
+    profile) run_stage profile $py scripts/gpu_population.py "$out" --tasks lm --profile "${PROFILE_P:-1,64}" ;;
     bench) rm -f "$out/bench.jsonl"
            GRPO_BENCH_JSONL=$out/bench.jsonl run_stage bench $py -m pytest -q -p no:cacheprovider -rs \
              tests/benchmarks/test_bench_loss.py tests/benchmarks/test_bench_lm_step.py tests/benchmarks/test_bench_logprobs.py \

@@ -103,6 +103,56 @@ def test_population_case_stops_at_its_deadline():
         gpu_population.train(cfgs, "cpu", deadline=time.perf_counter())
 
 
+def test_phases_time_each_phase_without_the_phases_inside_it():
+    """A rollout that runs a log-prob pass inside it owns only its own time; the pass owns its time, and a
+    phase that raised still counts (a member's failed rollout is part of the wall time)."""
+    import time
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_population
+
+    ph = gpu_population.Phases("cpu")
+    inner = ph.wrap("logprobs", lambda: time.sleep(0.2))
+
+    def rollout():
+        time.sleep(0.1)
+        inner()
+        time.sleep(0.1)
+    ph.wrap("rollout", rollout)()
+    assert ph.seconds["logprobs"] == pytest.approx(0.2, abs=0.05)
+    assert ph.seconds["rollout"] == pytest.approx(0.2, abs=0.05)
+    with pytest.raises(ZeroDivisionError):
+        ph.wrap("evaluate", lambda: (time.sleep(0.1), 1 / 0))()
+    assert ph.seconds["evaluate"] == pytest.approx(0.1, abs=0.05) and ph.stack == []
+
+
+def test_profile_only_says_where_an_lm_populations_time_goes(tmp_path):
+    """--profile trains each size once under the profiler and writes the phases' wall times beside it; they are
+    what the trainer spent (rollouts, log-prob passes and the evaluation all happen), within the wall time, and
+    the trainer is left unwrapped afterwards."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_population
+    from grpo_bench.engine import trainer
+
+    before = (trainer.sample, trainer._evaluate, trainer.build_task)
+    gpu_population.profile("lm", 2, "cpu", True, tmp_path)
+    assert (trainer.sample, trainer._evaluate, trainer.build_task) == before
+    [row] = list(csv.DictReader((tmp_path / "population_profile.csv").open()))
+    secs = {n: float(row[f"{n}_s"]) for n in ("rollout", "logprobs", "evaluate", "other")}
+    assert all(v > 0 for v in secs.values()), secs
+    assert sum(secs.values()) == pytest.approx(float(row["wall_s"]), abs=2e-3)
+    head = (tmp_path / "profile_lm_p2.txt").read_text().splitlines()[0]
+    assert head.startswith("lm P=2, ") and f"evaluate {secs['evaluate']:.2f} s" in head
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_report
+
+    old = tmp_path / "old.csv"  # a file from before the phases: its rows say so, the others give them
+    rows = list(csv.DictReader((ROOT / "results/gpu/population_profile.csv").open()))
+    gpu_population.write(old, list(row), rows[:1] + [row])
+    table = gpu_report.busy_table(old)
+    assert table[4].endswith("| — |") and table[5].endswith(
+        f"| {' / '.join(f'{secs[n]:.2f}' for n in ('rollout', 'logprobs', 'evaluate', 'other'))} |")
+
+
 def test_readme_quotes_the_gpu_tables_as_measured():
     """README's GPU population and hot-path tables are gpu_report.readme_tables of results/gpu (no drift after a
     rerun), and the goals' verdicts in them are the files' numbers against issue 44's goals."""
