@@ -413,6 +413,25 @@ def test_workers_and_threads(tmp_path, monkeypatch, workers, cpus, cpu_count, wa
     assert seen == [want] and type(seen[0][0]) is int
 
 
+@pytest.mark.parametrize("workers, threads, cpu_count, note", [
+    (None, None, 8, "note: 1 population at 1 torch thread each leave 7 of 8 cores idle; --threads 8 would use them"),
+    (None, None, 1, None),  # nothing idle
+    (1, None, 8, None),     # one worker asked for: the user chose
+    (None, 1, 8, None),     # threads asked for: the user chose
+])
+def test_idle_cores_are_named_with_the_threads_that_would_use_them(tmp_path, monkeypatch, capsys, workers, threads,
+                                                                    cpu_count, note):
+    """A sweep of one population (a pretrained preset's one run) on a machine with more cores than its threads says
+    so, once, with the --threads that fills them: a run's threads are fixed for its bits, not fitted to the machine,
+    and SmolLM2 on 2 cores took twice as long at the default without a word."""
+    _in_process(monkeypatch, train=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: cpu_count)
+    RN.run_ablation(_abl(tmp_path, grid={"loss": ["naive"]}, seeds=1), tmp_path / "o", workers=workers,
+                    threads=threads, progress=False)
+    err = capsys.readouterr().err
+    assert (note in err and err.count("note:") == 1) if note else "note:" not in err
+
+
 def test_one_worker_runs_here_in_order(monkeypatch):
     calls = []
     monkeypatch.setattr(RN, "train_group", lambda g, threads: calls.append((g, threads)) or [({}, [], {})] * len(g))

@@ -196,6 +196,13 @@ def run_ablation(abl: Ablation, out: Path, executor: str = "local", workers: int
                         bar.write(f"{skipped} of {len(specs)} runs already finished in {out}; running the other {len(todo)}", file=sys.stderr)
                     size = population or default_population(todo)
                     groups = populations(todo, size, 1 if on_ray else n_workers)
+                    idle = (os.cpu_count() or 1) - len(groups) * n_threads
+                    if not on_ray and threads is None and workers is None and idle > 0 and groups:
+                        # a run's threads are fixed, not fitted to the machine: its last bits depend on them
+                        bar.write(f"note: {len(groups)} population{'s' * (len(groups) > 1)} at {n_threads} torch "
+                                  f"thread{'s' * (n_threads > 1)} each leave {idle} of {os.cpu_count()} cores idle; "
+                                  f"--threads {n_threads + idle // len(groups)} would use them (the numbers then "
+                                  "match other runs at that thread count to rounding, not to the bit)", file=sys.stderr)
                     if on_ray:
                         results = session.results(groups, n_threads, abl.resources, max_retries,
                                                   log=lambda msg: bar.write(msg, file=sys.stderr))
