@@ -136,6 +136,33 @@ def test_members_must_share_their_structure():
 # --------------------------------------------------------------------- the optimiser
 
 
+def test_a_narrowed_optimizer_keeps_each_survivors_own_rate_decay_and_moments():
+    """After keep() (a member failed), each member left steps as torch.optim.AdamW does on it alone, with its own lr
+    and weight decay and its moments so far: a list left unnarrowed would give member 2 member 1's decay."""
+    gen = torch.Generator().manual_seed(0)
+    lr, wd = [1e-2, 3e-3, 1e-2], [0.0, 0.3, 0.1]
+    stacked = [torch.randn(3, 6, generator=gen).requires_grad_()]
+    alone = [stacked[0][i].detach().clone().requires_grad_() for i in range(3)]
+    torch_opts = [torch.optim.AdamW([q], lr=lr[i], weight_decay=wd[i], fused=True) for i, q in enumerate(alone)]
+    opt = StackedOptimizer(stacked, "adamw", lr, wd)
+
+    def step(params, members):
+        grad = torch.randn(3, 6, generator=gen)
+        params[0].grad = grad[members].clone()
+        opt.step()
+        for i in members:
+            alone[i].grad = grad[i].clone()
+            torch_opts[i].step()
+    step(stacked, [0, 1, 2])
+    opt.keep([0, 2])
+    narrowed = [stacked[0].detach()[[0, 2]].clone().requires_grad_()]
+    opt.rebind(narrowed)
+    assert [(g[0], g[1]) for g in opt.groups()] == [(1e-2, 0.0), (1e-2, 0.1)]
+    for _ in range(2):
+        step(narrowed, [0, 2])
+    assert torch.equal(narrowed[0][0], alone[0]) and torch.equal(narrowed[0][1], alone[2])
+
+
 @pytest.mark.parametrize("batched", [False, True], ids=["cpu", "device_paths"])
 @pytest.mark.parametrize("kind", ["adam", "adamw", "sgd"])
 def test_stacked_optimizer_equals_torch_on_each_member(kind, batched, monkeypatch):

@@ -38,7 +38,6 @@ class StackedOptimizer:
             raise ValueError(f"unknown optimizer {kind!r}; valid: {', '.join(OPTIMIZERS)}")
         self.params, self.kind, self.betas, self.eps = list(params), kind, betas, eps
         self.lr, self.weight_decay = list(lr), list(weight_decay)
-        self.step_count = 0
         adam = kind in ("adam", "adamw")
         self.exp_avg = [torch.zeros_like(p) for p in self.params] if adam else []
         self.exp_avg_sq = [torch.zeros_like(p) for p in self.params] if adam else []
@@ -70,7 +69,6 @@ class StackedOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
-        self.step_count += 1
         if self.step_tensor is not None:
             self.step_tensor.add_(1.0)  # exact: a float32 counts to 2**24
         live = [j for j, p in enumerate(self.params) if p.grad is not None]
@@ -78,8 +76,9 @@ class StackedOptimizer:
             pick = lambda ts: [t[m] for m in members for t in ts]  # noqa: E731
             views, grads = pick([self.params[j] for j in live]), pick([self.params[j].grad for j in live])
             if self.kind == "sgd":
+                # no momentum, so no buffers: every step is like the first (torch reads is_first_step for buffers only)
                 torch._fused_sgd_(views, grads, [], weight_decay=wd, momentum=0.0, lr=lr, dampening=0.0,
-                                  nesterov=False, maximize=False, is_first_step=self.step_count == 1)
+                                  nesterov=False, maximize=False, is_first_step=False)
                 continue
             fused = torch._fused_adamw_ if self.kind == "adamw" else torch._fused_adam_
             fused(views, grads, pick([self.exp_avg[j] for j in live]), pick([self.exp_avg_sq[j] for j in live]), [],

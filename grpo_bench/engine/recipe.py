@@ -149,10 +149,6 @@ class Recipe:
     def _bound(self) -> list[Bound]:
         return [*self.parts.values(), *self.filters, *self.corrections]
 
-    @property
-    def vmappable(self) -> bool:
-        return not any(b.per_member for b in self._bound())
-
     # -------------------------------------------------------------------- schedules
 
     def ref_weight(self, epoch: int) -> float:
