@@ -652,6 +652,27 @@ def _hash_reference(seed: int, key: tuple, i: int) -> int:
     return mix(((mix(mix(i ^ k0) + k1)) & 0xFFFFFFFF) ^ k0)
 
 
+def test_device_streams_draw_d_is_the_streams_element_d():
+    """DeviceStreams' draw d of member p is uniform((seeds[p], *key, d)), d = 0, 1, ... in call order: what makes a
+    token's sampling noise the same whichever population draws it."""
+    seeds = torch.tensor([3, 11])
+    s = rng.DeviceStreams(seeds, "sample", 5)
+    got = [s.rand(2, 4) for _ in range(3)]
+    assert all(torch.equal(g, rng.uniform(seeds, ("sample", 5, d), (2, 4))) for d, g in enumerate(got))
+    assert len(s) == 2
+
+
+def test_randint_takes_every_bound_its_product_fits_and_refuses_the_rest():
+    """(bits32 * high) >> 32 stays inside int64 while high < 2**31; high 1 draws only 0."""
+    seeds = torch.arange(4)
+    assert torch.equal(rng.randint(seeds, ("r",), (8,), 1), torch.zeros(4, 8, dtype=torch.int64))
+    top = rng.randint(seeds, ("r",), (4096,), 2**31 - 1)
+    assert top.min() >= 0 and top.max() < 2**31 - 1 and top.max() > 2**30   # no wrap-around into negatives
+    for bad in (0, -3, 2**31):
+        with pytest.raises(ValueError, match=rf"high: expected 0 < high < 2\*\*31, got {bad}"):
+            rng.randint(seeds, ("r",), (8,), bad)
+
+
 def test_device_streams_are_the_hash_and_uniform():
     """rng's counter-based streams: each element is the keyed hash of its index (a full-width Python reference,
     so the split 16-bit multiply is exact), a seed's numbers do not depend on the other seeds drawn beside it,
