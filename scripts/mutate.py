@@ -105,6 +105,26 @@ MODULES = {
     # FINDINGS.md's words and counts: outcomes per cell, "holds on k of m", Kendall's W, the notes' numbers
     "grpo_bench/analysis/findings_text.py": ["tests/test_findings.py", "tests/test_mechanism.py", "tests/test_starts.py",
                                              "tests/test_doc_numbers_notes.py"],
+    # every run's update: the stacked optimizer and the per-member clip (test_population holds them to torch.optim
+    # on each member alone, to the bit)
+    "grpo_bench/engine/optim.py": ["tests/test_population.py", "tests/test_trainer.py", "tests/test_parts_v3.py",
+                                   "tests/test_parts_v4.py"],
+    # a run's parts composed: advantages, the loss, KL and its coefficient, entropy control, the reference's weight
+    "grpo_bench/engine/recipe.py": ["tests/test_recipe.py", "tests/test_trainer.py", "tests/test_parts_v3.py",
+                                    "tests/test_parts_v4.py", "tests/test_population.py", "tests/test_sampler.py",
+                                    "tests/test_outcomes.py"],
+    # the random streams: common random numbers across variants, a seed's draws the same in any population
+    "grpo_bench/numerics/rng.py": ["tests/test_population.py", "tests/test_trainer.py", "tests/test_sampler.py",
+                                   "tests/test_arithmetic.py", "tests/test_problems.py", "tests/test_outcomes.py"],
+    # FINDINGS_rules.md, v3's rules replayed step by step to v4's: a planted root (test_rule_changes); the committed
+    # page's own test (test_findings, 90 s a run) is left out, so each mutant runs in seconds
+    "grpo_bench/analysis/rule_changes.py": ["tests/test_rule_changes.py", "tests/test_mechanism.py",
+                                            "tests/test_doc_numbers_statistics.py"],
+    # `compare`: the same ablation in two results directories (two starts, two machines), its table, orderings
+    # and the variance due to the start; test_report's compare tests draw its figure
+    "grpo_bench/analysis/compare.py": ["tests/test_compare.py", "tests/test_starts.py", "tests/test_metrics.py",
+                                       "tests/test_report.py", "tests/test_reliability.py", "-k",
+                                       "compare or test_starts or test_metrics or kendall or gallery"],
 }
 
 SWAP_BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Pow: ast.Mult,

@@ -64,6 +64,12 @@ def test_variants_keep_the_ablations_order_then_the_rest_in_the_tables(tmp_path)
     assert list(C.load_side(d, None).values) == ["x", "z", "extra"]
 
 
+def test_kendall_w_where_every_task_ties_every_variant_is_undefined():
+    tied = pd.Series([0.5, 0.5, 0.5], index=list("abc"))
+    w, p, m, n = C.kendall_w([tied, tied])
+    assert math.isnan(w) and math.isnan(p) and (m, n) == (2, 3)
+
+
 def test_kendall_at_two_shared_variants():
     a, b = pd.Series({"p": 1.0, "q": 2.0, "r": 0.0}), pd.Series({"q": 1.0, "p": 2.0})
     tau, p, n = C.kendall(a, b)
@@ -108,6 +114,14 @@ def test_a_directory_where_a_variant_has_one_seed_leaves_it_out_of_the_orderings
     assert cells[1].startswith("`b` > `a`") and cells[2].startswith("`b` > `a`") and cells[3] == "—"
     assert cells[4] == "the same |"
     assert "- three: final reward: 0 pairs Holm-corrected together" in "\n".join(lines)
+    # the one-seed variant first in the table's order: its pairs are left out all the same
+    first = [C.load_side(results(tmp_path / f"first_{n}", {"c": [0.9], "a": [0.1, 0.2], "b": [0.5, 0.6]}), None)
+             for n in ("one", "two")]
+    assert [x.split(" | ")[0] for x in C.orderings(first) if x.startswith("| `")] == ["| `a` vs `b`"]
+    # and where no pair has two seeds in two directories, the section says there is nothing to test
+    alone = [C.load_side(results(tmp_path / f"alone_{n}", {"a": [0.1], "b": [0.5, 0.6]}), None) for n in ("one", "two")]
+    assert C.orderings(alone) == ["## Orderings in each directory", "",
+                                  "No pair of variants has two seeds or more in two directories: nothing to test.", ""]
 
 
 def test_a_pair_no_test_can_read_is_one_cell_and_orders_nothing(tmp_path):
@@ -130,6 +144,7 @@ def test_panels_drop_the_directories_common_prefix_unless_a_name_would_vanish(tm
     assert titles == ["seed1 (2 seeds)", "seed2 (2 seeds)"]
     titles = panel_titles(C.figure(named("sweep_", "sweep_lm")))   # cut at "sweep_" would leave one name empty
     assert titles == ["sweep_ (2 seeds)", "sweep_lm (2 seeds)"]
+    assert panel_titles(C.figure(named("one_lm"))) == ["one_lm (2 seeds)"]   # one panel: nothing to tell apart
 
 
 def test_the_band_is_named_where_any_variant_has_seeds_for_it(tmp_path):
@@ -143,11 +158,21 @@ def test_the_band_is_named_where_any_variant_has_seeds_for_it(tmp_path):
 
 def test_compare_writes_beside_the_first_directory_by_default_and_again_in_place(tmp_path):
     a = results(tmp_path / "runs" / "a", {"x": [0.1, 0.2], "y": [0.3, 0.4]})
-    b = results(tmp_path / "runs" / "b", {"x": [0.1, 0.2], "y": [0.3, 0.4]})
+    b = results(tmp_path / "other" / "b", {"x": [0.1, 0.2], "y": [0.3, 0.4]})
     path, _ = C.compare([a, b])
     assert path == tmp_path / "runs" / "compare_a_vs_b" / "COMPARE.md" and path.is_file()
     path2, _ = C.compare([a, b])   # a second comparison replaces the first
     assert path2 == path
+    path, _ = C.compare([a, b], out=tmp_path / "new" / "deep")   # --out need not exist, nor its parent
+    assert path.is_file()
+
+
+def test_the_gallery_skips_a_sweep_still_running(tmp_path):
+    """A directory with ablation.json and no summary.csv yet (a sweep that has finished no run) is not an entry."""
+    results(tmp_path / "done", {"x": [0.1, 0.2], "y": [0.3, 0.4]})
+    (results(tmp_path / "running", {"x": [0.1]}) / "summary.csv").unlink()
+    text = C.gallery_text(tmp_path)
+    assert "## [done](done/REPORT.md)" in text and "running" not in text
 
 
 def test_kendall_ws_p_is_the_exact_permutation_p_to_monte_carlo_error():
