@@ -493,3 +493,94 @@ def test_each_members_length_and_format_rewards_read_its_own_responses():
     assert fmt.flatten().tolist() == scratchpad_format([], texts, finished=ro.finished.flatten().tolist())
     torch.testing.assert_close(ro.rewards, sum(w * ro.components[..., col[n]] for n, w in weights.items()))
     assert not torch.equal(ro.responses[0], ro.responses[1])
+
+
+def test_a_rollouts_metrics_are_each_members_means_over_its_own_responses():
+    """reward/<name>, response/finished and the lengths split by correctness (what length_bias is judged on) are,
+    per member, plain means over that member's responses, worked out here from the rollout's components, ends and
+    masks: a sum for a mean, the correct answers' lengths under 'incorrect', or another member's rows fail."""
+    raws = [{"task": {"name": "arithmetic_scratchpad", "prompts_per_step": 6, "pass_k": 0,
+                      "rewards": {"scratchpad_format": 1.0, "length": 0.5}, "sampling": {"max_new_tokens": 24}},
+             "group_size": 4, "seed": s} for s in (0, 1)]
+    cfgs = [resolve_run(r) for r in raws]
+    task = get("task", "arithmetic")(cfgs[0].task, cfgs)
+    ro = task.rollout(0, 0, 4)
+    col = {name: i for i, name in enumerate(cfgs[0].task.rewards)}
+    tokens = ro.mask.sum(-1).double()
+    for p in range(2):
+        for name, i in col.items():
+            assert ro.metrics[f"reward/{name}"][p].item() == pytest.approx(ro.components[p, ..., i].double().mean().item())
+        assert ro.metrics["response/finished"][p].item() == pytest.approx(ro.finished[p].double().mean().item())
+        right = ro.components[p, ..., col["correct"]] > 0.5
+        assert right.any() and (~right).any()   # both kinds, so neither mean is empty
+        assert ro.metrics["response/length_correct"][p].item() == pytest.approx(tokens[p][right].mean().item())
+        assert ro.metrics["response/length_incorrect"][p].item() == pytest.approx(tokens[p][~right].mean().item())
+    assert ro.metrics["response/length_incorrect"][0] != ro.metrics["response/length_incorrect"][1]
+
+
+def test_a_task_that_names_only_arithmetic_gets_the_documented_presets_settings():
+    """The dataclass defaults are tasks/arithmetic_tiny.yaml's (docs/extending.md's example preset), its 6-token
+    budget aside; and each task's reward limit is the one docs/reliability.md gives."""
+    import re
+    from pathlib import Path
+    import yaml
+    root = Path(__file__).resolve().parents[1]
+    preset = yaml.safe_load((root / "tasks/arithmetic_tiny.yaml").read_text())["task"]
+    c = resolve_run({"task": {"name": "arithmetic"}}).task
+    assert (c.model.source, c.ops, c.prompts_per_step, c.sampling.temperature, c.rewards, c.eval_size, c.eval_seed,
+            c.pass_k) == (preset["model"]["source"], preset["ops"], preset["prompts_per_step"],
+                          preset["sampling"]["temperature"], preset["rewards"], preset["eval_size"],
+                          preset["eval_seed"], preset["pass_k"])
+    doc = (root / "docs/reliability.md").read_text()
+    limits = dict(re.findall(r"(sort|arithmetic|gym) (\d+) s", re.search(r"reward_timeout` \((sort[^;]*);", doc)[1]))
+    assert limits and c.reward_timeout == float(limits["arithmetic"])
+
+
+@pytest.mark.parametrize("task, key", [
+    ({"reward_timeout": -1}, "reward_timeout"), ({"sampling": {"temperature": 0.0}}, "sampling.temperature"),
+    ({"sampling": {"top_p": 1.5}}, "sampling.top_p"), ({"warmstart": {"steps": 3, "lr": 0.0}}, "warmstart"),
+    ({"warmstart": {"scratchpad": 1.01}}, "warmstart.scratchpad"), ({"eval_size": 0}, "eval_size"),
+    ({"model": {"quantization": "Q4_1"}}, "model.quantization"),
+    ({"model": {"source": "/no/such/checkpoint"}}, "model.source"),
+])
+def test_each_task_bound_refuses_the_value_just_beyond_it(task, key):
+    from grpo_bench.config.presets import merge
+    with pytest.raises(Exception, match=key.replace(".", r"\.")):
+        resolve_run({"task": merge(SMALL, task)})
+
+
+def test_each_task_bound_takes_its_edge():
+    """The edges the checks' comparisons must let through: a full scratchpad share, one held-out problem or exactly
+    half the problem space, a one-example warm-up batch, top_p 1."""
+    from grpo_bench.tasks.lm import problems
+    half = problems.space_size(SMALL["ops"]) // 2
+    for task in ({"warmstart": {"scratchpad": 1.0}}, {"eval_size": 1, "pass_k": 0}, {"eval_size": half},
+                 {"warmstart": {"steps": 3, "batch": 1, "lr": 1e-3}}, {"sampling": {"top_p": 1.0}}):
+        from grpo_bench.config.presets import merge
+        resolve_run({"task": merge(SMALL, task)})
+    with pytest.raises(Exception, match="eval_size"):
+        resolve_run({"task": merge(SMALL, {"eval_size": half + 1})})
+
+
+def test_a_shipped_start_names_its_weights_in_the_run_id():
+    from grpo_bench.tasks.lm import shipped
+    c = resolve_run({"task": {"name": "arithmetic_scratchpad"}}).task
+    assert c.weights_id() is not None and c.weights_id() == shipped.weights_id(c)
+
+
+def test_held_out_reward_format_and_outcomes_add_up_per_member():
+    """With rewards correct 1.0 and scratchpad_format 1.0 (what eval/format reads), each member's held-out reward is its accuracy plus its format rate,
+    and its per-problem greedy outcomes count its correct answers: eval/reward and eval/format left at 0, another
+    member's rows or the reward list taken for the outcomes fail."""
+    raws = [{"task": {"name": "arithmetic_scratchpad", "pass_k": 0,
+                      "rewards": {"correct": 1.0, "scratchpad_format": 1.0}}, "seed": s} for s in (0, 1)]
+    cfgs = [resolve_run(r) for r in raws]
+    task = get("task", "arithmetic")(cfgs[0].task, cfgs)
+    perturb_adapter(task, scale=0.5)
+    evals = task.evaluate()
+    assert evals[0]["eval/accuracy"] != evals[1]["eval/accuracy"]
+    for i, e in enumerate(evals):
+        assert 0 < e["eval/accuracy"] and 0 < e["eval/format"] <= 1
+        assert e["eval/reward"] == pytest.approx(e["eval/accuracy"] + e["eval/format"])
+        greedy = task.outcomes[i]["greedy"]
+        assert len(greedy) == 1000 and set(greedy) <= {0, 1} and sum(greedy) == round(1000 * e["eval/accuracy"])
