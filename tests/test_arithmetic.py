@@ -584,3 +584,34 @@ def test_held_out_reward_format_and_outcomes_add_up_per_member():
         assert e["eval/reward"] == pytest.approx(e["eval/accuracy"] + e["eval/format"])
         greedy = task.outcomes[i]["greedy"]
         assert len(greedy) == 1000 and set(greedy) <= {0, 1} and sum(greedy) == round(1000 * e["eval/accuracy"])
+
+
+def test_remaxs_greedy_baseline_scores_each_members_own_prompts():
+    """greedy_rewards (ReMax's baseline) of a population of two: member i's row is what the same task gives for
+    seed i alone, on the same rollout's prompts (the slices of a flat batch, per member)."""
+    raws = [{"task": {"name": "arithmetic_scratchpad", "prompts_per_step": 5, "pass_k": 0,
+                      "sampling": {"max_new_tokens": 24}}, "group_size": 2, "seed": s} for s in (0, 1)]
+    cfgs = [resolve_run(r) for r in raws]
+    both = get("task", "arithmetic")(cfgs[0].task, cfgs)
+    ro = both.rollout(0, 0, 2)
+    together = both.greedy_rewards(ro)
+    assert together.shape == (2, 5) and not torch.equal(together[0], together[1])
+    for i in (0, 1):
+        alone = get("task", "arithmetic")(cfgs[i].task, [cfgs[i]])
+        mine = alone.rollout(0, 0, 2)
+        assert mine.prompts[0] == ro.prompts[i]
+        assert torch.equal(alone.greedy_rewards(mine)[0], together[i])
+
+
+def test_a_members_memory_estimate_is_the_documented_one_and_cpu_runs_train_alone():
+    """member_bytes: 24 fp32 values per hidden unit per layer per token (a prompt of 24 and the answer budget, for
+    every completion of a step) and 64 MiB; population_cap: one member at a time on a CPU, the memory budget
+    elsewhere (docs/config.md)."""
+    from grpo_bench.tasks.arithmetic import Arithmetic
+    cfg = resolve_run({"task": SMALL, "group_size": 3})
+    tokens = 4 * 3 * (24 + 5)
+    assert Arithmetic.member_bytes(cfg) == 4 * 24 * tokens * 32 * 1 + (64 << 20)
+    cfg.device = "cpu"   # as the runner's plan resolves `auto` before it sizes populations
+    assert Arithmetic.population_cap(cfg) == 1
+    cfg.device = "cuda"
+    assert Arithmetic.population_cap(cfg) == 1 << 30
