@@ -615,3 +615,33 @@ def test_a_members_memory_estimate_is_the_documented_one_and_cpu_runs_train_alon
     assert Arithmetic.population_cap(cfg) == 1
     cfg.device = "cuda"
     assert Arithmetic.population_cap(cfg) == 1 << 30
+
+
+def test_each_starts_headroom_is_what_its_default_recipe_runs_moved():
+    """The headroom every arithmetic margin is read from (v3: 5% of it; v4: the odds at its end) is the committed
+    default-recipe runs' mean greedy accuracy at step 0 and at the end, on the start it names."""
+    from pathlib import Path
+    import pandas as pd
+    from grpo_bench.tasks.arithmetic import Arithmetic
+    results = Path(__file__).resolve().parents[1] / "results"
+    for (start, end, why) in (Arithmetic.headroom, *Arithmetic.HEADROOM.values()):
+        d = results / why.split("results/")[1].split(" ")[0]
+        s = pd.read_csv(d / "summary.csv")
+        m = pd.read_parquet(d / "metrics.parquet", filters=[("metric", "==", "eval/accuracy")])
+        runs = s[(s.variant == "grpo") & (s.status == "ok")]
+        first = m[(m.variant == "grpo") & (m.step == 0)]
+        assert len(runs) == len(first) == 5
+        assert (start, end) == (round(first.value.mean(), 3), round(runs["final/eval/accuracy"].mean(), 3))
+
+
+def test_the_tasks_rates_are_declared_on_their_own_bounds_and_more_is_better():
+    """A figure draws a declared range as its axis and a report reads 'best' from the direction: a rate is in
+    [0, 1], a gain in accuracy in [-1, 1], and higher is better for every held-out one."""
+    from grpo_bench.tasks.arithmetic import Arithmetic
+    declared = {m.name: m for m in Arithmetic.metrics}
+    for name in ("eval/accuracy", "eval/pass@k", "eval/mean@k", "response/finished"):
+        assert declared[name].range == (0, 1), name
+    assert declared["eval/accuracy_gain"].range == (-1, 1)
+    assert all(declared[n].higher_is_better for n in ("eval/accuracy", "eval/accuracy_gain", "eval/reward",
+                                                       "eval/pass@k", "eval/mean@k"))
+    assert declared["response/length_incorrect"].tail and declared["response/length_correct"].tail
