@@ -645,3 +645,21 @@ def test_the_tasks_rates_are_declared_on_their_own_bounds_and_more_is_better():
     assert all(declared[n].higher_is_better for n in ("eval/accuracy", "eval/accuracy_gain", "eval/reward",
                                                        "eval/pass@k", "eval/mean@k"))
     assert declared["response/length_incorrect"].tail and declared["response/length_correct"].tail
+
+
+def test_a_checkpoint_saved_with_dropout_trains_without_it(tmp_path):
+    """A local GPT-2 saved with GPT-2's own dropout (0.1): the task switches the base's dropout off, so two passes
+    in train mode (with gradients, as an inner step) give the same log-probs: only lora.dropout may draw masks."""
+    from grpo_bench.tasks.lm import models
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
+
+    tok = models.prepare_tokenizer(build_char_tokenizer("0123456789=+ "))
+    model = models.build_tiny(tok, n_layer=1, n_embd=24, n_head=3, seed=5, n_positions=40)
+    model.config.resid_pdrop = model.config.embd_pdrop = model.config.attn_pdrop = 0.1
+    model.save_pretrained(tmp_path / "drop")
+    tok.save_pretrained(tmp_path / "drop")
+    task, _ = make({"model": {"source": str(tmp_path / "drop")}})
+    perturb_adapter(task)
+    ro = task.rollout(0, 0, 3)
+    first, second = task.logprobs(ro)[0], task.logprobs(ro)[0]   # with grad: train mode, as an inner step runs
+    assert torch.equal(first, second) and first.requires_grad
