@@ -1,5 +1,6 @@
 """The arithmetic task on a causal LM: masks, log-probs, the LoRA reference, loading, warm-start cache, a short run."""
 import copy
+from unittest import mock
 
 import pytest
 import torch
@@ -615,6 +616,12 @@ def test_a_members_memory_estimate_is_the_documented_one_and_cpu_runs_train_alon
     assert Arithmetic.population_cap(cfg) == 1
     cfg.device = "cuda"
     assert Arithmetic.population_cap(cfg) == 1 << 30
+    # `auto` sized before the plan resolves it: what it means here (no GPU: the CPU's one member)
+    cfg.device = "auto"
+    with mock.patch("torch.cuda.is_available", return_value=False):
+        assert Arithmetic.population_cap(cfg) == 1
+    with mock.patch("torch.cuda.is_available", return_value=True), mock.patch("os.cpu_count", return_value=2):
+        assert Arithmetic.population_cap(cfg) == 1 << 30
 
 
 def test_each_starts_headroom_is_what_its_default_recipe_runs_moved():

@@ -313,8 +313,9 @@ class Arithmetic:
         """Members worth stacking. On a CPU a member's rows already make the GEMMs compute-bound
         (measured on the embedded model: the same time per member at P = 1 and 2, 1.6x more at
         P = 8, where the activations leave the cache), so CPU runs train one at a time; a GPU
-        is left to the memory budget."""
-        return 1 if run_cfg.device == "cpu" else 1 << 30
+        is left to the memory budget. `auto` is sized as the device it means here (device_for), so a caller
+        that sizes before the runner's plan resolves it does not stack LM runs on a CPU."""
+        return 1 if device_for(run_cfg.device, Arithmetic) == "cpu" else 1 << 30
 
     @property
     def size(self) -> int:
