@@ -295,13 +295,10 @@ def optimal_token_baseline(rewards: Tensor, lengths: Tensor | None = None, greed
         return ret
     base = ((ret * cum).sum(-2, keepdim=True) / (cum.sum(-2, keepdim=True) + eps)).expand_as(ret)
     if zero_tail:
-        n = m.sum(-1)                                                     # (B, G)
-        top = n.topk(2, -1).values                                        # longest, second-longest
-        first, second = top[..., :1], top[..., 1:]
-        alone = (n == first) & ((n == first).sum(-1, keepdim=True) == 1) & (first > second)
+        # past the second-longest length only a group's one longest response has tokens (a tie leaves none)
+        second = m.sum(-1).topk(2, -1).values[..., 1:]                    # (B, 1)
         t = torch.arange(m.shape[-1], device=m.device, dtype=m.dtype)
-        tail = alone.unsqueeze(-1) & (t >= second.unsqueeze(-1))
-        base = torch.where(tail, torch.zeros_like(base), base)
+        base = torch.where(t >= second.unsqueeze(-1), torch.zeros_like(base), base)
     return (ret - base) * m
 
 
