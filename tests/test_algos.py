@@ -818,6 +818,8 @@ def test_opo_without_lengths_falls_back_to_the_group_mean():
     out = delta("opo", [[1.0, 0.0, 2.0], [1.0, 0.0, 0.0]], lengths=[[0, 0, 0], [1, 1, 2]])
     torch.testing.assert_close(out[0], T([0.0, -1.0, 1.0]))
     torch.testing.assert_close(out[1], T([0.75, -0.25, -0.25]))
+    # one token in the whole group: its response's reward is the baseline (a total of 1 is still a weighting)
+    torch.testing.assert_close(delta("opo", [[1.0, 0.0, 0.0]], lengths=[[1, 0, 0]]), T([[0.0, -1.0, -1.0]]))
 
 
 def test_gpg_counts_a_single_nonzero_reward():

@@ -206,6 +206,17 @@ def test_gtpo_runs_from_the_end_are_aligned_at_each_response_end():
     close(flat, [[[-0.05, -0.05, -0.05, 0.0], [-0.05] * 4]])
 
 
+def test_gtpo_a_shorter_response_ends_its_run_and_the_threshold_keeps_its_own_level():
+    """+ 5 7 7 against - 7 (one token): they share the last token, and the run from the end stops where the
+    shorter response has no token (its padding, read through the clamped reversal, is its own 7 again). A mean
+    entropy exactly at the threshold is kept (d_i = 0 only above it)."""
+    ids, mask = [[[5, 7, 7], [7, 0, 0]]], [[[1, 1, 1], [1, 0, 0]]]
+    a = 0.5 / (math.sqrt(0.5) + 1e-4)
+    got = gtpo([[1.0, 0.0]], ids, mask, [[[0.5] * 3, [0.5] * 3]], threshold=0.5, gamma=0.1)
+    close(got, [[[a - 0.05, a - 0.05, 2 * (a - 0.05)], [0.0] * 3]])
+    assert torch.equal(gtpo([[1.0, 0.0]], ids, mask, [[[0.5] * 3, [0.5] * 3]], threshold=0.4999)[0, 0], T([0.0] * 3))
+
+
 def _gtpo_loop(rewards, ids, mask, entropy, threshold=0.7, gamma=0.1, w=2.0, eps=1e-4):
     """GTPO's per-token advantages as its code builds them (build_conflict_mask and the entropy
     shaping of UnslothEfficientGTPO.forward), one response and one position at a time."""
