@@ -137,6 +137,12 @@ def test_topr_tapers_only_negative_responses():
     loss.sum().backward()
     close(lp.grad, [[[-1.5, -1.5], [1.5, 0.75]]])                  # negative: sg(min(ratio, 1)) A
     assert regions["cap"].tolist() == [[[False, False], [True, False]]]
+    # what the cap region counts (clip/cap_frac, clip/frac): a flat group's zero-advantage tokens and a ratio of
+    # exactly 1 (every token of a rollout's first update) are not cut
+    _, regions = part("loss", "topr")(lp.detach(), old, T([[0.0, -1.5]]), torch.ones(1, 2, 2))
+    assert regions["cap"].tolist() == [[[False, False], [True, False]]]
+    _, regions = part("loss", "topr")(lp.detach(), lp.detach(), a, torch.ones(1, 2, 2))
+    assert not regions["cap"].any()
 
 
 def test_topr_against_roll():

@@ -182,7 +182,8 @@ def topr(logp: Tensor, old_logp: Tensor, deltas: Tensor, mask: Tensor, *,
     ratio = torch.exp(logp - old_logp)
     pos = adv > 0
     weight = torch.where(pos, _full(adv, positive_weight), negative_weight * ratio.clamp(max=1.0).detach())
-    return -weight * adv * logp, {"cap": ~pos & (ratio > 1.0)}
+    # a zero-advantage token is neither side: no taper acts on it (nor is it clipped in any loss's regions)
+    return -weight * adv * logp, {"cap": (adv < 0) & (ratio > 1.0)}
 
 
 @register("loss", "sapo")
