@@ -570,6 +570,8 @@ def test_top_entropy_gates_all_but_the_highest_entropy_tokens():
     assert out.gate.nonzero().tolist() == [[0, 0, 1], [0, 1, 2]]
     assert torch.equal(out.mask, b.mask)                      # still counted in the normaliser
     assert torch.equal(registry.get("filter", "top_entropy")(b, rho=1.0).gate, b.mask)
+    # bf16 entropies (a bf16 trainer's) are compared in fp32: torch.quantile takes no bf16
+    assert torch.equal(registry.get("filter", "top_entropy")(b.replace(entropy=ent.bfloat16()), rho=0.2).gate, out.gate)
 
 
 # ------------------------------------------------------------------------ registry

@@ -219,6 +219,10 @@ def test_prompt_mean_hand_values_and_trl_5375():
     m2 = m.clone()
     m2[1] = 0
     assert registry.get("aggregate", "prompt_mean")(x, m2).item() == pytest.approx(7 / 4)
+    # a prompt of one token is a prompt: (4 + 2) / 2, not 6 over the one prompt with more tokens
+    m3 = torch.zeros_like(m)
+    m3[0, 1, 0] = m3[1, 0, 0] = m3[1, 0, 1] = 1
+    assert registry.get("aggregate", "prompt_mean")(x, m3).item() == pytest.approx(3.0)
 
 
 # ================================================================== corrections
@@ -286,6 +290,19 @@ def test_rollout_rs_divergences_and_levels():
     assert (w == 1).all()                                            # rejection removes, it never reweights
 
 
+def test_rollout_rs_k1_bounds_are_inclusive_and_low_defaults_to_one_over_high():
+    """k1 keeps low <= pi_s / pi_old <= high, both ends included, and low null is 1 / high: with high 2 a
+    ratio of 0.6 stays and 0.4 leaves (a default low of 1 would drop 0.6 too)."""
+    old = T([[[-math.log(0.6), -math.log(0.4), -math.log(2.0), -math.log(0.5), -math.log(2.5)]]])
+    zero = torch.zeros_like(old)   # log pi_s: the ratios' logs exactly, as the bounds' are taken
+    _, keep, _ = registry.get("correction", "rollout_rs")(old, old, zero, torch.ones(1, 1), torch.ones_like(old),
+                                                          divergence="k1", level="token", high=2.0)
+    assert keep.tolist() == [[[True, False, True, True, False]]]
+    # k2 and k3 keep a divergence equal to high
+    _, keep, _ = corr("rollout_rs", [[[1.0, 1.25]]], divergence="k2", level="token", high=0.5)
+    assert keep.tolist() == [[[True, False]]]
+
+
 def test_geo_mask_is_rollout_rs_k1_seq_mean():
     lp, old, sampler, d, mask = rand_batch(seed=6, mismatch_=0.002)
     a = registry.get("correction", "geo_mask")(lp, old, sampler, d, mask)
@@ -303,6 +320,17 @@ def test_opsm_masks_negative_far_off_policy_responses_only():
                                                       torch.ones(1, 3, 2), threshold=0.5)
     close(w, [[[0, 0], [1, 1], [1, 1]]])
     assert keep.all() and reg["masked"][0, 0].all() and not reg["masked"][0, 1:].any()
+
+
+def test_opsm_drops_only_negative_responses_strictly_beyond_the_threshold():
+    """DeepSeek-V3.2's eq. 9 masks when A < 0 and the divergence exceeds delta: a zero-advantage response
+    (a flat group's) and one exactly at delta stay, and the mask's share counts neither."""
+    sampler = torch.full((1, 3, 2), -1.0)
+    logp = sampler - T([[[0.5, 0.5], [0.75, 0.75], [0.75, 0.75]]])   # divergences 0.5, 0.75, 0.75
+    w, _, reg = registry.get("correction", "opsm")(logp, logp, sampler, T([[-1.0, 0.0, -2.0]]),
+                                                   torch.ones(1, 3, 2), threshold=0.5)
+    close(w, [[[1, 1], [1, 1], [0, 0]]])
+    assert reg["masked"].tolist() == [[[False, False], [False, False], [True, True]]]
 
 
 def test_opsm_against_trl_get_off_policy_mask():
@@ -352,6 +380,22 @@ def test_m2po_hand_values_and_against_areal():
         assert torch.equal(keep & (mask > 0), want), thr
 
 
+def test_m2po_strict_threshold_and_ties_leave_in_token_order():
+    """Powers of two keep every mean exact: (log rho)^2 = 1/4, 1/16, 1/64, 0, suffix means 0.08203125, 0.026,
+    0.0078125, 0. At a threshold equal to the third mean, that suffix is not below it: three leave."""
+    lr = [[[0.5, 0.25, 0.125, 0.0]]]
+    _, keep, _ = corr("m2po", lr, threshold=0.0078125)
+    assert keep.tolist() == [[[False, False, False, True]]]
+    _, keep, _ = corr("m2po", lr, threshold=0.0078126)
+    assert keep.tolist() == [[[False, False, True, True]]]
+    # 100 tied tokens then 28 at 0: the suffix mean 0.25 (100 - i) / (128 - i) drops below 0.1 at i = 82, and
+    # the 82 that leave are the first 82 in token order, on any device (torch's unstable sort reorders ties
+    # from about 100 elements)
+    lr = torch.cat([torch.full((100,), 0.5), torch.zeros(28)]).view(1, 4, 32)
+    _, keep, _ = corr("m2po", lr, threshold=0.1)
+    assert keep.reshape(-1).tolist() == [False] * 82 + [True] * 46
+
+
 def test_mismatch_metrics_hand_values():
     old, sampler = T([[[1.0, -1.0, 0.0, 5.0]]]) - 2, torch.full((1, 1, 4), -2.0)
     m = mismatch(old, sampler, T([[[1, 1, 1, 0]]]))
@@ -361,9 +405,24 @@ def test_mismatch_metrics_hand_values():
     close(m["mismatch/ratio_min"], 1 / E)
     m = mismatch(old, sampler, torch.zeros(1, 1, 4))
     assert m["mismatch/ratio_max"] == 1 and m["mismatch/ratio_min"] == 1 and m["mismatch/kl"] == 0
+    # log-ratios are clamped to [-20, 20] before exp, as verl's SAFETY_BOUND
+    m = mismatch(T([[[25.0, -25.0]]]), torch.zeros(1, 1, 2), torch.ones(1, 1, 2))
+    close(m["mismatch/ratio_max"], math.exp(20.0))
+    close(m["mismatch/ratio_min"], math.exp(-20.0))
+    close(m["mismatch/kl"], 0.0)
 
 
 # ------------------------------------------------------------ composition
+
+def test_composed_weight_is_detached_even_from_a_part_that_keeps_its_graph():
+    """A user's correction may build its weight from the current policy: compose hands back a weight
+    without a graph, so no gradient ever flows through an importance weight."""
+    from grpo_bench.algos.corrections import compose
+    lp = torch.zeros(1, 1, 2, requires_grad=True)
+    part = SimpleNamespace(name="mine", obj=lambda logp, *a: (torch.exp(logp), torch.ones_like(logp) > 0, {}))
+    w, _, _ = compose([(part, {})], lp, lp.detach(), None, torch.ones(1, 1), torch.ones(1, 1, 2))
+    assert not w.requires_grad and torch.equal(w, torch.ones(1, 1, 2))
+
 
 def test_corrections_compose_into_grpo_loss():
     lp, old, sampler, d, mask = rand_batch(seed=9, mismatch_=0.5)
@@ -467,6 +526,9 @@ def test_no_positive_resample_retires_prompts_at_the_pass_rate():
     assert out.retire.tolist() == [True, True, False, True] and torch.equal(out.mask, _batch([[0] * 3] * 4).mask)
     out = registry.get("filter", "no_positive_resample")(_batch([[1, 1, 1, 1, 1, 1, 1, 1, 1, 0]]))
     assert out.retire.tolist() == [True]                             # 0.9, ScaleRL's bound, is reached
+    # a prompt another filter already retired stays retired beside the ones this one retires
+    first = _batch([[0, 0, 0], [1, 1, 1]]).replace(retire=torch.tensor([True, False]))
+    assert f(first).retire.tolist() == [True, True]
 
 
 def test_sort_task_never_draws_a_retired_prompt_and_is_unchanged_without_one():

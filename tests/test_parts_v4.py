@@ -426,6 +426,16 @@ def test_snis_hand_values():
     assert (w == 0).all()
 
 
+def test_snis_leaves_a_mean_of_exactly_1e_8_alone(monkeypatch):
+    """verl normalises only a batch mean above 1e-8 (exp cannot make 1e-8 exactly: the weights are given)."""
+    from grpo_bench.algos import corrections
+    one = torch.ones(1, 1, 1)
+    for mean, want in ((1e-8, 1e-8), (2e-8, 1.0)):
+        monkeypatch.setattr(corrections, "token_tis", lambda *a, mean=mean, **k: (torch.full_like(one, mean), one > 0, {}))
+        w, _, _ = registry.get("correction", "snis")(one, one, one, torch.zeros(1, 1), one)
+        assert w.item() == want
+
+
 VERL_SNIS = [("token", 2.0, {}), ("sequence", 2.0, {"level": "sequence"}),
              ("token", "0.5_5.0", {"mode": "mask", "low": 0.5, "high": 5.0}),
              ("sequence", "0.8_1.5", {"level": "sequence", "mode": "mask", "low": 0.8, "high": 1.5})]

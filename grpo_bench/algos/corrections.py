@@ -240,7 +240,8 @@ def m2po(logp: Tensor, old_logp: Tensor, sampler_logp: Tensor, deltas: Tensor, m
 
     log rho = log pi_old - log pi_s (against old, AReaL's behaviour vs proximal policy) or
     log pi - log pi_s (against current, detached: the paper's pi_theta). If no suffix gets
-    below the threshold all but one token leave, as AReaL does. Masked over the whole batch.
+    below the threshold all but one token leave, as AReaL does. Masked over the whole batch; of
+    tokens tied in (log rho)^2 the earlier leave first (a stable sort: the same tokens on every device).
 
     Source: Prosperity before Collapse, M2PO (Zheng et al., 2025, arXiv 2510.01161); AReaL actor.m2_threshold (0.04 in its gsm8k example).
     """
@@ -258,7 +259,7 @@ def m2po(logp: Tensor, old_logp: Tensor, sampler_logp: Tensor, deltas: Tensor, m
     below = live & (suffix / (n - idx).clamp(min=1) < threshold)
     first = torch.where(below.any(), below.to(torch.int64).argmax(), (n - 1).clamp(min=0).to(torch.int64))
     rank = torch.argsort(order)                                                   # position of each token
-    keep = (rank >= first).view_as(log_rho) | (mask <= 0)
+    keep = (rank >= first).view_as(log_rho)   # masked tokens rank last, at n or later: always kept
     return torch.ones_like(log_rho), keep, {"masked": ~keep}
 
 

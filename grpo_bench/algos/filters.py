@@ -95,8 +95,9 @@ def top_entropy(batch: Batch, *, rho: Probability = 0.2) -> Batch:
     on = batch.mask > 0
     if batch.entropy is None or not on.any():
         return batch
-    # compare in one dtype: an fp32 threshold of fp64 entropies would drop the minimum at rho = 1
-    ent = batch.entropy if batch.entropy.is_floating_point() and batch.entropy.itemsize >= 4 else batch.entropy.float()
+    # compare in one dtype: an fp32 threshold of fp64 entropies would drop the minimum at rho = 1 (quantile
+    # takes fp32 or fp64 only)
+    ent = batch.entropy.to(torch.promote_types(batch.entropy.dtype, torch.float32))
     threshold = torch.quantile(ent[on], 1.0 - rho)
     gate = ((ent >= threshold) & on).to(batch.mask.dtype)
     return batch.replace(gate=gate if batch.gate is None else batch.gate * gate)
