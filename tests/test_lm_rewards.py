@@ -34,6 +34,7 @@ def test_char_tokenizer_round_trip_and_reload(tmp_path):
     ("1,234", 1234), ("42.0", 42), ("42.5", None), ("\\boxed{7} and then 9", 7),
     ("", None), ("abc", None), ("=", None), ("٤٢", None), ("４２", None), ("😀42😀", 42),
     ("9" * 10_000, None), ("-" * 50, None),
+    ("9" * 64, int("9" * 64)), ("-" + "9" * 64, -int("9" * 64)), ("9" * 65, None),   # at most 64 digits
 ])
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
@@ -57,6 +58,8 @@ def test_scratchpad_format_takes_a_worked_answer_or_a_bare_one():
              "((7+5=12))432", "432(7+5=12)", "(7+5=12)432junk", "(7+5=12)432"]
     finished = [True] * (len(texts) - 1) + [False]
     assert rewards.scratchpad_format([], texts, finished=finished) == [1, 1, 1, 0, 0, 0, 0, 0, 0, 0]
+    # called without `finished` (a direct call, a user's recipe): every completion counts as ended
+    assert rewards.scratchpad_format([], ["(1+1=2)2", "2"]) == [1.0, 1.0]
     # the bare-integer format is the old one: a worked answer is not a bare integer
     assert rewards.format_reward([], texts[:2]) == [1.0, 0.0]
 
