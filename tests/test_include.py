@@ -256,6 +256,36 @@ CONTRACT_CASES = {
     "delta of the wrong shape": ("delta", "def part(rewards, lengths, greedy, components, extra):\n"
                                  "    return rewards.flatten()\n", "the deltas has shape (6,), expected (2, 3)"),
     "ref_update returns None": ("ref_update", "def part(epoch):\n    pass\n", "what it returned is a NoneType"),
+    # the other axes and the edges of each check
+    "loss returns a triple": ("loss", "def part(logp, old_logp, deltas, mask):\n    return -logp, {}, None\n",
+                              "returned a tuple of 3, not a pair (per-token loss, regions)"),
+    "loss with one token not finite": ("loss", "def part(logp, old_logp, deltas, mask):\n"
+                                       "    out = -logp * deltas[..., None]\n    out[0, 0, 0] = float('nan')\n"
+                                       "    return out, {}\n", "the per-token loss is not finite"),
+    "loss regions a list": ("loss", "def part(logp, old_logp, deltas, mask):\n    return -logp, []\n",
+                            "the regions is a list, not a dict"),
+    "loss region per response": ("loss", "def part(logp, old_logp, deltas, mask):\n"
+                                 "    return -logp, {'low': deltas > 0}\n",
+                                 "the regions['low'] has shape (2, 3), expected (2, 3, 8)"),
+    "delta not finite": ("delta", "def part(rewards, lengths, greedy, components, extra):\n"
+                         "    return rewards / 0\n", "the deltas is not finite"),
+    "correction returns a pair": ("correction", "def part(logp, old_logp, sampler_logp, deltas, mask):\n"
+                                  "    return torch.ones_like(logp), mask > 0\n",
+                                  "returned a tuple of 2, not a triple (weight, keep, regions)"),
+    "correction keeps by float": ("correction", "def part(logp, old_logp, sampler_logp, deltas, mask):\n"
+                                  "    return torch.ones_like(logp), mask, {}\n",
+                                  "keep has dtype torch.float32, expected torch.bool"),
+    "kl_ctrl returns a bool": ("kl_ctrl", "def part(coef, observed_kl, n_samples):\n    return True\n",
+                               "what it returned is a bool, not a number"),
+    "kl_ctrl not finite": ("kl_ctrl", "def part(coef, observed_kl, n_samples):\n    return coef / 0.0 if False "
+                           "else float('inf')\n", "what it returned is inf on finite inputs"),
+    "entropy_ctrl returns a number": ("entropy_ctrl", "def part(coef, entropy):\n    return 0.1\n",
+                                      "returned a float, not a pair (state, coefficient)"),
+    "entropy_ctrl coefficient nan": ("entropy_ctrl", "def part(coef, entropy):\n"
+                                     "    return coef, torch.tensor(float('nan'))\n", "the coefficient is nan"),
+    "filter returns a dict": ("filter", "def part(batch):\n    return {}\n", "returned a dict, not a Batch"),
+    "filter cuts the mask": ("filter", "def part(batch):\n    return batch.replace(mask=batch.mask[..., 0])\n",
+                             "the batch's mask has shape (2, 3), expected (2, 3, 8)"),
 }
 
 
@@ -273,6 +303,18 @@ def test_a_users_part_that_breaks_its_axis_contract_is_refused_when_it_loads(tmp
     assert "\n" not in line and line.startswith(f"{axis} 'mine' in {f}: {problem}"), line
     assert line.endswith(f"; a {axis} part is {registry.CONTRACTS[axis]}"), line
     assert "mine" not in registry.names(axis)
+
+
+def test_a_users_part_is_called_with_its_defaults_and_max_len_as_the_budget(tmp_path):
+    """The check calls a part with its parameters' defaults; a max_len left None (the run fills it) is the
+    budget T = 8 there, and no other None default is touched. A part that sees otherwise raises, and is refused."""
+    f = tmp_path / "ok.py"
+    f.write_text("import torch\nfrom grpo_bench.registry import register\n\n\n@register('filter', 'budgeted')\n"
+                 "def part(batch, *, max_len: int | None = None, cap: float | None = None, keep: float = 0.5):\n"
+                 "    assert max_len == 8 and cap is None and keep == 0.5, (max_len, cap, keep)\n"
+                 "    return batch\n")
+    registry.include(f)
+    assert "budgeted" in registry.names("filter")
 
 
 def test_the_loss_returning_one_tensor_is_one_line_from_run_and_module_function(tmp_path, monkeypatch):

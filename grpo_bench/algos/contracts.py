@@ -93,8 +93,9 @@ def _call(e: registry.Entry, x: dict):
     if e.axis == "kl_ctrl":
         return fn(0.05, 0.02, B * G, **params)
     if e.axis == "entropy_ctrl":
-        state, coef = fn(0.01, None, **params)   # as the recipe starts it, then after a step
-        return fn(state, 1.0, **params)
+        first = fn(0.01, None, **params)   # as the recipe starts it, then after a step
+        # a first return that is no pair is what problem() names, not the unpacking's TypeError
+        return first if _pair(first, "") else fn(first[0], 1.0, **params)
     if e.axis == "ref_update":
         return fn(3, **params)
     if e.axis == "filter":
