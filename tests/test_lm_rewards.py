@@ -58,6 +58,9 @@ def test_scratchpad_format_takes_a_worked_answer_or_a_bare_one():
              "((7+5=12))432", "432(7+5=12)", "(7+5=12)432junk", "(7+5=12)432"]
     finished = [True] * (len(texts) - 1) + [False]
     assert rewards.scratchpad_format([], texts, finished=finished) == [1, 1, 1, 0, 0, 0, 0, 0, 0, 0]
+    # without max_new_tokens the longest completion sets the scale: one token of one is the whole budget
+    assert rewards.length_penalty([], ["7"], completion_lengths=[1]) == [-1.0]
+    assert rewards.length_penalty([], ["", "7"], completion_lengths=[0, 2]) == [0.0, -1.0]
     # called without `finished` (a direct call, a user's recipe): every completion counts as ended
     assert rewards.scratchpad_format([], ["(1+1=2)2", "2"]) == [1.0, 1.0]
     # the bare-integer format is the old one: a worked answer is not a bare integer

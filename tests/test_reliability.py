@@ -504,8 +504,14 @@ def test_a_reward_that_never_returns_times_out_when_called_from_a_thread(monkeyp
             assert isinstance(error, rewards.RewardTimeout) and "within 0.3 s" in str(error), (fn, value, error)
             assert took < 5, took
         assert abandoned.wait(5), "the timed-out reward's thread is still running"
+        # the one a C wait keeps alive is a daemon: it cannot hold the interpreter open at exit
+        left = [t for t in threading.enumerate() if t.name == "grpo_bench-reward m:r"]
+        assert left and all(t.daemon for t in left)
     finally:
         release.set()
+    # a reward that takes part of its limit in a thread is waited for; a limit of 0 waits as long as it takes
+    assert _in_thread(rewards.call, "m:r", lambda p, c: time.sleep(0.1) or [1.0], [[1]], [[1]])[:2] == ([1.0], None)
+    assert _in_thread(rewards.bounded, "m:r", 0, lambda: time.sleep(0.05) or 7)[:2] == (7, None)
     # what returns or raises in time is the reward's, in a thread as in the main one
     assert _in_thread(rewards.call, "m:r", lambda p, c, answer: [answer], [[1]], [[1]], answer=0.5)[0] == [0.5]
 
@@ -685,6 +691,52 @@ def test_every_reward_call_is_bounded_the_tasks_own_a_verifier_and_a_users(spec)
     assert time.monotonic() - t0 < 3
     assert str(e.value).startswith(f"reward {spec!r} did not return within 0.3 s before reading any of its 4 "
                                    "completions;"), str(e.value)
+
+
+def test_a_reward_in_the_main_thread_runs_there_and_leaves_no_timer_or_handler_behind():
+    """In the main thread with no timer of the caller's, a reward runs in that thread under SIGALRM (which also
+    cuts a C wait short); a call that returns in time leaves no timer running and the caller's handler in
+    place (a timer left running would deliver SIGALRM later, to a handler that may end the process)."""
+    import signal
+    import threading
+
+    from grpo_bench.algos import rewards
+
+    mine = lambda *a: None  # noqa: E731
+    previous = signal.signal(signal.SIGALRM, mine)
+    try:
+        where = []
+        out = rewards.call("m:r", lambda p, c: where.append(threading.current_thread()) or [1.0], [[1]], [[1]],
+                           limit=0.3)
+        assert out == [1.0] and where == [threading.main_thread()]
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0) and signal.getsignal(signal.SIGALRM) is mine
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert rewards.timeout_s() == 300.0   # a reward called by hand, without a task's limit
+
+
+@pytest.mark.parametrize("read, group, where", [
+    (lambda c: c[5], 2, "at prompt 2 of 4 (index of the last completion it read: 5)"),
+    (lambda c: c[-1], 2, "at prompt 3 of 4 (index of the last completion it read: 7)"),   # from the end
+    (lambda c: c[0], 2, "at prompt 0 of 4 (index of the last completion it read: 0)"),
+    (lambda c: c[5], None, "at prompt 5 of 8 (index of the last completion it read: 5)"),  # a prompt each
+])
+def test_a_reward_that_hangs_after_reading_by_index_names_where(read, group, where):
+    import time
+
+    from grpo_bench.algos import rewards
+
+    def hangs(prompts, completions, **kw):
+        read(completions)
+        time.sleep(30)
+
+    kw = {} if group is None else {"group": group}
+    with pytest.raises(rewards.RewardTimeout) as e:
+        rewards.call("m:r", hangs, ["p"] * 8, ["c"] * 8, limit=0.3, **kw)
+    assert f"within 0.3 s {where};" in str(e.value), str(e.value)
+    with pytest.raises(rewards.RewardTimeout) as e:
+        rewards.combine({"m:r": (hangs, 1.0)}, ["p"] * 8, ["c"] * 8, limit=0.3, **kw)
+    assert f"within 0.3 s {where};" in str(e.value), str(e.value)
 
 
 def test_reward_timeout_default_fits_each_task_and_is_checked():
