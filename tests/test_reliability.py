@@ -693,7 +693,7 @@ def test_every_reward_call_is_bounded_the_tasks_own_a_verifier_and_a_users(spec)
                                    "completions;"), str(e.value)
 
 
-def test_a_reward_in_the_main_thread_runs_there_and_leaves_no_timer_or_handler_behind():
+def test_a_reward_called_where_sigalrm_reaches_runs_there_and_leaves_no_timer_or_handler_behind():
     """In the main thread with no timer of the caller's, a reward runs in that thread under SIGALRM (which also
     cuts a C wait short); a call that returns in time leaves no timer running and the caller's handler in
     place (a timer left running would deliver SIGALRM later, to a handler that may end the process)."""
