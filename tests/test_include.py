@@ -15,6 +15,7 @@ import textwrap
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 from grpo_bench import registry
@@ -283,6 +284,9 @@ CONTRACT_CASES = {
                                       "returned a float, not a pair (state, coefficient)"),
     "entropy_ctrl coefficient nan": ("entropy_ctrl", "def part(coef, entropy):\n"
                                      "    return coef, torch.tensor(float('nan'))\n", "the coefficient is nan"),
+    "correction weight not finite": ("correction", "def part(logp, old_logp, sampler_logp, deltas, mask):\n"
+                                     "    return torch.ones_like(logp) / 0, mask > 0, {}\n",
+                                     "the weight is not finite"),
     "filter returns a dict": ("filter", "def part(batch):\n    return {}\n", "returned a dict, not a Batch"),
     "filter cuts the mask": ("filter", "def part(batch):\n    return batch.replace(mask=batch.mask[..., 0])\n",
                              "the batch's mask has shape (2, 3), expected (2, 3, 8)"),
@@ -315,6 +319,66 @@ def test_a_users_part_is_called_with_its_defaults_and_max_len_as_the_budget(tmp_
                  "    return batch\n")
     registry.include(f)
     assert "budgeted" in registry.names("filter")
+
+
+SEEN_PARTS = """
+import torch
+from grpo_bench.registry import register
+SEEN = {}
+
+
+@register("loss", "seen_loss", needs=("ref_logp",))
+def loss(logp, old_logp, deltas, mask):
+    SEEN["loss"] = (logp, old_logp, deltas, mask)
+    return -logp, {}
+
+
+@register("delta", "seen_delta", needs=("ids", "logp", "entropy", "sum_pi_sq", "ref_rewards"), token_level=True)
+def delta(rewards, lengths, greedy, components, extra):
+    SEEN["delta"] = (rewards, lengths, greedy, components, extra)
+    return extra.logp
+
+
+@register("kl_ctrl", "seen_kl_ctrl")
+def kl_ctrl(coef, observed_kl, n_samples):
+    SEEN["kl_ctrl"] = (coef, observed_kl, n_samples)
+    return coef
+
+
+@register("entropy_ctrl", "seen_entropy_ctrl")
+def entropy_ctrl(coef, entropy):
+    SEEN.setdefault("entropy_ctrl", []).append((coef, entropy))
+    return {"start": coef} if entropy is None else coef, 0.01
+"""
+
+
+def test_a_users_part_is_checked_on_inputs_in_its_axiss_domain(tmp_path):
+    """What the check hands a part is what a run would: log-probs below 0, a mask of 0s and 1s with one response
+    cut short and none empty, lengths its token counts, the reference's log-probs where the part needs them,
+    sum pi^2 in (0, 1], token ids and entropies of their kind, a controller's count of samples a positive int and
+    an entropy controller its own state back. Inputs outside it would refuse a correct part."""
+    from grpo_bench.algos import contracts
+
+    f = tmp_path / "seen.py"
+    f.write_text(SEEN_PARTS)
+    registry.include(f)
+    import importlib
+    seen = importlib.import_module(registry._INCLUDED[str(f.resolve())]).SEEN
+    x = contracts._inputs()
+    logp, old, deltas, mask = seen["loss"]
+    assert torch.equal(old, x["ref_logp"]) and not torch.equal(old, x["old_logp"])   # needs=("ref_logp",)
+    assert (logp < 0).all() and (old < 0).all() and deltas.shape == (2, 3)
+    lengths = mask.sum(-1)
+    assert set(mask.unique().tolist()) == {0.0, 1.0} and (lengths > 0).all() and (lengths < 8).any()
+    assert ((mask[..., 1:] <= mask[..., :-1]).all())                                 # tokens, then padding
+    rewards, got_lengths, greedy, components, extra = seen["delta"]
+    assert torch.equal(got_lengths, lengths) and rewards.shape == (2, 3) and greedy.shape == (2,)
+    assert (extra.sum_pi_sq > 0).all() and (extra.sum_pi_sq <= 1).all() and (extra.entropy >= 0).all()
+    assert extra.ids.dtype == torch.int64 and (extra.ids >= 0).all() and extra.ref_rewards.shape[0] == 2
+    coef, kl, n = seen["kl_ctrl"]
+    assert coef > 0 and kl >= 0 and isinstance(n, int) and n == 6
+    (c0, e0), (state, e1) = seen["entropy_ctrl"]
+    assert e0 is None and state == {"start": c0} and e1 >= 0
 
 
 def test_the_loss_returning_one_tensor_is_one_line_from_run_and_module_function(tmp_path, monkeypatch):
