@@ -85,6 +85,12 @@ def test_otb_ties_single_responses_and_flat_groups():
     b0 = (1 + 0 + 4) * 0.5 / (1.5 + 1e-8)
     b1 = (1 + 0) * 1.0 / (2.0 + 1e-8)
     close(got, [[[1 - b0, 1 - b1], [-b0, -b1], [4 - b0, 0.0]]])
+    # a tie past every other response's end (lengths 3, 3, 1): their last token's baseline is their W-weighted
+    # mean (W = 1.5 each), not the zero tail's 0
+    lp3 = [[[h, h, h], [h, h, h], [h, 0.0, 0.0]]]
+    sp3 = [[[0.5, 0.5, 0.5], [0.5, 0.5, 0.5], [0.5, 0.0, 0.0]]]
+    got = otb([[1.0, 0.0, 4.0]], lp3, sp3, [[[1, 1, 1], [1, 1, 1], [1, 0, 0]]])
+    close(got[0, :2, 2], [1 - 1.5 / (3.0 + 1e-8), -1.5 / (3.0 + 1e-8)])
     # a group of one: no baseline (verl's N == 1 branch)
     close(otb([[3.0]], [[[h, h]]], [[[0.5, 0.5]]], [[[1, 1]]]), [[[3.0, 3.0]]])
     # a flat group: r * eps / (sum W + eps), verl's numbers, not exactly 0
@@ -105,6 +111,7 @@ def _otb_batch(seed=0, b=3, g=4, t=6):
     tok = torch.randint(0, 7, (b, g, t), generator=gen)
     logp = torch.log(p.gather(-1, tok.unsqueeze(-1)).squeeze(-1))
     rewards = torch.randint(0, 2, (b, g), generator=gen).double()
+    rewards[1] = torch.tensor([1.0, 0.0, 1.0, 0.0])   # the tied longest disagree: their tail's baseline is not 0
     rewards[2] = 1.0                                  # a flat group
     return rewards, logp, p.square().sum(-1), mask
 
