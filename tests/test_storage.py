@@ -77,6 +77,51 @@ def test_the_long_table_is_compact_and_exact(tmp_path):
     assert (out / "metrics.parquet").stat().st_size < 0.8 * (tmp_path / "plain.parquet").stat().st_size
 
 
+def test_the_stored_dtypes_whatever_the_writer_handed(tmp_path):
+    """Steps and seeds as int64 and values as float64 whatever width they came in (a float32 value widened
+    exactly), names and text axes as categories, an axis mixing numbers and text as text (1 and "1" one
+    category), a missing name kept missing, numbers and flags left as they are."""
+    import numpy as np
+
+    df = pd.DataFrame({"step": np.array([0, 1, 2], dtype="int32"), "seed": np.array([3, 3, 3], dtype="int16"),
+                       "value": np.array([0.1, 1 / 3, -2.5], dtype="float32"), "metric": ["a", "b", None],
+                       "axis": [1, "1", "x"], "lr": [0.1, 0.2, 0.3], "flag": [True, False, True]})
+    ST.write_parquet(df, tmp_path / "m.parquet")
+    back = pd.read_parquet(tmp_path / "m.parquet")
+    assert dict(back.dtypes.astype(str)) == {"step": "int64", "seed": "int64", "value": "float64",
+                                             "metric": "category", "axis": "category", "lr": "float64",
+                                             "flag": "bool"}
+    assert bits(back.value) == bits(np.array([0.1, 1 / 3, -2.5], dtype="float32").astype("float64"))
+    assert back.axis.tolist() == ["1", "1", "x"] and back.metric.isna().tolist() == [False, False, True]
+
+
+def test_outcomes_take_the_smallest_dtypes_that_hold_them_and_the_encodings_the_docstring_names(tmp_path):
+    """k_correct Int8 up to 127 correct samples and Int16 from 128 (its largest, not its smallest, decides),
+    NA where pass@k never ran; seed int64 as in every table. The metrics table's values are byte-stream-split
+    and every other column dictionary-encoded, all zstd; the outcomes table (no value column) splits none."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    def outcomes(k):
+        return pd.DataFrame({"run": ["r"] * 2, "variant": ["v"] * 2, "seed": np.array([1, 1], dtype="int32"),
+                             "step": [0, 0], "problem": [0, 1], "greedy": [1, 0], "k_correct": k})
+
+    for k, dtype in (([0, 127], "Int8"), ([0, 128], "Int16"), ([None, None], "Int8")):
+        t = ST.outcomes_table(outcomes(k))
+        assert str(t.k_correct.dtype) == dtype and t.k_correct.astype("Float64").tolist() == \
+            pd.array(k, dtype="Float64").tolist(), k
+        assert str(t.seed.dtype) == "int64" and str(t.greedy.dtype) == "int8" and str(t.step.dtype) == "int32"
+    ST._write_outcomes(outcomes([3, 200]), tmp_path / "o.parquet")
+    ST.write_parquet(pd.DataFrame({"run": ["r"] * 3, "metric": ["a"] * 3, "step": [0, 1, 2], "seed": [0] * 3,
+                                   "value": [0.5, 1 / 3, 2.0]}), tmp_path / "m.parquet")
+    for name, split in (("m.parquet", {"value"}), ("o.parquet", set())):
+        meta = pq.ParquetFile(tmp_path / name).metadata.row_group(0)
+        cols = {meta.column(i).path_in_schema: meta.column(i) for i in range(meta.num_columns)}
+        assert {n for n, c in cols.items() if "BYTE_STREAM_SPLIT" in c.encodings} == split, name
+        assert all("RLE_DICTIONARY" in c.encodings for n, c in cols.items() if n not in split), name
+        assert {c.compression for c in cols.values()} == {"ZSTD"}, name
+
+
 # ---------------------------------------------------------------------- what the CSV era left
 
 

@@ -70,7 +70,7 @@ def metrics_table(df: pd.DataFrame) -> pd.DataFrame:
             df[c] = df[c].astype("float64")
         elif not pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]):
             # names and text-valued axes; a column mixing numbers and text is text
-            df[c] = df[c].map(lambda v: v if v is None or isinstance(v, str) else str(v), na_action="ignore")
+            df[c] = df[c].map(str, na_action="ignore")
             df[c] = df[c].astype("category")
     return df
 
