@@ -296,13 +296,24 @@ def test_summary_json_records_rows_and_checksum(swept):
         assert record["rows"] == len(pd.read_parquet(f)) > 0
 
 
-def test_collect_marks_a_damaged_run_failed_never_keeps_it(swept, capsys):
+COLLECT_WHY = {"truncated metrics": "SHA-256 differs", "empty metrics": "SHA-256 differs",
+               "metrics gone": "metrics.parquet is missing", "one value edited": "SHA-256 differs",
+               "summary not JSON": "summary.json unreadable", "summary gone": "no summary.json",
+               "summary without checksum": ST.NO_RECORD}
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_collect_marks_a_damaged_run_failed_never_keeps_it(swept, capsys, case):
+    """Whatever the damage, the run's metrics are left out (one value edited is still a readable table of the
+    recorded rows: only its checksum says it is not the run's) and its error says what check_run found."""
     _, out, runs = swept
     victim = sorted(runs)[0]
-    DAMAGE["truncated metrics"](out / "runs" / victim)
+    DAMAGE[case](out / "runs" / victim)
     summary = RN.collect(out)
     row = summary.set_index("run").loc[victim]
-    assert row.status == "failed" and "damaged" in row.error
+    assert row.status == "failed" and "damaged" in row.error and COLLECT_WHY[case] in row.error, row.error
+    # summary.csv is the table itself: its first column is the run, not an index
+    assert pd.read_csv(out / "summary.csv").columns[0] == "run"
     assert "metrics_file" not in summary.columns and "traceback" not in summary.columns
     assert victim not in set(pd.read_parquet(out / "metrics.parquet").run)
     assert [line for line in capsys.readouterr().err.splitlines() if victim in line]
@@ -335,10 +346,56 @@ def test_stale_temporaries_of_dead_processes_are_cleaned(swept):
     stale[0].mkdir()
     (stale[0] / ST.METRICS_FILE).write_bytes(b"PAR1")
     stale[1].write_text("run,")
-    alive = out / f".REPORT.md.tmp-{os.getppid()}"      # a live process's (a concurrent plot): left alone
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    alive = out / f".REPORT.md.tmp-{live.pid}"          # a live process's (a concurrent plot): left alone
     alive.write_text("x")
-    RN.run_ablation(abl, out, workers=1, progress=False)
-    assert not any(p.exists() for p in stale) and alive.exists()
+    try:
+        RN.run_ablation(abl, out, workers=1, progress=False)
+        assert not any(p.exists() for p in stale) and alive.exists()
+        assert live.poll() is None                       # asked whether it lives, not sent a signal
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_stale_temporary_that_cannot_be_removed_does_not_stop_the_sweep(swept, monkeypatch):
+    """A dead process's temporary that cannot be deleted (another user's file, a read-only mount) is left; the
+    sweep that found it goes on."""
+    abl, out, _ = swept
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stuck = [out / "runs" / f".r1.tmp-{dead}", out / f".summary.csv.tmp-{dead}"]
+    stuck[0].mkdir()
+    (stuck[0] / "x").write_text("x")
+    stuck[1].write_text("x")
+    real_rmdir, real_unlink = os.rmdir, os.unlink
+
+    def refuse(f):
+        def call(p, *a, **k):
+            if str(dead) in str(p):
+                raise PermissionError(13, "Permission denied", str(p))
+            return f(p, *a, **k)
+        return call
+
+    monkeypatch.setattr(os, "rmdir", refuse(real_rmdir))
+    monkeypatch.setattr(os, "unlink", refuse(real_unlink))
+    ST.lock_out(out).close()
+
+
+def test_a_temporary_gone_before_it_is_removed_is_no_error(swept, monkeypatch):
+    abl, out, _ = swept
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    (out / f".summary.csv.tmp-{dead}").write_text("x")
+    real_unlink = os.unlink
+
+    def gone_first(p, *a, **k):    # another process removed it between the listing and the unlink
+        if str(dead) in str(p):
+            real_unlink(p, *a, **k)
+        return real_unlink(p, *a, **k)
+
+    monkeypatch.setattr(os, "unlink", gone_first)
+    ST.lock_out(out).close()
 
 
 # -------------------------------------------------------------------- plot on bad input

@@ -516,6 +516,30 @@ def test_write_run_files_and_a_stale_temporary(tmp_path):
     assert (d / "summary.json").read_text() == json.dumps(summary | {"metrics_file": record}, indent=1)
 
 
+@pytest.mark.parametrize("raised, filename", [
+    (OSError(28, "No space left on device"), "RUN"),                    # pandas' writers name no file: the run's
+    (OSError(13, "Permission denied", "/elsewhere/f"), "/elsewhere/f"),  # one that names its file keeps it
+    (ValueError("not a table"), None),                                  # not an OSError: as it was raised
+])
+def test_write_run_that_fails_leaves_nothing_and_names_the_run_where_the_error_does_not(tmp_path, monkeypatch,
+                                                                                       raised, filename):
+    spec = RN.RunSpec("r1", "v", {}, 0, {**TINY, "seed": 0})
+    cfg = run_dict(resolve_run(spec.config))
+
+    def fails(df, path):
+        raise raised
+
+    monkeypatch.setattr(ST, "write_parquet", fails)
+    with pytest.raises(type(raised)) as e:
+        RN.write_run(tmp_path, spec, (cfg, [(0, "m", 1.5)], {"run": "r1", "status": "ok"}))
+    if filename is None:
+        assert e.value is raised
+    else:
+        assert e.value.filename == (str(tmp_path / "runs" / "r1") if filename == "RUN" else filename)
+        assert e.value.errno == raised.errno
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
 def test_the_lock_file_holds_only_this_pid_and_is_closed(tmp_path):
     import gc
     import warnings

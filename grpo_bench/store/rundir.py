@@ -26,6 +26,7 @@ removed by the next sweep.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -250,10 +251,12 @@ def _remove_stale(out: Path) -> None:
         pid = p.name.rpartition(".tmp-")[2]
         if not pid.isdigit() or _alive(int(pid)):
             continue
+        # one that cannot go (gone already, another user's, a read-only mount) is left: the sweep goes on
         if p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
         else:
-            p.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                p.unlink()
 
 
 def _alive(pid: int) -> bool:
