@@ -27,16 +27,16 @@ module's subset executes the statement (a survivor that needs no run). A mutant 
 module-level statement, a default value or a decorator runs every test of the subset. Equivalent: listed
 in scripts/mutants_equivalent.tsv with the reason the change cannot alter behaviour.
 
-grpo_bench/algos and grpo_bench/store are cosmic-ray's (scripts/cosmic-ray/, the `mutation` extra): it
-mutates decorated functions (257 of kl.py's 324 mutants lie in its 8 registered parts, and removing a
-`@register` is a mutant of its own), which mutmut 3.8.1 does not (on kl.py it made 8 mutants, all in the one
-undecorated helper). What cosmic-ray does not do, and why this script keeps the other modules: it runs
-each mutant's whole test command in a fresh interpreter (no tracing of which tests reach a line, no
-forking from one that has imported torch), and makes every operator replacement it can, in annotations
-too (`Tensor | None` -> `Tensor * None`: killed in a registered part only because the registry evaluates
-its annotations, equivalent elsewhere under `from __future__ import annotations`): 5,983 mutants in algos
-and 6,842 in store, each 20 s (kl.py's tests) to minutes on this 2-core machine, so a run here is a sample
-(scripts/cosmic_ray_sample.py; docs/testing.md has the measured one).
+A test that fails under the tracer (threading.settrace: a reward's thread stopped by an async exception, a
+caller's interval timer) is left out of the traced run with -k and listed in UNTRACED: it runs untraced in
+the baseline, then after the covering tests for every mutant of its module.
+
+grpo_bench/algos (the registered parts: every variant a verdict compares) is mutated here like any module:
+a decorated function is an AST function like another. grpo_bench/store is cosmic-ray's (scripts/cosmic-ray/,
+the `mutation` extra): it runs each mutant's whole test command in a fresh interpreter (no tracing of which
+tests reach a line, no forking from one that has imported torch) and makes every operator replacement it can,
+in annotations too, 6,842 mutants in store, each 20 s to minutes on this 2-core machine, so a run there is a
+sample (scripts/cosmic_ray_sample.py; docs/testing.md has the measured one).
 """
 from __future__ import annotations
 
@@ -126,6 +126,36 @@ MODULES = {
                                        "tests/test_report.py", "tests/test_reliability.py", "-k",
                                        "compare or test_starts or test_metrics or kendall or gallery"],
 }
+# the registered parts, every variant a verdict compares: each against its paper's formula and hand values
+# (test_algos, test_properties), TRL's own code (test_trl, test_trl_v3), and composed in a run (parts_v3/v4,
+# recipe, sampler, vmap)
+ALGOS_TESTS = ["tests/test_algos.py", "tests/test_properties.py", "tests/test_parts_v3.py", "tests/test_parts_v4.py",
+               "tests/test_recipe.py", "tests/test_vmap.py", "tests/test_trl.py", "tests/test_trl_v3.py",
+               "tests/test_sampler.py", "tests/test_lm_rewards.py"]
+# and where a module is tested on its own: a user's part held to its axis's contract when it loads (test_include),
+# a reward that never returns (test_reliability), the answer parser inside the problem generator (test_problems)
+# the three tests of UNTRACED below, as a -k expression
+_UNTRACED_K = "(called_from_a_thread or timer_running or trained_in_a_thread)"
+_ALGOS_MORE = {"contracts": ["tests/test_include.py"],
+               "rewards": ["tests/test_reliability.py", "-k", f"not test_reliability or (reward and not {_UNTRACED_K})"],
+               "answers": ["tests/test_problems.py"]}
+# a results directory, the one reader and writer of its files: written whole or not at all, a damaged run
+# refused and redone (test_faults), the lock, collect's tables (test_storage, test_runner), outcomes and the
+# task's record (test_outcomes, test_metrics), every refusal a one-line error (test_reliability)
+MODULES["grpo_bench/store/rundir.py"] = [
+    "tests/test_storage.py", "tests/test_faults.py", "tests/test_runner.py", "tests/test_outcomes.py",
+    "tests/test_metrics.py", "tests/test_reliability.py", "-k",
+    f"not shipped and not kill_and_resume and not failed_run_is_recorded and not {FAULTS_PYTEST} "
+    f"and not {_UNTRACED_K}"]
+# tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
+# a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
+UNTRACED = {"grpo_bench/algos/rewards.py": [
+    "tests/test_reliability.py::test_a_reward_that_never_returns_times_out_when_called_from_a_thread",
+    "tests/test_reliability.py::test_a_reward_in_the_main_thread_with_a_timer_running_still_times_out",
+    "tests/test_reliability.py::test_a_run_trained_in_a_thread_fails_alone_on_its_rewards_timeout"]}
+for _name in ["deltas", "losses", "kl", "corrections", "filters", "aggregate", "control", "rewards", "contracts",
+              "answers", "common"]:
+    MODULES[f"grpo_bench/algos/{_name}.py"] = ALGOS_TESTS + _ALGOS_MORE.get(_name, [])
 
 SWAP_BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.Pow: ast.Mult,
               ast.FloorDiv: ast.Div, ast.BitOr: ast.BitAnd, ast.BitAnd: ast.BitOr}
@@ -550,7 +580,16 @@ def baseline(module: str, tests: list[str], sandbox: Path, work: Path) -> dict:
     code = os.waitstatus_to_exitcode(status)
     if code != 0 or not out.exists():
         sys.exit(f"{module}: the tests fail before any mutation (exit {code}); see {log}")
-    return json.loads(out.read_text())
+    base = json.loads(out.read_text())
+    base["untraced"] = UNTRACED.get(module, [])
+    if base["untraced"]:
+        t0 = time.perf_counter()
+        _, status = os.waitpid(fork_pytest(sandbox, base["untraced"], work / "untraced.log"), 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            sys.exit(f"{module}: the untraced tests fail before any mutation; see {work / 'untraced.log'}")
+        for t in base["untraced"]:  # their time shared out: a mutant's limit counts them
+            base["durations"][t] = (time.perf_counter() - t0) / len(base["untraced"])
+    return base
 
 
 def covering(m: Mutant, base: dict) -> list[str]:
@@ -560,7 +599,9 @@ def covering(m: Mutant, base: dict) -> list[str]:
     else:
         lo, hi = m.anchor
         tests = [t for t, lines in base["lines"].items() if any(lo <= ln <= hi for ln in lines)]
-    return sorted(tests, key=lambda t: durations.get(t, 0.0))
+    # the untraced ones may reach any line: after the traced, for every mutant (and never counted twice)
+    untraced = base.get("untraced", [])
+    return sorted((t for t in tests if t not in untraced), key=lambda t: durations.get(t, 0.0)) + untraced
 
 
 def load_equivalent() -> dict[str, dict[str, str]]:
@@ -828,7 +869,8 @@ def main(argv=None) -> int:
             if args.survivors:
                 previous, prev_secs, sample, _ = _load_cached(mod)
                 # the module as it is now: a line edited since has new mutants (run), and the old ones are gone
-                current = [m.key for m in find_mutants(mod)[1][::sample]]
+                now = {m.key: m for m in find_mutants(mod)[1][::sample]}
+                current = list(now)
                 known = {m.key for m in previous}
                 # and those whose equivalent row was dropped since (it turned out not to be)
                 only = {m.key for m in previous if m.status in ("survived", "no test")
@@ -837,7 +879,13 @@ def main(argv=None) -> int:
             ms, secs, source = run_module(mod, MODULES[mod], sandboxes, work, equivalent, args.verbose, sample, only)
             if previous is not None:  # merge: the re-run mutants' new status, the others' as it was
                 again, old = {m.key: m for m in ms}, {m.key: m for m in previous}
-                ms, secs = [again[k] if k in again else old[k] for k in current], prev_secs + secs
+                # a kept mutant keeps its result at its place in the module as it is now (lines above it may
+                # have moved since)
+                for k in current:
+                    if k not in again:
+                        for f in ("status", "reason", "by", "seconds"):
+                            setattr(now[k], f, getattr(old[k], f))
+                ms, secs = [again.get(k, now[k]) for k in current], prev_secs + secs
             results[mod] = (ms, secs, sample, args.jobs)
             c = score(ms)
             print(f"{mod}: {c['mutants']} mutants, {c['killed']} killed, {c['timeout']} timeout, {c['survived']} "

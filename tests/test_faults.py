@@ -312,11 +312,25 @@ def test_collect_marks_a_damaged_run_failed_never_keeps_it(swept, capsys, case):
     summary = RN.collect(out)
     row = summary.set_index("run").loc[victim]
     assert row.status == "failed" and "damaged" in row.error and COLLECT_WHY[case] in row.error, row.error
+    if "summary" not in case:   # what its summary says of it stays: its variant and seed
+        assert (row.variant, row.seed) == (json.loads(runs[victim]["summary.json"])["variant"], 0)
     # summary.csv is the table itself: its first column is the run, not an index
     assert pd.read_csv(out / "summary.csv").columns[0] == "run"
     assert "metrics_file" not in summary.columns and "traceback" not in summary.columns
     assert victim not in set(pd.read_parquet(out / "metrics.parquet").run)
     assert [line for line in capsys.readouterr().err.splitlines() if victim in line]
+
+
+def test_a_failed_run_whose_metrics_are_damaged_keeps_its_own_error(swept, capsys):
+    _, out, runs = swept
+    victim = sorted(runs)[0]
+    d = out / "runs" / victim
+    s = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps(s | {"status": "failed", "error": "ValueError: boom"}))
+    DAMAGE["truncated metrics"](d)
+    row = RN.collect(out).set_index("run").loc[victim]
+    assert (row.status, row.error) == ("failed", "ValueError: boom")
+    assert f"run {victim} failed and its metrics are damaged" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("case, why", [("other columns", "has columns ['step', 'name', 'value']"),
