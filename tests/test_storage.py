@@ -135,6 +135,33 @@ def swept(tmp_path_factory):
     return out
 
 
+def test_reading_results_learns_their_task_from_the_record(tmp_path):
+    """Results of a task this process cannot import (a user's, plotted elsewhere) are read by their record in
+    ablation.json: reading it declares the task's metrics."""
+    from grpo_bench.store import metrics as M
+
+    task = {"name": "ghost_task", "label": "ghost toy", "short": "ghost", "main_metric": "final/ghost/score",
+            "curves": ["ghost/score"], "higher_is_better": True,
+            "metrics": [{"name": "ghost/score", "label": "ghost score", "range": [0, None]}]}
+    meta = {"name": "g", "source": "g.yaml", "variants": ["a"], "seeds": [0], "runs": [], "task": task}
+    (tmp_path / "ablation.json").write_text(json.dumps(meta))
+    assert "ghost_task" not in M.task_names()
+    ST.read_meta(tmp_path)
+    assert "ghost_task" in M.task_names()
+    assert M.get("ghost/score").label == "ghost score" and M.get("ghost/score").range == (0, math.inf)
+
+
+@pytest.mark.parametrize("bad", ["value", "step"])
+def test_a_long_table_with_a_step_or_value_that_is_no_number_is_refused(swept, tmp_path, bad):
+    d = tmp_path / "t"
+    shutil.copytree(swept, d)
+    long = pd.read_parquet(d / "metrics.parquet")
+    long[bad] = long[bad].astype(str)
+    long.to_parquet(d / "metrics.parquet", index=False)
+    with pytest.raises(ConfigError, match="holds a step or value that is not a number"):
+        ST.load(d)
+
+
 def test_a_directory_with_only_metrics_csv_is_not_a_results_directory(swept, tmp_path, capsys):
     d = shutil.copytree(swept, tmp_path / "t")
     pd.read_parquet(d / "metrics.parquet").to_csv(d / "metrics.csv", index=False)
