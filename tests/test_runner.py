@@ -476,6 +476,10 @@ def test_cpu_model_names_the_generation_the_model_name_hides(monkeypatch):
     monkeypatch.setattr(rundir, "open", lambda *a, **k: io.StringIO("processor\t: 0\nmodel name\t: x\n"),
                         raising=False)
     assert rundir.cpu_model() == ""
+    # the three fields alone are enough
+    monkeypatch.setattr(rundir, "open", lambda *a, **k: io.StringIO("vendor_id: V\ncpu family: 6\nmodel: 143\n"),
+                        raising=False)
+    assert rundir.cpu_model() == "V family 6 model 143"
 
 
 def test_train_one_threads_traceback_and_wall_time():
