@@ -464,6 +464,19 @@ def test_cpu_name_keeps_colons_in_the_model_name(monkeypatch):
     assert rundir.cpu_name() == "Vendor: Fast CPU @ 2.0GHz"
 
 
+def test_the_schedule_note_counts_finished_runs_with_a_schedule_only():
+    """A failed run, or one without a recorded schedule (from before it was recorded), makes no mixture; two
+    finished schedules do, by device alone where threads were not recorded, and the counts are per schedule."""
+    from grpo_bench.store.rundir import schedule_note
+    df = pd.DataFrame({"status": ["ok", "ok", "failed", "ok"], "device": ["cpu", "cpu", "cpu", None],
+                       "threads": [1, 1, 2, 2]})
+    assert schedule_note(df) == ""
+    assert schedule_note(df.drop(columns="status")) == ""
+    assert "(cpu, 1 thread: 2 runs; cpu, 2 threads: 1 run)" in schedule_note(df.assign(device="cpu"))
+    assert "(cpu: 1 run; cuda: 1 run)" in schedule_note(pd.DataFrame({"status": ["ok", "ok"],
+                                                                      "device": ["cpu", "cuda"]}))
+
+
 def test_cpu_model_names_the_generation_the_model_name_hides(monkeypatch):
     """Two of these machines both read "AMD EPYC" and pick different BLAS kernels (reliability.md): sweep.json
     keeps the family and model of the first processor; "" where cpuinfo lacks them."""
