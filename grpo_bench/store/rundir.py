@@ -549,8 +549,8 @@ def schedule_note(summary: pd.DataFrame) -> str:
     cols = [c for c in ("device", "threads") if c in summary.columns]
     if not cols or "status" not in summary.columns:
         return ""
-    ok = summary[(summary.status == "ok") & summary[cols].notna().all(axis=1)]
-    counts = ok.groupby(cols, sort=True).size()
+    # groupby leaves out a run whose schedule was not recorded (a missing key)
+    counts = summary[summary.status == "ok"].groupby(cols, sort=True).size()
     if len(counts) < 2:
         return ""
 
