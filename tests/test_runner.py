@@ -468,11 +468,11 @@ def test_the_schedule_note_counts_finished_runs_with_a_schedule_only():
     """A failed run, or one without a recorded schedule (from before it was recorded), makes no mixture; two
     finished schedules do, by device alone where threads were not recorded, and the counts are per schedule."""
     from grpo_bench.store.rundir import schedule_note
-    df = pd.DataFrame({"status": ["ok", "ok", "failed", "ok"], "device": ["cpu", "cpu", "cpu", None],
-                       "threads": [1, 1, 2, 2]})
-    assert schedule_note(df) == ""
-    assert schedule_note(df.drop(columns="status")) == ""
-    assert "(cpu, 1 thread: 2 runs; cpu, 2 threads: 1 run)" in schedule_note(df.assign(device="cpu"))
+    assert schedule_note(pd.DataFrame({"status": ["ok", "failed"], "device": "cpu", "threads": [1, 2]})) == ""
+    assert schedule_note(pd.DataFrame({"status": "ok", "device": ["cpu", None], "threads": [1, 2]})) == ""
+    mixed = pd.DataFrame({"status": "ok", "device": "cpu", "threads": [2, 1, 1]})
+    assert schedule_note(mixed.drop(columns="status")) == ""
+    assert "(cpu, 1 thread: 2 runs; cpu, 2 threads: 1 run)" in schedule_note(mixed)   # in order, not as met
     assert "(cpu: 1 run; cuda: 1 run)" in schedule_note(pd.DataFrame({"status": ["ok", "ok"],
                                                                       "device": ["cpu", "cuda"]}))
 
