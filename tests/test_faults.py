@@ -396,6 +396,50 @@ def test_a_stale_temporary_that_cannot_be_removed_does_not_stop_the_sweep(swept,
     ST.lock_out(out).close()
 
 
+def test_another_users_live_process_keeps_its_temporary(swept, monkeypatch):
+    """kill(pid, 0) on another user's process raises PermissionError: it lives, and its temporary stays."""
+    abl, out, _ = swept
+    theirs = out / ".REPORT.md.tmp-1"
+    theirs.write_text("x")
+
+    def not_yours(pid, sig):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(ST.os, "kill", not_yours)
+    ST.lock_out(out).close()
+    assert theirs.exists()
+
+
+def test_a_replaced_file_that_fails_to_write_leaves_the_old_one_and_no_temporary(tmp_path):
+    """_atomic: the file as it was, no temporary, and the error as raised, naming the file where it names
+    none (pandas' writers); one raised before any temporary exists is not hidden by cleaning up."""
+    path = tmp_path / "summary.csv"
+    path.write_text("old\n")
+
+    def full(tmp):
+        tmp.write_text("half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError) as e:
+        ST._atomic(path, full)
+    assert (e.value.errno, e.value.filename) == (28, str(path))
+    with pytest.raises(OSError) as e:
+        ST._atomic(path, lambda tmp: (_ for _ in ()).throw(OSError(13, "Permission denied", "/x/y")))
+    assert e.value.filename == "/x/y"
+    with pytest.raises(ValueError, match="not a table"):
+        ST._atomic(path, lambda tmp: (_ for _ in ()).throw(ValueError("not a table")))
+    assert path.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["summary.csv"]
+
+
+def test_a_summary_record_without_its_checksum_field_is_damaged(swept):
+    _, out, runs = swept
+    d = out / "runs" / sorted(runs)[0]
+    s = json.loads((d / "summary.json").read_text())
+    del s["metrics_file"]["sha256"]
+    (d / "summary.json").write_text(json.dumps(s))
+    assert ST.check_run(d) == ("damaged", "'sha256'")
+
+
 def test_a_temporary_gone_before_it_is_removed_is_no_error(swept, monkeypatch):
     abl, out, _ = swept
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,

@@ -475,6 +475,21 @@ def test_the_schedule_note_counts_finished_runs_with_a_schedule_only():
     assert "(cpu, 1 thread: 2 runs; cpu, 2 threads: 1 run)" in schedule_note(mixed)   # in order, not as met
     assert "(cpu: 1 run; cuda: 1 run)" in schedule_note(pd.DataFrame({"status": ["ok", "ok"],
                                                                       "device": ["cpu", "cuda"]}))
+    assert "(1 thread: 1 run; 4 threads: 1 run)" in schedule_note(pd.DataFrame({"status": "ok", "threads": [1, 4]}))
+
+
+def test_cpu_name_without_cpuinfo_is_the_platforms(monkeypatch):
+    from grpo_bench.store import rundir
+
+    def no_cpuinfo(*a, **k):
+        raise FileNotFoundError("/proc/cpuinfo")
+
+    monkeypatch.setattr(rundir, "open", no_cpuinfo, raising=False)
+    monkeypatch.setattr(rundir.platform, "processor", lambda: "")
+    monkeypatch.setattr(rundir.platform, "machine", lambda: "x86_64")
+    assert rundir.cpu_name() == "x86_64"
+    monkeypatch.setattr(rundir.platform, "machine", lambda: "")
+    assert rundir.cpu_name() == "unknown CPU"
 
 
 def test_cpu_model_names_the_generation_the_model_name_hides(monkeypatch):
