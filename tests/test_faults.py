@@ -360,16 +360,21 @@ def test_stale_temporaries_of_dead_processes_are_cleaned(swept):
     stale[0].mkdir()
     (stale[0] / ST.METRICS_FILE).write_bytes(b"PAR1")
     stale[1].write_text("run,")
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # SIGHUP as it is by default (a parent under nohup would pass it on ignored): a signal would end it
+    live = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGHUP, "
+                             "signal.SIG_DFL); print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    assert live.stdout.readline() == b"ready\n"
     alive = out / f".REPORT.md.tmp-{live.pid}"          # a live process's (a concurrent plot): left alone
     alive.write_text("x")
     try:
         RN.run_ablation(abl, out, workers=1, progress=False)
         assert not any(p.exists() for p in stale) and alive.exists()
-        assert live.poll() is None                       # asked whether it lives, not sent a signal
+        with pytest.raises(subprocess.TimeoutExpired):   # asked whether it lives, not sent a signal
+            live.wait(timeout=1)
     finally:
         live.kill()
         live.wait()
+        live.stdout.close()
 
 
 def test_a_stale_temporary_that_cannot_be_removed_does_not_stop_the_sweep(swept, monkeypatch):

@@ -556,9 +556,11 @@ def schedule_note(summary: pd.DataFrame) -> str:
 
     def kind(key) -> str:
         key = dict(zip(cols, key if isinstance(key, tuple) else (key,)))
-        n = int(key.get("threads", 0))
-        return ", ".join(([str(key["device"])] if "device" in key else [])
-                         + ([f"{n} thread{'s' * (n != 1)}"] if "threads" in key else []))
+        parts = [str(key["device"])] if "device" in key else []
+        if "threads" in key:
+            n = int(key["threads"])
+            parts.append(f"{n} thread{'s' * (n != 1)}")
+        return ", ".join(parts)
 
     kinds = "; ".join(f"{kind(k)}: {n} run{'s' * (n != 1)}" for k, n in counts.items())
     return (f"the finished runs here ran on different devices or thread counts ({kinds}); their numbers may differ "
