@@ -242,6 +242,42 @@ def test_a_property_comes_from_the_first_declaration_that_sets_it(bandit):
         Metric("x", scale="cubic")
 
 
+INF = np.inf
+# what each core quantity can be, from its definition (a share in [0, 1], a ratio or a norm >= 0, an accuracy
+# difference in [-1, 1]) and which way is better where one is: (range, scale, higher_is_better, tail); the
+# shipped tasks' declarations add their directions and tails
+CORE_FACTS = {
+    "eval/accuracy": ((0, 1), "linear", True, False), "eval/accuracy_gain": ((-1, 1), "linear", True, False),
+    "eval/pass@k": ((0, 1), "linear", True, False), "reward/format": ((0, 1), "linear", None, False),
+    "clip/high_frac": ((0, 1), "linear", None, False), "ratio/max": ((0, INF), "heavy", None, False),
+    "grad/norm": ((0, INF), "heavy", None, False), "kl/old": ((0, INF), "heavy", None, False),
+    "time/step_s": ((0, INF), "heavy", None, False), "entropy": ((0, INF), "linear", None, False),
+    "reward/std": ((0, INF), "linear", None, False), "adv/abs_mean": ((0, INF), "linear", None, False),
+    "response/length": ((0, INF), "linear", None, True), "response/length_cv": ((0, INF), "linear", None, False),
+    "response/length_correct": ((0, INF), "linear", None, True),
+    "mismatch/k3": ((0, INF), "log", False, True), "mismatch/kl": ((-INF, INF), "linear", None, True),
+    "mismatch/ratio_max": ((0, INF), "heavy", None, False), "kl/seq": ((-INF, INF), "linear", None, True),
+    "reward/mean": ((-INF, INF), "linear", True, False), "loss/policy": ((-INF, INF), "linear", None, False),
+}
+
+
+@pytest.mark.parametrize("name", list(CORE_FACTS))
+def test_core_declarations_are_what_each_quantity_can_be(name):
+    m = M.get(name)
+    assert (m.range, m.scale, m.higher_is_better, m.tail) == CORE_FACTS[name], name
+    assert (m.lo, m.hi) == m.range
+
+
+def test_the_core_names_and_an_undeclared_metrics_bounds():
+    assert (M.get("reward/mean").label, M.get("reward/mean").summary, M.get("reward/mean").column) == \
+        ("rollout reward", "final reward", "final/reward")
+    assert (M.get("mismatch/k3").label, M.get("mismatch/k3").summary) == ("sampler-trainer k3 KL",
+                                                                          "sampler mismatch (k3)")
+    assert M.get("mismatch/kl").label == "sampler-trainer KL (k1)"
+    bare = Metric("x")   # no range declared: unbounded both ways
+    assert (bare.lo, bare.hi, bare.heavy, bare.column) == (-INF, INF, False, "final/x")
+
+
 def test_two_tasks_may_not_declare_one_name_differently(bandit):
     class Other(Bandit):
         metrics = (Metric("eval/hit", label="hits", range=(0, 1)),)
