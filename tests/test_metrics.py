@@ -278,6 +278,112 @@ def test_the_core_names_and_an_undeclared_metrics_bounds():
     assert (bare.lo, bare.hi, bare.heavy, bare.column) == (-INF, INF, False, "final/x")
 
 
+def test_declarations_round_trip_through_json_and_refuse_an_empty_range():
+    import dataclasses
+    m = Metric("a/b", range=(-INF, INF), label="ab")
+    enc = M._encode(m)
+    assert enc == {"name": "a/b", "label": "ab", "range": [None, None]}
+    assert M._decode(json.loads(json.dumps(enc, allow_nan=False))) == m
+    assert M._decode(M._encode(Metric("c", range=(0, INF)))).range == (0, INF)
+    with pytest.raises(ValueError, match="range \\(1, 1\\) is empty"):
+        Metric("x", range=(1, 1))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        M.declared_task("sort").label = "x"
+    assert [M._pattern(n) for n in ("eval/*", "a?", "[ab]", "eval/accuracy")] == [True, True, True, False]
+
+
+def test_the_summary_readers_on_columns_with_and_without_values():
+    """final_names holds a final column with any value (not one all missing, nor a per-step column);
+    main_column prefers the task's main metric, then its curves, then a headline column; higher_is_better reads
+    the task's record for its main metric and the declaration elsewhere (higher where it says neither)."""
+    nan = float("nan")
+    summary = pd.DataFrame({"run": ["a", "b"], "final/reward": [0.5, nan], "final/eval/accuracy": [nan, nan],
+                            "final/kl/seq": [0.1, 0.2], "eval/accuracy": [0.3, 0.4]})
+    assert M.final_names(summary) == {"reward/mean", "kl/seq"}
+    sort_meta = {"task": M.declared_task("sort").record()}
+    assert M.main_column(summary, sort_meta) == "final/reward"
+    lm_meta = {"task": M.declared_task("arithmetic").record()}     # its main metric has no value here
+    assert M.main_column(summary, lm_meta) == "final/reward"
+    assert M.main_column(summary.drop(columns="final/reward"), lm_meta) is None
+    assert M.resolve_column(summary, None, "x", sort_meta) == "final/reward"
+    assert [h[0] for h in M.headline_columns(summary, sort_meta)] == ["final/reward"]
+    lower = {"task": {**M.declared_task("sort").record(), "higher_is_better": False}}
+    assert M.higher_is_better("final/reward", lower) is False          # the record's direction, main metric
+    assert M.higher_is_better("final/reward", sort_meta) is True
+    assert M.higher_is_better("final/mismatch/k3", lower) is False     # declared lower-is-better
+    assert M.higher_is_better("final/kl/seq", lower) is True           # declared neither: higher
+
+
+def test_a_recorded_task_is_judged_by_its_record_where_it_is_not_registered():
+    rec = {"name": "ghost_judged", "label": "ghost", "short": "g", "main_metric": "final/eval/ghost_hit",
+           "curves": ["eval/ghost_hit"], "higher_is_better": False, "verdict_metric": "final/eval/ghost_hit", "margin": 0.02,
+           "margin_rule": "by hand", "inert": {"loss": [["a", "b"], "same here"]},
+           "metrics": [{"name": "eval/ghost_hit", "range": [0, 1]}]}
+    info = M.recorded_task({"task": rec, "configs": {"v": {"task": {"name": "ghost_judged"}}}})
+    assert (info.label, info.curves, info.higher_is_better, info.margin, info.margin_rule) == \
+        ("ghost", ("eval/ghost_hit",), False, 0.02, "by hand")
+    assert info.inert == {"loss": (("a", "b"), "same here")}
+    assert info.record()["inert"] == {"loss": [["a", "b"], "same here"]}
+    assert M.declared_task("ghost_judged") == info                    # remembered by reading the record
+    assert "ghost_judged" in M.task_names() and M.get("eval/ghost_hit").range == (0, 1)
+    # a registered task's judging is its declaration's, whatever its record says
+    sort = M.recorded_task({"task": {**M.declared_task("sort").record(), "margin": 9.0}})
+    assert sort.margin == M.declared_task("sort").margin != 9.0
+    # a known task's headline is its own; one not known here, every task's
+    assert [m.name for m in M.headline("sort")] == ["reward/mean", "mismatch/k3", "eval/accuracy", "eval/reward"]
+    assert M.headline("no_such_task") == M.headline(None) != M.headline("sort")
+    # no task recorded or recognisable: the first headline column with a value
+    nan = float("nan")
+    bare = pd.DataFrame({"run": ["a"], "final/mismatch/k3": [0.1], "final/eval/reward": [0.5], "final/x": [nan]})
+    assert M.main_column(bare, None) == "final/mismatch/k3"
+
+
+def test_a_task_that_declares_no_direction_reads_higher_and_its_inert_parts_are_tuples(bandit):
+    class Quiet(Bandit):
+        main_metric = "final/bandit/pulls"
+        inert = {"loss": (["naive", "unclipped"], "one step a rollout")}
+
+    registry.register("task", "quiet", config=BanditConfig)(Quiet)
+    try:
+        info = M.declared_task("quiet")
+        assert info.higher_is_better is True
+        assert info.inert == {"loss": (("naive", "unclipped"), "one step a rollout")}
+        assert info.record()["inert"] == {"loss": [["naive", "unclipped"], "one step a rollout"]}
+    finally:
+        registry._REGISTRY["task"].pop("quiet", None)
+        M._table.cache_clear()
+
+
+def test_the_columns_a_task_writes_and_a_task_info_without_a_verdict_metric():
+    """final_columns: what every run of the task writes (the reward's, the tail metrics', the held-out metrics it
+    declares by name, never a pattern); final_known also takes a held-out column a declared pattern covers."""
+    cls = registry.get("task", "arithmetic")
+    cols = M.final_columns(cls)
+    assert cols[:3] == ["final/reward", "final/reward_first", "final/samples"]
+    assert "final/kl/seq" in cols and "final/eval/accuracy" in cols and not any("*" in c for c in cols)
+    assert M.final_known(cls, "final/eval/accuracy") and M.final_known(cls, "final/eval/format")   # */format
+    assert not M.final_known(cls, "final/eval/nothing") and not M.final_known(cls, "final/clip/high_frac")
+    assert M.TaskInfo("t", "l", "s", "final/x", ("x",), True).verdict_metric == "final/x"
+
+
+def test_without_the_heavy_packages_tasks_are_known_by_their_records(monkeypatch):
+    """plot and findings on a machine without torch: the task modules cannot import, so no task is registered
+    here and a record is the only source; a missing package that is not a heavy one is a real error."""
+    def missing(name):
+        def get(axis, n):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return get
+
+    monkeypatch.setattr(M, "_NO_TASKS", [])
+    monkeypatch.setattr(M.registry, "get", missing("torch.nn"))
+    assert M._classes() is None and M._NO_TASKS == [True]
+    monkeypatch.setattr(M, "_NO_TASKS", [])
+    monkeypatch.setattr(M.registry, "get", missing("yaml"))
+    with pytest.raises(ModuleNotFoundError):
+        M._classes()
+    assert M._NO_TASKS == []
+
+
 def test_two_tasks_may_not_declare_one_name_differently(bandit):
     class Other(Bandit):
         metrics = (Metric("eval/hit", label="hits", range=(0, 1)),)
