@@ -258,6 +258,9 @@ CORE_FACTS = {
     "mismatch/k3": ((0, INF), "log", False, True), "mismatch/kl": ((-INF, INF), "linear", None, True),
     "mismatch/ratio_max": ((0, INF), "heavy", None, False), "kl/seq": ((-INF, INF), "linear", None, True),
     "reward/mean": ((-INF, INF), "linear", True, False), "loss/policy": ((-INF, INF), "linear", None, False),
+    # names only a core family covers (the tasks declare eval/accuracy and the like themselves)
+    "greedy/accuracy": ((0, 1), "linear", None, False), "greedy/accuracy_gain": ((-1, 1), "linear", None, False),
+    "sample/pass@k": ((0, 1), "linear", None, False), "response/length_max": ((0, INF), "linear", None, False),
 }
 
 
@@ -361,6 +364,8 @@ def test_the_columns_a_task_writes_and_a_task_info_without_a_verdict_metric():
     cols = M.final_columns(cls)
     assert cols[:3] == ["final/reward", "final/reward_first", "final/samples"]
     assert "final/kl/seq" in cols and "final/eval/accuracy" in cols and not any("*" in c for c in cols)
+    # an own metric that is neither held-out nor a tail one (response/finished) has no final column
+    assert all(c in cols[:3] or c.removeprefix("final/") in M.tail(cls) or c.startswith("final/eval/") for c in cols)
     assert M.final_known(cls, "final/eval/accuracy") and M.final_known(cls, "final/eval/format")   # */format
     assert not M.final_known(cls, "final/eval/nothing") and not M.final_known(cls, "final/clip/high_frac")
     assert M.TaskInfo("t", "l", "s", "final/x", ("x",), True).verdict_metric == "final/x"
