@@ -24,6 +24,7 @@ from grpo_bench.analysis import report as R
 from grpo_bench.store import rundir as ST
 from grpo_bench.__main__ import main
 from grpo_bench.store.metrics import Metric
+from grpo_bench.errors import ConfigError
 from grpo_bench.tasks import Rollout
 
 # ------------------------------------------------------------------ a task from nowhere else
@@ -261,6 +262,7 @@ CORE_FACTS = {
     # names only a core family covers (the tasks declare eval/accuracy and the like themselves)
     "greedy/accuracy": ((0, 1), "linear", None, False), "greedy/accuracy_gain": ((-1, 1), "linear", None, False),
     "sample/pass@k": ((0, 1), "linear", None, False), "response/length_max": ((0, INF), "linear", None, False),
+    "group/reward_cv": ((0, INF), "linear", None, False),
 }
 
 
@@ -309,6 +311,11 @@ def test_the_summary_readers_on_columns_with_and_without_values():
     assert M.main_column(summary, lm_meta) == "final/reward"
     assert M.main_column(summary.drop(columns="final/reward"), lm_meta) is None
     assert M.resolve_column(summary, None, "x", sort_meta) == "final/reward"
+    # a --metric is looked up among the final columns with a value: one all missing, or per step, is none
+    assert M.resolve_column(summary, "kl/seq", "x", sort_meta) == "final/kl/seq"
+    for missing in ("eval/accuracy", "final/eval/accuracy"):
+        with pytest.raises(ConfigError, match=r"unknown .*; valid: final/reward, final/kl/seq$"):
+            M.resolve_column(summary, missing, "x", sort_meta)
     assert [h[0] for h in M.headline_columns(summary, sort_meta)] == ["final/reward"]
     lower = {"task": {**M.declared_task("sort").record(), "higher_is_better": False}}
     assert M.higher_is_better("final/reward", lower) is False          # the record's direction, main metric
@@ -323,6 +330,7 @@ def test_a_recorded_task_is_judged_by_its_record_where_it_is_not_registered():
            "margin_rule": "by hand", "inert": {"loss": [["a", "b"], "same here"]},
            "metrics": [{"name": "eval/ghost_hit", "range": [0, 1]}]}
     info = M.recorded_task({"task": rec, "configs": {"v": {"task": {"name": "ghost_judged"}}}})
+    assert M.recorded_task({"task": rec, "configs": ["not a mapping"]}) == info   # a damaged configs is no section
     assert (info.label, info.curves, info.higher_is_better, info.margin, info.margin_rule) == \
         ("ghost", ("eval/ghost_hit",), False, 0.02, "by hand")
     assert info.inert == {"loss": (("a", "b"), "same here")}
