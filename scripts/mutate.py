@@ -31,12 +31,10 @@ A test that fails under the tracer (threading.settrace: a reward's thread stoppe
 caller's interval timer) is left out of the traced run with -k and listed in UNTRACED: it runs untraced in
 the baseline, then after the covering tests for every mutant of its module.
 
-grpo_bench/algos (the registered parts: every variant a verdict compares) is mutated here like any module:
-a decorated function is an AST function like another. grpo_bench/store is cosmic-ray's (scripts/cosmic-ray/,
-the `mutation` extra): it runs each mutant's whole test command in a fresh interpreter (no tracing of which
-tests reach a line, no forking from one that has imported torch) and makes every operator replacement it can,
-in annotations too, 6,842 mutants in store, each 20 s to minutes on this 2-core machine, so a run there is a
-sample (scripts/cosmic_ray_sample.py; docs/testing.md has the measured one).
+grpo_bench/algos (the registered parts, every variant a verdict compares) and grpo_bench/store are mutated
+here like any module: a decorated function is an AST function like another (mutmut 3.8.1 skips them; cosmic-ray
+8.7, used for these two wings until 2026-12-01, runs each mutant's whole test command in a fresh interpreter,
+which on this 2-core machine afforded samples only).
 """
 from __future__ import annotations
 
@@ -147,6 +145,12 @@ MODULES["grpo_bench/store/rundir.py"] = [
     "tests/test_metrics.py", "tests/test_reliability.py", "-k",
     f"not shipped and not kill_and_resume and not failed_run_is_recorded and not {FAULTS_PYTEST} "
     f"and not {_UNTRACED_K}"]
+# every metric declared once and what a task says about itself: the reports' labels, ranges, directions and
+# margins (test_metrics: a task from nowhere else; test_stats/test_doc_numbers_statistics: the odds margin),
+# the headroom a start is judged against (test_starts), the results' own record (test_storage)
+MODULES["grpo_bench/store/metrics.py"] = [
+    "tests/test_metrics.py", "tests/test_storage.py", "tests/test_stats.py", "tests/test_quantities.py",
+    "tests/test_starts.py", "tests/test_doc_numbers_statistics.py", "tests/test_gym.py"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [
