@@ -849,12 +849,23 @@ def test_probability_of_improvement_is_mann_whitney_u_over_nm():
     p, lo, hi = S.prob_improvement_ci(x, y)
     assert lo <= p <= hi and 0 <= lo and hi <= 1
     assert S.prob_improvement_ci(np.array([2.0, 3.0]), np.array([0.0, 1.0])) == (1.0, 1.0, 1.0)
+    assert S.prob_improvement_ci(np.array([1.0, 1.0]), np.array([1.0, 1.0])) == (0.5, 0.5, 0.5)   # all ties
+    # the interval: x's and y's runs resampled independently (x's draws first, one generator), each resample's
+    # P(X > Y) as scipy's Mann-Whitney U / (n m)
+    x, y = np.linspace(0.0, 1.1, 12), np.linspace(0.05, 1.0, 10) ** 2   # fine enough for the percentiles to move
+    rng = np.random.default_rng(0)
+    ix, iy = rng.integers(0, 12, (S.N_BOOT, 12)), rng.integers(0, 10, (S.N_BOOT, 10))
+    boot = [st.mannwhitneyu(x[i], y[j]).statistic / 120 for i, j in zip(ix, iy)]
+    assert S.prob_improvement_ci(x, y)[1:] == pytest.approx(tuple(np.percentile(boot, [2.5, 97.5])))
 
 
 def test_mean_ci_is_the_t_interval():
     m, lo, hi = S.mean_ci(X)
     ci = st.ttest_1samp(X, 0).confidence_interval(0.95)
     assert (m, lo, hi) == (pytest.approx(X.mean()), pytest.approx(ci.low), pytest.approx(ci.high))
+    assert S.mean_ci(np.array([0.4])) == (0.4, 0.4, 0.4)                     # one value: no interval
+    ci = st.ttest_1samp([0.0, 1.0], 0).confidence_interval(0.95)            # two already have one
+    assert S.mean_ci(np.array([0.0, 1.0])) == (0.5, pytest.approx(ci.low), pytest.approx(ci.high))
 
 
 C = np.arange(160, 24_001, 160.0)
