@@ -151,6 +151,8 @@ MODULES["grpo_bench/store/rundir.py"] = [
 MODULES["grpo_bench/store/metrics.py"] = [
     "tests/test_metrics.py", "tests/test_storage.py", "tests/test_stats.py", "tests/test_quantities.py",
     "tests/test_starts.py", "tests/test_doc_numbers_statistics.py", "tests/test_gym.py"]
+# rliable's robust aggregates: REPORT's IQM and P(X > Y) intervals
+MODULES["grpo_bench/stats/aggregates.py"] = ["tests/test_stats.py"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [
