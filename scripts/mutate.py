@@ -153,6 +153,10 @@ MODULES["grpo_bench/store/metrics.py"] = [
     "tests/test_starts.py", "tests/test_doc_numbers_statistics.py", "tests/test_gym.py"]
 # rliable's robust aggregates: REPORT's IQM and P(X > Y) intervals
 MODULES["grpo_bench/stats/aggregates.py"] = ["tests/test_stats.py"]
+# `--seeds auto:N`: O'Brien-Fleming-type boundaries (against gsDesign's table and simulated Brownian paths), the
+# decision after each batch (test_seeds_auto: a sweep that stops), docs/statistics.md's boundaries and rates
+MODULES["grpo_bench/stats/sequential.py"] = ["tests/test_stats.py", "tests/test_seeds_auto.py",
+                                             "tests/test_doc_numbers_statistics.py"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

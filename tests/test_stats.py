@@ -4,6 +4,7 @@ Each test names the bug it would catch where that is not obvious from its name.
 """
 import functools
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -977,6 +978,17 @@ def test_obrien_fleming_bounds_match_gsdesign():
     assert S.spend(1.0, 0.05) == pytest.approx(0.05) and S.spend(0.0, 0.05) == 0.0
 
 
+def test_spending_at_the_ends_of_the_information_scale():
+    # nothing spent before the first seed, without dividing by zero on the way (numpy would only warn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert S.spend(0.0, 0.05) == 0.0 and S.spend(-0.1, 0.05) == 0.0
+    # past the cap (more pairs than the plan) nothing more than alpha is ever spent
+    assert S.spend(1.5, 0.05) == pytest.approx(0.05) and S.spend(4.0, 0.025) == pytest.approx(0.025)
+    # O'Brien-Fleming-type: almost nothing early; alpha * 2 * sf(z / sqrt(t)) by hand at t = 1/4
+    assert S.spend(0.25, 0.05) == pytest.approx(2 * st.norm.sf(st.norm.isf(0.025) * 2))
+
+
 @pytest.mark.parametrize("two_sided", [True, False])
 def test_bounds_spend_what_they_promise_on_brownian_paths(two_sided):
     fr = np.array([0.15, 0.3, 0.55, 0.8, 1.0])   # unequal looks
@@ -990,6 +1002,57 @@ def test_bounds_spend_what_they_promise_on_brownian_paths(two_sided):
     want = np.diff([0] + [S.spend(t, side) for t in fr]) * (2 if two_sided else 1)
     got = np.array([(first == k).mean() for k in range(5)])
     assert np.all(np.abs(got - want) <= 4 * np.sqrt(want / 400_000) + 2e-5), (got, want)
+
+
+def test_one_sided_bounds_match_gsdesign_and_early_looks_that_spend_nothing_cannot_decide():
+    # gsDesign(k = 5, test.type = 1, sfu = sfLDOF, alpha = 0.025): the one-sided design has the same table (the
+    # lower paths a symmetric design also stops are worth under 1e-4 of a z); the one-sided density is not
+    # symmetric, so here the continuing paths' transition kernel must run from u to v and not from -u
+    bounds = S.obf_bounds((0.2, 0.4, 0.6, 0.8, 1.0), 0.025, False)
+    assert bounds == pytest.approx((4.8769, 3.3569, 2.6803, 2.2898, 2.0310), abs=2e-4)
+    # a look at a thousandth of the cap: O'Brien-Fleming-type spending rounds to exactly 0 there (and at the next),
+    # so no z can cross, and the last look spends all of alpha as a fixed-sample test would
+    tiny = S.obf_bounds((0.001, 0.002, 1.0), 0.05, True)
+    assert S.spend(0.002, 0.025) == 0.0 and tiny[:2] == (math.inf, math.inf)
+    assert tiny[2] == pytest.approx(st.norm.isf(0.025), abs=1e-6)
+
+
+def test_one_look_is_the_fixed_sample_paired_t_and_tost():
+    # a single look at the cap spends all of alpha: the ordering is the two-sided paired t at alpha, equivalence is
+    # statsmodels' TOST at alpha (each one-sided test at alpha, not alpha / 2), and both can hold at once
+    rng = np.random.default_rng(11)
+    n, margin, alpha = 8, 0.5, 0.05
+    D = rng.normal(rng.uniform(-0.8, 0.8, (400, 1)), rng.uniform(0.05, 0.6, (400, 1)), (400, n))
+    out, at, both = S.sequential_paired(D, [n], n, margin, alpha, negligible=True)
+    sig = st.ttest_1samp(D, 0, axis=1).pvalue < alpha
+    eq = np.array([ttost_paired(d, np.zeros(n), -margin, margin)[0] < alpha for d in D])
+    want = np.where(sig, np.sign(D.mean(1)), np.where(eq, 0.0, np.nan))
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(both, sig & eq)
+    np.testing.assert_array_equal(at, np.where(sig | eq, 0, -1))
+    assert (sig & eq).sum() > 10 and (eq & ~sig).sum() > 10 and (sig & ~eq).sum() > 10 and np.isnan(out).sum() > 10
+
+
+def test_pairs_past_the_cap_are_read_at_full_information(monkeypatch):
+    seen = []
+    real = S.sequential.obf_bounds
+    monkeypatch.setattr(S.sequential, "obf_bounds", lambda fr, *a: seen.append(fr) or real(fr, *a))
+    S.sequential_paired(np.ones(12) + np.arange(12) / 100, [2, 5, 12], 10, 0.1, 0.05)
+    assert seen == [(0.5, 1.0), (0.5, 1.0)]   # the look at 2 pairs is no look (a t needs 3), 12 of 10 is 1
+
+
+def test_no_look_with_three_pairs_leaves_every_row_undecided():
+    out, at, both = S.sequential_paired(np.ones((4, 2)), [1, 2], 10, 0.1, 0.05, negligible=True)
+    assert out.shape == at.shape == both.shape == (4,) and np.isnan(out).all() and (at == -1).all() and not both.any()
+
+
+def test_a_look_that_spends_nothing_decides_nothing_even_without_spread():
+    # 3 of 3,000 pairs: the boundaries are infinite; differences with no spread have an infinite z (and TOST
+    # statistics), which wait for the next look, where any finite boundary lets them through
+    assert S.obf_bounds((0.001, 1 / 6), 0.05, True)[0] == math.inf == S.obf_bounds((0.001, 1 / 6), 0.05, False)[0]
+    for d, margin, both in ((1.0, 0.25, False), (0.0625, 0.25, True)):
+        out, at, neg = S.sequential_paired(np.full(500, d), [3, 500], 3000, margin, 0.05, negligible=True)
+        assert (float(out), int(at), bool(neg)) == (1.0, 1, both)
 
 
 @functools.lru_cache(maxsize=None)  # tests/test_doc_numbers_statistics.py reads the same experiments
@@ -1081,6 +1144,28 @@ def test_sequential_decision_stops_when_decided_or_capped():
     # a seed that failed for one variant drops out of that pair only
     del noisy["b"][3]
     assert S.sequential_decision(noisy, ["a > b"], 0.01, 10, [seeds])["orderings"][0]["n"] == 9
+
+
+def test_sequential_decision_counts_pairs_and_looks_as_they_ran():
+    seeds = list(range(10))
+    far = {"a": {s: 5.0 + 0.01 * s for s in seeds}, "b": {s: 0.02 * (s % 3) for s in seeds}}
+    # three pairs are enough for a t: a clear effect decides at the first look, reported with its pairs
+    row = S.sequential_decision(far, ["a > b"], 0.2, 6, [seeds[:3]])["orderings"][0]
+    assert row["decided"] and row["n"] == 3 and row["look"] == 0 and "look 1 (3 pairs) of 1," in row["why"]
+    assert row["negligible"] is False   # decided far outside the margin
+    # two pairs: no test at all, reported as undecided at no look
+    row = S.sequential_decision(far, ["a > b"], 0.2, 6, [seeds[:2]])["orderings"][0]
+    assert (row["decided"], row["look"], row["negligible"], row["n"]) == (False, -1, False, 2)
+    # a batch that adds no pair (b failed those seeds) is no look; a seed rerun in a later batch is no second pair
+    part = {"a": far["a"], "b": {s: far["b"][s] for s in seeds[:5]}}
+    row = S.sequential_decision(part, ["a > b"], 0.2, 6, [seeds[:5], seeds[5:]])["orderings"][0]
+    assert row["n"] == 5 and "look 1 (5 pairs) of 1," in row["why"]
+    row = S.sequential_decision(far, ["a > b"], 0.2, 6, [seeds[:4], seeds[2:6]])["orderings"][0]
+    assert row["n"] == 6 and "of 2," in row["why"]
+    # ordered and equivalent at once: a small effect measured precisely, inside the margin
+    near = {"a": {s: 0.05 + 0.001 * (s % 2) for s in seeds}, "b": {s: 0.0 for s in seeds}}
+    row = S.sequential_decision(near, ["a > b"], 0.2, 10, [seeds])["orderings"][0]
+    assert row["outcome"] == "a > b" and row["negligible"] is True
 
 
 def test_orderings_split_on_one_sign_and_grid_labels_may_hold_equals():

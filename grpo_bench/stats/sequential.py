@@ -17,7 +17,7 @@ def spend(t: float, alpha: float) -> float:
 
 
 @lru_cache(maxsize=512)
-def obf_bounds(fractions: tuple[float, ...], alpha: float, two_sided: bool = True, grid: int = 801) -> tuple:
+def obf_bounds(fractions: tuple[float, ...], alpha: float, two_sided: bool, grid: int = 801) -> tuple:
     """z boundaries at the looks' information fractions (increasing, the last <= 1) such that a z statistic
     with Brownian increments crosses the upper one at look k with probability spend(t_k) - spend(t_k-1)
     under H0. two_sided: symmetric +-c_k, each side spending alpha / 2. Computed by numerical integration
@@ -29,7 +29,7 @@ def obf_bounds(fractions: tuple[float, ...], alpha: float, two_sided: bool = Tru
         target = spend(t, side) - spend(t_prev, side)
         sd = math.sqrt(t - t_prev)
         if f is None:
-            c = float(st.norm.isf(target)) if target > 0 else math.inf
+            c = float(st.norm.isf(target))  # inf where nothing is spent
         elif target <= 0:
             c = math.inf
         else:
@@ -82,8 +82,10 @@ def sequential_paired(D: np.ndarray, looks: list[int], max_seeds: int, margin: f
             z = _z_of_t(mean / se, df)
             zl, zu = _z_of_t((mean + margin) / se, df), _z_of_t((margin - mean) / se, df)
         open_ = np.isnan(outcome)
-        sig = open_ & (np.abs(z) >= eff[k])
-        inside = (zl >= eqv[k]) & (zu >= eqv[k])
+        # strict: a look that spends nothing has an infinite boundary, which even the infinite z of differences
+        # with no spread must not cross (ties at a finite boundary have probability 0)
+        sig = open_ & (np.abs(z) > eff[k])
+        inside = (zl > eqv[k]) & (zu > eqv[k])
         equiv = open_ & ~sig & inside
         both = both | (sig & inside)
         outcome = np.where(sig, np.sign(mean), np.where(equiv, 0.0, outcome))
