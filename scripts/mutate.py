@@ -157,6 +157,14 @@ MODULES["grpo_bench/stats/aggregates.py"] = ["tests/test_stats.py"]
 # decision after each batch (test_seeds_auto: a sweep that stops), docs/statistics.md's boundaries and rates
 MODULES["grpo_bench/stats/sequential.py"] = ["tests/test_stats.py", "tests/test_seeds_auto.py",
                                              "tests/test_doc_numbers_statistics.py"]
+# an ablation file: its grid, variants, settings and claim, each refused in one line naming the file and key
+# (test_config, test_reliability), claims and their orderings (test_findings: every shipped file on every setting;
+# its whole-findings and shipped-run tests, 90 s and 50 s, are left out), mechanisms, includes, --seeds auto
+MODULES["grpo_bench/config/ablation.py"] = [
+    "tests/test_config.py", "tests/test_include.py", "tests/test_mechanism.py", "tests/test_findings.py",
+    "tests/test_reliability.py", "tests/test_seeds_auto.py", "-k",
+    "not committed_rule_changes and not readme_example and not shipped_claims_run and not committed_findings "
+    f"and not {_UNTRACED_K}"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

@@ -318,3 +318,154 @@ def test_seeds_includes_and_graphs_at_their_bounds():
 def test_the_task_name_is_kept_beside_its_section():
     assert resolve_run({"task": {"name": "sort", "vocab": 6}}).task_name == "sort"
     assert resolve_run({"task": "sort"}).task_name == "sort"
+
+
+# ------------------------------------------------------------------ an ablation file at its edges
+
+
+def test_set_reaches_into_a_part_the_file_leaves_at_its_default(tmp_path):
+    # the file names no loss, delta or task: --set reaches into the defaults rather than into an empty mapping
+    # (which was refused as "<file>: loss.name: missing", blaming a file that never named a loss)
+    path = write(tmp_path, {"base": {"epochs": 2}, "grid": {"lr": [0.1, 0.2]}})
+    abl = load_ablation(path, sets=["loss.clip_high=0.28", "delta.eps=0.01", "task.vocab=7"])
+    for cfg in abl.configs:
+        assert cfg.loss == {"name": "clipped", "clip_low": 0.2, "clip_high": 0.28}
+        assert cfg.delta == {"name": "zscore", "eps": 0.01} and (cfg.task_name, cfg.task.vocab) == ("sort", 7)
+    d = {}
+    set_dotted(d, "kl_ctrl.target", 0.1, "x")
+    set_dotted(d, "sampler.staleness", 4, "x")   # not a part: no default name to reach into
+    assert d == {"kl_ctrl": {"name": "fixed", "target": 0.1}, "sampler": {"staleness": 4}}
+    with pytest.raises(ConfigError) as e:
+        load_ablation(path, sets=["kl_ctrl.target=0.1"])
+    assert (e.value.source, e.value.key) == ("--set", "kl_ctrl.target") and "'fixed' has no parameter" in e.value.message
+
+
+def test_an_error_is_blamed_on_set_only_where_set_gave_that_key(tmp_path):
+    path = write(tmp_path, {"base": TINY, "grid": {"loss": [{"name": "clipped", "clip_low": -1}]}})
+
+    def blamed(sets):
+        with pytest.raises(ConfigError) as e:
+            load_ablation(path, sets=sets)
+        return e.value.source, e.value.key
+
+    assert blamed(["lr=0.01"]) == (str(path), "loss.clip_low")           # an unrelated --set: the file's value
+    assert blamed(["loss.clip_low=-2"]) == ("--set", "loss.clip_low")    # the same key
+    assert blamed(["loss={name: clipped, clip_low: -3}"]) == ("--set", "loss.clip_low")   # a key inside what --set gave
+    # a --set whose value is fine alone but not with what the file leaves at its default (sort's 3-token prompts
+    # for n = 1): the file alone loads, so --set is named
+    good = write(tmp_path, {"base": TINY, "grid": {"lr": [0.1]}}, "good.yaml")
+    with pytest.raises(ConfigError) as e:
+        load_ablation(good, sets=["task.n=1"])
+    assert (e.value.source, e.value.key) == ("--set", "task.prompts")
+
+
+@pytest.mark.parametrize("doc,key,words", [
+    ({"grid": {"lr": [0.1, 0.1]}}, "grid.lr", "value '0.1' is listed twice"),
+    ({"grid": {"lr": [1, 1.0]}}, "grid.lr", "is listed twice"),                 # one float parameter
+    ({"grid": {"seed": [0, 1]}}, "grid.seed", "seeds come from `seeds`"),
+    ({"grid": {"lr": [0.1]}, "seeds": [1, 1]}, "seeds", "seed 1 is listed twice"),
+    ({"grid": {"lr": [0.1]}, "seeds": [-1]}, "seeds", "0 <= seed < 2**63, got -1"),
+    ({"grid": {"lr": [0.1]}, "seeds": [2**63]}, "seeds", "got 9223372036854775808"),
+    ({"grid": {"lr": [0.1]}, "seeds": 100_001}, "seeds", "at most 100000 seeds, got 100001"),
+    ({"grid": {"lr": [0.1]}, "seeds": list(range(100_001))}, "seeds", "at most 100000 seeds, got 100001"),
+    ({"grid": {"lr": [0.1]}, "include": 5}, "include", "expected a path or a list of paths"),
+    ({"grid": {"lr": [0.1]}, "include": ["a.py", 2]}, "include", "got ['a.py', 2]"),
+    ({"variants": {"x": {}, "y": {"lr": 0.01}}, "claim": {"text": "t", "source": "s", "expect": ["x > y", 3]}},
+     "claim.expect", "got ['x > y', 3]"),
+])
+def test_more_bad_ablations_name_file_and_key(tmp_path, doc, key, words):
+    path = write(tmp_path, {"base": TINY, **doc})
+    with pytest.raises(ConfigError) as e:
+        load_ablation(path)
+    assert (e.value.source, e.value.key) == (str(path), key) and words in e.value.message
+
+
+def test_grid_values_are_one_variant_whatever_their_keys_order_and_seeds_reach_their_bounds(tmp_path):
+    path = tmp_path / "m.yaml"   # written by hand: yaml.safe_dump would sort the mappings' keys
+    path.write_text("base: {task: sort, epochs: 2}\ngrid:\n  loss:\n    - {name: clipped, clip_high: 0.28}\n"
+                    "    - {clip_high: 0.28, name: clipped}\n")
+    with pytest.raises(ConfigError, match=r"grid\.loss: value .* is listed twice"):
+        load_ablation(path)
+    one = load_ablation(write(tmp_path, {"base": TINY, "grid": {"seed": [4]}, "seeds": [7]}, "one.yaml"))
+    assert [label for label, _, _ in one.variants] == ["seed=4"] and one.seeds == [7]   # a file of one variant
+    ok = write(tmp_path, {"base": TINY, "grid": {"lr": [0.1]}, "seeds": [0, 2**63 - 1]}, "ok.yaml")
+    assert load_ablation(ok).seeds == [0, 2**63 - 1]
+    assert len(load_ablation(ok, seeds=100_000).seeds) == 100_000
+    assert load_ablation(ok, seeds=list(range(100_000))).seeds[-1] == 99_999
+
+
+def test_a_setting_that_retunes_or_narrows_badly_is_named(tmp_path):
+    doc = {"base": TINY, "variants": {"a": {}, "b": {"lr": 0.01}},
+           "settings": {"s": {"epochs": 3, "variants": {"a": {"lr": 0.02}, "b": 5}}}}
+    with pytest.raises(ConfigError, match=r"settings\.s\.variants: expected a mapping variant name"):
+        load_ablation(write(tmp_path, doc), setting="s")
+    doc["settings"]["s"] = {"only": ["a", "zzz"]}
+    with pytest.raises(ConfigError, match=r"settings\.s\.only: expected a list of the file's variants; valid: a, b, "
+                                          r"got \['a', 'zzz'\]"):
+        load_ablation(write(tmp_path, doc), setting="s")
+
+
+def test_a_mechanism_threshold_must_be_above_zero(tmp_path):
+    mech = {"acts": "clip", "metric": "clip/frac", "why": "w", "min": 0}
+    doc = {"base": TINY, "variants": {"x": {}, "y": {"lr": 0.01}},
+           "claim": {"text": "t", "source": "s", "expect": ["x > y"], "mechanism": {"default": mech}}}
+    with pytest.raises(ConfigError, match=r"claim\.mechanism\.default\.min: expected a positive number"):
+        load_ablation(write(tmp_path, doc))
+    doc["claim"]["mechanism"]["default"] = {**mech, "min": 1e-9}
+    assert load_ablation(write(tmp_path, doc)).claim["mechanism"]["default"]["min"] == 1e-9
+
+
+def test_a_claims_metric_is_checked_against_every_task_its_variants_train(tmp_path):
+    doc = {"base": {"epochs": 2}, "variants": {"lm": {"task": "arithmetic"}, "toy": {"task": "sort"}},
+           "claim": {"text": "t", "source": "s", "expect": ["lm > toy"], "metric": "response/length_correct"}}
+    with pytest.raises(ConfigError, match=r"claim\.metric: 'response/length_correct': no run of task sort writes "
+                                          r"final/response/length_correct; valid: final/reward"):
+        load_ablation(write(tmp_path, doc))
+    doc["claim"]["metric"] = "eval/accuracy"   # both write it
+    assert load_ablation(write(tmp_path, doc)).claim["metric"] == "eval/accuracy"
+
+
+def test_includes_are_blamed_on_where_they_were_given(tmp_path):
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text("X = 1\n")
+    bad.write_text("raise RuntimeError('broken on purpose')\n")
+
+    def blamed(own, given):
+        doc = {"base": TINY, "grid": {"lr": [0.1]}} | ({"include": own} if own else {})
+        with pytest.raises(ConfigError, match="broken on purpose") as e:
+            load_ablation(write(tmp_path, doc), include=given)
+        return e.value.source
+
+    path = str(tmp_path / "abl.yaml")
+    assert blamed(None, [str(bad)]) == "--include"
+    assert blamed(["bad.py"], None) == path
+    assert blamed(["good.py"], [str(bad)]) == "--include"
+    assert blamed(["bad.py"], [str(good)]) == path
+    # loaded, both reach every run (the file's own relative to the file), each once
+    abl = load_ablation(write(tmp_path, {"base": TINY, "grid": {"lr": [0.1]}, "include": "good.py"}),
+                        include=[str(good), str(good)])
+    assert abl.configs[0].include == [str(good.resolve())]
+
+
+def test_what_the_runner_records_for_an_ablation(tmp_path):
+    from grpo_bench.config.ablation import ablation_record, variant_dicts
+    doc = {"base": TINY, "variants": {"a": {}, "b": {"lr": 0.01}}, "settings": {"s1": {"epochs": 3}, "s2": {}}}
+    abl = load_ablation(write(tmp_path, doc), setting="s1")
+    configs = variant_dicts(abl)
+    assert list(configs) == ["a", "b"] and configs["b"]["lr"] == 0.01 and configs["a"]["epochs"] == 3
+    assert all("seed" not in c for c in configs.values())   # the variant's, for every seed
+    record = ablation_record(abl)
+    assert record["settings"] == ["s1", "s2"] and record["configs"] == configs and record["task"]["name"] == "sort"
+    plain = load_ablation(write(tmp_path, {"base": TINY, "grid": {"lr": [0.1]}}, "plain.yaml"))
+    assert ablation_record(plain)["settings"] is None
+    two = load_ablation(write(tmp_path, {"base": {"epochs": 2}, "variants": {"lm": {"task": "arithmetic"},
+                                                                            "toy": {"task": "sort"}}}, "two.yaml"))
+    assert ablation_record(two)["task"] is None   # variants on two tasks: no one task to record
+
+
+def test_check_orderings_without_configs_or_task_leaves_an_equivalence_to_findings():
+    from grpo_bench.config.ablation import check_orderings
+    claim = {"text": "t", "source": "s", "expect": ["a = b"]}
+    check_orderings(claim, None, None, "w")   # nothing says what the metric is: findings checks it with the runs
+    with pytest.raises(ConfigError, match=r"^w: claim\.expect: 'a = b': an '=' needs an equivalence margin"):
+        check_orderings({**claim, "metric": "final/kl/seq"}, None, None, "w")

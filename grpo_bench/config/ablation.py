@@ -183,11 +183,12 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
         own = [own]
     _require(isinstance(own, list) and all(isinstance(p, str) for p in own), src, "include",
              f"expected a path or a list of paths to .py files or directories, got {own!r}")
-    paths = [str((path.parent / p).expanduser().resolve()) for p in own]
-    paths += [str(Path(p).expanduser().resolve()) for p in include or []]
-    if paths:
-        base = {**base, "include": list(dict.fromkeys([*base.get("include", []), *paths]))}
-        load_includes(base["include"], "--include" if include and not own else src)
+    own = [str((path.parent / p).expanduser().resolve()) for p in own]
+    given = [str(Path(p).expanduser().resolve()) for p in include or []]
+    if own or given:
+        load_includes(own, src)  # a file that does not load is named beside where it was given
+        load_includes(given, "--include")
+        base = {**base, "include": list(dict.fromkeys([*base.get("include", []), *own, *given]))}
     claim = _claim(doc.get("claim"), src)
     names = ablation_settings(path)
     file_seeds = doc.get("seeds", 3)
@@ -207,8 +208,6 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
     resources = _resources(doc.get("resources"), [(k[len("resources."):], v) for k, v in overrides
                                                          if k.startswith("resources.")], src)
     overrides = [(k, v) for k, v in overrides if not k.startswith("resources.")]
-    for key, value in overrides:
-        set_dotted(base, key, value, "--set")
 
     grid = doc.get("grid") or {}
     named = copy.deepcopy(doc.get("variants") or {})
@@ -241,7 +240,7 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
             if canon in seen:
                 raise ConfigError(src, f"grid.{key}", f"value {_fmt(v)!r} is listed twice; each value is one variant")
             seen.add(canon)
-        if key == "seed" and len(values) > 1:
+        if key == "seed" and len(values) > 1:  # one value: a file of one variant (its seed is each run's)
             raise ConfigError(src, "grid.seed", "seeds come from `seeds` (or --seeds); a grid over seed would run "
                               "the same runs under each label")
     for vname, ov in named.items():
@@ -264,15 +263,17 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
                 set_dotted(run, key, value, src)
             for key, value in cell.items():
                 set_dotted(run, key, value, src)
+            without = copy.deepcopy(run)
             for key, value in overrides:  # --set wins over the grid too
                 set_dotted(run, key, value, "--set")
             label_parts = ([vname] if vname is not None else []) + [f"{k}={_fmt(v)}" for k, v in cell.items()]
             values = ({"variant_name": vname} if vname is not None else {}) | cell
-            # fail now, naming the file (or --set, where the bad value came from), rather than inside a worker
+            # fail now, naming the file (or --set, where the bad key is one --set gave or the file alone
+            # resolves), rather than inside a worker
             try:
                 resolved.append(resolve_run(run, src))
             except ConfigError as e:
-                if any(_overlaps(e.key, k) for k, _ in overrides):
+                if any(_inside(e.key, k) for k, _ in overrides) or _resolves(without, src):
                     raise ConfigError("--set", e.key, e.message) from None
                 raise
             variants.append((",".join(label_parts), values, run))
@@ -297,12 +298,13 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
                     raise ConfigError(src, f"claim.mechanism.{key}.variant", f"unknown variant {d['variant']!r}; valid: a, b, "
                                       + ", ".join(labels))
         if claim.get("metric"):  # named in the file, found now: not after the first batch of --seeds auto
-            cls = registry.get("task", task_name(resolved[0]))
             asked = claim["metric"]
             column = asked if asked.startswith("final/") else metrics.final_column(asked)
-            if not metrics.final_known(cls, column):
-                raise ConfigError(src, "claim.metric", f"{asked!r}: no run of task {task_name(resolved[0])} writes "
-                                  f"{column}; valid: {', '.join(metrics.final_columns(cls))}")
+            for tname in dict.fromkeys(task_name(cfg) for cfg in resolved):  # every task the variants train
+                cls = registry.get("task", tname)
+                if not metrics.final_known(cls, column):
+                    raise ConfigError(src, "claim.metric", f"{asked!r}: no run of task {tname} writes {column}; "
+                                      f"valid: {', '.join(metrics.final_columns(cls))}")
         check_orderings(claim, dict(zip(labels, resolved)), setting, f"{src}: claim of {name}")
     description = str(doc.get("description", "")).strip()
     if setting_text:  # what this setting changes and why, after what the file is about
@@ -388,16 +390,22 @@ def _numbers_as_floats(v: Any) -> Any:
     return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
 
-def _overlaps(a: str, b: str) -> bool:
-    """Whether dotted keys a and b name the same setting or one holds the other."""
-    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+def _inside(key: str, given: str) -> bool:
+    """Whether dotted key `key` is `given` or inside it (loss.clip_low inside a --set of loss)."""
+    return key == given or key.startswith(given + ".")
+
+
+def _resolves(run: dict, src: str) -> bool:
+    try:
+        resolve_run(run, src)
+    except ConfigError:
+        return False
+    return True
 
 
 def _same_run(x, y) -> bool:
     """Whether two variants' configs (RunConfig, or the run_dict ablation.json records) are one run's."""
-    if isinstance(x, dict) and isinstance(y, dict):
-        return x == y
-    return config_hash(x) == config_hash(y)
+    return x == y if isinstance(x, dict) else config_hash(x) == config_hash(y)
 
 
 def variant_dicts(abl) -> dict[str, dict]:

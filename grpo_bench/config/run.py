@@ -13,7 +13,7 @@ import json
 import math
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Union
 
 import yaml
@@ -201,6 +201,11 @@ def build_dataclass(cls: type, data: dict, source: str, prefix: str = "") -> Any
             raise ConfigError(source, prefix + key, f"must be a finite number, got {value}")
         kwargs[key] = value
     return cls(**kwargs)
+
+
+# each part's and the task's name when a config leaves it out (set_dotted reaches into it)
+_DEFAULT_PARTS = {f.name: f.default if f.default is not MISSING else f.default_factory()["name"]
+                  for f in fields(RunConfig) if f.name in (*PART_KEYS, "task")}
 
 
 def _require(cond: bool, source: str, key: str, message: str) -> None:
@@ -402,10 +407,14 @@ def config_hash(cfg: RunConfig) -> str:
 
 
 def set_dotted(d: dict, key: str, value: Any, source: str) -> None:
+    """d[a][b] = value for key "a.b" in a run config's dict. Reaching into a part or task the config leaves at its
+    default reaches into that default (`--set loss.clip_high=0.28` on a file that names no loss)."""
     parts = key.split(".")
     node = d
     for p in parts[:-1]:
         nxt = node.get(p)
+        if nxt is None and node is d and p in _DEFAULT_PARTS:
+            nxt = _DEFAULT_PARTS[p]
         if isinstance(nxt, str):  # `task: sort`, `loss: clipped`: reaching into one names its parameters
             nxt = node[p] = {"name": nxt}
         if nxt is None:
