@@ -411,6 +411,9 @@ def test_a_mechanism_threshold_must_be_above_zero(tmp_path):
            "claim": {"text": "t", "source": "s", "expect": ["x > y"], "mechanism": {"default": mech}}}
     with pytest.raises(ConfigError, match=r"claim\.mechanism\.default\.min: expected a positive number"):
         load_ablation(write(tmp_path, doc))
+    doc["claim"]["mechanism"]["default"] = {**mech, "min": float("inf")}
+    with pytest.raises(ConfigError, match=r"claim\.mechanism\.default\.min: expected a positive number"):
+        load_ablation(write(tmp_path, doc))
     doc["claim"]["mechanism"]["default"] = {**mech, "min": 1e-9}
     assert load_ablation(write(tmp_path, doc)).claim["mechanism"]["default"]["min"] == 1e-9
 
@@ -467,5 +470,13 @@ def test_check_orderings_without_configs_or_task_leaves_an_equivalence_to_findin
     from grpo_bench.config.ablation import check_orderings
     claim = {"text": "t", "source": "s", "expect": ["a = b"]}
     check_orderings(claim, None, None, "w")   # nothing says what the metric is: findings checks it with the runs
+    # the task a caller names wins over the one the configs' section declares (findings: the recorded one)
+    import dataclasses
+    from grpo_bench.store import metrics
+    sort = metrics.declared_task("sort", {"name": "sort"})
+    configs = {v: {"task": {"name": "sort"}, "lr": lr} for v, lr in (("a", 0.1), ("b", 0.2))}
+    check_orderings(claim, configs, None, "w")   # sort's own margin, 0.01
+    with pytest.raises(ConfigError, match="an '=' needs an equivalence margin"):
+        check_orderings(claim, configs, None, "w", dataclasses.replace(sort, margin=None))
     with pytest.raises(ConfigError, match=r"^w: claim\.expect: 'a = b': an '=' needs an equivalence margin"):
         check_orderings({**claim, "metric": "final/kl/seq"}, None, None, "w")

@@ -186,8 +186,7 @@ def load_ablation(path: str | Path, seeds: int | None = None, sets: list[str] | 
     own = [str((path.parent / p).expanduser().resolve()) for p in own]
     given = [str(Path(p).expanduser().resolve()) for p in include or []]
     if own or given:
-        load_includes(own, src)  # a file that does not load is named beside where it was given
-        load_includes(given, "--include")
+        load_includes(given, "--include")  # the file's own load with each run, named beside the file
         base = {**base, "include": list(dict.fromkeys([*base.get("include", []), *own, *given]))}
     claim = _claim(doc.get("claim"), src)
     names = ablation_settings(path)
