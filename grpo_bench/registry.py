@@ -403,8 +403,8 @@ def names(axis: str) -> list[str]:
 
 def entry(axis: str, name: str) -> Entry:
     parts = _load(axis)
-    if name not in parts and ":" in name:
-        _from_module(axis, name)
+    if name not in parts:
+        _from_module(axis, name)  # None unless module:function
     if name not in parts:
         raise UnknownPart(axis, name)
     try:
@@ -459,9 +459,8 @@ def split_spec(spec: str | dict) -> tuple[str, dict]:
 
 def parameters(e: Entry) -> dict[str, Any]:
     """The tunable parameters of a part and their defaults."""
-    if e.config is not None and is_dataclass(e.config):
-        return {f.name: f.default_factory() if f.default is MISSING else f.default
-                for f in fields(e.config) if f.name != "name"}
+    if is_dataclass(e.config):
+        return {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(e.config)}
     return {p.name: p.default for p in e.params.values()}
 
 
