@@ -165,11 +165,11 @@ MODULES["grpo_bench/config/ablation.py"] = [
     "tests/test_reliability.py", "tests/test_seeds_auto.py", "-k",
     "not committed_rule_changes and not readme_example and not shipped_claims_run and not committed_findings "
     f"and not {_UNTRACED_K}"]
-# one registry per axis: a part's parameters from its signature and their bounds (test_algos), a user's parts from
+# one registry per axis: how parts load, in a fresh registry (test_registry); a part's parameters from its signature and their bounds (test_algos), a user's parts from
 # their own files, `module:function` and entry points (test_include; its README example, 28 s, left out), `list`
 # (test_cli), the config's part specs (test_config), the population traits (test_vmap), the installed presets
 MODULES["grpo_bench/registry.py"] = [
-    "tests/test_include.py", "tests/test_algos.py", "tests/test_config.py", "tests/test_cli.py", "tests/test_vmap.py",
+    "tests/test_registry.py", "tests/test_include.py", "tests/test_algos.py", "tests/test_config.py", "tests/test_cli.py", "tests/test_vmap.py",
     "tests/test_packaging.py", "-k", "not readme_example"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
