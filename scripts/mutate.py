@@ -171,6 +171,10 @@ MODULES["grpo_bench/config/ablation.py"] = [
 MODULES["grpo_bench/registry.py"] = [
     "tests/test_registry.py", "tests/test_include.py", "tests/test_algos.py", "tests/test_config.py", "tests/test_cli.py", "tests/test_vmap.py",
     "tests/test_packaging.py", "-k", "not readme_example"]
+# `--seeds auto:N` in the runner: batches, a look after each, the record kept through an interruption (test_seeds_auto),
+# the sequential verdict findings reads from it
+MODULES["grpo_bench/sweep/sequential.py"] = ["tests/test_seeds_auto.py", "tests/test_findings.py",
+                                             "tests/test_reliability.py", "-k", "seeds or sequential or auto"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

@@ -107,6 +107,16 @@ def test_the_cap(tmp_path):
     assert s["orderings"][0]["why"] == "undecided after 7 pairs (the cap)"
 
 
+def test_a_sweep_that_decides_some_orderings_stops_at_the_cap_as_capped(tmp_path):
+    # moving > still is decided (by look 2 at the latest), moving > wild never is: the sweep stops because of the cap
+    claim = {"text": "t", "source": "s", "expect": ["moving > still", "moving > wild"], "metric": "final/reward"}
+    s = sweep(write(tmp_path, {"still": STILL, "moving": MOVING, "wild": WILD}, claim), tmp_path / "out", 7)
+    assert (s["stopped"], s["reason"]) == ("cap", "cap of 7 seeds reached")
+    got = decisions(s)
+    assert got["moving > still"][0] == "moving > still" and got["moving > wild"] == (None, 7, -1)
+    assert list(s["seeds_per_variant"]) == ["moving", "still", "wild"]   # sorted, whatever order the runs finished in
+
+
 def test_interrupted_sweep_resumes_to_the_same_decision(tmp_path, monkeypatch, capsys):
     path = write(tmp_path, {"still": STILL, "moving": MOVING})
     whole = sweep(path, tmp_path / "whole", 40, population=1)  # one run a process: the same looks and numbers

@@ -62,7 +62,7 @@ def sequential_look(abl: Ablation, summary: pd.DataFrame, orderings: list[str], 
     ok = summary[summary[column].notna()]
     # a ratio margin ("5%") is judged on the log scale, which these looks do not use: no margin for them
     margin, source = metrics.claim_margin(abl.claim, abl.setting, column, decision_task(abl))
-    values = {v: dict(zip(map(int, g.seed), map(float, g[column]))) for v, g in ok.groupby("variant", sort=False)}
+    values = {v: dict(zip(map(int, g.seed), map(float, g[column]))) for v, g in ok.groupby("variant")}
     # no margin: equivalence cannot be shown (TOST within +-0 never passes), only an ordering
     decision = stats.sequential_decision(values, orderings, margin or 0.0, len(abl.seeds), batches)
     decided = all(r["decided"] for r in decision["orderings"])
