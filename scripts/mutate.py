@@ -740,6 +740,12 @@ def score(ms: list[Mutant]) -> dict:
 COUNTS = ("mutants", "killed", "timeout", "survived", "no test", "equivalent")
 
 
+def _short(module: str) -> str:
+    """A module's name in the equivalents' table: its path inside the package (stats/ and sweep/ both have a
+    sequential.py)."""
+    return module.removeprefix("grpo_bench/")
+
+
 def committed(report: Path = REPORT) -> dict[str, dict]:
     """The committed report's rows, module -> {"row": its table line, counts, "seconds", "left": its survivor
     lines, "why": its equivalent mutants' lines}: what --report keeps for a module whose run is not cached
@@ -760,7 +766,7 @@ def committed(report: Path = REPORT) -> dict[str, dict]:
         for module, entry in out.items():
             if line.startswith(f"- `{module}` "):
                 entry["left"].append(line)
-            elif line.startswith(f"| `{Path(module).name}` |"):
+            elif line.startswith(f"| `{_short(module)}` |"):
                 entry["why"].append(line)
     return out
 
@@ -808,7 +814,7 @@ def write_report(results: dict, jobs: int, total_s: float, kept: dict | None = N
         for m in results.get(module, ([],))[0]:
             if m.status == "equivalent":
                 code = m.code.replace("|", "\\|")
-                lines.append(f"| `{Path(m.module).name}` | {m.qualname} | {m.desc} | `{code}` | {m.reason} |")
+                lines.append(f"| `{_short(m.module)}` | {m.qualname} | {m.desc} | `{code}` | {m.reason} |")
     REPORT.write_text("\n".join(lines) + "\n")
 
 
