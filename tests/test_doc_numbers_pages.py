@@ -281,3 +281,6 @@ def test_the_mutation_report_is_what_mutate_writes_from_its_own_rows(tmp_path, m
     monkeypatch.setattr(mutate.os, "cpu_count", lambda: cores)  # the machine it ran on, not this one
     mutate.write_report({}, 2, 0.0, kept)
     assert mutate.REPORT.read_text() == (R / "mutation.md").read_text()
+    # and each module lists as many equivalent mutants, with their reasons, as its row counts
+    for module, entry in kept.items():
+        assert len(entry["why"]) == entry["equivalent"], module
