@@ -175,6 +175,13 @@ MODULES["grpo_bench/registry.py"] = [
 # the sequential verdict findings reads from it
 MODULES["grpo_bench/sweep/sequential.py"] = ["tests/test_seeds_auto.py", "tests/test_findings.py",
                                              "tests/test_reliability.py", "-k", "seeds or sequential or auto"]
+# every user file read as YAML: a repeated key refused with its lines, 1e-3 a float, bad bytes and bad YAML named
+MODULES["grpo_bench/config/strict_yaml.py"] = ["tests/test_faults.py", "tests/test_config.py", "tests/test_cli.py",
+                                               "tests/test_reliability.py", "-k",
+                                               f"not {FAULTS_PYTEST} and not {_UNTRACED_K}"]
+# task presets in tasks/: a name, a section merged key by key under a file's overrides
+MODULES["grpo_bench/config/presets.py"] = ["tests/test_config.py", "tests/test_cli.py", "tests/test_lm_rewards.py",
+                                           "tests/test_gym.py"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

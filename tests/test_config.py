@@ -481,3 +481,38 @@ def test_check_orderings_without_configs_or_task_leaves_an_equivalence_to_findin
         check_orderings(claim, configs, None, "w", dataclasses.replace(sort, margin=None))
     with pytest.raises(ConfigError, match=r"^w: claim\.expect: 'a = b': an '=' needs an equivalence margin"):
         check_orderings({**claim, "metric": "final/kl/seq"}, None, None, "w")
+
+
+# ------------------------------------------------------------------ YAML as every user file is read
+
+
+def test_strict_yaml_finds_a_repeated_key_anywhere_and_says_where(tmp_path):
+    from grpo_bench.config import strict_yaml
+    with pytest.raises(strict_yaml.DuplicateKey) as e:
+        strict_yaml.load("v:\n  a: 1\n  a: 2\n")
+    assert str(e.value) == "v.a: duplicate key (lines 2 and 3); YAML would keep only the last"
+    # inside a list's items too, named by the item's index
+    with pytest.raises(strict_yaml.DuplicateKey, match=r"^filters\.1\.name: duplicate key \(lines 3 and 3\)"):
+        strict_yaml.load("filters:\n  - {name: a}\n  - {name: b, name: c}\n")
+    # an alias is checked where its anchor stands, once: a list that holds itself loads
+    doc = strict_yaml.load("a: &x [1, *x]\n")
+    assert doc["a"][1] is doc["a"]
+    assert strict_yaml.load("lr: 1e-3\nn: 3e2\n") == {"lr": 0.001, "n": 300.0}
+    # a byte that is not UTF-8 is named by its line
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"base:\n  lr: 0.1\n  task: sort\xff\n")
+    with pytest.raises(ConfigError) as e:
+        strict_yaml.read_yaml(bad)
+    assert (e.value.key, e.value.message) == ("line 3", "not UTF-8 text: byte 0xff at offset 28; save the file as UTF-8")
+
+
+def test_a_preset_without_a_named_task_section_is_refused(tmp_path, monkeypatch):
+    from grpo_bench.config import presets
+    monkeypatch.setattr(presets, "tasks_dir", lambda: tmp_path)
+    (tmp_path / "fine_preset_t.yaml").write_text("description: ok\ntask: {name: sort, vocab: 7}\n")
+    assert presets.section("fine_preset_t") == {"name": "sort", "vocab": 7} and presets.description("fine_preset_t") == "ok"
+    for name, text in (("no_task_t", "description: x\n"), ("no_name_t", "task: {vocab: 3}\n"), ("a_list_t", "- 1\n"),
+                       ("task_text_t", "task: sort\n")):
+        (tmp_path / f"{name}.yaml").write_text(text)
+        with pytest.raises(ValueError, match=rf"{name}\.yaml: a preset needs `description` and `task: "):
+            presets.section(name)
