@@ -182,6 +182,11 @@ MODULES["grpo_bench/config/strict_yaml.py"] = ["tests/test_faults.py", "tests/te
 # task presets in tasks/: a name, a section merged key by key under a file's overrides
 MODULES["grpo_bench/config/presets.py"] = ["tests/test_config.py", "tests/test_cli.py", "tests/test_lm_rewards.py",
                                            "tests/test_gym.py"]
+# what every task hands the trainer: a rollout taken and joined (dynamic sampling's redraws), a member's failure
+# kept to itself (guarded), the device a run of each task takes
+MODULES["grpo_bench/tasks/__init__.py"] = ["tests/test_trainer.py", "tests/test_population.py", "tests/test_parts_v3.py",
+                                           "tests/test_sampler.py", "tests/test_gym.py", "tests/test_runner.py", "-k",
+                                           "not shipped and not kill_and_resume and not failed_run_is_recorded"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

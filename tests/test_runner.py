@@ -868,3 +868,25 @@ def test_each_tasks_gpu_replaces_cores_is_the_measured_one():
             for r in csv.DictReader((Path(__file__).resolve().parents[1] / "results/gpu/population.csv").open())}
     assert registry.get("task", "sort").gpu_replaces_cores == rows[("toy", "64", "off")]
     assert registry.get("task", "arithmetic").gpu_replaces_cores == rows[("lm", "64", "off")]
+
+
+def test_auto_takes_the_gpu_only_where_it_does_more_than_the_cores_here(monkeypatch):
+    from grpo_bench.tasks import device_for
+
+    class Measured:
+        gpu_replaces_cores = 2.0   # one GPU does what two CPU cores do
+
+    class Unmeasured:
+        pass
+
+    assert device_for("cpu", Measured, cuda=True) == "cpu" and device_for("cuda", Unmeasured, cuda=False) == "cuda"
+    assert device_for("auto", Measured, cuda=True, cores=1) == "cuda"
+    assert device_for("auto", Measured, cuda=True, cores=2) == "cpu"    # no more than the cores: stay
+    assert device_for("auto", Measured, cuda=False, cores=1) == "cpu"
+    assert device_for("auto", Unmeasured, cuda=True, cores=1) == "cpu"
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert device_for("auto", Measured, cuda=True) == "cpu"
+    monkeypatch.setattr(os, "cpu_count", lambda: None)   # unknown: counted as one core
+    assert device_for("auto", Measured, cuda=True) == "cuda"
+    Measured.gpu_replaces_cores = 1.5
+    assert device_for("auto", Measured, cuda=True) == "cuda"
