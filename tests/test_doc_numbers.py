@@ -239,6 +239,20 @@ def test_rerun_bits_in_the_docs_are_results_cpu_reruns():
             assert phrase in text.replace("each of the", "of the"), (doc, phrase)
 
 
+def test_cross_cpu_in_the_docs_is_results_cross_cpu():
+    """reliability.md's count of committed runs rerun on another processor (scripts/cross_cpu.py) and of the values
+    and held-out answers that came out different is results/cross_cpu.csv's."""
+    t = pd.read_csv(ROOT / "results/cross_cpu.csv")
+    text = " ".join((ROOT / "docs/reliability.md").read_text().split())
+    for phrase in (f"{len(t)} runs of {t.sweep.nunique()} sweeps",
+                   f"{int(t.values_differ.sum()):,} of {int(t['values'].sum()):,} logged values",
+                   f"{int(t.answers_differ.sum()):,} of {int(t.answers.sum()):,} held-out answers"):
+        assert phrase in text, phrase
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "same bit for bit on any x86-64 CPU" in readme and "results/cross_cpu.csv" in readme
+    assert t.values_differ.sum() == 0 == t.answers_differ.sum()
+
+
 def test_spell_backward_slow_margins_come_from_their_separate_run():
     """The spell_backward_slow setting's margins (adv_norm, aggregation: accuracy; length_bias: incorrect length)
     follow their task's rules at the end of that budget (rollout 15 at lr 1e-4) in the separate default-GRPO run
