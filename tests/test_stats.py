@@ -969,6 +969,199 @@ def test_compare_fits_places_a_difference_in_a_or_in_b():
     assert S.compare_fits(base, flat) is None
 
 
+def _exact(A=0.6, B=1.5, C_mid=3000.0, r0=0.05, Cs=C, seeds=2, offsets=None):
+    """A noise-free curve; seeds apart by a hair (or by `offsets`), so a bootstrap exists."""
+    Y = np.tile(S.saturating(Cs, r0, A, B, C_mid)[:, None], (1, seeds))
+    Y += np.arange(seeds) * 1e-6 if offsets is None else np.asarray(offsets)
+    return np.r_[0.0, Cs], np.vstack([r0 + (np.arange(seeds) * 1e-6 if offsets is None else np.asarray(offsets)), Y])
+
+
+def test_the_fit_search_is_the_one_docs_statistics_describes():
+    text = " ".join((Path(__file__).resolve().parent.parent / "docs/statistics.md").read_text().split())
+    words = {4: "four", 5: "five", 3: "three"}
+    g, z, n = S.fits.GRID, S.fits.ZOOMS, S.fits.ZOOM_POINTS
+    assert f"a {g[0]} × {g[1]} grid, then {words[z]} {n} × {n} zooms" in text
+    assert f"{S.N_BOOT_FIT} refits on seeds resampled" in text
+
+
+def test_an_exact_curve_fits_with_no_noise_and_its_half_predicts_the_rest():
+    Cx, Y = _exact()
+    f = S.fit_curve(Cx, Y, 0, 1, n_boot=20)
+    assert f["ok"] and f["noise"] < 1e-5 and f["half"]["ok"] and f["half"]["noise"] < 1e-5
+    assert (f["A"], f["B"], f["C_mid"]) == (pytest.approx(0.6, rel=1e-4), pytest.approx(1.5, rel=1e-3),
+                                            pytest.approx(3000, rel=1e-3))
+    assert (f["half"]["A"], f["half"]["C_mid"]) == (pytest.approx(0.6, rel=1e-3), pytest.approx(3000, rel=1e-3))
+    assert S.fit_curve(Cx, Y)["ok"]   # the default range is unbounded
+    # few points, all low on the rise (their squared sigmoids sum to a third): the closed-form A still holds
+    few = np.geomspace(3000 / 128, 3000, 8)
+    f = S.fit_curve(*_exact(Cs=few), 0, 1, n_boot=10)
+    assert (f["A"], f["C_mid"]) == (pytest.approx(0.6, rel=1e-3), pytest.approx(3000, rel=1e-3))
+
+
+def test_the_half_budget_check_fits_the_first_half_alone():
+    # a clean rise to 0.4 in the first half, then a jump to 0.9: the half fit must not see the jump
+    Cx, Y = _exact(A=0.4, C_mid=1500.0)
+    Y[Cx > Cx[-1] / 2] = 0.9
+    f = S.fit_curve(Cx, Y, 0, 1, n_boot=20)
+    h = f["half"]
+    half = (Cx > 0) & (Cx <= Cx[-1] / 2)
+    p, _ = curve_fit(lambda c, A, B, Cm: S.saturating(c, Y[0].mean(), A, B, Cm), Cx[half], Y[half].mean(axis=1),
+                     p0=[0.5, 1.0, 2000])
+    assert (h["A"], h["B"], h["C_mid"]) == (pytest.approx(p[0], rel=1e-4), pytest.approx(p[1], rel=1e-3),
+                                            pytest.approx(p[2], rel=1e-3))
+    assert h["ok"] and h["noise"] < 1e-5        # the jump is no noise of the first half
+    rest = Y[Cx > Cx[-1] / 2].mean(axis=1)
+    pred = S.saturating(Cx[Cx > Cx[-1] / 2], Y[0].mean(), *p)
+    assert h["mae"] == pytest.approx(np.mean(np.abs(pred - rest)), rel=1e-4)
+
+
+def test_flat_mae_is_the_distance_from_the_first_halfs_last_fifth():
+    # by hand: 20 points at C = 1..20 (half: C <= 10; its last fifth: C >= 8, so 8, 9 and 10)
+    Cx = np.arange(0, 21.0)
+    y = np.r_[0.0, np.linspace(0.1, 0.4, 10), np.linspace(0.5, 1.3, 10)]
+    Y = np.c_[y, y + 1e-6]
+    h = S.fit_curve(Cx, Y, n_boot=10)["half"]
+    tail = (y[8] + y[9] + y[10]) / 3
+    assert h["flat_mae"] == pytest.approx(np.mean(np.abs(tail - y[11:])), rel=1e-6)
+
+
+def test_the_half_check_needs_its_own_points_and_reads_the_half_budget():
+    few = np.r_[0.0, 100, 200, 300, 400, 500, 600, 700, 8500, 9000, 10000, 16000]   # 7 points in the first half
+    Y = np.tile(S.saturating(few, 0.05, 0.6, 1.5, 300)[:, None], (1, 2)) + [0, 1e-6]
+    f = S.fit_curve(few, Y, 0, 1, n_boot=10)
+    assert not f["half"]["ok"] and f["half"]["reason"] == "too few points in the first half"
+    eight = np.r_[few[:8], 750, few[8:]]
+    Y = np.tile(S.saturating(eight, 0.05, 0.6, 1.5, 300)[:, None], (1, 2)) + [0, 1e-6]
+    assert S.fit_curve(eight, Y, 0, 1, n_boot=10)["half"]["reason"] != "too few points in the first half"
+    # a midpoint inside the half budget is read; one past it is not (it is inside the whole budget)
+    assert S.fit_curve(*_exact(C_mid=0.4 * C[-1]), 0, 1, n_boot=10)["half"]["ok"]
+    late = S.fit_curve(*_exact(C_mid=0.7 * C[-1]), 0, 1, n_boot=10)
+    assert "still rising at the end (the midpoint lies past the half budget)" in late["half"]["reason"]
+
+
+def test_a_flat_half_prints_its_own_rise():
+    rng = np.random.default_rng(5)
+    Y = 0.3 + 0.02 * rng.standard_normal((len(C) + 1, 4))
+    Y[np.r_[0.0, C] > C[-1] / 2] += 0.3
+    h = S.fit_curve(np.r_[0.0, C], Y, 0, 1, n_boot=10)["half"]
+    assert h["reason"].startswith(f"flat: the rise A - R0 = {h['A'] - Y[0].mean():+.3f}"), h["reason"]
+
+
+@pytest.mark.parametrize("args, ok", [
+    ((0.75, 10.0, False, 0.25, 0.25, 1.0, 100.0, 0.0, 1.0), True),     # a rise of exactly twice the noise
+    ((0.75, 10.0, False, 0.25, 0.2501, 1.0, 100.0, 0.0, 1.0), False),
+    ((0.75, 100.0, False, 0.25, 0.1, 1.0, 100.0, 0.0, 1.0), True),     # the midpoint at the last point
+    ((0.75, 1.0, False, 0.25, 0.1, 1.0, 100.0, 0.0, 1.0), True),       # ... at the first
+    ((-1e-9, 10.0, False, 0.5, 0.1, 1.0, 100.0, 0.0, 1.0), True),      # the asymptote at the range's edges
+    ((1 + 1e-9, 10.0, False, 0.5, 0.1, 1.0, 100.0, 0.0, 1.0), True),
+    ((0.0, 10.0, False, 0.5, 0.1, 1.0, 100.0, 0.0, 1.0), True),
+    ((1.0, 10.0, False, 0.5, 0.1, 1.0, 100.0, 0.0, 1.0), True),
+    ((-1e-6, 10.0, False, 0.5, 0.1, 1.0, 100.0, 0.0, 1.0), False),
+    ((1 + 1e-6, 10.0, False, 0.5, 0.1, 1.0, 100.0, 0.0, 1.0), False),
+])
+def test_what_a_point_estimate_may_be_read_as_at_its_edges(args, ok):
+    assert (S.fits._check(*args) is None) == ok
+
+
+def test_points_from_the_first_positive_compute_and_not_before():
+    # exactly MIN_POINTS points from C = 1: enough
+    Cx = np.r_[0.0, np.geomspace(1, 3000, S.MIN_POINTS)]
+    Y = np.tile(S.saturating(Cx, 0.05, 0.6, 1.0, 60)[:, None], (1, 2)) + [0, 1e-6]
+    f = S.fit_curve(Cx, Y, 0, 1, n_boot=10)
+    assert not (f["reason"] or "").startswith("too few"), f["reason"]
+    assert f["C_mid"] == pytest.approx(60, rel=1e-3)
+    # a point nothing logged (NaN in every seed) is left out, not fitted
+    gap = Y.copy()
+    gap[3] = np.nan
+    g = S.fit_curve(np.r_[Cx, 4000.0], np.vstack([Y, Y[-1]]), 0, 1, n_boot=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # an empty point is expected, not warned about
+        h = S.fit_curve(np.r_[Cx, 4000.0], np.vstack([gap, Y[-1]]), 0, 1, n_boot=10)
+    assert h["ok"] and len(h["C"]) == len(g["C"]) - 1 and h["A"] == pytest.approx(g["A"], rel=1e-3)
+    # the rise between the first and second points: read, not "over before the first point"
+    Cx = np.r_[0.0, 100.0, np.geomspace(1000, 1e5, 12)]
+    Y = np.tile(S.saturating(Cx, 0.05, 0.6, 1.0, 300)[:, None], (1, 2)) + [0, 1e-6]
+    f = S.fit_curve(Cx, Y, 0, 1, n_boot=10)
+    assert f["ok"] and f["C_mid"] == pytest.approx(300, rel=1e-2), f["reason"]
+
+
+def test_a_fit_on_the_edge_of_its_search_is_declined():
+    wide = np.geomspace(1, 1e12, 60)   # a rise slower than the box's slowest (B 0.1), its midpoint inside the box
+    slow = S.fit_curve(*_exact(B=0.08, C_mid=1e6, Cs=wide), 0, 1, n_boot=10)
+    assert slow["B"] == pytest.approx(0.1) and 10 < slow["C_mid"] < 1e8, slow
+    assert "edge of the search" in slow["reason"], slow["reason"]
+    # ... and it has a first half's level to compare with though no point lies in the half's last fifth
+    h, y = slow["half"], slow["y"]
+    half = slow["C"] <= wide[-1] / 2
+    assert h["flat_mae"] == pytest.approx(np.mean(np.abs(y[half][-1] - y[~half])))
+    early = S.fit_curve(*_exact(B=1.5, C_mid=5.0), 0, 1, n_boot=10)      # C_mid below a tenth of the first point
+    assert early["C_mid"] == pytest.approx(C[0] / 10) and "edge of the search" in early["reason"], early["reason"]
+
+
+def test_few_points_leave_no_half_check_and_two_seeds_give_a_ci():
+    Cx, Y = _exact()
+    f = S.fit_curve(Cx[:6], Y[:6], 0, 1)
+    assert not f["ok"] and not f["half"]["ok"] and f["half"]["reason"] == "no fit"
+    two = S.fit_curve(Cx, Y, 0, 1, n_boot=20)
+    assert two["ok"] and two["ci"]["A"][0] <= two["A"] <= two["ci"]["A"][1]
+    Cx, Y = synthetic()
+    assert S.fit_curve(Cx, Y, 0, 1)["ci"] == S.fit_curve(Cx, Y, 0, 1, seed=0)["ci"]   # seed 0: REPORT redraws the same
+
+
+def test_a_resample_of_identical_seeds_refits_to_the_point_estimate():
+    Cx, Y = _exact(seeds=4, offsets=[0, 0, 0, 0])
+    Y[5, 1:] = np.nan    # a point one seed logged: a resample without that seed has no value there
+    Y[0, 1:] = np.nan    # ... and the first: such a resample's R0 is the mean's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f = S.fit_curve(Cx, Y, 0, 1, n_boot=20)
+    for k in ("A", "B", "C_mid"):
+        # to the search's resolution: without the point, the grid's best moves in the 8th digit
+        assert f["ci"][k] == (pytest.approx(f[k], rel=1e-6), pytest.approx(f[k], rel=1e-6)), k
+
+
+def test_a_95_percent_interval_leaves_5_of_200_resamples_on_each_side():
+    rng = np.random.default_rng(4)
+    f = S.fit_curve(*synthetic(rng=rng), 0, 1)
+    g = S.fit_curve(*synthetic(A=0.7, rng=rng), 0, 1)
+    assert len(f["boot"]) == 200
+    for i, k in enumerate(("A", "B", "C_mid")):
+        b = np.sort(f["boot"][:, i])
+        assert b[4] <= f["ci"][k][0] <= b[5] and b[194] <= f["ci"][k][1] <= b[195], k
+    c = S.compare_fits(g, f)
+    for i, k in enumerate(("A", "B")):
+        d = np.sort(g["boot"][:, i] - f["boot"][:, i])
+        assert d[4] <= c[k][1] <= d[5] and d[194] <= c[k][2] <= d[195], k
+
+
+def test_a_variant_against_itself_differs_in_nothing():
+    f = S.fit_curve(*synthetic(), 0, 1, n_boot=20)
+    c = S.compare_fits(f, f)
+    assert all(c[k] == (0.0, 0.0, 0.0, False) for k in ("A", "B")), c
+
+
+def test_a_ci_narrower_than_the_rise_from_the_first_point_is_read():
+    # seeds shifted by up to +-0.06 (the CI of A about 0.07 wide); the rise from R0 is 0.1, half of it done
+    # by the first positive point: measured from there it would be 0.05, narrower than the CI
+    Cx, Y = _exact(A=0.6, r0=0.5, C_mid=C[0], seeds=5, offsets=[-0.06, -0.03, 0.0, 0.03, 0.06])
+    f = S.fit_curve(Cx, Y, 0, 1)
+    assert f["ok"] and 0.05 < f["ci"]["A"][1] - f["ci"]["A"][0] < 0.1, (f["reason"], f["ci"])
+
+
+def test_seeds_apart_by_more_than_the_rise_leave_the_asymptote_unread():
+    # every seed the same clean curve, shifted: the mean curve has no noise, the asymptote's CI the seeds' spread
+    Cx, Y = _exact(A=0.6, r0=0.5, seeds=5, offsets=[-0.2, -0.1, 0.0, 0.1, 0.2])
+    f = S.fit_curve(Cx, Y, 0, 1)
+    width = f["ci"]["A"][1] - f["ci"]["A"][0]
+    assert f["noise"] < 1e-5 and 0.1 < width < 1.0, width   # wider than the rise A - R0 = 0.1, narrower than A + R0
+    assert f["reason"] == "not identifiable: the CI of A is wider than the rise A - R0"
+    # a fall towards 0 whose seeds' CI reaches below it
+    Cx, Y = _exact(A=0.02, r0=0.6, seeds=5, offsets=[-0.06, -0.03, 0.0, 0.03, 0.06])
+    f = S.fit_curve(Cx, Y, 0, 1)
+    assert f["ci"]["A"][0] < 0 < f["A"] < f["ci"]["A"][1] < 1, f["ci"]
+    assert "leaves the metric's range" in f["reason"], f["reason"]
+
+
 def test_obrien_fleming_bounds_match_gsdesign():
     # gsDesign(k = 5, test.type = 2, sfu = sfLDOF, alpha = 0.025): the classic Lan-DeMets table
     bounds = S.obf_bounds((0.2, 0.4, 0.6, 0.8, 1.0), 0.05, True)
