@@ -187,6 +187,18 @@ MODULES["grpo_bench/config/presets.py"] = ["tests/test_config.py", "tests/test_c
 MODULES["grpo_bench/tasks/__init__.py"] = ["tests/test_trainer.py", "tests/test_population.py", "tests/test_parts_v3.py",
                                            "tests/test_sampler.py", "tests/test_gym.py", "tests/test_runner.py", "-k",
                                            "not shipped and not kill_and_resume and not failed_run_is_recorded"]
+# what a worker process does around training: the pin before a user's includes, each run's result and failure
+# with its innermost frames, progress on the pool worker's queue, the default population's memory budget
+# (test_worker, in-process: the runner's tests reach the same code in workers the tracer cannot see)
+MODULES["grpo_bench/sweep/worker.py"] = ["tests/test_worker.py", "tests/test_population.py", "tests/test_runner.py",
+                                         "tests/test_reliability.py", "-k",
+                                         "not shipped and not kill_and_resume and not failed_run_is_recorded "
+                                         f"and not {_UNTRACED_K}"]
+# ScaleRL's saturating curve against compute: the fit against scipy's least squares, its bootstrap CIs, what it
+# declines to read (flat, on the search's edge, still rising, outside the metric's range), the half-budget check,
+# REPORT's section and figure of it (test_report)
+MODULES["grpo_bench/stats/fits.py"] = ["tests/test_stats.py", "tests/test_report.py::test_curves_against_compute_in_the_report",
+                                       "tests/test_report.py::test_a_curve_is_fitted_from_min_points_on"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [
