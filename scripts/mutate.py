@@ -199,6 +199,9 @@ MODULES["grpo_bench/sweep/worker.py"] = ["tests/test_worker.py", "tests/test_pop
 # REPORT's section and figure of it (test_report)
 MODULES["grpo_bench/stats/fits.py"] = ["tests/test_stats.py", "tests/test_report.py::test_curves_against_compute_in_the_report",
                                        "tests/test_report.py::test_a_curve_is_fitted_from_min_points_on"]
+# `run --log-to`: each tracker's round trip through its own reader (TensorBoard, W&B offline, MLflow's SQLite
+# store, Trackio), one line for an unknown or failing tracker, each run logged once after its directory
+MODULES["grpo_bench/sweep/trackers.py"] = ["tests/test_trackers.py"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

@@ -26,7 +26,6 @@ from grpo_bench.config.run import resolve_run, run_dict
 from helpers import ROOT, needs
 
 ABL = str(ROOT / "ablations" / "loss_modes.yaml")
-INSTALLED = [n for n in T.BACKENDS if T.importlib.util.find_spec(n)]
 # the environment that would send runs elsewhere than the output directory
 ELSEWHERE = ("WANDB_MODE", "MLFLOW_TRACKING_URI", "TRACKIO_DIR", "TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL")
 
@@ -59,20 +58,42 @@ def _same(a, b, rel=0.0):
     return (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=rel, abs=0)
 
 
-@pytest.fixture(scope="module")
-def logged(tmp_path_factory):
-    out = tmp_path_factory.mktemp("trackers")
-    if not INSTALLED:
-        pytest.skip("no tracker installed")
+def _log(name, tmp_path_factory):
+    """The synthetic results logged by one tracker alone, into a directory of their own. Each round trip logs
+    its own tracker (not one fixture for all), so a mutation run's tracer credits each tracker's code to the
+    test that reads it back."""
+    needs(name)
+    out = tmp_path_factory.mktemp(name)
     with mock.patch.dict(os.environ):
         for k in ELSEWHERE:
             os.environ.pop(k, None)
-        t = T.Trackers(INSTALLED, out, "proj")
+        t = T.Trackers([name], out, "proj")
         for r in RESULTS:
             t.log(r)
         t.close()
-        assert t.logged == dict.fromkeys(INSTALLED, 2)
+        assert t.logged == {name: 2}
+    # the tracker closed what it wrote (a writer left open keeps its thread and its event file)
+    import threading
+    assert not [t for t in threading.enumerate() if type(t).__name__ == "_AsyncWriterThread"]
+    if os.path.isdir("/proc/self/fd"):
+        held = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                held.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        # (MLflow's client keeps its SQLite store open for the sweep's next runs, by design)
+        assert not [h for h in held if h.startswith(str(out)) and not h.endswith("mlflow.db")], held
     return out
+
+
+@pytest.fixture
+def quiet(capfd):
+    """What a tracker printed while logging: only the driver's own summary line, no warning, no tracker banner."""
+    yield capfd
+    err = capfd.readouterr()
+    lines = [x for x in (err.out + err.err).splitlines() if x.strip()]
+    assert all(" runs logged; view: " in x for x in lines), lines
 
 
 def test_an_unknown_or_missing_tracker_is_one_line_before_anything(tmp_path, monkeypatch, capsys):
@@ -112,8 +133,8 @@ def test_steps_are_grouped_and_ordered():
 # ---------------------------------------------------------------------------------------- TensorBoard
 
 
-def test_tensorboard_round_trip(logged):
-    needs("tensorboard")
+def test_tensorboard_round_trip(tmp_path_factory, quiet):
+    logged = _log("tensorboard", tmp_path_factory)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -133,6 +154,9 @@ def test_tensorboard_round_trip(logged):
         for k, v in finals.items():
             (e,) = ea.Scalars(k)
             assert e.step == last and _same(e.value, float(np.float32(v))), k
+        (text,) = ea.Tensors("config/text_summary")
+        written = text.tensor_proto.string_val[0].decode()
+        assert list(yaml.safe_load(written.strip("`").removeprefix("yaml\n"))) == list(cfg) != sorted(cfg)
         text = ea.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
         assert yaml.safe_load(text.removeprefix("```yaml\n").removesuffix("```")) == cfg
         start = plugin_data_pb2.HParamsPluginData.FromString(
@@ -187,8 +211,8 @@ def _wandb_run(d: Path) -> dict:
     return run
 
 
-def test_wandb_offline_round_trip(logged):
-    needs("wandb")
+def test_wandb_offline_round_trip(tmp_path_factory, quiet):
+    logged = _log("wandb", tmp_path_factory)
     runs = {r["name"]: r for r in map(_wandb_run, sorted((logged / "wandb").glob("offline-run-*")))}
     assert set(runs) == {s["run"] for _, _, s in RESULTS}
     for cfg, rows, summary in RESULTS:
@@ -208,13 +232,40 @@ def test_wandb_offline_round_trip(logged):
             # wandb's summary keeps NaN as null (its history keeps NaN)
             assert r["summary"][k] == (None if isinstance(v, float) and math.isnan(v) else v), k
         assert "traceback" not in r["summary"]
+    # the driver's code, requirements and console are not the run's: no files beside the run's records
+    for d in (logged / "wandb").glob("offline-run-*"):
+        kept = sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file() and p.parent.name != "logs")
+        assert kept == [f"run-{d.name.rsplit('-', 1)[1]}.wandb"], kept
+
+
+def test_wandb_keeps_the_drivers_git_state_and_machine_out(tmp_path, monkeypatch):
+    """What the offline files cannot show here (this checkout's git state, stats sampled every few seconds):
+    the settings each run starts with."""
+    needs("wandb")
+    import wandb
+    seen = []
+    real = wandb.init
+    monkeypatch.setattr(wandb, "init", lambda **kw: seen.append(kw["settings"]) or real(**kw))
+    _log_one = T.WandB(tmp_path, "proj")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    _log_one.log(*(lambda c, r, s: (s["run"], s["variant"], c, r, s))(*RESULTS[0]))
+    (st,) = seen
+    assert (st.silent, st.console, st.x_disable_stats, st.disable_git, st.save_code, st.x_save_requirements,
+            st.disable_job_creation) == (True, "off", True, True, False, False, True)
+
+
+def test_wandb_says_where_its_runs_are(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert T.WandB(tmp_path, "p").where() == f"wandb sync {tmp_path}/wandb/offline-run-*"
+    monkeypatch.setenv("WANDB_MODE", "online")
+    assert T.WandB(tmp_path, "p").where() == "wandb (mode online)"
 
 
 # ---------------------------------------------------------------------------------------- MLflow
 
 
-def test_mlflow_round_trip(logged):
-    needs("mlflow")
+def test_mlflow_round_trip(tmp_path_factory, quiet):
+    logged = _log("mlflow", tmp_path_factory)
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{logged}/mlflow.db")
@@ -239,6 +290,38 @@ def test_mlflow_round_trip(logged):
             assert got.keys() == by_step.keys() and all(_same(got[s], v) for s, v in by_step.items()), m
 
 
+def test_mlflow_takes_a_run_past_its_batch_limits(tmp_path, monkeypatch):
+    """MLflow refuses more than 100 params or 1,000 metrics in one log_batch: a wide config and a long run."""
+    needs("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = {f"k{i}": i for i in range(150)}
+    rows = [(s, f"m{j}", float(s * j)) for s in range(300) for j in range(4)]
+    summary = {"run": "wide", "variant": "v", "status": "ok", "error": "", "final/reward": 0.5, "wall_s": 1.0}
+    from mlflow.utils.validation import MAX_METRICS_PER_BATCH, MAX_PARAMS_TAGS_PER_BATCH
+
+    m = T.MLflow(tmp_path, "proj")
+    t0 = int(time.time() * 1000)
+    m.log("wide", "v", {}, [], summary)   # opens the client
+    sizes = []
+    real = m.client.log_batch
+    monkeypatch.setattr(m.client, "log_batch", lambda rid, metrics=(), params=(): sizes.append(
+        (len(metrics), len(params))) or real(rid, metrics=metrics, params=params))
+    m.log("wide", "v", cfg, rows, summary)
+    t1 = int(time.time() * 1000)
+    # a SQLite store takes any batch; a tracking server refuses one past MLflow's own limits
+    assert max(n for n, _ in sizes) == MAX_METRICS_PER_BATCH and max(n for _, n in sizes) == MAX_PARAMS_TAGS_PER_BATCH
+    assert sum(n for n, _ in sizes) == len(rows) + 2 and sum(n for _, n in sizes) == 150
+    client = MlflowClient(tracking_uri=m.uri)
+    r = next(r for r in client.search_runs([client.get_experiment_by_name("proj").experiment_id])
+             if len(r.data.params))
+    assert len(r.data.params) == 150 and r.info.status == "FINISHED"
+    hist = client.get_metric_history(r.info.run_id, "m3")
+    assert len(hist) == 300 and hist[-1].value == 897.0
+    assert all(t0 <= x.timestamp <= t1 for x in hist)   # milliseconds since the epoch, as MLflow keeps them
+
+
 def _leaves(d):
     for v in d.values():
         yield from (_leaves(v) if isinstance(v, dict) else [v])
@@ -254,8 +337,8 @@ print(json.dumps({r: {"logs": S.get_logs("proj", r), "config": S.get_run_config(
 """
 
 
-def test_trackio_round_trip(logged):
-    needs("trackio")
+def test_trackio_round_trip(tmp_path_factory, quiet):
+    logged = _log("trackio", tmp_path_factory)
     # trackio fixes its store when imported: read it in a process of its own, as the logging was written
     res = subprocess.run([sys.executable, "-c", READ_TRACKIO], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, TRACKIO_DIR=str(logged / "trackio")))
@@ -380,3 +463,94 @@ def test_a_failing_tracker_is_tried_once_and_switched_off(tmp_path, capsys, monk
     why = "ConnectionError: server unreachable" if how == "raises" else "TimeoutError: no answer within 0.5 s"
     assert f"run {RESULTS[0][2]['run']} not logged: {why}" in err and "mlflow is off for the rest of this sweep" in err
     assert f"tensorboard: {3 * len(RESULTS)} runs logged; view: here" in err
+
+
+def test_a_tracker_that_fails_to_close_is_one_warning(tmp_path, capsys):
+    class Unclosed:
+        def log(self, *a):
+            pass
+
+        def close(self):
+            raise OSError("store gone")
+
+        def where(self):
+            return "here"
+
+    t = T.Trackers([], tmp_path, "p")
+    t.backends, t.logged = {"mlflow": Unclosed()}, {"mlflow": 0}
+    t.close()
+    assert capsys.readouterr().err == "warning: --log-to mlflow: OSError: store gone\n"
+
+
+def test_trackio_closes_quietly_with_or_without_runs(tmp_path, capsys):
+    T.Trackio(tmp_path, "p").close()     # never started its process: nothing to wait for
+    t = T.Trackers([], tmp_path, "p")
+    t.backends, t.logged = {"trackio": T.Trackio(tmp_path, "p")}, {"trackio": 0}
+    t.close()
+    assert capsys.readouterr().err == ""
+
+
+def test_trackio_reports_its_process_ending_badly(tmp_path):
+    tr = T.Trackio(tmp_path, "p")
+    tr.child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(3)"],
+                                stdin=subprocess.PIPE, text=True)
+    with pytest.raises(RuntimeError, match="exit code 3"):
+        tr.close()
+
+
+def test_the_trackio_process_logs_each_run_it_is_sent(monkeypatch):
+    """_trackio_child in this process, against a stand-in trackio (the real one runs in tests above, in a child
+    process the mutation run's tracer cannot see)."""
+    import io
+    import signal
+    import types
+
+    calls = []
+    fake = types.SimpleNamespace(init=lambda **kw: calls.append(("init", kw)),
+                                 log=lambda m, step: calls.append(("log", step, m)),
+                                 finish=lambda: calls.append(("finish",)))
+    monkeypatch.setitem(sys.modules, "trackio", fake)
+    line = json.dumps({"name": "r", "group": "g", "config": {"a": 1}, "steps": [[0, {"x": 1.0}], [2, {"x": 2.0}]]})
+    monkeypatch.setattr(sys, "stdin", io.StringIO(line + "\n" + line.replace('"r"', '"s"') + "\n"))
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        T._trackio_child("proj")
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN   # Ctrl-C: the runs already sent still finish
+    finally:
+        signal.signal(signal.SIGINT, before)
+    init = {"project": "proj", "name": "r", "group": "g", "config": {"a": 1}, "auto_log_cpu": False,
+            "auto_log_gpu": False, "embed": False}
+    assert calls == [("init", init), ("log", 0, {"x": 1.0}), ("log", 2, {"x": 2.0}), ("finish",),
+                     ("init", init | {"name": "s"}), ("log", 0, {"x": 1.0}), ("log", 2, {"x": 2.0}), ("finish",)]
+
+
+def test_a_bounded_call_waits_without_limit_at_zero_and_leaves_no_thread_to_block_exit(monkeypatch):
+    import threading
+    assert T._bounded(lambda: time.sleep(0.3) or 5, 0) == 5          # 0: no limit
+    release = threading.Event()
+    with pytest.raises(TimeoutError, match="no answer within 0.1 s"):
+        T._bounded(lambda: release.wait(30), 0.1)
+    stuck = [t for t in threading.enumerate() if t.name == "grpo_bench-tracker"]
+    release.set()
+    assert stuck and all(t.daemon for t in stuck)   # a tracker stuck on the network must not keep the sweep alive
+
+
+def test_the_default_timeout_is_the_one_docs_trackers_gives(monkeypatch):
+    monkeypatch.delenv("GRPO_BENCH_TRACKER_TIMEOUT", raising=False)
+    text = " ".join((ROOT / "docs/trackers.md").read_text().split())
+    assert T.timeout_s() == T.TIMEOUT_S and f"`GRPO_BENCH_TRACKER_TIMEOUT` seconds ({T.TIMEOUT_S:g};" in text
+
+
+def test_a_run_reaches_the_trackio_process_when_it_is_logged(tmp_path):
+    """Not when the sweep ends: a driver killed mid-sweep has sent every finished run."""
+    import select
+    tr = T.Trackio(tmp_path, "p")
+    tr.child = subprocess.Popen([sys.executable, "-c", "import sys; print(sys.stdin.readline(), end='', flush=True); "
+                                 "sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    cfg, rows, summary = RESULTS[0]
+    tr.log(summary["run"], summary["variant"], cfg, rows, summary)
+    ready, _, _ = select.select([tr.child.stdout], [], [], 20)
+    got = json.loads(tr.child.stdout.readline()) if ready else None
+    tr.close()
+    assert got is not None and got["name"] == summary["run"] and got["group"] == summary["variant"]
+    assert got["steps"][-1][1]["final/reward"] == 0.625    # trackio has no summary: finals at the last step
