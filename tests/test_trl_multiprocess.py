@@ -11,6 +11,7 @@ agree: the advantages of every rollout and the trained weights to fp64 rounding,
 metrics were weighted by each process's tokens, loss/policy here differed by up to 9%.
 """
 import os
+import signal
 import subprocess
 import sys
 
@@ -26,8 +27,16 @@ TIMING = ("step_time", "train_runtime", "train_samples_per_second", "train_steps
 
 def _run(cmd):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    r = subprocess.run(list(map(str, cmd)), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-4000:]
+    # its own session, so that a timeout kills torch.distributed.run's workers with it, not only the launcher
+    p = subprocess.Popen(list(map(str, cmd)), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        pytest.fail(f"{' '.join(map(str, cmd[1:]))} still running after 300 s; its stderr ends:\n{err[-4000:]}")
+    assert p.returncode == 0, err[-4000:]
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ quantile over the micro-batch of every process) sees the same tokens in both run
 Process 0 saves the gathered completions and advantages, TRL's log and the trained weights.
 """
 import argparse
+import faulthandler
 import os
 import sys
 from pathlib import Path
@@ -71,6 +72,10 @@ def main() -> None:
     a = argparse.ArgumentParser()
     a.add_argument("out")
     args = a.parse_args()
+    # a rank that hangs prints every thread's stack and exits before the test's timeout (300 s), so that the
+    # failure says where it hung: once in a full suite the two-process run trained, printed its summary and
+    # then never exited (it takes about 30 s)
+    faulthandler.dump_traceback_later(240, exit=True)
     procs = int(os.environ.get("WORLD_SIZE", "1"))
     assert procs in (1, PROCS)
     tok = build_char_tokenizer()
@@ -109,10 +114,14 @@ def main() -> None:
         torch.save({"procs": trainer.accelerator.num_processes, "backend": backend, "log": trainer.state.log_history,
                     "seen": trainer.seen, "weights": weights}, args.out)
     if torch.distributed.is_initialized():
-        # every rank waits for the save, then tears gloo down: a rank that simply exited while the other still
-        # held the group aborted it once in CI ("terminate called without an active exception", exit -6)
+        # every rank waits for the save, then leaves without running any teardown: a rank that simply exited
+        # while the other still held the group aborted it once in CI ("terminate called without an active
+        # exception", exit -6, in gloo's threads' destructors), and after destroy_process_group a full suite's
+        # run once never exited at all
         torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
