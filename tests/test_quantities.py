@@ -174,3 +174,22 @@ def test_a_subset_run_is_rebuilt_on_the_problems_every_evaluation_scored_and_a_p
     lacking = Q.same_problems(t, _outcomes({0: [1, 0, 0, 0], 5: [1, 1]}))
     acc = lacking[lacking.metric == "eval/accuracy"].sort_values("step")
     assert acc.step.tolist() == [0, 5] and acc.value.tolist() == [0.5, 1.0]
+
+
+def test_reading_once_reads_a_directory_once_inside_and_every_time_outside(tmp_path):
+    """rule_changes judges the same results under ten sets of rules inside reading_once(): there a rewritten
+    file is not read again (one read per claim), outside it every call reads it (`_read is None` -> a cache that
+    never empties would serve stale curves to `findings` after a rerun), and the shared arrays are read-only, so
+    that no pass can change what the next one reads."""
+    rows = [("a-s0", "a", 0, 0, "samples/total", 64.0), ("a-s0", "a", 0, 0, "clip/frac", 0.1)]
+    d = _metrics(tmp_path / "r", rows)
+    with Q.reading_once():
+        first = Q.run_curves(d, "clip/frac")
+        _metrics(d, [rows[0], ("a-s0", "a", 0, 0, "clip/frac", 0.3)])
+        assert Q.run_curves(d, "clip/frac") is first and first[("a", 0)][1].tolist() == [0.1]
+        with Q.reading_once():              # nested: the outer's reads are kept
+            assert Q.run_curves(d, "clip/frac") is first
+        with pytest.raises(ValueError, match="read-only"):
+            first[("a", 0)][1][0] = 0.5
+    assert Q.run_curves(d, "clip/frac")[("a", 0)][1].tolist() == [0.3]
+    assert Q.run_curves(d, "clip/frac") is not Q.run_curves(d, "clip/frac")

@@ -84,7 +84,7 @@ def test_each_cell_is_its_verdict_family_plateau_and_numbers(tmp_path):
     ran the same numbers and one whose mechanism never acted carry no family, plateau or numbers, and an ordering
     whose variant never ran is no cell."""
     planted(tmp_path)
-    cells = RC.cells(tmp_path, stats.V4, RC.margin_v4)
+    cells = RC.cells(tmp_path, RC.collect(tmp_path)[0], stats.V4, RC.margin_v4)
     assert cells[("wordx", "sort", "b = f")][:3] == ("holds", True, False)
     assert cells[("wordx", "sort", "b > e")] == ("not testable", False, False, None, None, None, None)
     assert cells[("mechx", "sort", "a > b")] == ("not exercised", False, False, None, None, None, None)

@@ -31,7 +31,7 @@ from ..config.ablation import check_orderings, load_ablation, parse_ordering
 from ..config.run import run_dict
 from ..store.metrics import final_names
 from ..store.rundir import OUTCOMES_FILE, read_meta, read_table
-from .quantities import (_difference, _logged, _values, at_budget, outcome_runs, plateau,  # noqa: F401
+from .quantities import (_difference, _logged, _values, at_budget, once, outcome_runs, plateau,  # noqa: F401
                          plateau_from, problem_table, run_curves, second_half_move)
 
 # Results written before ablation.json recorded its task and its file's settings: the shipped files'
@@ -103,7 +103,7 @@ def judge_setting(directory: Path, claim: dict, setting: str | None = None, root
     summary = read_table(directory / "summary.csv", ["run", "variant", "status"])
     task = metrics.task_of(meta, final_names(summary))
     asked = claim.get("metric") or (task.verdict_metric if task else None)
-    side = load_side(directory, asked)
+    side = once(("side", str(directory), asked), lambda: load_side(directory, asked))
     column = side.column
     margin, source, log = margin_of(claim, setting, column, task, side.means)
     side, no_log = _logged(side) if log else (side, {})

@@ -24,6 +24,7 @@ from ..config.strict_yaml import read_yaml
 from ..errors import ConfigError
 from ..store.rundir import read_metrics_file
 from ..store.rundir import metrics_path
+from .quantities import once
 
 
 def declared(meta: dict, root: Path | None) -> dict | None:
@@ -54,7 +55,8 @@ def read(table: pd.DataFrame | None, d: dict, a: str, b: str) -> float | None:
     if table is None or d["metric"] == "none":
         return None
     variant = {"a": a, "b": b}.get(d.get("variant", "a"), d.get("variant"))
-    rows = table[(table.metric == d["metric"]) & (table.variant.astype(str) == variant)].dropna(subset=["value"])
+    # compared as they are (categories): a string copy of every row's name took most of `findings`' reading
+    rows = table[(table.metric == d["metric"]) & (table.variant == variant)].dropna(subset=["value"])
     if rows.empty:
         return None
     reduce = d.get("reduce", "mean")
@@ -79,6 +81,10 @@ def judge(table: pd.DataFrame | None, mechanism: dict | None, ordering: str, a: 
 
 def metrics_table(directory: Path) -> pd.DataFrame | None:
     """The results' long metrics table (run, variant, metric, value), None where there is none."""
+    return once(("diagnostics", str(directory)), lambda: _metrics_table(directory))
+
+
+def _metrics_table(directory: Path) -> pd.DataFrame | None:
     path = metrics_path(directory)
     if path is None:
         return None

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +20,40 @@ from ..store.rundir import load_outcomes, metrics_path, read_metrics_file
 PLATEAU_SHARE = 0.5
 PLATEAU = 0.5
 
+_read: dict | None = None   # what reading_once() has read, None outside it
+
+
+@contextmanager
+def reading_once():
+    """Within it, each results directory's curves, per-problem outcomes and diagnostics are read once:
+    analysis/rule_changes.py judges the same results under ten sets of rules, and reading them again for each
+    took most of its time. Outside it every call reads the files, so that nothing goes stale."""
+    global _read
+    outer, _read = _read, ({} if _read is None else _read)
+    try:
+        yield
+    finally:
+        _read = outer
+
+
+def once(key: tuple, read):
+    """read(), or what it returned for `key` before within reading_once()."""
+    if _read is None:
+        return read()
+    if key not in _read:
+        _read[key] = read()
+    return _read[key]
+
 
 def run_curves(directory: Path, metric: str) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(variant, seed) -> (samples drawn at each point, the metric there, the point's step) of every run, from
     the results' metrics table. A point's samples: samples/total at its step, interpolated between logged steps;
-    a held-out evaluation at step 0 ran before the first rollout (0 samples)."""
+    a held-out evaluation at step 0 ran before the first rollout (0 samples). Read-only arrays, shared within
+    reading_once()."""
+    return once(("curves", str(directory), metric), lambda: _run_curves(directory, metric))
+
+
+def _run_curves(directory: Path, metric: str) -> dict:
     path = metrics_path(directory)
     if path is None:
         return {}
@@ -46,7 +76,10 @@ def run_curves(directory: Path, metric: str) -> dict[tuple[str, int], tuple[np.n
         x = np.interp(y.step.to_numpy(float), np.r_[-1.0, s.step.to_numpy(float)], np.r_[0.0, s.value.to_numpy(float)])
         if metric.startswith("eval/"):
             x[y.step.to_numpy() == 0] = 0.0
-        out[(str(variant), int(seed))] = (x, y.value.to_numpy(float), y.step.to_numpy(int))
+        arrays = (x, y.value.to_numpy(float), y.step.to_numpy(int))
+        for a in arrays:
+            a.flags.writeable = False
+        out[(str(variant), int(seed))] = arrays
     return out
 
 
@@ -67,10 +100,15 @@ def at_budget(x: np.ndarray, y: np.ndarray, budget: float) -> tuple[float, float
 def outcome_runs(directory: Path, ok: pd.DataFrame) -> dict[tuple[str, int], pd.DataFrame]:
     """(variant, seed) -> that finished run's greedy outcomes, problems by evaluation step (NaN where a mid-run
     evaluation scored a subset); {} where the results kept no per-problem outcomes."""
+    runs = tuple(sorted(set(ok.run.astype(str))))
+    return once(("outcomes", str(directory), runs), lambda: _outcome_runs(directory, set(runs)))
+
+
+def _outcome_runs(directory: Path, runs: set) -> dict:
     o = load_outcomes(directory)
     if o is None or o.empty:
         return {}
-    o = o[o.run.astype(str).isin(set(ok.run.astype(str)))]
+    o = o[o.run.astype(str).isin(runs)]
     who = o[["run", "variant", "seed"]].drop_duplicates("run")
     key = dict(zip(who.run.astype(str), zip(who.variant.astype(str), who.seed.astype(int))))
     return {key[run]: table for run, table in by_run(o).items()}

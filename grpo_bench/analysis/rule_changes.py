@@ -18,6 +18,7 @@ from .. import stats
 from ..store import metrics
 from .findings import _tested, collect, judge_claim, margin_v4
 from .findings_text import RULES_FILE, names
+from .quantities import reading_once
 
 # v3's margin of kl_gradients (ablations/kl_gradients.yaml before v4): numbers set after the runs by 5% of the
 # KL-free run's drift, and "5% of none" taken from the judged runs themselves
@@ -85,10 +86,9 @@ def scaled(factor: float):
     return margin_of
 
 
-def cells(root: Path, rules: stats.Rules, margin_of) -> dict:
+def cells(root: Path, families: dict, rules: stats.Rules, margin_of) -> dict:
     """(claim, setting, ordering) -> (verdict, holds in the claim's family across tasks, plateau, Δ, df, p, margin) on
-    the claim's quantity."""
-    families, _, _ = collect(root)
+    the claim's quantity, for each of `families` (collect's)."""
     out = {}
     for family, entry in families.items():
         for s, r in judge_claim(entry, root, rules, margin_of).items():
@@ -113,13 +113,23 @@ def _word(state: tuple) -> str:
 
 
 def render(root: Path) -> str:
+    families, tasks, order = collect(root)
     rules, margin_of = stats.V3, margin_v3
-    states = [cells(root, rules, margin_of)]
+    passes = [(rules, margin_of)]
     for name, change, _ in STEPS:
         rules = dataclasses.replace(rules, **change)
         margin_of = margin_v4 if rules.margins == "v4" else margin_v3
-        states.append(cells(root, rules, margin_of))
+        passes.append((rules, margin_of))
     assert rules == stats.V4
+    factors = (0.5, 2.0)
+    passes += [(stats.V4, scaled(factor)) for factor in factors]
+    judged = [{} for _ in passes]
+    # claim by claim, every set of rules on results read once (a claim's directories only, to bound the memory)
+    for family, entry in families.items():
+        with reading_once():
+            for cell, (rules, margin_of) in zip(judged, passes):
+                cell.update(cells(root, {family: entry}, rules, margin_of))
+    states, sensitivity = judged[:len(STEPS) + 1], judged[len(STEPS) + 1:]
     v3, v4 = states[0], states[-1]
     keys = list(v4)
     moved_at = {k: [STEPS[i][0] for i in range(len(STEPS)) if states[i][k][:3] != states[i + 1][k][:3]] for k in keys}
@@ -127,7 +137,6 @@ def render(root: Path) -> str:
     verdicts = {STEPS[i][0]: sum(states[i][k][0] != states[i + 1][k][0] for k in keys) for i in range(len(STEPS))}
     flats = [sum(st[k][2] for k in keys) for st in (v3, v4)]
     moved = [k for k in keys if v3[k][:3] != v4[k][:3]]
-    families, tasks, order = collect(root)
     name = {s: n for s, (n, _) in names(order, tasks).items()}
     tested = sum(1 for k in keys if v4[k][0] not in ("not testable", "not exercised"))
     lines = ["## What changed in v4, and why: the verdict rules", "",
@@ -161,8 +170,7 @@ def render(root: Path) -> str:
                      f"{b[4]:.1f}, {b[5]:.2g}, {b[0]} |")
     lines += ["", "**Sensitivity to the margin.** Every v4 verdict judged again with every margin halved and doubled "
               "(the task's and the claim's alike):", "", "| margins | cells whose verdict moves | which |", "|---|---:|---|"]
-    for factor in (0.5, 2.0):
-        other = cells(root, stats.V4, scaled(factor))
+    for factor, other in zip(factors, sensitivity):
         diff = [k for k in keys if other[k][0] != v4[k][0]]
         lines.append(f"| × {factor:g} | {len(diff)} of {tested} | " + "; ".join(
             f"{k[0]} {name.get(k[1], k[1])} `{k[2]}`: {v4[k][0]} → {other[k][0]}" for k in diff) + " |")
