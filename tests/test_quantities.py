@@ -187,8 +187,9 @@ def test_reading_once_reads_a_directory_once_inside_and_every_time_outside(tmp_p
         first = Q.run_curves(d, "clip/frac")
         _metrics(d, [rows[0], ("a-s0", "a", 0, 0, "clip/frac", 0.3)])
         assert Q.run_curves(d, "clip/frac") is first and first[("a", 0)][1].tolist() == [0.1]
-        with Q.reading_once():              # nested: the outer's reads are kept
+        with Q.reading_once():              # nested: the outer's reads are kept, and still are after it
             assert Q.run_curves(d, "clip/frac") is first
+        assert Q.run_curves(d, "clip/frac") is first
         with pytest.raises(ValueError, match="read-only"):
             first[("a", 0)][1][0] = 0.5
     assert Q.run_curves(d, "clip/frac")[("a", 0)][1].tolist() == [0.3]
