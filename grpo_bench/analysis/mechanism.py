@@ -147,8 +147,8 @@ def report_section(meta: dict, root: Path) -> list[str]:
         acts = {True: "yes", False: "**no: not exercised**", None: "not measured"}[result["acts"]]
         lines.append(f"| `{o}` | {text(result, a, b).replace('|', '&#124;')} | {acts} |")
     if absent:
-        if len(absent) == len(rows):
-            lines = lines[:-2]
+        if len(absent) == len(rows):   # no table: its header and the blank line before it go
+            lines = lines[:-3]
         names = ", ".join(f"`{o}`" for o in absent)
         lines += ["", f"Not run in this setting (a variant of each is outside its `only:`): {names}."]
     return lines + [""]
