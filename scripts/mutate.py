@@ -115,7 +115,7 @@ MODULES = {
     "grpo_bench/numerics/rng.py": ["tests/test_population.py", "tests/test_trainer.py", "tests/test_sampler.py",
                                    "tests/test_arithmetic.py", "tests/test_problems.py", "tests/test_outcomes.py"],
     # FINDINGS_rules.md, v3's rules replayed step by step to v4's: a planted root (test_rule_changes); the committed
-    # page's own test (test_findings, 90 s a run) is left out, so each mutant runs in seconds
+    # page's own test (test_findings, about 45 s a run) is left out, so each mutant runs in seconds
     "grpo_bench/analysis/rule_changes.py": ["tests/test_rule_changes.py", "tests/test_mechanism.py",
                                             "tests/test_doc_numbers_statistics.py"],
     # `compare`: the same ablation in two results directories (two starts, two machines), its table, orderings

@@ -190,7 +190,8 @@ def test_reading_once_reads_a_directory_once_inside_and_every_time_outside(tmp_p
         with Q.reading_once():              # nested: the outer's reads are kept, and still are after it
             assert Q.run_curves(d, "clip/frac") is first
         assert Q.run_curves(d, "clip/frac") is first
+        assert not any(a.flags.writeable for a in first[("a", 0)])
         with pytest.raises(ValueError, match="read-only"):
-            first[("a", 0)][1][0] = 0.5
+            first[("a", 0)][0][0] = 0.5     # samples: np.interp's own array, writable unless made read-only
     assert Q.run_curves(d, "clip/frac")[("a", 0)][1].tolist() == [0.3]
     assert Q.run_curves(d, "clip/frac") is not Q.run_curves(d, "clip/frac")
