@@ -12,6 +12,8 @@ config, so a rerun with another config would not be compared at all):
     values                logged per-step values compared (every metric but the clocks, time/*)
     values_differ         how many of them differ in any bit (NaN equals NaN)
     differ_metrics        which metrics those are
+    new_metrics           metrics the rerun logged that the committed sweep never did (added to the code
+                          since): nothing to compare them with, so neither counted nor compared
     answers, answers_differ   held-out answers compared (outcomes.parquet: every problem of every
                           evaluation) and how many differ
     final_accuracy        the committed run's final held-out accuracy, to say what was at stake
@@ -37,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from grpo_bench.store.rundir import cpu_model  # noqa: E402
 
 COLUMNS = ["sweep", "made_on", "rerun_on", "variant", "seed", "values", "values_differ", "differ_metrics",
-           "answers", "answers_differ", "final_accuracy"]
+           "new_metrics", "answers", "answers_differ", "final_accuracy"]
 KEY = ["sweep", "rerun_on", "variant", "seed"]
 
 
@@ -70,6 +72,11 @@ def compare(made: Path, rerun: Path) -> list[dict]:
     keys = ["run", "step", "metric"]
     m0 = m0[m0["run"].isin(runs) & ~m0["metric"].str.startswith("time/")]
     m1 = m1[~m1["metric"].str.startswith("time/")]
+    # a metric no committed run logged was added to the code after the sweep: no bits to compare. One the
+    # committed run logged and the rerun did not is still a difference (below)
+    added = m1["metric"].isin(set(m1["metric"]) - set(m0["metric"]))
+    new_metrics = m1[added].groupby("run")["metric"].agg(lambda m: " ".join(sorted(set(m))))
+    m1 = m1[~added]
     both = m0.merge(m1, on=keys, how="outer", suffixes=("_0", "_1"), indicator=True)
     a, b = both["value_0"].to_numpy(float), both["value_1"].to_numpy(float)
     same = (a == b) | (np.isnan(a) & np.isnan(b))
@@ -94,6 +101,7 @@ def compare(made: Path, rerun: Path) -> list[dict]:
         acc = summary.loc[run].get("final/eval/accuracy", np.nan)
         rows.append({"variant": variant, "seed": seed, "values": len(r), "values_differ": int(r["differ"].sum()),
                      "differ_metrics": " ".join(sorted(set(r.loc[r["differ"], "metric"]))),
+                     "new_metrics": new_metrics.get(run, ""),
                      "answers": answers, "answers_differ": answers_differ,
                      "final_accuracy": None if pd.isna(acc) else round(float(acc), 4)})
     return rows
@@ -108,8 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(args.root)
     here = cpu_model()
     table = root / "cross_cpu.csv"
-    old = pd.read_csv(table, dtype={"differ_metrics": str}).fillna({"differ_metrics": ""}) if table.exists() \
-        else pd.DataFrame(columns=COLUMNS)
+    old = pd.read_csv(table, dtype={"differ_metrics": str, "new_metrics": str}).reindex(columns=COLUMNS).fillna(
+        {"differ_metrics": "", "new_metrics": ""}) if table.exists() else pd.DataFrame(columns=COLUMNS)
     new = []
     for name in args.sweeps:
         made = root / name

@@ -51,6 +51,20 @@ def test_a_last_bit_a_missing_value_and_a_changed_answer_each_count(tmp_path):
     assert [(r["values_differ"], r["differ_metrics"], r["answers_differ"]) for r in rows] == [(1, "reward/mean", 1)] * 2
 
 
+def test_a_metric_the_committed_sweep_never_logged_is_named_not_counted(tmp_path):
+    """A rerun of a sweep made before a metric was added logs that metric too (adv_norm_sort's toy runs gained
+    four length and reward spreads): nothing to compare it with, so it is named in new_metrics and every other
+    value is still compared."""
+    made = _sweep(tmp_path / "m", VALUES)
+    added = VALUES + [("reward/group_std_cv", 0.3), ("response/length_cv", 0.0)]
+    rows = XC.compare(made, _sweep(tmp_path / "r", added))
+    assert [(r["values"], r["values_differ"], r["new_metrics"]) for r in rows] == [
+        (3, 0, "response/length_cv reward/group_std_cv")] * 2
+    changed = [("loss", 0.2), *added[1:]]
+    rows = XC.compare(made, _sweep(tmp_path / "c", changed))
+    assert [(r["values_differ"], r["differ_metrics"]) for r in rows] == [(1, "loss")] * 2
+
+
 def test_only_the_reruns_runs_are_compared_and_an_unknown_run_is_refused(tmp_path):
     made = _sweep(tmp_path / "m", VALUES)
     rows = XC.compare(made, _sweep(tmp_path / "r", VALUES, runs=("a-s0-x",)))
