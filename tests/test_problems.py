@@ -63,6 +63,52 @@ def test_digit_spans_by_hand():
     # a sign is not a digit: -7 and 5 are both one digit; the range cuts the spans it reaches into
     assert problems._digit_spans(-120, 5) == (((-9, -1), (0, 5)), ((-99, -10),), ((-120, -100),))
     assert problems._digit_spans(50, 150) == (((50, 99),), ((100, 150),))
+    # a span of one value is a span: [0, 10] draws 10 as often as all of 0-9 together
+    assert problems._digit_spans(0, 10) == (((0, 9),), ((10, 10),))
+    assert problems._digit_spans(-10, -10) == (((-10, -10),),)
+
+
+@pytest.mark.parametrize("ops, size", [
+    ({"add": [0, 9]}, 100), ({"sub": [-2, 2]}, 25), ({"mul": [7, 7]}, 1),
+    ({"floordiv": [0, 3]}, 4 * 3),     # b = 0 is never drawn: 4 of the 16 pairs are not problems
+    ({"floordiv": [-3, 0]}, 4 * 3),    # the zero at the top of the range
+    ({"floordiv": [1, 3]}, 9),         # no zero to skip
+    ({"floordiv": [-3, -1]}, 9),
+    ({"add": [0, 9], "floordiv": [0, 3], "mul": [1, 2]}, 100 + 12 + 4),   # each operation's problems are its own
+])
+def test_space_size_counts_the_distinct_problems_by_hand(ops, size):
+    assert problems.space_size(ops) == size
+    # and it is what sampling can reach: every problem of a small space turns up
+    rng = random.Random(0)
+    assert len({problems.sample(ops, rng) for _ in range(60 * size)}) == size
+
+
+@pytest.mark.parametrize("ops, error", [
+    ({}, "ops: empty"), ({"pow": [0, 9]}, "unknown operation 'pow'; valid: add, sub, mul, floordiv"),
+    ({"add": [0, "9"]}, "integers with lo <= hi"), ({"add": ["0", 9]}, "integers with lo <= hi"),
+    ({"add": [True, 9]}, "integers with lo <= hi"),  # YAML's true is an int to Python, not an operand
+    ({"add": [0, 9.0]}, "integers with lo <= hi"), ({"add": [9, 0]}, "integers with lo <= hi"),
+    ({"add": (0, 9)}, "integers with lo <= hi"), ({"add": [0, 5, 9]}, "integers with lo <= hi"),
+    ({"floordiv": [0, 0]}, "non-zero divisor"),
+])
+def test_check_ops_refuses_what_is_no_operand_range(ops, error):
+    with pytest.raises(ValueError, match=error.replace("(", r"\(")):
+        problems.check_ops(ops)
+
+
+def test_check_ops_takes_the_edges():
+    # a range of one value, a zero-only range of an operation that can divide by nothing, a divisor range with 0 in it
+    for ops in ({"add": [5, 5]}, {"add": [0, 0]}, {"sub": [-3, -3]}, {"floordiv": [0, 1]}, {"floordiv": [-1, 0]},
+                {"mul": [-9, 9], "floordiv": [1, 1]}):
+        problems.check_ops(ops)
+
+
+def test_check_scratchpad_takes_additions_from_zero_only():
+    problems.check_scratchpad({"add": [0, 9999]})
+    problems.check_scratchpad({"add": [3, 5]})
+    for ops in ({"add": [-1, 9]}, {"sub": [0, 9]}, {"add": [0, 9], "mul": [0, 9]}):
+        with pytest.raises(ValueError, match="additions of non-negative operands"):
+            problems.check_scratchpad(ops)
 
 
 def test_digits_draws_each_count_equally_and_uniformly_within_it():
