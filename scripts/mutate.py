@@ -202,6 +202,16 @@ MODULES["grpo_bench/stats/fits.py"] = ["tests/test_stats.py", "tests/test_report
 # `run --log-to`: each tracker's round trip through its own reader (TensorBoard, W&B offline, MLflow's SQLite
 # store, Trackio), one line for an unknown or failing tracker, each run logged once after its directory
 MODULES["grpo_bench/sweep/trackers.py"] = ["tests/test_trackers.py"]
+# arithmetic problems: the seeded stream, the held-out set and its commutative twins kept out of training, digit
+# counts, templates and scratchpads, the answer read from a completion (test_lm_rewards: the rewards on top)
+MODULES["grpo_bench/tasks/lm/problems.py"] = ["tests/test_problems.py", "tests/test_lm_rewards.py",
+                                             "tests/test_arithmetic.py"]
+# the sorting toy every toy verdict trains on: its policy (stacked members), rewards, sampling from the members'
+# own streams, log-probs, the reference and its refresh, held-out greedy evaluation, member memory
+# (test_runner: `device: auto`'s measured gpu_replaces_cores)
+MODULES["grpo_bench/tasks/sort.py"] = [
+    "tests/test_sort.py", "tests/test_trainer.py", "tests/test_population.py", "tests/test_parts_v3.py",
+    "tests/test_recipe.py", "tests/test_runner.py::test_each_tasks_gpu_replaces_cores_is_the_measured_one"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

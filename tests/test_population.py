@@ -746,6 +746,9 @@ def test_a_graphed_step_reads_each_epochs_inputs(monkeypatch):
     train on epoch 0's batch), the step index reaches the failure message, bad members are found."""
     from grpo_bench.engine.graphs import StepGraph
     monkeypatch.setattr(StepGraph, "devices", ("cuda", "cpu"))
+    calls = []   # the graphed step ran (a task that says it cannot be graphed would leave both runs eager)
+    monkeypatch.setattr(StepGraph, "__call__", lambda self, inputs, call=StepGraph.__call__: calls.append(1)
+                        or call(self, inputs))
     raws = [{**SORT, "seed": s, "optimizer": "sgd", "lr": lr, "log_every": 2}
             for s, lr in [(0, 0.05), (1, 1e30), (2, 0.05)]]
     runs = []
@@ -754,7 +757,7 @@ def test_a_graphed_step_reads_each_epochs_inputs(monkeypatch):
         rows = [[] for _ in cfgs]
         results = train_population(cfgs, rows)
         runs.append(([_untimed(r) for r in rows], [r if isinstance(r, dict) else str(r) for r in results]))
-    assert runs[0] == runs[1] and "non-finite loss" in runs[0][1][1]
+    assert runs[0] == runs[1] and "non-finite loss" in runs[0][1][1] and len(calls) > 10
 
 
 def test_lm_device_streams_keep_common_random_numbers(monkeypatch):

@@ -111,7 +111,13 @@ class SortPolicy(nn.Module):
 
     def keep(self, idx: list[int]) -> None:
         for name, param in list(self.named_parameters()):
-            setattr(self, name, nn.Parameter(param.detach()[idx].clone(), requires_grad=param.requires_grad))
+            setattr(self, name, nn.Parameter(param.detach()[idx], requires_grad=param.requires_grad))  # a copy
+
+
+def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
+    """probs (..., V), u (..., K) uniforms in [0, 1) -> (..., K) draws: the first v whose cumulative probability
+    reaches u. An fp32 cumulative sum can end below 1, and a u above it would index V: it draws the last token."""
+    return torch.searchsorted(probs.cumsum(-1), u).clamp(max=probs.shape[-1] - 1)
 
 
 def _match(prompts: Tensor, responses: Tensor) -> Tensor:
@@ -179,7 +185,8 @@ class SortTask:
     curves = ("reward/mean", "eval/accuracy")
     # Claims are judged on the greedy held-out reward: what the policy can do, not the sampled reward, which
     # mixes that with how much it still explores (an entropy bonus lowers it without teaching less).
-    # Its margin follows from where the default recipe ends (metrics.odds_margin: odds of 1.2 at 0.939, 0.010).
+    # Its margin follows from where the default recipe ends (metrics.odds_margin: odds of 1.2 at 0.939, 0.010),
+    # fixed from these runs before their rerun on the pinned CPU path (which ends at 0.9398: docs/statistics.md).
     verdict_metric = "final/eval/reward"
     headroom = (0.060, 0.939, "the default recipe (z-score, PPO clip 0.2, per-response mean, no KL) on "
                 "sort_converge, 600 rollouts x 10 steps, 20 seeds: results/dapo_ladder_sort `grpo`")
@@ -269,7 +276,7 @@ class SortTask:
             # a low-precision sampler computes in its dtype; its logits are sampled from in fp32
             logits = model(prompts.to(self.device)).float()
             probs = torch.softmax(logits, dim=-1)                               # (P, B, n, V)
-        p, b, n, v = probs.shape
+        b, n = probs.shape[1:3]
         # Inverse-CDF sampling with each member's own uniforms: two variants with the same seed and
         # similar policies draw similar responses (common random numbers). Drawn on the CPU, the same on
         # any device; or, on a GPU, from the device's counter-based streams (rng.device_paths).
@@ -279,8 +286,7 @@ class SortTask:
             probs = probs.cpu()
             u = torch.stack([torch.rand(b, n, group_size, generator=rng.stream(s, "sample", epoch, draw))
                              for s in self.seeds])                              # (P, B, n, G)
-        draws = torch.searchsorted(probs.cumsum(-1), u).clamp(max=v - 1)       # (P, B, n, G)
-        responses = draws.permute(0, 1, 3, 2).to(self.device)                  # (P, B, G, n)
+        responses = inverse_cdf(probs, u).permute(0, 1, 3, 2).to(self.device)  # (P, B, G, n)
         rewards, metrics, components = score(self.rewards, prompts, responses, self.failed, self.cfg.reward_timeout)
         solved = (responses == prompts.sort(-1).values.unsqueeze(2)).all(-1).float()
         metrics["reward/solved"] = solved.flatten(1).mean(-1)
@@ -324,15 +330,14 @@ class SortTask:
         with each member's own uniforms (its stream of such draws)."""
         self._ref_draws += 1
         probs = torch.softmax(self.reference(rollout.prompts).float(), -1)             # (P, B, npos, V)
-        p, b, npos, v = probs.shape
+        b, npos = probs.shape[1:3]
         if rng.device_paths(self.device):
             u = rng.uniform(self.seed_tensor, ("reference_samples", self._ref_draws), (b, npos, n))
         else:
             probs = probs.cpu()
             u = torch.stack([torch.rand(b, npos, n, generator=rng.stream(s, "reference_samples", self._ref_draws))
                              for s in self.seeds])                                   # (P, B, npos, n)
-        draws = torch.searchsorted(probs.cumsum(-1), u).clamp(max=v - 1)
-        return score(self.rewards, rollout.prompts, draws.permute(0, 1, 3, 2).to(self.device),
+        return score(self.rewards, rollout.prompts, inverse_cdf(probs, u).permute(0, 1, 3, 2).to(self.device),
                      limit=self.cfg.reward_timeout)[0]
 
     @torch.no_grad()
@@ -367,5 +372,4 @@ class SortTask:
         self._seed_tensor = None
         self.retired = [self.retired[i] for i in idx]
         self.policy.keep(idx)
-        self.reference.keep(idx)
-        self.reference.requires_grad_(False)
+        self.reference.keep(idx)   # its parameters stay frozen: keep() copies requires_grad
