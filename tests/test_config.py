@@ -294,13 +294,44 @@ def test_type_check_of_each_kind():
                         {"max_len": 6})["max_len"] == 6   # null: the task's budget
 
 
-def test_the_main_jobs_plan_has_the_committed_run_ids():
-    """README's main job reruns results/loss_modes in place: its run ids (config hashes) must be the committed
-    ones, or the runner would refuse the directory (check_out) instead of rewriting it."""
+def _reproduce_sh_runs() -> dict[str, tuple[str, str | None, list[str]]]:
+    """results directory -> (ablation file, setting, --set values) for every CPU sweep scripts/reproduce.sh makes."""
+    import re
+    text = (ROOT / "scripts/reproduce.sh").read_text()
+    names = {k: re.search(rf"^{k}=\(([^)]*)\)", text, re.M).group(1).split()
+             for k in ("sort_ablations", "lm_ablations", "claims")}
+    out = {a: (a, None, []) for a in names["sort_ablations"] + names["lm_ablations"]}
+    special = re.search(r"run \\\n\s*ablations/(\w+)\.yaml((?: --set \S+)+) --out results/(\S+)", text)
+    out[special.group(3)] = (special.group(1), None, special.group(2).split()[1::2])
+    for claim in names["claims"]:
+        for setting in yaml.safe_load((ROOT / f"ablations/{claim}.yaml").read_text())["settings"]:
+            if setting != "lm_acts":   # a GPU's (results/gpu/, gpu_run.sh), as reproduce.sh says
+                out[f"{claim}_{setting}"] = (claim, setting, [])
+    return out
+
+
+def test_every_committed_sweep_is_what_its_file_plans_today():
+    """Each results directory scripts/reproduce.sh makes holds the run ids (config hashes) its command plans today
+    from its ablation file: a default, a preset, a file or the hash that changed since would leave a committed
+    result that no longer says what it ran (and reproduce.sh, or README's main job on results/loss_modes, would
+    start other runs). Every CPU sweep under results/ is one of them."""
     from grpo_bench.sweep.runner import plan
-    abl = load_ablation(ROOT / "ablations" / "loss_modes.yaml")
-    committed = json.loads((ROOT / "results" / "loss_modes" / "ablation.json").read_text())["runs"]
-    assert [s.run_id for s in plan(abl)] == committed
+    runs = _reproduce_sh_runs()
+    assert len([o for o in runs if (ROOT / "results" / o).is_dir()]) >= 50
+    assert {"loss_modes", "spell_backward_grpo_lr1e-4", "dapo_ladder_sort", "kl_gradients_lm_seed2"} <= set(runs)
+    stale = {}
+    for out, (name, setting, sets) in runs.items():
+        meta = ROOT / "results" / out / "ablation.json"
+        if setting is not None and not meta.exists():
+            continue   # a setting not run (FINDINGS' table says so: "not run")
+        committed = json.loads(meta.read_text())["runs"]
+        planned = [s.run_id for s in plan(load_ablation(ROOT / f"ablations/{name}.yaml", sets=sets, setting=setting))]
+        if sorted(planned) != sorted(committed):
+            stale[out] = sorted(set(committed) - set(planned))[:2]
+    assert not stale, stale
+    made = {p.parent.name for p in (ROOT / "results").glob("*/ablation.json")}
+    # the headroom search's record (its files are checked to load, not run: tests/test_runner.py)
+    assert made - set(runs) == {"headroom_search_start"}
 
 
 def test_seeds_includes_and_graphs_at_their_bounds():
