@@ -547,3 +547,27 @@ def test_a_preset_without_a_named_task_section_is_refused(tmp_path, monkeypatch)
         (tmp_path / f"{name}.yaml").write_text(text)
         with pytest.raises(ValueError, match=rf"{name}\.yaml: a preset needs `description` and `task: "):
             presets.section(name)
+
+
+# the GPU sweeps made before a file changed what they plan: what their runs recorded (ablation.json's configs)
+GPU_MADE_BEFORE = {"adv_norm_countdown": ["task.eval_subset=250"], "ref_policy_countdown": ["task.eval_subset=250"],
+                   "dapo_ladder_lm": ["eval_every=10"], "policy_losses_lm": ["eval_every=10"]}
+
+
+def test_every_gpu_sweep_is_what_its_file_plans_with_the_gpu_stages_settings():
+    """results/gpu/: 10 seeds, device cuda, backend torch (SmolLM2's: chunked, its fused head), as gpu_run.sh runs
+    them; four were made before their files' evaluations changed (every evaluation on every problem, every 5
+    rollouts), and plan their committed ids only with what those runs recorded."""
+    from grpo_bench.sweep.runner import plan
+    text = (ROOT / "scripts/gpu_run.sh").read_text()
+    assert "--set device=cuda --set backend=torch" in text and "--set device=cuda --set backend=chunked" in text
+    dirs = sorted((ROOT / "results/gpu").glob("*/ablation.json"))
+    assert len(dirs) >= 15
+    for meta_file in dirs:
+        meta, out = json.loads(meta_file.read_text()), meta_file.parent.name
+        sets = ["device=cuda", "backend=chunked" if meta["setting"] == "smollm2" else "backend=torch"]
+        abl = load_ablation(ROOT / meta["source"], seeds=10, setting=meta["setting"], sets=sets + GPU_MADE_BEFORE.get(out, []))
+        assert sorted(s.run_id for s in plan(abl)) == sorted(meta["runs"]), out
+        if out in GPU_MADE_BEFORE:   # and today's file plans other runs
+            assert not {s.run_id for s in plan(load_ablation(ROOT / meta["source"], seeds=10, setting=meta["setting"],
+                                                             sets=sets))} & set(meta["runs"]), out
