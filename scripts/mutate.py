@@ -212,6 +212,11 @@ MODULES["grpo_bench/tasks/lm/problems.py"] = ["tests/test_problems.py", "tests/t
 MODULES["grpo_bench/tasks/sort.py"] = [
     "tests/test_sort.py", "tests/test_trainer.py", "tests/test_population.py", "tests/test_parts_v3.py",
     "tests/test_recipe.py", "tests/test_runner.py::test_each_tasks_gpu_replaces_cores_is_the_measured_one"]
+# the LM tasks' shared sections (model, adapter, warm-start, sampling) and their checks: every LM result's
+# defaults (test_pretrained without the real weights' loads: a GGUF source's quantisation and checks)
+MODULES["grpo_bench/tasks/lm/sections.py"] = [
+    "tests/test_arithmetic.py", "tests/test_gym.py", "tests/test_config.py", "tests/test_pretrained.py", "-k",
+    "not real_weights and not dequantised and not shipped_warm_up and not the_gpu_headroom"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

