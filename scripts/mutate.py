@@ -217,6 +217,12 @@ MODULES["grpo_bench/tasks/sort.py"] = [
 MODULES["grpo_bench/tasks/lm/sections.py"] = [
     "tests/test_arithmetic.py", "tests/test_gym.py", "tests/test_config.py", "tests/test_pretrained.py", "-k",
     "not real_weights and not dequantised and not shipped_warm_up and not the_gpu_headroom"]
+# the checkpoints shipped in tasks/<dir>/: names, manifests, their files' hashes (checked once a process), the
+# held-out split a shipped start was warm-started around, the weights' part of a run id
+# (test_config: the committed sweeps' run ids, which hold a shipped start's weights id)
+MODULES["grpo_bench/tasks/lm/shipped.py"] = [
+    "tests/test_shipped.py", "tests/test_faults.py", "tests/test_arithmetic.py", "tests/test_gym.py",
+    "tests/test_config.py", "-k", f"not {FAULTS_PYTEST} and not sigterm and not sigkill"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

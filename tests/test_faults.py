@@ -776,10 +776,57 @@ def test_other_weights_get_other_run_ids(checkpoint_copy):
     manifest = json.loads((checkpoint_copy / "manifest.json").read_text())
     manifest["files"] = shipped.file_hashes(checkpoint_copy / "checkpoint")
     (checkpoint_copy / "manifest.json").write_text(json.dumps(manifest))
-    shipped.manifest.cache_clear()
-    assert config_hash(resolve_run(cfg)) != shipped_id
+    assert config_hash(resolve_run(cfg)) != shipped_id   # the rewritten manifest is read again in this process
     # a config that does not load the shipped model does not depend on it
     assert config_hash(resolve_run({"task": "sort"})) == config_hash(resolve_run({"task": "sort"}))
+
+
+def test_a_missing_or_extra_checkpoint_file_is_named(checkpoint_copy):
+    config = checkpoint_copy / "checkpoint" / "config.json"
+    kept = config.read_bytes()
+    config.unlink()
+    with pytest.raises(ValueError, match=r"config\.json: SHA-256 [0-9a-f]{12}… expected by .*manifest\.json, the file "
+                                         r"is missing: the shipped checkpoint was modified"):
+        shipped.verify()
+    config.write_bytes(kept)
+    shipped.verify()
+    (checkpoint_copy / "checkpoint" / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"notes\.txt: SHA-256 no such file expected by .*, found [0-9a-f]{12}…"):
+        shipped.verify()
+
+
+def test_a_checkpoint_is_hashed_again_only_when_a_file_changes(checkpoint_copy, monkeypatch):
+    calls = []
+    monkeypatch.setattr(shipped, "verify", lambda which=shipped.DEFAULT: calls.append(which))
+    shipped._verified.clear()
+    shipped.verify_cached()
+    shipped.verify_cached()
+    assert calls == [shipped.DEFAULT]
+    model = checkpoint_copy / "checkpoint" / "config.json"
+    os.utime(model, ns=(model.stat().st_atime_ns, model.stat().st_mtime_ns + 10**9))
+    shipped.verify_cached()
+    assert calls == [shipped.DEFAULT] * 2
+
+
+def test_the_weights_id_is_the_manifests_files_in_any_order(checkpoint_copy):
+    """A manifest rewritten with its files in another order names the same weights: the same part of a run id."""
+    before = shipped.weights_id(resolve_run({"task": "arithmetic_tiny"}).task)
+    manifest = json.loads((checkpoint_copy / "manifest.json").read_text())
+    manifest["files"] = dict(reversed(list(manifest["files"].items())))
+    assert len(manifest["files"]) > 1
+    (checkpoint_copy / "manifest.json").write_text(json.dumps(manifest))
+    after = shipped.weights_id(resolve_run({"task": "arithmetic_tiny"}).task)
+    assert before == after and len(after) == 16
+
+
+def test_a_checkpoint_directory_without_its_manifest_is_no_shipped_start(tmp_path, monkeypatch):
+    from grpo_bench.config import presets
+    (tmp_path / "bare" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "bare" / "checkpoint" / "config.json").write_text("{}")
+    monkeypatch.setattr(presets, "tasks_dir", lambda: tmp_path)
+    assert not shipped.loadable("bare") and shipped.available() == []
+    (tmp_path / "bare" / "manifest.json").write_text("{}")
+    assert shipped.loadable("bare") and shipped.available() == ["bare"]
 
 
 # --------------------------------------------------------------------- the extras

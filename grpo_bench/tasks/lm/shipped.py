@@ -100,6 +100,7 @@ def verify_cached(which: str = DEFAULT) -> None:
     files = sorted(p for p in directory(which).rglob("*") if p.is_file()) + [root(which) / "manifest.json"]
     stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns, p.stat().st_ino) for p in files)
     if _verified.get(str(root(which))) != stamp:
+        manifest.cache_clear()   # a rewritten manifest.json (build-start, a checkout) is read again, not remembered
         verify(which)
         _verified[str(root(which))] = stamp
 
