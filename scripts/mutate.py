@@ -223,6 +223,9 @@ MODULES["grpo_bench/tasks/lm/sections.py"] = [
 MODULES["grpo_bench/tasks/lm/shipped.py"] = [
     "tests/test_shipped.py", "tests/test_faults.py", "tests/test_arithmetic.py", "tests/test_gym.py",
     "tests/test_config.py", "-k", f"not {FAULTS_PYTEST} and not sigterm and not sigkill"]
+# the tiny model's character tokenizer: one token a character, BOS first, left padding, a vocabulary padded to a model's
+MODULES["grpo_bench/tasks/lm/tokenizer.py"] = ["tests/test_arithmetic.py", "tests/test_problems.py",
+                                              "tests/test_lm_rewards.py", "tests/test_build_start.py"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

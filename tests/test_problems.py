@@ -174,3 +174,15 @@ def test_warmstart_cache_key_grows_only_with_the_new_settings():
     assert "operands" not in spec() and "scratchpad" not in spec()
     assert spec(operands="digits")["operands"] == "digits"
     assert spec(warmstart={"steps": 5, "scratchpad": 0.3})["scratchpad"] == 0.3
+
+
+def test_the_char_tokenizer_padded_to_a_models_vocabulary():
+    """size pads the vocabulary with tokens no text encodes to, so every id a larger model samples decodes to
+    something; the characters keep their ids."""
+    from grpo_bench.tasks.lm.tokenizer import CHARS, SPECIALS, build_char_tokenizer
+    small, big = build_char_tokenizer(), build_char_tokenizer(size=100)
+    assert len(small) == len(SPECIALS) + len(CHARS) < 100 == len(big)
+    text = "(7+5=12 4+8+1=13)132? abc"
+    assert big(text).input_ids == small(text).input_ids and max(big(text).input_ids) < len(small)
+    assert big.convert_ids_to_tokens([len(small), 99]) == [f"<u{len(small)}>", "<u99>"]
+    assert big.decode(big(text).input_ids, skip_special_tokens=True) == text
