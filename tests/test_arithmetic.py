@@ -1,5 +1,8 @@
 """The arithmetic task on a causal LM: masks, log-probs, the LoRA reference, loading, warm-start cache, a short run."""
 import copy
+import json
+import re
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -9,6 +12,8 @@ from grpo_bench.config.run import resolve_run
 from grpo_bench.registry import get
 from grpo_bench.tasks import Rollout
 from grpo_bench.tasks.arithmetic import completion_mask
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SMALL = {"name": "arithmetic", "ops": {"add": [0, 99]}, "model": {"source": "tiny-scratch", "layers": 1, "width": 32,
          "heads": 2}, "prompts_per_step": 4, "sampling": {"max_new_tokens": 5}, "eval_size": 12, "pass_k": 2}
@@ -290,6 +295,65 @@ def test_warmstart_is_cached_by_config(tmp_path, monkeypatch):
     cfg.warmstart.lr *= 2  # another config is another checkpoint
     with pytest.raises(AssertionError, match="rebuilt"):
         warmstart.checkpoint(cfg, torch.device("cpu"))
+
+
+def test_the_warm_start_cache_and_what_names_its_entries(tmp_path, monkeypatch):
+    """The cache is the repository's .cache/grpo_bench unless GRPO_BENCH_CACHE says otherwise; an entry is named by
+    what shapes the model: a local model's files (a rewritten one is another model), tiny-scratch's shape (and
+    only tiny-scratch's)."""
+    import os
+    import time as _time
+    from grpo_bench.tasks.lm import warmstart
+
+    monkeypatch.delenv("GRPO_BENCH_CACHE", raising=False)
+    assert warmstart.cache_root() == ROOT / ".cache" / "grpo_bench"
+    monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "c"))
+    assert warmstart.cache_root() == tmp_path / "c"
+
+    def spec(**task):
+        return warmstart.spec(resolve_run({"task": {"name": "arithmetic", "warmstart": {"steps": 3}, **task}}).task)
+
+    scratch = spec(model={"source": "tiny-scratch", "layers": 1, "width": 32, "heads": 2})
+    assert scratch["tiny"] == [1, 32, 2] and scratch != spec(model={"source": "tiny-scratch", "layers": 2,
+                                                                     "width": 32, "heads": 2})
+    save_other_gpt2(tmp_path / "other")
+    local = spec(model={"source": str(tmp_path / "other")})
+    assert "tiny" not in local and local["model"][0] == str((tmp_path / "other").resolve())
+    weights = next((tmp_path / "other").glob("*.safetensors"))
+    _time.sleep(0.01)
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    assert spec(model={"source": str(tmp_path / "other")}) != local
+
+
+def test_a_warm_start_trains_on_one_thread_without_dropout_and_shares_its_cache(tmp_path, monkeypatch):
+    """One CPU thread while it trains, whatever the caller's (the stopping point must not depend on the worker), the
+    caller's count restored after; the base's dropout off; the cache entry readable by other users."""
+    from grpo_bench.tasks.lm import warmstart
+
+    monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "cache"))
+    seen = {}
+
+    def sft(model, tokenizer, cfg, device, check=None):
+        seen["threads"] = torch.get_num_threads()
+        seen["dropout"] = {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)}
+        return 0.5
+
+    monkeypatch.setattr(warmstart, "sft", sft)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        save_other_gpt2(tmp_path / "other")
+        config = json.loads((tmp_path / "other/config.json").read_text())   # saved with GPT-2's own dropout
+        (tmp_path / "other/config.json").write_text(json.dumps(config | {k: 0.1 for k in (
+            "resid_pdrop", "embd_pdrop", "attn_pdrop")}))
+        cfg = make({"model": {"source": str(tmp_path / "other")}, "warmstart": {"steps": 3, "batch": 8}})[1].task
+        done = warmstart.checkpoint(cfg, torch.device("cpu"))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == {"threads": 1, "dropout": {0.0}}
+    assert re.fullmatch(r"warmstart-[0-9a-f]{16}", done.name) and done.stat().st_mode & 0o777 == 0o755
+    assert json.loads((done / "done.json").read_text())["last_batch_token_accuracy"] == 0.5
 
 
 def test_short_run_end_to_end_is_deterministic():

@@ -186,3 +186,64 @@ def test_the_char_tokenizer_padded_to_a_models_vocabulary():
     assert big(text).input_ids == small(text).input_ids and max(big(text).input_ids) < len(small)
     assert big.convert_ids_to_tokens([len(small), 99]) == [f"<u{len(small)}>", "<u99>"]
     assert big.decode(big(text).input_ids, skip_special_tokens=True) == text
+
+
+def test_the_warm_starts_schedule_by_hand():
+    """AdamW without weight decay; the rate rises linearly over the first tenth of the steps, then stays."""
+    import torch
+    from grpo_bench.tasks.lm import warmstart
+
+    opt, sched = warmstart.optimizer(torch.nn.Linear(1, 1), 0.3, 30)
+    assert opt.param_groups[0]["weight_decay"] == 0.0 and isinstance(opt, torch.optim.AdamW)
+    rates = []
+    for _ in range(5):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert rates == pytest.approx([0.1, 0.2, 0.3, 0.3, 0.3])   # warm-up of 30 // 10 = 3 steps
+    opt, sched = warmstart.optimizer(torch.nn.Linear(1, 1), 0.3, 9)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.3)     # under 10 steps: no warm-up
+
+
+def test_warm_start_steps_by_hand():
+    """Eight supervised steps: cross-entropy on the answer tokens only, gradients clipped to norm 1 (Adam's first
+    step does not see a gradient's scale, its second does), AdamW, the schedule stepped; each returns the batch's
+    token accuracy before its step (argmax against the answer tokens)."""
+    import copy
+    import torch
+    from grpo_bench.tasks.lm import models, warmstart
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
+
+    tok = models.prepare_tokenizer(build_char_tokenizer())
+    model = models.build_tiny(tok, 1, 16, 2, seed=0)
+    models.disable_dropout(model)
+    batches = [warmstart._sequences(tok, b, "plain", tok.eos_token_id, "cpu")
+               for b in ([P(12, "add", 7), P(3, "add", 4)], [P(250, "add", 1)])] * 4
+    ref = copy.deepcopy(model)
+    opt, sched = warmstart.optimizer(model, 0.05, 20)
+    accuracies = []
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.05, weight_decay=0.0)
+    for k, (ids, mask, labels) in enumerate(batches):
+        acc = warmstart.step(model, opt, sched, ids, mask, labels)
+        logits = ref(input_ids=ids, attention_mask=mask, position_ids=models.positions(mask)).logits[:, :-1]
+        target = labels[:, 1:]
+        on = target != -100
+        assert on.sum() == [2 + 1 + 2, 3 + 1][k % 2]   # "19<eos>", "7<eos>"; "251<eos>"
+        assert acc == pytest.approx((logits.argmax(-1)[on] == target[on]).double().mean().item())
+        accuracies.append(acc)
+        ref.zero_grad()
+        # the mean over answer tokens, summed in the step's own order (Adam's update of a near-zero gradient
+        # magnifies a rounding difference)
+        torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, ignore_index=-100).backward()
+        norm = torch.sqrt(sum((q.grad.double() ** 2).sum() for q in ref.parameters()))
+        assert norm > 1   # so the clip acts
+        for q in ref.parameters():
+            q.grad = (q.grad.double() / (norm + 1e-6)).to(q.dtype)
+        ref_opt.param_groups[0]["lr"] = 0.05 * min(1, (k + 1) / 2)   # a warm-up of 20 // 10 = 2 steps
+        ref_opt.step()
+    for (name, a), b in zip(model.named_parameters(), ref.parameters()):
+        if name.endswith("c_attn.bias"):   # its key third has a gradient of rounding noise alone (softmax ignores a
+            a, b = a[:16], b[:16]          # shift of every score), which Adam's step scales up to the rate
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)   # the schedule moved on
+    assert 0 < max(accuracies) < 1, accuracies
