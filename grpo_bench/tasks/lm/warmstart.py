@@ -22,14 +22,9 @@ from pathlib import Path
 
 import torch
 
-from . import models, problems
+from . import cache_root, models, problems
 
 VERSION = 4  # bump when the SFT recipe changes, so old checkpoints are not reused
-
-
-def cache_root() -> Path:
-    env = os.environ.get("GRPO_BENCH_CACHE")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / ".cache" / "grpo_bench"
 
 
 def _model_identity(model_id: str) -> object:
