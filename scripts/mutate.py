@@ -226,6 +226,10 @@ MODULES["grpo_bench/tasks/lm/shipped.py"] = [
 # the tiny model's character tokenizer: one token a character, BOS first, left padding, a vocabulary padded to a model's
 MODULES["grpo_bench/tasks/lm/tokenizer.py"] = ["tests/test_arithmetic.py", "tests/test_problems.py",
                                               "tests/test_lm_rewards.py", "tests/test_build_start.py"]
+# the supervised warm-start before GRPO: its schedule and steps by hand, the answer's end token per template,
+# train/eval modes, the seed a check's samples draw from, one thread, the cache's names, lock and cleanup
+MODULES["grpo_bench/tasks/lm/warmstart.py"] = ["tests/test_problems.py", "tests/test_arithmetic.py",
+                                              "tests/test_build_start.py", "tests/test_gym.py"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

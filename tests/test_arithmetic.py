@@ -1,4 +1,5 @@
 """The arithmetic task on a causal LM: masks, log-probs, the LoRA reference, loading, warm-start cache, a short run."""
+import hashlib
 import copy
 import json
 import re
@@ -746,3 +747,76 @@ def test_a_checkpoint_saved_with_dropout_trains_without_it(tmp_path):
     ro = task.rollout(0, 0, 3)
     first, second = task.logprobs(ro)[0], task.logprobs(ro)[0]   # with grad: train mode, as an inner step runs
     assert torch.equal(first, second) and first.requires_grad
+
+
+def _fake_build(calls, delay=0.0, fail=False):
+    """warmstart._build as a counted stand-in: a tiny untrained model after `delay` s (or an error), so the cache's
+    own logic is what runs."""
+    import time as _time
+
+    from grpo_bench.tasks.lm import models
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
+
+    def build(cfg, device, check=None):
+        calls.append(cfg.warmstart.lr)
+        _time.sleep(delay)
+        if fail:
+            raise RuntimeError("the SFT broke")
+        tok = models.prepare_tokenizer(build_char_tokenizer())
+        return models.build_tiny(tok, n_layer=1, n_embd=16, n_head=2, seed=0), tok, 0.25
+    return build
+
+
+def _warm_cfg():
+    from grpo_bench.config.presets import merge
+
+    return resolve_run({"task": merge(SMALL, {"warmstart": {"steps": 3}}), "group_size": 3}).task   # no task built
+
+
+def test_a_warm_start_entry_is_built_once_under_the_name_its_spec_gives(tmp_path, monkeypatch):
+    """Two builds of one config at once make one entry (the second waits on the lock, then reads it); the name is
+    SHA-256 of the spec's sorted JSON, pinned for the SMALL config (a recipe change must bump VERSION, which renames
+    every entry); another config is another entry beside it."""
+    import threading
+
+    from grpo_bench.tasks.lm import warmstart
+
+    calls = []
+    monkeypatch.setattr(warmstart, "_build", _fake_build(calls, delay=0.5))
+    cfg = _warm_cfg()
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(warmstart.checkpoint(cfg, torch.device("cpu"))))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(got) == 2 and got[0] == got[1]
+    key = hashlib.sha256(json.dumps(warmstart.spec(cfg), sort_keys=True).encode()).hexdigest()[:16]
+    assert got[0].name == f"warmstart-{key}" == "warmstart-6a91313b10c03ce0"
+    assert json.loads((got[0] / "done.json").read_text())["spec"]["version"] == warmstart.VERSION
+    cfg.warmstart.lr *= 2
+    other = warmstart.checkpoint(cfg, torch.device("cpu"))   # the cache's directory exists by now
+    assert other != got[0] and (other / "done.json").is_file() and len(calls) == 2
+
+
+def test_a_failed_warm_start_leaves_no_entry_and_no_scratch(tmp_path, monkeypatch):
+    """A build that fails leaves neither an entry nor its scratch directory (the cache's own directories made on the
+    way); an entry left incomplete by another process (no done.json) is replaced by the next build."""
+    from grpo_bench.tasks.lm import warmstart
+
+    monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "not" / "yet"))
+    calls = []
+    monkeypatch.setattr(warmstart, "_build", _fake_build(calls, fail=True))
+    cfg = _warm_cfg()
+    with pytest.raises(RuntimeError, match="the SFT broke"):
+        warmstart.checkpoint(cfg, torch.device("cpu"))
+    root = warmstart.cache_root()
+    assert [p.name for p in root.iterdir() if not p.name.endswith(".lock")] == []
+    monkeypatch.setattr(warmstart, "_build", _fake_build(calls))
+    cfg.warmstart.lr *= 2
+    left = root / f"warmstart-{hashlib.sha256(json.dumps(warmstart.spec(cfg), sort_keys=True).encode()).hexdigest()[:16]}"
+    left.mkdir()
+    (left / "half-written").write_text("")
+    assert warmstart.checkpoint(cfg, torch.device("cpu")) == left and len(calls) == 2
+    assert (left / "done.json").is_file() and not (left / "half-written").exists()

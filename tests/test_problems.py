@@ -203,6 +203,13 @@ def test_the_warm_starts_schedule_by_hand():
     assert rates == pytest.approx([0.1, 0.2, 0.3, 0.3, 0.3])   # warm-up of 30 // 10 = 3 steps
     opt, sched = warmstart.optimizer(torch.nn.Linear(1, 1), 0.3, 9)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.3)     # under 10 steps: no warm-up
+    opt, sched = warmstart.optimizer(torch.nn.Linear(1, 1), 0.3, 25)
+    rates = []
+    for _ in range(3):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert rates == pytest.approx([0.15, 0.3, 0.3])            # 25 // 10 = 2 whole steps, not 2.5
 
 
 def test_warm_start_steps_by_hand():
@@ -247,3 +254,69 @@ def test_warm_start_steps_by_hand():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
     assert opt.param_groups[0]["lr"] == pytest.approx(0.05)   # the schedule moved on
     assert 0 < max(accuracies) < 1, accuracies
+
+
+def _sft_spy(monkeypatch, eos_ids):
+    """warmstart.sft with its step replaced by a spy: each step's labels and train/eval mode, each check's mode and a
+    draw from torch's generator."""
+    import torch
+    from grpo_bench.tasks.lm import models, warmstart
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer("0123456789+-*/=() .,:?abcdefghijklmnopqrstuvwxyzCRW\n")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tok = models.prepare_tokenizer(tok)
+    model = models.build_tiny(tok, n_layer=1, n_embd=16, n_head=2, seed=0, n_positions=128)
+    model.generation_config.eos_token_id = eos_ids(tok)
+    seen = {"steps": [], "checks": [], "labels": []}
+
+    def step(model, opt, sched, ids, mask, labels):
+        seen["steps"].append(model.training)
+        seen["labels"].append(labels)
+        return 0.5
+
+    def check(model, tokenizer, s, accuracy):
+        seen["checks"].append((model.training, torch.rand(1).item()))
+        return False
+
+    monkeypatch.setattr(warmstart, "step", step)
+    return tok, model, seen, check
+
+
+@pytest.mark.parametrize("template", ["plain", "chat"])
+@pytest.mark.parametrize("generation_eos", ["a list", "one id", "none"])
+def test_each_warm_start_answer_ends_with_the_templates_end_token(monkeypatch, template, generation_eos):
+    """A plain prompt's answer ends with the tokenizer's EOS; a chat turn's with the model's own turn end: the first
+    of the generation config's ids, its one id, else the tokenizer's EOS."""
+    from grpo_bench.tasks.lm import warmstart
+
+    ends = {"a list": lambda t: [t.convert_tokens_to_ids("<|im_end|>"), t.eos_token_id],
+            "one id": lambda t: t.convert_tokens_to_ids("<|im_start|>"), "none": lambda t: None}[generation_eos]
+    tok, model, seen, _ = _sft_spy(monkeypatch, ends)
+    cfg = resolve_run({"task": {"name": "arithmetic", "template": template, "warmstart": {"steps": 2, "batch": 3}}}).task
+    warmstart.sft(model, tok, cfg, "cpu")
+    chat = {"a list": "<|im_end|>", "one id": "<|im_start|>", "none": tok.eos_token}[generation_eos]
+    want = tok.eos_token_id if template == "plain" else tok.convert_tokens_to_ids(chat)
+    assert len(seen["labels"]) == 2 and tok.convert_tokens_to_ids("<|im_end|>") != tok.eos_token_id
+    assert {row[-1].item() for labels in seen["labels"] for row in labels} == {want}
+
+
+def test_a_warm_start_trains_in_train_mode_checks_in_eval_mode_and_ends_in_eval_mode(monkeypatch):
+    """Whatever mode the model comes in, its steps run in train mode, each check sees it in eval mode (a check
+    samples), and it is handed back in eval mode; what a check draws from torch's generator is the same whatever
+    the generator's state before (the seed is set), so a check's samples are the warm start's own."""
+    import torch
+    from grpo_bench.tasks.lm import warmstart
+
+    cfg = resolve_run({"task": {"name": "arithmetic", "warmstart": {"steps": 3, "batch": 2}}}).task
+    draws = []
+    for before in (1, 2):
+        tok, model, seen, check = _sft_spy(monkeypatch, lambda t: t.eos_token_id)
+        model.eval()
+        torch.manual_seed(before)
+        assert warmstart.sft(model, tok, cfg, "cpu", check) == 0.5
+        assert seen["steps"] == [True] * 3 and [m for m, _ in seen["checks"]] == [False] * 3 and not model.training
+        draws.append([d for _, d in seen["checks"]])
+    assert draws[0] == draws[1]
