@@ -236,6 +236,13 @@ MODULES["grpo_bench/tasks/lm/warmstart.py"] = ["tests/test_problems.py", "tests/
 MODULES["grpo_bench/tasks/lm/pretrained.py"] = [
     "tests/test_pretrained.py", "tests/test_config.py", "tests/test_gym.py", "-k",
     "not real_weights and not recorded_ones and not shipped_warm_up"]
+# one frozen LM, one LoRA per population member: peft's initialisation and product, member-by-member GEMMs on a
+# CPU, the reference's adapter and its mix, a narrowed population, the Gumbel-max sampler and its nucleus, the
+# KV-cache generation loop (without the real weights' loads)
+MODULES["grpo_bench/tasks/lm/stacked.py"] = [
+    "tests/test_population.py", "tests/test_arithmetic.py", "tests/test_arithmetic_fused.py", "tests/test_pretrained.py",
+    "tests/test_outcomes.py", "tests/test_vmap.py", "tests/test_sampler.py", "-k",
+    "not real_weights and not recorded_ones and not shipped_warm_up"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

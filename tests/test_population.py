@@ -248,6 +248,181 @@ def test_stacked_lora_is_pefts_lora():
         torch.testing.assert_close(layer.B.grad[0], b.grad, rtol=1e-4, atol=1e-6)
 
 
+def test_lora_dropout_by_hand_each_members_own_mask_per_element():
+    """In train mode with p > 0, member m's input is masked element by element (rows x features) from its own stream
+    (keep where u >= p) and rescaled by 1 / (1 - p) before A, as peft's dropout on the LoRA branch; the base's product
+    sees the input unmasked; in eval mode, or on the reference, or without streams, no mask."""
+    from grpo_bench.tasks.lm import stacked
+
+    torch.manual_seed(0)
+    base = torch.nn.Linear(6, 3)
+    layer = stacked.StackedLoRA(base, rank=2, alpha=4, dropout=0.4, gens=[torch.Generator().manual_seed(s) for s in (1, 2)])
+    with torch.no_grad():
+        layer.B.copy_(torch.randn(layer.B.shape))
+    x = torch.ones(2 * 4, 6)   # two members' 4 rows, every row the same: only masks tell them apart
+    layer.train()
+    layer.dropout_gens = [torch.Generator().manual_seed(s) for s in (10, 20)]
+    got = layer(x)
+    want = []
+    for m, seed in enumerate((10, 20)):
+        keep = (torch.rand(4, 6, generator=torch.Generator().manual_seed(seed)) >= 0.4).float()
+        xm = x[4 * m:4 * (m + 1)] * keep / 0.6
+        want.append(base(x[4 * m:4 * (m + 1)]) + 2.0 * (xm @ layer.A[m].T) @ layer.B[m].T)
+    torch.testing.assert_close(got, torch.cat(want), rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(got[0], got[1])   # rows of one member draw their own masks
+    plain = torch.cat([base(x[4 * m:4 * (m + 1)]) + 2.0 * (x[4 * m:4 * (m + 1)] @ layer.A[m].T) @ layer.B[m].T
+                       for m in range(2)])
+    layer.eval()
+    torch.testing.assert_close(layer(x), plain, rtol=1e-6, atol=1e-6)
+    layer.train()
+    layer.mix([1.0, 1.0])   # the reference is now a copy of the policy: it never drops
+    with stacked.adapters([layer], stacked.REFERENCE):
+        torch.testing.assert_close(layer(x), plain, rtol=1e-6, atol=1e-6)
+    layer.dropout_gens = None
+    torch.testing.assert_close(layer(x), plain, rtol=1e-6, atol=1e-6)
+
+
+def test_adapters_start_as_pefts_from_each_members_stream():
+    """A linear layer's A_m ~ U(-1/sqrt(in), 1/sqrt(in)) from member m's stream for that layer (kaiming_uniform with
+    a = sqrt(5)), B_m = 0; an embedding's A_m = 0, B_m ~ N(0, 1): peft's initialisations, drawn by hand."""
+    from grpo_bench.tasks.lm import models, stacked
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
+
+    tok = models.prepare_tokenizer(build_char_tokenizer())
+    model = models.build_tiny(tok, 1, 16, 2, seed=0)
+    layers = stacked.attach(model, ["c_fc"], 4, 8, 0.0, seeds=[3, 7])
+    n_in = 16
+    for m, seed in enumerate((3, 7)):
+        u = torch.rand(4, n_in, generator=rng.stream(seed, "lora", "transformer.h.0.mlp.c_fc"))
+        assert torch.equal(layers[0].A[m], (u * 2 - 1) * (1 / math.sqrt(n_in)))
+    assert not torch.equal(layers[0].A[0], layers[0].A[1]) and not layers[0].B.any()
+    emb = stacked.StackedLoRA(torch.nn.Embedding(10, 6), 3, 3, 0.0, [torch.Generator().manual_seed(5)])
+    assert not emb.A.any() and torch.equal(emb.B[0], torch.randn(6, 3, generator=torch.Generator().manual_seed(5)))
+
+
+def test_on_a_cpu_each_members_rows_are_their_own_products_and_generation_warns_of_nothing(monkeypatch):
+    """Two members on a CPU: every adapted layer's base product and the LM head's run once per member on its rows
+    (the pinned MKL path rounds a GEMM by its row count: a member's numbers must not depend on the others'); one
+    member, one product. Generation reads the KV cache by transformers' own name (no deprecation warning)."""
+    import warnings
+
+    from grpo_bench.tasks.lm import models, stacked
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
+
+    tok = models.prepare_tokenizer(build_char_tokenizer())
+    one = stacked.MemberHead._one
+    for seeds in ([0, 1], [0]):
+        model = models.build_tiny(tok, 1, 16, 2, seed=0)
+        layers = stacked.attach(model, ["c_fc"], 2, 4, 0.0, seeds=seeds)   # one adapted layer
+        head = model.get_output_embeddings()
+        assert isinstance(head, stacked.MemberHead) and head.members_of is layers[0]
+        rows = {"base": [], "head": []}
+        base_forward = layers[0].base.forward
+        monkeypatch.setattr(layers[0].base, "forward", lambda x: rows["base"].append(x.shape[0]) or base_forward(x))
+        monkeypatch.setattr(stacked.MemberHead, "_one", lambda self, x: rows["head"].append(x.shape[0]) or one(self, x))
+        ids = torch.randint(3, len(tok), (6, 5), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            model(input_ids=ids)
+        per = [6 // len(seeds)] * len(seeds)
+        assert rows == {"base": per, "head": per}, rows
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        tokens = stacked.generate(model, ids, torch.ones_like(ids), 4, torch.tensor([tok.eos_token_id]),
+                                  tok.pad_token_id, gens, 1.0, 1.0)
+    assert tokens.shape == (6, 4)
+
+
+def test_the_reference_mix_reports_its_worst_rank_cut():
+    """mix(weights) moves each member's reference towards its policy by its own weight (0: unchanged, 1: a copy)
+    and returns the largest rank-cut error of the members it mixed, each computed here by hand."""
+    from grpo_bench.tasks.lm import models, stacked
+
+    torch.manual_seed(0)
+    layer = stacked.StackedLoRA(torch.nn.Linear(8, 8), 2, 4, 0.0, [torch.Generator().manual_seed(s) for s in range(3)])
+    with torch.no_grad():
+        layer.B.copy_(torch.randn(layer.B.shape))
+    assert layer.mix([1.0, 1.0, 1.0]) == 0.0 and torch.equal(layer.ref_A, layer.A)
+    with torch.no_grad():
+        layer.A.add_(torch.randn(layer.A.shape))
+        layer.B.add_(torch.randn(layer.B.shape))
+    want = [models.mix_low_rank(layer.A[i], layer.B[i], layer.ref_A[i], layer.ref_B[i], w) for i, w in enumerate((0.3, 0.7))]
+    kept = layer.ref_A[2].clone()
+    worst = layer.mix([0.3, 0.7, 0.0])
+    assert worst == max(r for _, _, r in want) and min(r for _, _, r in want) < worst
+    for i, (a, b, _) in enumerate(want):
+        assert torch.equal(layer.ref_A[i], a) and torch.equal(layer.ref_B[i], b)
+    assert torch.equal(layer.ref_A[2], kept)
+    layer.keep([2, 0])
+    assert layer.A.is_leaf and layer.A.shape[0] == 2 and torch.equal(layer.ref_A[1], want[0][0])
+
+
+def test_generation_by_hand_against_full_passes_without_a_cache():
+    """Left-padded prompts, sampled with each member's Gumbel noise (u from its own stream, one (rows, V) draw a step)
+    at temperature 0.7: every token is argmax(logits / T + g) of a full pass over prompt and tokens so far (no KV
+    cache), its log-prob log_softmax(logits / T) there; after a row's first EOS it writes pad with log-prob 0."""
+    from grpo_bench.tasks.lm import models, stacked
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
+
+    tok = models.prepare_tokenizer(build_char_tokenizer())
+    model = models.build_tiny(tok, 1, 16, 2, seed=3)
+    stacked.attach(model, ["c_attn"], 2, 4, 0.0, seeds=[0, 1])
+    ids = torch.tensor([[tok.pad_token_id, 5, 6, 7], [8, 9, 10, 11]] * 2)
+    attention = (ids != tok.pad_token_id).long()
+    seeds, steps, tau = (4, 9), 6, 0.7
+
+    def by_hand(eos):
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        seq, att = ids.clone(), attention.clone()
+        tokens = torch.full((4, steps), tok.pad_token_id)
+        logps, done = torch.zeros(4, steps), torch.zeros(4, dtype=torch.bool)
+        for t in range(steps):
+            with torch.no_grad():
+                logits = model(input_ids=seq, attention_mask=att, position_ids=models.positions(att)).logits[:, -1]
+            u = torch.cat([torch.rand(2, logits.shape[-1], generator=g) for g in gens])
+            nxt = (logits / tau - torch.log(-torch.log(u))).argmax(-1)
+            lp = torch.log_softmax(logits / tau, -1).gather(-1, nxt[:, None])[:, 0]
+            tokens[:, t] = torch.where(done, tok.pad_token_id, nxt)
+            logps[:, t] = torch.where(done, 0.0, lp)
+            done |= torch.isin(nxt, torch.tensor(eos, dtype=nxt.dtype))
+            if done.all():
+                return tokens[:, :t + 1], logps[:, :t + 1]
+            seq, att = torch.cat([seq, nxt[:, None]], 1), torch.cat([att, torch.ones(4, 1, dtype=att.dtype)], 1)
+        return tokens, logps
+
+    free, _ = by_hand([])   # no EOS: every row runs all the steps
+    eos = [int(free[0, 1]), int(free[1, 2])]   # row 0 ends at its 2nd token at the latest, row 1 at its 3rd
+    want, want_lp = by_hand(eos)
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    got, got_lp = stacked.generate(model, ids, attention, steps, torch.tensor(eos), tok.pad_token_id, gens, tau, 1.0,
+                                   with_logprobs=True)
+    assert torch.equal(got[:, :want.shape[1]], want) and (got[:, want.shape[1]:] == tok.pad_token_id).all()
+    torch.testing.assert_close(got_lp[:, :want.shape[1]], want_lp, rtol=1e-5, atol=1e-5)
+    assert (got[0, 2:] == tok.pad_token_id).all() and (got_lp[0, 2:] == 0).all() and (got_lp[0, :2] < 0).all()
+
+
+def test_nucleus_sampling_by_exact_expectation():
+    """top_p keeps the fewest most probable tokens whose tempered mass reaches top_p and samples them in proportion:
+    p = (0.5, 0.3, 0.15, 0.05) at top_p 0.6 keeps the first two (token 0 drawn 5/8 of the time); at temperature 0.5
+    the tempered first token alone (0.685) reaches it; two tokens of 0.5 at top_p 0.5 keep one, the mass before the
+    second having reached it; top_p 1 samples every token."""
+    from grpo_bench.tasks.lm import stacked
+
+    n = 4000
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05])).repeat(n, 1)
+
+    def draws(z, tau, top_p):
+        return stacked._next_tokens(z, [torch.Generator().manual_seed(0)], tau, top_p)
+
+    got = draws(logits, 1.0, 0.6)
+    assert set(got.tolist()) == {0, 1} and abs((got == 0).float().mean().item() - 5 / 8) < 4 * (15 / 64 / n) ** 0.5
+    assert set(draws(logits, 0.5, 0.6).tolist()) == {0}
+    assert set(draws(logits, 1.0, 1.0).tolist()) == {0, 1, 2, 3}
+    tie = torch.tensor([0.0, 0.0, -math.inf, -math.inf]).repeat(200, 1)   # softmax: exactly 0.5 and 0.5
+    assert len(set(draws(tie, 1.0, 0.5).tolist())) == 1 and set(draws(tie, 1.0, 0.51).tolist()) == {0, 1}
+    assert torch.equal(stacked._next_tokens(logits[:3], None, 0.7, 0.6), torch.zeros(3, dtype=torch.long))   # greedy
+
+
 # ------------------------------------------------------------------------- the runner
 
 

@@ -108,7 +108,7 @@ class StackedLoRA(nn.Module):
     def mix(self, weights: list[float]) -> float:
         """reference_p <- w_p * policy_p + (1 - w_p) * reference_p on the weight updates B A; the worst rank-cut error."""
         if self.ref_A is None:  # the reference so far is the adapter switched off: a zero update
-            self.ref_A, self.ref_B = self.A.detach().clone(), torch.zeros_like(self.B)
+            self.ref_A, self.ref_B = self.A.clone(), torch.zeros_like(self.B)   # no_grad: no graph to cut
         worst = 0.0
         for i, w in enumerate(weights):
             if w == 1.0:  # a copy: exact, whatever the ranks
@@ -122,10 +122,11 @@ class StackedLoRA(nn.Module):
         return worst
 
     def keep(self, idx: list[int]) -> None:
-        self.A = nn.Parameter(self.A.detach()[idx].clone())
-        self.B = nn.Parameter(self.B.detach()[idx].clone())
+        # indexing by a list copies, and a Parameter is a leaf of its own: nothing links back to the old stack
+        self.A = nn.Parameter(self.A[idx])
+        self.B = nn.Parameter(self.B[idx])
         if self.ref_A is not None:
-            self.ref_A, self.ref_B = self.ref_A[idx].clone(), self.ref_B[idx].clone()
+            self.ref_A, self.ref_B = self.ref_A[idx], self.ref_B[idx]
 
 
 def attach(model: nn.Module, targets: list[str], rank: int, alpha: float, dropout: float,
@@ -187,9 +188,10 @@ def _next_tokens(logits: Tensor, gens: list[torch.Generator] | "rng.DeviceStream
         return logits.argmax(-1)
     scaled = logits / temperature
     if top_p < 1.0:
-        # the nucleus: the most probable tokens whose probability reaches top_p (the first one always kept)
+        # the nucleus (Holtzman et al.): the fewest most probable tokens whose mass reaches top_p, so a token is
+        # out once the mass before it has reached top_p (the first one always kept)
         probs, order = torch.softmax(scaled, -1).sort(-1, descending=True)
-        outside = probs.cumsum(-1) - probs > top_p
+        outside = probs.cumsum(-1) - probs >= top_p
         scaled = scaled.masked_fill(torch.zeros_like(outside).scatter(-1, order, outside), -math.inf)
     n = logits.shape[0] // len(gens)
     if isinstance(gens, rng.DeviceStreams):  # on a GPU: every member's draw at once, on the device
@@ -202,7 +204,7 @@ def _next_tokens(logits: Tensor, gens: list[torch.Generator] | "rng.DeviceStream
 
 @torch.no_grad()
 def generate(model: nn.Module, ids: Tensor, attention: Tensor, steps: int, eos: Tensor, pad: int,
-             gens: list[torch.Generator] | None = None, temperature: float = 1.0, top_p: float = 1.0,
+             gens: list[torch.Generator] | None, temperature: float, top_p: float,
              with_logprobs: bool = False, repeat: int = 1) -> Tensor | tuple[Tensor, Tensor]:
     """(N, steps) completions of left-padded prompts (N, L), pad after each row's first EOS.
 
