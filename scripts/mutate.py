@@ -243,6 +243,11 @@ MODULES["grpo_bench/tasks/lm/stacked.py"] = [
     "tests/test_population.py", "tests/test_arithmetic.py", "tests/test_arithmetic_fused.py", "tests/test_pretrained.py",
     "tests/test_outcomes.py", "tests/test_vmap.py", "tests/test_sampler.py", "-k",
     "not real_weights and not recorded_ones and not shipped_warm_up"]
+# reasoning-gym tasks on the arithmetic task's machinery: entries and their split, prompts from the metadata,
+# the verifiers' scores and countdown's own checker, the presets' settings and checks
+# (test_config: the committed sweeps' run ids, which hold every default)
+MODULES["grpo_bench/tasks/gym.py"] = ["tests/test_gym.py", "tests/test_starts.py", "tests/test_config.py",
+                                      "tests/test_build_start.py"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

