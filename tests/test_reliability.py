@@ -12,6 +12,7 @@ import pytest
 from grpo_bench.sweep import runner as RN
 from grpo_bench.sweep import worker as WK
 from grpo_bench.config.ablation import load_ablation
+from grpo_bench.__main__ import main
 from test_faults import TINY, one_line, run_main, write
 from helpers import needs
 
@@ -28,14 +29,27 @@ def _files(out):
     return {f: (out / f).read_bytes() for f in ("ablation.json", "summary.csv", "metrics.parquet", "REPORT.md")}
 
 
+def _swept_once(tmp_path_factory, doc: dict):
+    """doc's results run once through the CLI per test process, and its ablation file (the tests share it)."""
+    d = tmp_path_factory.mktemp(doc["name"])
+    path = write(d, doc)
+    assert main(["run", str(path), "--out", str(d / "o"), "--no-progress"]) == 0
+    return path, d / "o"
+
+
+@pytest.fixture(scope="module")
+def _two_runs(tmp_path_factory):
+    return _swept_once(tmp_path_factory, {"name": "t", "base": TINY, "grid": {"loss": ["naive", "clipped"]},
+                                          "seeds": 1})
+
+
 @pytest.fixture
-def two_runs(tmp_path, capsys):
-    """results of `t` (naive and clipped, seed 0) run through the CLI, and the ablation's file."""
-    path = write(tmp_path, {"name": "t", "base": TINY, "grid": {"loss": ["naive", "clipped"]}, "seeds": 1})
-    out = tmp_path / "o"
-    code, _, err = run_main(capsys, "run", path, "--out", out, "--no-progress")
-    assert code == 0, err
-    return path, out
+def two_runs(_two_runs, tmp_path):
+    """results of `t` (naive and clipped, seed 0) run through the CLI, and the ablation's file: a test's own copy
+    of the results (a sweep spawns its workers: seconds a test, where the copy takes milliseconds)."""
+    import shutil
+    path, out = _two_runs
+    return path, shutil.copytree(out, tmp_path / "o")
 
 
 # ------------------------------------------------------------------ (a) lost results
@@ -193,15 +207,17 @@ def test_a_population_that_raised_in_a_local_worker_records_how_it_was_scheduled
 # ------------------------------------------------------------------ (d, e) the analysis commands
 
 
+@pytest.fixture(scope="module")
+def _swept(tmp_path_factory):
+    return _swept_once(tmp_path_factory, {"name": "t", "base": {**TINY, "epochs": 12},
+                                          "grid": {"loss": ["naive", "clipped"]}, "seeds": 3})[1]
+
+
 @pytest.fixture
-def swept(tmp_path, capsys):
-    """Three seeds of two variants, long enough for a curve fit, run through the CLI."""
-    path = write(tmp_path, {"name": "t", "base": {**TINY, "epochs": 12}, "grid": {"loss": ["naive", "clipped"]},
-                            "seeds": 3})
-    out = tmp_path / "o"
-    code, _, err = run_main(capsys, "run", path, "--out", out, "--no-progress")
-    assert code == 0, err
-    return out
+def swept(_swept, tmp_path):
+    """Three seeds of two variants, long enough for a curve fit, run through the CLI: a test's own copy."""
+    import shutil
+    return shutil.copytree(_swept, tmp_path / "o")
 
 
 def _copy(out, name):

@@ -1480,3 +1480,25 @@ def test_pearson_needs_three_pairs_and_spread_on_both_sides():
 def test_two_shared_seeds_are_already_paired():
     r = S.two_sample(by_seed([0.5, 0.7]), by_seed([0.4, 0.5]))
     assert r["paired"] and r["test"] == "paired t" and r["df"] == 1
+
+
+def test_curves_fitted_together_are_each_the_bits_of_its_fit_alone():
+    """The bootstrap's search runs its curves a block of fits.ROWS at a time (fresh pages for the whole (R, G, P)
+    sigmoid took 10x the arithmetic): 19 curves, not a multiple of the block, each with its own points missing,
+    give every curve the same bits as its fit alone; a block that takes the wrong rows of y, w or R0 does not."""
+    from grpo_bench.stats import fits
+
+    rng = np.random.default_rng(3)
+    Cx, _ = synthetic()
+    x = np.log(Cx[Cx > 0])
+    R = 2 * fits.ROWS + 3
+    y = 0.2 + 0.6 / (1 + np.exp(-rng.uniform(0.5, 3, R)[:, None] * (x - rng.uniform(x[2], x[-3], R)[:, None])))
+    y += rng.normal(0, 0.02, y.shape)
+    w = (rng.random(y.shape) > 0.1).astype(float)
+    r0 = y[:, 0] + rng.normal(0, 0.01, R)
+    box = (x[0] - fits.DECADE, x[-1] + fits.DECADE)
+    together = fits._sigmoid_fit(x, y, w, r0, box)
+    alone = [fits._sigmoid_fit(x, y[i:i + 1], w[i:i + 1], r0[i:i + 1], box) for i in range(R)]
+    for k in range(4):
+        assert np.array_equal(together[k], np.concatenate([a[k] for a in alone])), k
+    assert len(set(together[1].round(6))) == R   # every curve found its own B

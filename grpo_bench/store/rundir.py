@@ -444,7 +444,7 @@ def check_runs(out: Path, meta: dict, summary: pd.DataFrame, table: pd.DataFrame
     for path, runs in [(out / "summary.csv", summary.run), (metrics_path(out), None if table is None else table.run)]:
         if runs is None:
             continue
-        other = sorted(set(runs.astype(str)) - plan)
+        other = sorted(set(map(str, runs.unique())) - plan)   # unique first: a metrics table has a million rows
         if other:
             raise ConfigError(str(path), "run", f"holds {len(other)} runs that ablation.json does not plan (e.g. "
                               f"{other[0]}): another sweep's results; rerun this ablation into its own --out")
