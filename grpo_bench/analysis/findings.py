@@ -159,10 +159,13 @@ def judge_setting(directory: Path, claim: dict, setting: str | None = None, root
                 groups.pop(ga), groups.pop(gb)
                 continue
             pairs.append((ga, gb, r["claim"]))
-            ta, tb = (problem_table(problems, curves, v, groups[g].index, q, r["budget"]) if problems else None
-                      for v, g in ((r["a"], ga), (r["b"], gb)))
-            if ta is not None and tb is not None:
-                tables[(ga, gb)] = _difference(ta, tb)
+            if problems:
+                # the same under every set of rules: rule_changes.py's ten passes build it once
+                key = ("difference", str(directory), column, r["a"], r["b"], tuple(groups[ga].index),
+                       tuple(groups[gb].index), q, r["budget"])
+                d = once(key, lambda: _pair_table(problems, curves, r, groups[ga].index, groups[gb].index, q))
+                if d is not None:
+                    tables[(ga, gb)] = d
         results = stats.compare_pairs(groups, pairs, margin, tables=tables, rules=rules)
         by_quantity[q] = {int(t["a"].split(":")[0]): t for t in results}
     sequential = _sequential(meta, directory, column, margin, judge_on)
@@ -186,6 +189,17 @@ def judge_setting(directory: Path, claim: dict, setting: str | None = None, root
             "log": log,
             "judge": judge_on, "sweep": timing, "task": task, "sequential": sequential,
             "sampled": _means(ok, "final/reward") if column != "final/reward" else None}
+
+
+def _pair_table(problems: dict, curves: dict, row: dict, seeds_a, seeds_b, q: str) -> np.ndarray | None:
+    """a − b of a row's variants, seeds by problems (read-only), or None where either has no problem table."""
+    ta = problem_table(problems, curves, row["a"], seeds_a, q, row["budget"])
+    tb = problem_table(problems, curves, row["b"], seeds_b, q, row["budget"])
+    if ta is None or tb is None:
+        return None
+    d = _difference(ta, tb)
+    d.flags.writeable = False
+    return d
 
 
 def _identities(ok: pd.DataFrame, finals: list[str]) -> dict[str, str]:
