@@ -192,14 +192,10 @@ def judge_setting(directory: Path, claim: dict, setting: str | None = None, root
 
 
 def _pair_table(problems: dict, curves: dict, row: dict, seeds_a, seeds_b, q: str) -> np.ndarray | None:
-    """a − b of a row's variants, seeds by problems (read-only), or None where either has no problem table."""
+    """a − b of a row's variants, seeds by problems, or None where either has no problem table."""
     ta = problem_table(problems, curves, row["a"], seeds_a, q, row["budget"])
     tb = problem_table(problems, curves, row["b"], seeds_b, q, row["budget"])
-    if ta is None or tb is None:
-        return None
-    d = _difference(ta, tb)
-    d.flags.writeable = False
-    return d
+    return None if ta is None or tb is None else _difference(ta, tb)
 
 
 def _identities(ok: pd.DataFrame, finals: list[str]) -> dict[str, str]:
