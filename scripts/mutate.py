@@ -248,6 +248,17 @@ MODULES["grpo_bench/tasks/lm/stacked.py"] = [
 # (test_config: the committed sweeps' run ids, which hold every default)
 MODULES["grpo_bench/tasks/gym.py"] = ["tests/test_gym.py", "tests/test_starts.py", "tests/test_config.py",
                                       "tests/test_build_start.py"]
+# the LM task every arithmetic and gym verdict trains on: its config's refusals, a rollout's rewards, lengths and
+# metrics, the held-out evaluation (greedy, pass@k, mean@k, the base model's accuracy and its reuse), the reference's
+# samples, a narrowed population, the memory estimate (without the real weights' loads)
+MODULES["grpo_bench/tasks/arithmetic.py"] = [
+    "tests/test_arithmetic.py", "tests/test_arithmetic_fused.py", "tests/test_lm_rewards.py", "tests/test_problems.py",
+    "tests/test_population.py", "tests/test_outcomes.py", "tests/test_sampler.py", "tests/test_gym.py",
+    "tests/test_pretrained.py", "tests/test_runner.py::test_each_tasks_gpu_replaces_cores_is_the_measured_one", "-k",
+    "not real_weights and not recorded_ones and not shipped_warm_up"]
+# the LM's passes over a rollout: log-probs and entropy through the fused head (one head, member by member on a
+# CPU, an adapter on the head) or the materialised logits, the shared prompt, sum pi^2, dropout streams
+MODULES["grpo_bench/tasks/lm/passes.py"] = MODULES["grpo_bench/tasks/lm/stacked.py"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [
