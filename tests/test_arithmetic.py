@@ -206,33 +206,69 @@ def test_embedding_adapters_and_their_refresh():
         assert torch.equal(task.logprobs(ro, reference=True)[0], task.logprobs(ro)[0])
 
 
-def _deltas(task, reference):
-    """Each layer's weight update B A of member 0: the policy's or the reference's."""
-    return [((layer.ref_B if reference else layer.B)[0] @ (layer.ref_A if reference else layer.A)[0]).detach().clone()
+def _deltas(task, reference, m=0):
+    """Each layer's weight update B A of member m: the policy's or the reference's."""
+    return [((layer.ref_B if reference else layer.B)[m] @ (layer.ref_A if reference else layer.A)[m]).detach().clone()
             for layer in task.layers]
 
 
 def test_soft_reference_mixes_the_adapters_weight_updates():
-    task, _ = make()
+    """Each member's reference moves towards its policy by its own weight: from the adapter switched off the mix is
+    exact (rank r); after both factors moved it is the best rank-r approximation (an SVD here), and task.residual is
+    each member's worst module's relative error of that cut, 0 for a member that copied."""
+    task, _ = make(seeds=(0, 1))
     perturb_adapter(task, seed=5)
     first = _deltas(task, False)
-    task.mix_reference([0.6])              # from the adapter switched off: 0.6 * update, rank r, exact
+    task.mix_reference([0.6, 1.0])         # from the adapter switched off: 0.6 * update, rank r, exact
     for got, p in zip(_deltas(task, True), first):
         torch.testing.assert_close(got, 0.6 * p, rtol=1e-4, atol=1e-6)
-    assert task.residual < 1e-6
-    prev = _deltas(task, True)
+    assert max(task.residual) < 1e-6 and len(task.residual) == 2
+    prev = [_deltas(task, True, m) for m in (0, 1)]
     perturb_adapter(task, seed=6)
-    policy = _deltas(task, False)
-    task.mix_reference([0.25])             # now rank up to 2r: the best rank-r approximation of the mix
-    worst = 0.0
-    for got, p, r in zip(_deltas(task, True), policy, prev):
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():   # A moves too: the mix of two updates is then of rank up to 2r
+        for layer in task.layers:
+            layer.A.add_(0.5 * torch.randn(layer.A.shape, generator=g))
+    policy = [_deltas(task, False, m) for m in (0, 1)]
+    task.mix_reference([0.25, 1.0])
+    cuts = []
+    for got, p, r in zip(_deltas(task, True), policy[0], prev[0]):
         mix = 0.25 * p + 0.75 * r
         u, sv, vh = torch.linalg.svd(mix.double())
         k = 8  # the adapter's rank (lora.rank default)
         best = (u[:, :k] * sv[:k]) @ vh[:k]
         torch.testing.assert_close(got.double(), best, rtol=1e-4, atol=1e-6)
-        worst = max(worst, ((sv[k:] ** 2).sum() / (sv ** 2).sum()).sqrt().item())
-    assert task.residual == pytest.approx(worst, rel=1e-3, abs=1e-6)
+        cuts.append(((sv[k:] ** 2).sum() / (sv ** 2).sum()).sqrt().item())
+    assert min(cuts) < 0.9 * max(cuts) and min(cuts) > 1e-3   # the modules' cuts differ: the worst is the one kept
+    assert task.residual[0] == pytest.approx(max(cuts), rel=1e-3) and task.residual[1] == 0.0
+    for got, p in zip(_deltas(task, True, 1), policy[1]):     # member 1 copied its policy: exact
+        torch.testing.assert_close(got, p, rtol=0, atol=0)
+
+
+def test_a_soft_reference_logs_each_runs_rank_cut():
+    """The trainer logs ref/mix_residual at every epoch that mixed (every: 1 here): each member's own cut, the one it
+    has alone; nothing is logged without a soft mix."""
+    from grpo_bench.engine.trainer import train_population
+    from grpo_bench.config.presets import merge
+
+    def run(seeds, ref):
+        # a length reward: groups' rewards spread as soon as some responses end early, so the adapters move
+        cfgs = [resolve_run({"task": merge(SMALL, {"pass_k": 0, "rewards": {"length": 1.0}}), "group_size": 3,
+                             "epochs": 4, "inner_steps": 1,
+                             "lr": 0.05, "log_every": 1, "eval_every": 0, "kl_coef": 0.1, "kl": "k2",
+                             "ref_update": ref, "seed": s}) for s in seeds]
+        rows = [[] for _ in seeds]
+        train_population(cfgs, rows)
+        return [[v for _, k, v in r if k == "ref/mix_residual"] for r in rows]
+
+    soft = {"name": "soft", "every": 1, "alpha": 0.6}
+    cut, alone = run((0, 1), soft), run((1,), soft)
+    # epochs 1-3 mix (epoch 0's reference is the start). The first two are exact: B is still 0, then only B has
+    # moved (A's gradient is 0 while B is), so the reference's update and the policy's share their A. The third
+    # mixes two updates with different A: rank up to 2r, cut to r
+    assert [len(c) for c in cut] == [3, 3] and cut[0][:2] == [0.0, 0.0] and 1e-4 < cut[0][2] < 1
+    assert cut[0] != cut[1] and cut[1] == alone[0]
+    assert run((0,), {"name": "hard", "every": 1}) == [[0.0] * 3] and run((0,), "frozen") == [[]]
 
 
 def save_other_gpt2(path):

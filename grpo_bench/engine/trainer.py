@@ -313,14 +313,19 @@ def train_population(cfgs: list[RunConfig], rows: list[list[Row]] | None = None,
         if not alive:
             break
         p = len(alive)
+        cut = None
         if recipe.use_ref:
             w = [r.ref_weight(epoch) for r in pop.recipes]
             if any(w):
                 task.mix_reference(w)
+                # a low-rank reference (the LM's adapters) keeps a soft mix at its rank: how much that cut
+                cut = getattr(task, "residual", None)
         t0 = time.perf_counter()
         task.policy.eval()  # sampling and old log-probs without dropout
         ro, epoch_metrics, failed = sample(task, pop, epoch, cfg.group_size, budget,
                                            None if sampler is None else sampler.load(params))
+        if cut is not None:
+            epoch_metrics["ref/mix_residual"] = torch.tensor(cut, dtype=torch.float64, device=params[0].device)
         ep = Epoch(ro, epoch_metrics, task.greedy_rewards(ro) if recipe.needs_greedy else None)
         failed |= {i: e for i, e in take_failed(task).items() if i not in failed}
         if failed:  # a member's own rollout raised (its reward, on its prompt): it fails, the others go on

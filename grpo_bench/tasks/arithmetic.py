@@ -206,8 +206,6 @@ class Arithmetic(Passes):
     )
 
     def __init__(self, task_config: ArithmeticConfig, run_configs):
-        from transformers import GenerationConfig
-
         from ..algos import rewards
         from .lm import models, problems, stacked
 
@@ -219,9 +217,6 @@ class Arithmetic(Passes):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}.get(cfg.model.dtype)   # auto: by device
         base, self.tokenizer = self._starting_model(dtype)
         self.eos = torch.tensor(models.eos_ids(base, self.tokenizer), device=self.device)
-        base.generation_config = GenerationConfig(
-            eos_token_id=self.eos.tolist(), pad_token_id=self.tokenizer.pad_token_id,
-            bos_token_id=self.tokenizer.bos_token_id, max_new_tokens=cfg.sampling.max_new_tokens)
         models.disable_dropout(base)
         models.batch_invariant_attention(base, self.device)
         targets = cfg.lora.targets or models.LORA_TARGETS.get(base.config.model_type)
@@ -248,7 +243,9 @@ class Arithmetic(Passes):
         self.failed: dict[int, Exception] = {}  # members whose own reward raised since the trainer last looked
         self._evals, self._base_hits, self._passes, self._ref_draws = 0, None, 0, 0
         self.outcomes: list[dict] | None = None  # each member's per-problem outcomes of the last evaluate
-        self.residual = 0.0  # relative error of the last soft reference mix's rank cut
+        # each member's relative error of the last soft reference mix's rank cut, its worst module's (the trainer
+        # logs it as ref/mix_residual); None before a mix
+        self.residual: list[float] | None = None
         self._setup_problems()
 
     # the hooks a task on other problems (grpo_bench/tasks/gym.py) replaces: the model it starts from, its
@@ -473,7 +470,7 @@ class Arithmetic(Passes):
         return torch.tensor(out, dtype=torch.float32, device=self.device).view(p, b, n)
 
     def mix_reference(self, weights: list[float]) -> None:
-        self.residual = max(layer.mix(weights) for layer in self.layers)
+        self.residual = [max(cuts) for cuts in zip(*(layer.mix(weights) for layer in self.layers))]
 
     def retire(self, member: int, prompts: list) -> None:
         """Member `member` never draws these problems again: a curriculum filter's decision (no_positive_resample)."""

@@ -105,11 +105,12 @@ class StackedLoRA(nn.Module):
         return y + (self.scale * d).view_as(y).to(y.dtype)
 
     @torch.no_grad()
-    def mix(self, weights: list[float]) -> float:
-        """reference_p <- w_p * policy_p + (1 - w_p) * reference_p on the weight updates B A; the worst rank-cut error."""
+    def mix(self, weights: list[float]) -> list[float]:
+        """reference_p <- w_p * policy_p + (1 - w_p) * reference_p on the weight updates B A; each member's rank-cut
+        error (0 where it copied or kept its reference: both exact)."""
         if self.ref_A is None:  # the reference so far is the adapter switched off: a zero update
             self.ref_A, self.ref_B = self.A.clone(), torch.zeros_like(self.B)   # no_grad: no graph to cut
-        worst = 0.0
+        cut = [0.0] * len(weights)
         for i, w in enumerate(weights):
             if w == 1.0:  # a copy: exact, whatever the ranks
                 self.ref_A[i].copy_(self.A[i])
@@ -118,8 +119,8 @@ class StackedLoRA(nn.Module):
                 a, b, residual = mix_low_rank(self.A[i], self.B[i], self.ref_A[i], self.ref_B[i], w)
                 self.ref_A[i].copy_(a)
                 self.ref_B[i].copy_(b)
-                worst = max(worst, residual)
-        return worst
+                cut[i] = residual
+        return cut
 
     def keep(self, idx: list[int]) -> None:
         # indexing by a list copies, and a Parameter is a leaf of its own: nothing links back to the old stack
