@@ -703,13 +703,15 @@ def test_held_out_reward_format_and_outcomes_add_up_per_member():
 def test_remaxs_greedy_baseline_scores_each_members_own_prompts():
     """greedy_rewards (ReMax's baseline) of a population of two: member i's row is what the same task gives for
     seed i alone, on the same rollout's prompts (the slices of a flat batch, per member)."""
-    raws = [{"task": {"name": "arithmetic_scratchpad", "prompts_per_step": 5, "pass_k": 0,
-                      "sampling": {"max_new_tokens": 24}}, "group_size": 2, "seed": s} for s in (0, 1)]
+    raws = [{"task": {"name": "arithmetic_scratchpad", "prompts_per_step": 8, "pass_k": 0,
+                      "sampling": {"max_new_tokens": 40}}, "group_size": 2, "seed": s} for s in (0, 1)]
     cfgs = [resolve_run(r) for r in raws]
     both = get("task", "arithmetic")(cfgs[0].task, cfgs)
     ro = both.rollout(0, 0, 2)
     together = both.greedy_rewards(ro)
-    assert together.shape == (2, 5) and not torch.equal(together[0], together[1])
+    # each row scores some answer (an empty slice would fail the member and score it 0 without a test noticing)
+    assert together.shape == (2, 8) and not torch.equal(together[0], together[1]) and not both.failed
+    assert (together != 0).any(-1).all()
     for i in (0, 1):
         alone = get("task", "arithmetic")(cfgs[i].task, [cfgs[i]])
         mine = alone.rollout(0, 0, 2)
@@ -725,6 +727,10 @@ def test_a_members_memory_estimate_is_the_documented_one_and_cpu_runs_train_alon
     cfg = resolve_run({"task": SMALL, "group_size": 3})
     tokens = 4 * 3 * (24 + 5)
     assert Arithmetic.member_bytes(cfg) == 4 * 24 * tokens * 32 * 1 + (64 << 20)
+    deep = resolve_run({"task": {**SMALL, "model": {**SMALL["model"], "layers": 3}}, "group_size": 3})
+    assert Arithmetic.member_bytes(deep) == 4 * 24 * tokens * 32 * 3 + (64 << 20)
+    deep.task.model.source = "Qwen/Qwen2.5-0.5B-Instruct"   # a hub model, unknown until loaded: 4096 wide, 32 deep
+    assert Arithmetic.member_bytes(deep) == 4 * 24 * tokens * 4096 * 32 + (64 << 20)
     cfg.device = "cpu"   # as the runner's plan resolves `auto` before it sizes populations
     assert Arithmetic.population_cap(cfg) == 1
     cfg.device = "cuda"
@@ -856,3 +862,210 @@ def test_a_failed_warm_start_leaves_no_entry_and_no_scratch(tmp_path, monkeypatc
     (left / "half-written").write_text("")
     assert warmstart.checkpoint(cfg, torch.device("cpu")) == left and len(calls) == 2
     assert (left / "done.json").is_file() and not (left / "half-written").exists()
+
+
+# ---------------------------------------------- what mutation testing of tasks/arithmetic.py found unheld
+
+def test_lora_dropout_of_one_is_refused():
+    """p = 1 would zero every adapter's input and divide by 1 - p = 0."""
+    from grpo_bench.config.presets import merge
+    with pytest.raises(Exception, match=r"lora\.dropout: must be in \[0, 1\), got 1.0"):
+        resolve_run({"task": merge(SMALL, {"lora": {"dropout": 1.0}})})
+    resolve_run({"task": merge(SMALL, {"lora": {"dropout": 0.99}})})
+
+
+def test_the_evaluations_chunks_and_streams_are_the_ones_the_committed_results_were_scored_with(monkeypatch):
+    """Greedy generation in chunks of 256 problems per member, pass@k in chunks of 64 that each draw from the member's
+    stream ("eval", n-th evaluation, first problem): the sizes and keys decide which samples a run's pass@k counts
+    and (on the pinned CPU path) how its GEMMs round, so another chunking would change every committed LM result.
+    The base model's accuracy (every adapter off) is read in chunks of 256 too."""
+    from grpo_bench.tasks.lm import stacked
+    task, _ = make({"eval_size": 300, "pass_k": 1})
+    perturb_adapter(task)   # moved: the base's accuracy is a pass of its own
+    calls, keys = [], []
+    generate, streams = task._generate, task._streams
+    monkeypatch.setattr(task, "_generate", lambda ids, attn, gens, *a, **k: calls.append(
+        (len(ids), gens is not None, task.layers[0].mode == stacked.OFF)) or generate(ids, attn, gens, *a, **k))
+    monkeypatch.setattr(task, "_streams", lambda *key: keys.append(key) or streams(*key))
+    task.evaluate()
+    task.evaluate()
+    greedy, sampled, base = ([n for n, g, off in calls if (g, off) == kind] for kind in
+                             ((False, False), (True, False), (False, True)))
+    assert greedy == [256, 44] * 2 and sampled == [64, 64, 64, 64, 44] * 2 and base == [256, 44]
+    assert keys == [("eval", e, s) for e in (1, 2) for s in (0, 64, 128, 192, 256)]
+
+
+def test_every_stream_a_run_draws_from_is_keyed_by_what_it_is_for(monkeypatch):
+    """The keys of the streams behind a rollout, the reference's samples (A*-PO), the held-out pass@k and the
+    LoRA dropout masks: each counter starts at 1 and counts its own calls, so a run's numbers do not depend on how
+    often another kind of draw happened (and the committed runs drew from these)."""
+    from grpo_bench.numerics import rng
+    task, _ = make({"pass_k": 1}, seeds=(4, 9))
+    keys = []
+    stream = rng.stream
+    monkeypatch.setattr(rng, "stream", lambda seed, *key: keys.append((seed, *key)) or stream(seed, *key))
+    ro = task.rollout(3, 1, 2)
+    task.reference_rewards(ro, 2)
+    task.reference_rewards(ro, 2)
+    task.evaluate()
+    task.logprobs(ro)
+    task.logprobs(ro)
+    with torch.no_grad():
+        task.logprobs(ro)   # no gradient pass, no dropout masks drawn
+    n = len(task.layers)
+    assert keys == ([(s, "sample", 3, 1) for s in (4, 9)]
+                    + [(s, "reference_samples", d) for d in (1, 2) for s in (4, 9)]
+                    + [(s, "eval", 1, 0) for s in (4, 9)]
+                    + [(s, "dropout", p, i) for p in (1, 2) for i in range(n) for s in (4, 9)])
+
+
+def test_the_reference_samples_of_each_member_are_the_ones_it_draws_alone():
+    """reference_rewards (A*-PO's V* estimate) of a population of two: member i's (B, n) rewards are what seed i
+    alone gives, on the same prompts (each member's slice of the flat batch of B n samples)."""
+    raws = [{"task": {"name": "arithmetic_scratchpad", "prompts_per_step": 4, "pass_k": 0,
+                      "sampling": {"max_new_tokens": 40}}, "group_size": 2, "seed": s} for s in (0, 1)]
+    cfgs = [resolve_run(r) for r in raws]
+    both = get("task", "arithmetic")(cfgs[0].task, cfgs)
+    ro = both.rollout(0, 0, 2)
+    together = both.reference_rewards(ro, 3)
+    assert together.shape == (2, 4, 3) and not both.failed
+    assert (together != 0).any(-1).any(-1).all() and not torch.equal(together[0], together[1])
+    for i in (0, 1):
+        alone = get("task", "arithmetic")(cfgs[i].task, [cfgs[i]])
+        assert torch.equal(alone.reference_rewards(alone.rollout(0, 0, 2), 3)[0], together[i])
+
+
+def test_a_members_length_of_correct_answers_is_missing_when_it_has_none():
+    """response/length_correct is NaN (a run logs nothing) for a member with no right answer, not a mean of 0 tokens;
+    the untrained scratch model answers nothing right."""
+    import math
+    task, _ = make(seeds=(0, 1))
+    ro = task.rollout(0, 0, 3)
+    assert ro.metrics["reward/correct"].tolist() == [0.0, 0.0]
+    assert all(math.isnan(v) for v in ro.metrics["response/length_correct"].tolist())
+    assert all(v > 0 for v in ro.metrics["response/length_incorrect"].tolist())
+
+
+def test_sampling_is_in_eval_mode_whatever_mode_the_policy_was_left_in():
+    """Rollouts sample without LoRA dropout even when the policy is in train mode (a gradient pass's): the sampler's
+    log-probs are old log-probs, which are taken in eval mode."""
+    task, _ = make({"lora": {"dropout": 0.5}})
+    perturb_adapter(task, scale=1.0)
+    task.policy.eval()
+    quiet = task.rollout(0, 0, 3)
+    task.policy.train()
+    for layer in task.layers:   # masks a train-mode pass would draw
+        layer.dropout_gens = [torch.Generator().manual_seed(1)]
+    assert torch.equal(task.rollout(0, 0, 3).responses, quiet.responses)
+
+
+def test_only_a_warm_start_of_one_or_more_steps_builds_a_checkpoint(monkeypatch):
+    from grpo_bench.tasks.lm import warmstart
+    calls = []
+    checkpoint = warmstart.checkpoint
+    monkeypatch.setattr(warmstart, "checkpoint", lambda cfg, device: calls.append(cfg.warmstart.steps) or
+                        checkpoint(cfg, device))
+    make()
+    make({"warmstart": {"steps": 1, "batch": 2}})
+    assert calls == [1]
+
+
+def test_retiring_problems_leaves_the_rest_and_refuses_to_retire_the_last():
+    """A member whose curriculum retired every problem but one draws only that one; retiring it too is refused
+    (nothing left to draw). Two operands in [0, 1] make 4 problems, one held out with its twin."""
+    from grpo_bench.tasks.lm.problems import Problem
+    task, _ = make({"ops": {"add": [0, 1]}, "eval_size": 1, "pass_k": 0, "prompts_per_step": 8}, seeds=(0, 1))
+    space = [Problem(a, "add", b) for a in (0, 1) for b in (0, 1)]
+    left = [q for q in space if q not in task._exclude[0]]
+    assert len(left) >= 2
+    task.retire(0, left[1:])
+    ro = task.rollout(0, 0, 2)
+    assert ro.prompts[0] == [left[0]] * 8 and len(set(ro.prompts[1])) > 1
+    with pytest.raises(RuntimeError, match="every training problem is retired"):
+        task.retire(0, left[:1])
+    task.retire(1, left[1:])   # member 1's retired problems are its own: they stay with it when member 0 goes
+    task.keep([1])
+    assert task.rollout(0, 0, 2).prompts[0] == [left[0]] * 8
+
+
+def test_a_members_failed_first_evaluation_does_not_become_the_base_models_accuracy(monkeypatch):
+    """The base model's greedy answers are taken from member 0's first evaluation when its adapters are untouched;
+    if member 0's verifier raised there, its stand-in zeros are not the base's: the base is scored on its own, and
+    member 1's accuracy gain is over the base's real accuracy (here 6 of 12 problems right)."""
+    task, _ = make(seeds=(0, 1))
+    right = [str(p.answer) for p in task.heldout]
+    wrong = [str(p.answer + 1) for p in task.heldout]
+    greedy = right[:6] + wrong[6:]
+    monkeypatch.setattr(task, "_generate", lambda ids, attn, gens, n=1: torch.zeros(len(ids) * n, 1))
+    monkeypatch.setattr(task, "_decode", lambda tokens: ((greedy * (len(tokens) // 12)) if len(tokens) % 12 == 0
+                                                         else right[:len(tokens)], torch.ones(len(tokens), 3),
+                                                         torch.ones(len(tokens), dtype=torch.bool)))
+    correct, raised = task._correct, []
+
+    def flaky(batch, texts, n=1):
+        if not raised:
+            raised.append(1)
+            raise RuntimeError("the verifier broke")
+        return correct(batch, texts, n)
+
+    monkeypatch.setattr(task, "_correct", flaky)
+    out = task.evaluate()
+    assert 0 in task.failed and raised
+    assert out[1]["eval/accuracy"] == 0.5 and out[1]["eval/accuracy_gain"] == 0.0
+
+
+def test_the_base_answers_are_reused_only_while_member_0s_adapters_add_nothing():
+    """_unmoved: every module of member 0 has A or B all zero and is in policy mode. One nonzero entry of one module's
+    B, or the adapters switched off or to the reference, and the base needs a pass of its own."""
+    from grpo_bench.tasks.lm import stacked
+    task, _ = make({"model": {"layers": 2}}, seeds=(0, 1))
+    assert task._unmoved()
+    with torch.no_grad():
+        task.layers[1].B[1].fill_(1.0)   # member 1 moved: member 0 is what counts
+    assert task._unmoved()
+    with torch.no_grad():
+        task.layers[-1].B[0][0, 0] = 0.5
+    assert not task._unmoved()
+    with torch.no_grad():
+        task.layers[-1].B[0].zero_()
+        task.layers[-1].A[0].zero_()
+        task.layers[-1].A[0][0, 0] = 1.0   # A nonzero in one entry, B zero: still no update
+    assert task._unmoved()
+    for mode in (stacked.OFF, stacked.REFERENCE):
+        with stacked.adapters(task.layers, mode):
+            assert not task._unmoved()
+
+
+def test_gradient_checkpointing_is_non_reentrant_by_whichever_name_transformers_has(monkeypatch):
+    """transformers 5.24 renamed gradient_checkpointing_enable to activation_checkpointing_enable (the old name warns);
+    the task calls the new one where it exists and the old one on older releases, non-reentrant either way (the
+    form torch recommends: the reentrant one needs the inputs to require gradients to reach the adapters)."""
+    from transformers import PreTrainedModel
+    calls = []
+    monkeypatch.setattr(PreTrainedModel, "activation_checkpointing_enable",
+                        lambda self, kwargs=None, **k: calls.append(("new", kwargs)))
+    monkeypatch.setattr(PreTrainedModel, "gradient_checkpointing_enable",
+                        lambda self, gradient_checkpointing_kwargs=None, **k: calls.append(
+                            ("old", gradient_checkpointing_kwargs)))
+    make({"model": {"gradient_checkpointing": True}})
+    monkeypatch.setattr(PreTrainedModel, "activation_checkpointing_enable", None)   # as before 5.24
+    make({"model": {"gradient_checkpointing": True}})
+    make()
+    assert calls == [("new", {"use_reentrant": False}), ("old", {"use_reentrant": False})]
+
+
+def test_only_a_fused_backend_on_a_head_it_does_not_know_warns(monkeypatch):
+    """A model whose logits are not known to be lm_head(last hidden state) takes the materialised logits, with a
+    warning pointing at the code that built the task; backend torch takes them anyway and says nothing."""
+    import inspect
+    import warnings
+    from grpo_bench.tasks.lm import models
+    monkeypatch.setattr(models, "plain_head", lambda model: False)
+    cfg = resolve_run({"task": SMALL, "group_size": 3})
+    with pytest.warns(UserWarning, match="materialised") as seen:
+        line = inspect.currentframe().f_lineno + 1
+        get("task", "arithmetic")(cfg.task, [cfg])
+    assert [(w.filename, w.lineno) for w in seen if "materialised" in str(w.message)] == [(__file__, line)]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*materialised")
+        make(backend="torch")
