@@ -493,9 +493,11 @@ def test_on_policy_step_is_exact_with_lora_dropout(monkeypatch):
     assert first[0] > 1.0  # K = 2 keeps the eval-mode pass: dropout alone moves the first ratio
 
 
-def test_tempered_logprobs_are_the_samplers_fp32_ones():
-    # a bf16 model: the sampler divides fp32 logits by the temperature, and so must the log-probs
-    task, _ = make({"sampling": {"temperature": 0.7}})
+@pytest.mark.parametrize("backend, tau", [("auto", 0.7), ("torch", 2.0)])
+def test_tempered_logprobs_are_the_samplers_fp32_ones(backend, tau):
+    # a bf16 model: the sampler divides fp32 logits by the temperature, and so must the log-probs, through the fused
+    # head and through the materialised logits
+    task, _ = make({"sampling": {"temperature": tau}}, backend=backend)
     ro = task.rollout(0, 0, 3)
     task.policy.to(torch.bfloat16)
     with torch.no_grad():
@@ -505,7 +507,7 @@ def test_tempered_logprobs_are_the_samplers_fp32_ones():
         ids = torch.cat([ro.extra["prompt_ids"][0].repeat_interleave(g, 0), ro.responses.view(-1, t)], 1)
         attn = torch.cat([ro.extra["prompt_mask"][0].repeat_interleave(g, 0), ro.mask.view(-1, t).long()], 1)
         logits = task.policy(input_ids=ids, attention_mask=attn, position_ids=models.positions(attn)).logits
-        want = torch.log_softmax(logits[:, -t - 1:-1].float() / 0.7, -1)
+        want = torch.log_softmax(logits[:, -t - 1:-1].float() / tau, -1)
         want = want.gather(-1, ro.responses.view(-1, t, 1)).view(p, b, g, t)
     on = ro.mask > 0
     torch.testing.assert_close(logp[on], want[on], rtol=0, atol=1e-6)
@@ -1069,3 +1071,67 @@ def test_only_a_fused_backend_on_a_head_it_does_not_know_warns(monkeypatch):
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*materialised")
         make(backend="torch")
+
+
+# ---------------------------------------------- what mutation testing of tasks/lm/passes.py found unheld
+
+def test_the_fused_head_runs_member_by_member_on_a_cpu(monkeypatch):
+    """On a CPU the head's GEMM runs once per member on its own rows (the pinned MKL path rounds a GEMM by its row
+    count, so one call over every member's rows would not give each run its numbers alone); a population of one is
+    one call."""
+    for seeds in ((0, 1, 2), (5,)):
+        task, _ = make(seeds=seeds)
+        ro = task.rollout(0, 0, 3)
+        ids, attn, responses, mask = task._flat(ro)
+        calls = []
+        out = task._through_head(ids, attn, responses, mask, lambda h, w, bias, labels: calls.append(labels) or h,
+                                 None, 3)
+        if len(seeds) == 1:
+            assert len(calls) == 1 and torch.equal(calls[0], responses) and out.shape[0] == len(responses)
+        else:
+            rows = len(responses) // 3
+            assert [len(c) for c in calls] == [rows] * 3 and len(out) == 3
+            assert all(torch.equal(c, responses[i * rows:(i + 1) * rows]) for i, c in enumerate(calls))
+
+
+def test_a_shared_prompt_is_run_once_for_groups_of_two_or_more(monkeypatch):
+    """model.shared_prefix takes the prompt-once path for a group of 2 or more (rows of one prompt in runs of
+    `group`); a group of one, or the option off, is one pass over prompt and response."""
+    task, _ = make({"model": {"shared_prefix": True}})
+    ro = task.rollout(0, 0, 2)
+    flat = task._flat(ro)
+    seen = []
+    once = task._prompt_once
+    monkeypatch.setattr(task, "_prompt_once", lambda *a: seen.append(a[-1]) or once(*a))
+    for group in (1, 2):
+        task._through_head(*flat, lambda h, w, bias, labels: h, None, group)
+    assert seen == [2]
+
+
+def test_sum_pi_squared_is_the_eval_mode_one_pass_number_on_a_shared_prompt_too():
+    """sum_v pi^2 with model.shared_prefix (each prompt once for its group, the rollout's G) is the one-pass number to
+    fp32 rounding, and a policy left in train mode with LoRA dropout gives the eval-mode numbers (no dropout)."""
+    numbers = []
+    for shared in (False, True):
+        task, _ = make({"model": {"shared_prefix": shared}, "sampling": {"max_new_tokens": 4}})
+        perturb_adapter(task, scale=1.0)
+        ro = task.rollout(0, 0, 3)
+        numbers.append(task.sum_pi_squared(ro))
+    torch.testing.assert_close(numbers[1], numbers[0], rtol=1e-5, atol=1e-6)
+    task, _ = make({"lora": {"dropout": 0.5}})
+    perturb_adapter(task, scale=1.0)
+    ro = task.rollout(0, 0, 3)
+    quiet = task.sum_pi_squared(ro)
+    task.policy.train()
+    for layer in task.layers:
+        layer.dropout_gens = [torch.Generator().manual_seed(1)]
+    assert torch.equal(task.sum_pi_squared(ro), quiet)
+
+
+def test_a_gradient_pass_leaves_the_policy_in_eval_mode():
+    """logprobs with a gradient trains (LoRA dropout) and hands the policy back in eval mode, as a sampler or a
+    caller's generate expects it."""
+    task, _ = make({"lora": {"dropout": 0.5}})
+    ro = task.rollout(0, 0, 3)
+    task.logprobs(ro)
+    assert not task.policy.training

@@ -213,7 +213,8 @@ def test_sum_pi_squared_fused_equals_materialised_and_the_softmax(case, wide):
     # the tempered softmax of the model's own logits, in fp64
     tau = ref.cfg.sampling.temperature
     with torch.no_grad():
-        p = ref._through_head(*ref._flat(ro), None, lambda logits: torch.softmax(logits.double() / tau, -1))
+        p = ref._through_head(*ref._flat(ro), None, lambda logits: torch.softmax(logits.double() / tau, -1),
+                              ro.responses.shape[2])
     brute = p.square().sum(-1).view(ro.responses.shape)
     torch.testing.assert_close(got[on].double(), brute[on], rtol=1e-5, atol=1e-7)
     # a statistic of the whole distribution, not of the sampled token alone

@@ -39,7 +39,7 @@ class Passes:
         return torch.cat([getattr(first, key)[:, -1:].repeat_interleave(group, 0), getattr(rest, key)[:, :-1]], 1)
 
     def _through_head(self, ids: Tensor, attn: Tensor, responses: Tensor, mask: Tensor, on_head, on_logits,
-                      group: int = 1):
+                      group: int):
         """The model's last hidden states of responses (N, T) after prompts (N, P), handed to
         on_head(hidden, weight, bias, labels) -- once, or per member with an adapter on the head,
         a list then -- on the fused path; else its (N, T, V) logits to on_logits(logits). Rows come in
@@ -61,7 +61,7 @@ class Passes:
             # TRL's cast_lm_head_to_fp32: the head's GEMM in fp32 (an exact upcast; only its rounding changes)
             up = (lambda x: None if x is None else x.float()) if self.cfg.model.cast_lm_head_to_fp32 else (lambda x: x)
             if ab is None:  # one head for every member: one call over all rows
-                p = self.layers[0].A.shape[0] if self.layers else 1
+                p = self.layers[0].A.shape[0]
                 if not rng.device_paths(hidden.device) and p > 1 and hidden.shape[0] % p == 0:
                     # member by member on a CPU, as stacked.py's base products: the pinned MKL path rounds a GEMM
                     # by its row count, so one call over every member's rows would not be each run's alone
@@ -79,8 +79,7 @@ class Passes:
             return on_logits(self._prompt_once(ids, attn, responses, mask, group))
         return on_logits(self.policy(**inputs, logits_to_keep=t + 1).logits[:, :t])   # (N, T, V)
 
-    def _forward(self, ids: Tensor, attn: Tensor, responses: Tensor, mask: Tensor, with_entropy: bool,
-                 group: int = 1):
+    def _forward(self, ids: Tensor, attn: Tensor, responses: Tensor, mask: Tensor, with_entropy: bool, group: int):
         """fp32 log p and entropy (N, T) of responses (N, T) after prompts (N, P), under the sampler's
         tempered distribution softmax(fp32(logits) / T)."""
         from ...numerics.logprobs import linear_logprobs, token_logprobs
