@@ -259,6 +259,8 @@ MODULES["grpo_bench/tasks/arithmetic.py"] = [
 # the LM's passes over a rollout: log-probs and entropy through the fused head (one head, member by member on a
 # CPU, an adapter on the head) or the materialised logits, the shared prompt, sum pi^2, dropout streams
 MODULES["grpo_bench/tasks/lm/passes.py"] = MODULES["grpo_bench/tasks/lm/stacked.py"]
+# the committed figures' palette: its blends of the fixed colours, the adaptive fallback and its threshold, the bytes
+MODULES["grpo_bench/analysis/png.py"] = ["tests/test_png.py"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

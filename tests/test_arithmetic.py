@@ -705,7 +705,9 @@ def test_held_out_reward_format_and_outcomes_add_up_per_member():
 def test_remaxs_greedy_baseline_scores_each_members_own_prompts():
     """greedy_rewards (ReMax's baseline) of a population of two: member i's row is what the same task gives for
     seed i alone, on the same rollout's prompts (the slices of a flat batch, per member)."""
+    # rewards that read each answer's length and whether it finished, as well as its text
     raws = [{"task": {"name": "arithmetic_scratchpad", "prompts_per_step": 8, "pass_k": 0,
+                      "rewards": {"correct": 1.0, "length": 0.1, "scratchpad_format": 0.2},
                       "sampling": {"max_new_tokens": 40}}, "group_size": 2, "seed": s} for s in (0, 1)]
     cfgs = [resolve_run(r) for r in raws]
     both = get("task", "arithmetic")(cfgs[0].task, cfgs)
@@ -924,7 +926,9 @@ def test_every_stream_a_run_draws_from_is_keyed_by_what_it_is_for(monkeypatch):
 def test_the_reference_samples_of_each_member_are_the_ones_it_draws_alone():
     """reference_rewards (A*-PO's V* estimate) of a population of two: member i's (B, n) rewards are what seed i
     alone gives, on the same prompts (each member's slice of the flat batch of B n samples)."""
+    # rewards that read each sample's length and whether it finished, as well as its text
     raws = [{"task": {"name": "arithmetic_scratchpad", "prompts_per_step": 4, "pass_k": 0,
+                      "rewards": {"correct": 1.0, "length": 0.1, "scratchpad_format": 0.2},
                       "sampling": {"max_new_tokens": 40}}, "group_size": 2, "seed": s} for s in (0, 1)]
     cfgs = [resolve_run(r) for r in raws]
     both = get("task", "arithmetic")(cfgs[0].task, cfgs)
@@ -1033,6 +1037,13 @@ def test_the_base_answers_are_reused_only_while_member_0s_adapters_add_nothing()
         task.layers[-1].A[0].zero_()
         task.layers[-1].A[0][0, 0] = 1.0   # A nonzero in one entry, B zero: still no update
     assert task._unmoved()
+    with torch.no_grad():
+        task.layers[-1].A[0].fill_(1.0)
+        task.layers[-1].A[0][0, 0] = 0.0    # one zero entry in A, B nonzero: an update
+        task.layers[-1].B[0].fill_(1.0)
+    assert not task._unmoved()
+    with torch.no_grad():
+        task.layers[-1].B[0].zero_()
     for mode in (stacked.OFF, stacked.REFERENCE):
         with stacked.adapters(task.layers, mode):
             assert not task._unmoved()

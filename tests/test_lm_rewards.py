@@ -83,6 +83,12 @@ def test_combine_weights_and_plugins():
     short = {"bad": (lambda prompts, completions, **kw: [1.0], 1.0)}
     with pytest.raises(ValueError, match="returned 1 scores for 2"):
         rewards.combine(short, ["a", "b"], ["1", "2"])
+    # a column a reward would zip with the completions and silently cut (scratchpad_format reads `finished` so)
+    fmt = rewards.check({"scratchpad_format": 1.0}, "arithmetic")
+    for finished in ([True], [True, True, True]):
+        with pytest.raises(ValueError, match=rf"reward 'scratchpad_format': finished has {len(finished)} values for 2"):
+            rewards.combine(fmt, ["1+1="] * 2, ["2", "2"], finished=finished, max_new_tokens=8)
+    assert rewards.combine(fmt, ["1+1="] * 2, ["2", "2"], finished=[True, False], max_new_tokens=8)[0] == [1.0, 0.0]
 
 
 def test_user_reward_module_beside_the_presets():

@@ -165,6 +165,9 @@ def call(spec: str, fn: RewardFn, prompts: list, completions: list, *, limit: fl
     """fn's scores of the completions as floats (None, TRL's "does not apply", is 0); ValueError when it
     returns another number of them, NonFiniteReward for inf or NaN, RewardTimeout past timeout_s(limit).
     group: completions per prompt (prompts repeat, one per completion), to name the prompt's index."""
+    for key, column in kwargs.items():   # TRL's contract: a per-completion column has a value per completion
+        if isinstance(column, list) and len(column) != len(completions):
+            raise ValueError(f"reward {spec!r}: {key} has {len(column)} values for {len(completions)} completions")
     seconds = timeout_s(limit)
     read_p, read_c = _Read(prompts), _Read(completions)
     try:
