@@ -261,6 +261,12 @@ MODULES["grpo_bench/tasks/arithmetic.py"] = [
 MODULES["grpo_bench/tasks/lm/passes.py"] = MODULES["grpo_bench/tasks/lm/stacked.py"]
 # the committed figures' palette: its blends of the fixed colours, the adaptive fallback and its threshold, the bytes
 MODULES["grpo_bench/analysis/png.py"] = ["tests/test_png.py"]
+# loading an LM and its tokenizer (the tiny start, a local directory, a packaged GGUF), LoRA's targets and factors,
+# the soft reference's rank cut, positions from left padding, the end-of-sequence ids, batch-invariant attention
+MODULES["grpo_bench/tasks/lm/models.py"] = [
+    "tests/test_arithmetic.py", "tests/test_population.py", "tests/test_pretrained.py", "tests/test_problems.py",
+    "tests/test_arithmetic_fused.py", "tests/test_trl.py", "tests/test_gym.py", "-k",
+    "not real_weights and not recorded_ones and not shipped_warm_up"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [
