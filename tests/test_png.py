@@ -130,7 +130,7 @@ def _image(tmp_path, colour, count, size=100):
 
 def _at_distance(table, lo, hi):
     """A colour whose nearest palette entry is between lo (excluded) and hi away, and that distance."""
-    c = np.random.RandomState(0).randint(0, 256, (40000, 3)).astype(np.uint8)
+    c = np.random.RandomState(0).randint(0, 256, (10000, 3)).astype(np.uint8)
     _, gap = png._nearest(c, table)
     i = np.flatnonzero((gap > lo) & (gap <= hi))[0]
     return c[i], gap[i]
