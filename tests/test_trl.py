@@ -339,6 +339,14 @@ def test_lora_reference_refresh_reaches_trl_reference_pass(tok, tiny_dir, tmp_pa
         torch.testing.assert_close(b_r @ a_r, 0.5 * (b_p @ a_p), rtol=1e-4, atol=1e-6)
     ours._mix_reference(1.0)
     torch.testing.assert_close(logp("ref"), policy, rtol=1e-5, atol=1e-5)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():   # both factors move: the mix of two updates has rank up to 2r, and the adapter keeps r
+        for a, b in lora_factors(model, "default"):
+            a.add_(0.5 * torch.randn(a.shape, generator=g))
+            b.add_(0.3 * torch.randn(b.shape, generator=g))
+    ours._mix_reference(0.5)
+    cuts = ours._metrics["train"]["ref/mix_residual"]
+    assert cuts[:2] == [0.0, 0.0] and 1e-3 < cuts[2] < 1 and len(cuts) == 3
 
 
 def test_full_model_reference_refresh(tok, tiny_dir, tmp_path):

@@ -464,14 +464,18 @@ class GRPOBenchTrainer(GRPOTrainer):
         from ..tasks.lm.models import lora_factors, mix_low_rank
 
         pairs = zip(lora_factors(model, model.active_adapter), lora_factors(model, REF_ADAPTER), strict=True)
+        worst = 0.0
         for (a_p, b_p), (a_r, b_r) in pairs:
             if w == 1.0:  # a copy: exact, whatever the ranks
                 a_r.copy_(a_p)
                 b_r.copy_(b_p)
             else:
-                a, b, _ = mix_low_rank(a_p, b_p, a_r, b_r, w)
+                a, b, cut = mix_low_rank(a_p, b_p, a_r, b_r, w)
                 a_r.copy_(a)
                 b_r.copy_(b)
+                worst = max(worst, cut)
+        # as the suite's own trainer logs it: how much the adapter's rank cut off the mix, its worst module's
+        self._metrics["train"]["ref/mix_residual"].append(worst)
 
     # ------------------------------------------------------------------ helpers
 
