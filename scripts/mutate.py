@@ -265,7 +265,10 @@ MODULES["grpo_bench/analysis/png.py"] = ["tests/test_png.py"]
 # the soft reference's rank cut, positions from left padding, the end-of-sequence ids, batch-invariant attention
 MODULES["grpo_bench/tasks/lm/models.py"] = [
     "tests/test_arithmetic.py", "tests/test_population.py", "tests/test_pretrained.py", "tests/test_problems.py",
-    "tests/test_arithmetic_fused.py", "tests/test_trl.py", "tests/test_gym.py", "-k",
+    "tests/test_arithmetic_fused.py", "tests/test_trl.py", "tests/test_gym.py",
+    "tests/test_reliability.py::test_a_bad_local_model_is_refused_when_the_config_loads",
+    "tests/test_reliability.py::test_a_good_local_model_and_hub_ids_pass_the_check",
+    "tests/test_reliability.py::test_a_bad_local_model_is_refused_for_the_gym_task_too", "-k",
     "not real_weights and not recorded_ones and not shipped_warm_up"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
