@@ -1147,3 +1147,63 @@ def test_a_gradient_pass_leaves_the_policy_in_eval_mode():
     ro = task.rollout(0, 0, 3)
     task.logprobs(ro)
     assert not task.policy.training
+
+
+# ---------------------------------------------- what mutation testing of tasks/lm/models.py found unheld
+
+def test_device_auto_is_the_gpu_where_there_is_one_and_cuda_without_one_is_refused():
+    from grpo_bench.tasks.lm import models
+    with mock.patch("torch.cuda.is_available", return_value=False):
+        assert models.resolve_device("auto") == models.resolve_device("cpu") == torch.device("cpu")
+        with pytest.raises(RuntimeError, match="device: cuda requested but torch.cuda.is_available"):
+            models.resolve_device("cuda")
+    with mock.patch("torch.cuda.is_available", return_value=True):
+        assert models.resolve_device("auto") == models.resolve_device("cuda") == torch.device("cuda")
+
+
+def test_the_qwen2_shaped_model_is_the_one_its_docstring_describes():
+    """Untied head, grouped KV heads (n_head / 2, at least 1), an MLP of 2 x width, the tokenizer's vocabulary
+    unless one is given, 128 positions; weights from its own seed, the caller's random state untouched."""
+    from grpo_bench.tasks.lm import models
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
+    tok = models.prepare_tokenizer(build_char_tokenizer())
+    torch.manual_seed(0)
+    m = models.build_qwen2(tok, n_layer=1, width=32, n_head=4, seed=3)
+    assert torch.rand(1).item() == torch.rand(1, generator=torch.Generator().manual_seed(0)).item()
+    c = m.config
+    assert (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads,
+            c.max_position_embeddings, c.tie_word_embeddings) == (len(tok), 32, 64, 4, 2, 128, False)
+    assert m.lm_head.weight.data_ptr() != m.get_input_embeddings().weight.data_ptr()
+    assert models.build_qwen2(tok, 1, 32, 2, seed=3).config.num_key_value_heads == 1
+    assert models.build_qwen2(tok, 1, 32, 4, seed=3, vocab=1000).config.vocab_size == 1000
+    same, other = (models.build_qwen2(tok, 1, 32, 4, seed=s) for s in (3, 4))
+    assert torch.equal(same.lm_head.weight, m.lm_head.weight) and not torch.equal(other.lm_head.weight, m.lm_head.weight)
+
+
+def test_a_tokenizer_is_prepared_to_pad_on_the_left_with_a_pad_token():
+    from transformers import PreTrainedTokenizerFast
+    from grpo_bench.tasks.lm import models
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
+    tok = build_char_tokenizer()
+    tok.padding_side = "right"
+    pad = tok.pad_token
+    assert models.prepare_tokenizer(tok) is tok and tok.padding_side == "left" and tok.pad_token == pad
+    bare = PreTrainedTokenizerFast(tokenizer_object=tok.backend_tokenizer, eos_token=tok.eos_token)
+    assert bare.pad_token is None
+    assert models.prepare_tokenizer(bare).pad_token == tok.eos_token
+
+
+def test_loading_quiets_transformers_progress_bars_and_restores_them():
+    from transformers.utils import logging as hf_logging
+    from grpo_bench.tasks.lm import models
+    hf_logging.enable_progress_bar()
+    with models.quiet_progress():
+        assert not hf_logging.is_progress_bar_enabled()
+    assert hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with models.quiet_progress():
+            pass
+        assert not hf_logging.is_progress_bar_enabled()   # off before: left off
+    finally:
+        hf_logging.enable_progress_bar()
