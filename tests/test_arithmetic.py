@@ -1207,3 +1207,23 @@ def test_loading_quiets_transformers_progress_bars_and_restores_them():
         assert not hf_logging.is_progress_bar_enabled()   # off before: left off
     finally:
         hf_logging.enable_progress_bar()
+
+
+def test_every_id_that_ends_a_completion_is_an_eos():
+    """The tokenizer's EOS and the generation config's (an int, a list, or none), once each, sorted."""
+    from types import SimpleNamespace as NS
+    from grpo_bench.tasks.lm import models
+
+    def ids(config_eos, tokenizer_eos):
+        return models.eos_ids(NS(generation_config=NS(eos_token_id=config_eos)), NS(eos_token_id=tokenizer_eos))
+
+    assert ids(7, 2) == [2, 7] and ids([9, 7], 2) == [2, 7, 9] and ids(7, 7) == [7]
+    assert ids(None, 2) == [2] and ids(7, None) == [7] and ids(None, None) == []
+
+
+def test_a_local_model_loads_in_the_devices_dtype_unless_one_is_asked_for(tmp_path):
+    from grpo_bench.tasks.lm import models
+    save_other_gpt2(tmp_path / "m")
+    with mock.patch.object(models, "dtype_for", return_value=torch.bfloat16):   # as on a GPU
+        assert models.load(str(tmp_path / "m"), torch.device("cpu"))[0].dtype == torch.bfloat16
+        assert models.load(str(tmp_path / "m"), torch.device("cpu"), torch.float32)[0].dtype == torch.float32
