@@ -1227,3 +1227,41 @@ def test_a_local_model_loads_in_the_devices_dtype_unless_one_is_asked_for(tmp_pa
     with mock.patch.object(models, "dtype_for", return_value=torch.bfloat16):   # as on a GPU
         assert models.load(str(tmp_path / "m"), torch.device("cpu"))[0].dtype == torch.bfloat16
         assert models.load(str(tmp_path / "m"), torch.device("cpu"), torch.float32)[0].dtype == torch.float32
+
+
+def test_attach_lora_switches_the_base_dropout_off_keeps_its_own_and_warns_of_nothing():
+    """A GPT-2 with its own dropout (0.1): after attach_lora every base dropout is 0 and the adapter's is the one
+    asked for; GPT-2's Conv1D stores weights transposed (fan_in_fan_out), a Llama's Linear does not; peft's call of
+    an API transformers 5 deprecates does not reach the user as a FutureWarning."""
+    import warnings
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from grpo_bench.tasks.lm import models
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=20, n_positions=16,
+                                      resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        peft = models.attach_lora(gpt2, rank=2, alpha=4, dropout=0.2, targets=None)
+    assert not [w for w in seen if issubclass(w.category, FutureWarning)]
+    rates = {name: m.p for name, m in peft.named_modules() if isinstance(m, torch.nn.Dropout)}
+    assert rates and all((p == 0.2) == ("lora_dropout" in name) for name, p in rates.items())
+    assert peft.peft_config["default"].fan_in_fan_out
+    llama = LlamaForCausalLM(LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, vocab_size=20))
+    assert not models.attach_lora(llama, 2, 4, 0.0, None).peft_config["default"].fan_in_fan_out
+
+
+def test_eager_attention_only_where_grouped_kv_heads_meet_a_cpu():
+    """SDPA's CPU backward sums a KV head's gradient in a batch-dependent order: eager attention on a CPU for a model
+    with fewer KV heads than query heads; SDPA kept on a GPU, for full multi-head attention, or with no KV count."""
+    from types import SimpleNamespace as NS
+    from grpo_bench.tasks.lm import models
+    chosen = []
+
+    def model(heads, kv):
+        return NS(config=NS(num_attention_heads=heads, num_key_value_heads=kv),
+                  set_attn_implementation=lambda name: chosen.append((heads, kv, name)))
+
+    for device in ("cpu", "cuda"):
+        for heads, kv in ((4, 2), (4, 4), (4, None)):
+            models.batch_invariant_attention(model(heads, kv), torch.device(device))
+    assert chosen == [(4, 2, "eager")]
