@@ -1265,3 +1265,29 @@ def test_eager_attention_only_where_grouped_kv_heads_meet_a_cpu():
         for heads, kv in ((4, 2), (4, 4), (4, None)):
             models.batch_invariant_attention(model(heads, kv), torch.device(device))
     assert chosen == [(4, 2, "eager")]
+
+
+def test_lora_factors_of_linear_and_embedding_modules():
+    """Each adapted module's (A, B) for one adapter, whether peft named them lora_A/lora_B (a linear layer) or
+    lora_embedding_A/B (an embedding): the update B A has the layer's own shape (an embedding's transposed)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from grpo_bench.tasks.lm import models
+    model = get_peft_model(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=20, n_positions=16)),
+                           LoraConfig(r=2, lora_alpha=4, target_modules=["c_attn", "wte"], fan_in_fan_out=True))
+    shapes = sorted(tuple((b @ a).shape) for a, b in models.lora_factors(model, "default"))
+    assert shapes == [(16, 20), (48, 16)]
+    assert models.lora_factors(model, "ref") == []
+
+
+def test_a_local_model_without_a_pad_id_gets_its_tokenizers(tmp_path):
+    """GPT-2's generation config has no pad id: a model loaded from a directory gets the tokenizer's (its EOS), so
+    transformers' own generate, which a user may call on it, pads without a warning."""
+    import json
+    from grpo_bench.tasks.lm import models
+    save_other_gpt2(tmp_path / "m")
+    config = tmp_path / "m" / "generation_config.json"
+    saved = json.loads(config.read_text())
+    config.write_text(json.dumps({k: v for k, v in saved.items() if k != "pad_token_id"}))
+    model, tok = models.load(str(tmp_path / "m"), torch.device("cpu"))
+    assert tok.pad_token_id is not None and model.generation_config.pad_token_id == tok.pad_token_id

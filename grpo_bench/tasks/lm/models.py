@@ -347,12 +347,6 @@ def attach_lora(model: nn.Module, rank: int, alpha: int, dropout: float, targets
         return get_peft_model(model, config, adapter_name="default")
 
 
-def encode(tokenizer, texts: list[str], chat: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded (input_ids, attention_mask) of prompts; a chat template already holds its BOS."""
-    enc = tokenizer(texts, padding=True, add_special_tokens=not chat, return_tensors="pt")
-    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
-
-
 def positions(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids that start at 0 on the first real token, as generate() computes them for left padding."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
