@@ -660,3 +660,21 @@ def test_dynamic_sampling_per_member_in_a_population():
     assert ro.rewards.tolist() == [[[1.0, 0.0], [0.0, 1.0]], [[0.0, 1.0], [4.0, 5.0]]]
     alone, m_alone, _ = _scripted_sample([b], 4)
     assert alone.rewards[0].tolist() == ro.rewards[1].tolist() and m_alone["filter/draws"] == [3.0]
+
+
+def test_a_loss_that_is_not_finite_at_the_first_inner_step_stops_the_run_there(monkeypatch):
+    """The first non-finite loss is noticed whichever inner step it comes at, the very first (k = 0) included: a
+    member whose loss is NaN from the start fails at epoch 0, inner step 0, and nothing after it is logged."""
+    from grpo_bench.engine.trainer import NonFiniteLoss
+    loss = resolve_run(RICH).loss
+    raw = registry.entry("loss", loss["name"] if isinstance(loss, dict) else loss)
+
+    def nan(logp, *a, **k):   # finite on the registry's probe (no gradient), NaN in every training step
+        loss, regions = raw.obj(logp, *a, **k)
+        return (loss * float("nan") if logp.requires_grad else loss), regions
+
+    _install_spy(monkeypatch, raw, nan, [])
+    rows = []
+    with pytest.raises(NonFiniteLoss, match="non-finite loss nan at epoch 0, inner step 0"):
+        train(resolve_run({**RICH, "epochs": 3, "inner_steps": 2, "log_every": 1}), rows=rows)
+    assert {s for s, _, _ in rows} <= {0}
