@@ -45,9 +45,13 @@ def _axes(ax) -> list[str]:
     if not ax.get_autoscaley_on():
         out.append("ylim " + _numbers(ax.get_ylim()))
     for axis in (ax.xaxis, ax.yaxis):
-        fmt = axis.get_major_formatter()
+        fmt, locs = axis.get_major_formatter(), axis.get_ticklocs()
         if isinstance(fmt, ticker.FixedFormatter):  # names set as ticks (variants down an axis)
-            out.append("ticks " + "|".join(map(str, fmt.seq)) + " at " + _numbers(axis.get_ticklocs()))
+            out.append("ticks " + "|".join(map(str, fmt.seq)) + " at " + _numbers(locs))
+        elif isinstance(fmt, ticker.FuncFormatter) and isinstance(axis.get_major_locator(), ticker.FixedLocator):
+            # how matplotlib >= 3.5 keeps names given with their positions (set_yticks(locs, names)): the
+            # digest missed every forest plot's variant names until 2026-12 for want of this branch
+            out.append("ticks " + "|".join(str(fmt(x, i)) for i, x in enumerate(locs)) + " at " + _numbers(locs))
     for a in [*ax.lines, *ax.collections, *ax.patches]:
         out += _artist(a)
     out += [t.get_text() for t in ax.texts]
