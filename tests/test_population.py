@@ -62,6 +62,9 @@ SORT_CASES = {
     "kl_reward_adaptive_refresh": [{"kl_coef": 0.05, "kl_placement": "reward", "kl_ctrl": "adaptive",
                                     "ref_update": {"name": "soft", "every": 2, "alpha": 0.5 + 0.1 * i}}
                                    for i in range(3)],
+    # a member whose mix weight is 0 keeps its reference while the others mix theirs
+    "soft_reference_with_alpha_0": [{"kl_coef": 0.05, "ref_update": {"name": "soft", "every": 1, "alpha": a}}
+                                    for a in (0.0, 0.5, 1.0)],
     # per-member parts: dynamic sampling's redraws, the entropy quantile, clip_cov's random draws
     "per_member_parts": [{"filters": [{"name": "dynamic_sampling", "max_draws": 3},
                                       {"name": "top_entropy", "rho": 0.5}], "loss": "clip_cov"}] * 3,
@@ -946,3 +949,137 @@ def test_lm_device_streams_keep_common_random_numbers(monkeypatch):
     streams = rng.DeviceStreams(torch.tensor([4, 4]), "sample", 0, 0)
     first, second = streams.rand(3), streams.rand(3)
     assert torch.equal(first[0], first[1]) and not torch.equal(first, second)  # a seed's own, drawn in order
+
+
+def _graph_calls(monkeypatch, **over) -> tuple[int, int]:
+    """(StepGraph calls, task.logprobs calls) of one sort run with cuda_graphs on, a StepGraph allowed on the CPU."""
+    from grpo_bench.engine.graphs import StepGraph
+    from grpo_bench.tasks.sort import SortTask
+    monkeypatch.setattr(StepGraph, "devices", ("cuda", "cpu"))
+    calls, logprobs = [], []
+    monkeypatch.setattr(StepGraph, "__call__", lambda self, inputs, call=StepGraph.__call__: calls.append(1)
+                        or call(self, inputs))
+    monkeypatch.setattr(SortTask, "logprobs", lambda self, *a, f=SortTask.logprobs, **k: logprobs.append(1)
+                        or f(self, *a, **k))
+    train(resolve_run({**SORT, "eval_every": 0, "cuda_graphs": True, **over}), [])
+    return len(calls), len(logprobs)
+
+
+def test_a_step_is_graphed_only_where_it_is_static(monkeypatch):
+    """cuda_graphs captures the inner step when there are at least two of them (one step reuses its log-probs as
+    the old ones) and the task says its step can be captured; a graphed step computes its log-probs once, inside
+    the graph, as an eager step does."""
+    graphed, logprobs = _graph_calls(monkeypatch, inner_steps=2)
+    assert graphed == SORT["epochs"] * 2
+    monkeypatch.undo()
+    assert _graph_calls(monkeypatch, inner_steps=2, cuda_graphs=False) == (0, logprobs)
+    monkeypatch.undo()
+    assert _graph_calls(monkeypatch, inner_steps=1)[0] == 0
+    monkeypatch.undo()
+    from grpo_bench.tasks.sort import SortTask
+    monkeypatch.delattr(SortTask, "graphable")   # a task that does not say so is never captured
+    assert _graph_calls(monkeypatch, inner_steps=2)[0] == 0
+
+
+DIVERGES = {**SORT, "optimizer": "sgd", "eval_every": 0, "epochs": 2}   # lr 1e30: its loss is NaN from step 1
+
+
+def _diverged(inner_steps: int, log_every: int, lrs=(0.05, 1e30), on_epoch=None, **over):
+    cfgs = [resolve_run({**DIVERGES, "seed": s, "lr": lr, "inner_steps": inner_steps, "log_every": log_every,
+                         **over}) for s, lr in enumerate(lrs)]
+    rows = [[] for _ in cfgs]
+    return train_population(cfgs, rows, on_epoch=on_epoch), rows
+
+
+@pytest.mark.parametrize("inner_steps", [2, 4])
+def test_a_failure_is_found_at_its_step_whenever_it_is_checked(inner_steps):
+    """Between host syncs a member's failure waits on the device: checked only at the end of the epoch (nothing
+    is logged before), it names the same epoch, inner step and value as when every step is checked, and the
+    member logs nothing from that step on."""
+    every, deferred = _diverged(inner_steps, 1), _diverged(inner_steps, 2 * inner_steps)
+    assert str(every[0][1]) == str(deferred[0][1]) == "non-finite loss nan at epoch 0, inner step 1"
+    assert {s for s, _, _ in every[1][1]} == {0} and deferred[1][1] == []
+    assert every[0][0] == deferred[0][0] and "final/reward" in every[0][0]
+
+
+def test_a_population_whose_every_member_fails_mid_epoch_ends_there(monkeypatch):
+    """Nothing runs after the last member fails: no more inner steps, no evaluation, no progress tick."""
+    from grpo_bench.tasks.sort import SortTask
+    evaluations, ticks = [], []
+    monkeypatch.setattr(SortTask, "evaluate", lambda self, f=SortTask.evaluate: evaluations.append(1) or f(self))
+    results, rows = _diverged(4, 1, lrs=(1e30, 1e30), on_epoch=ticks.append, eval_every=1)
+    assert [str(r) for r in results] == ["non-finite loss nan at epoch 0, inner step 1"] * 2
+    assert [{s for s, _, _ in r} for r in rows] == [{0}, {0}]
+    assert len(evaluations) == 1 and ticks == []   # the evaluation before training only
+
+
+def test_a_population_whose_every_member_fails_in_an_evaluation_ends_there(monkeypatch):
+    """Every member's mid-run evaluation raises: each run ends with its error, and no epoch runs after it."""
+    from grpo_bench.tasks.sort import SortTask
+    evaluations = []
+
+    def evaluate(self, f=SortTask.evaluate):
+        evaluations.append(1)
+        out = f(self)
+        if len(evaluations) == 2:   # the first mid-run one
+            self.failed.update({i: RuntimeError(f"member {i} cannot be scored") for i in range(len(out))})
+        return out
+
+    monkeypatch.setattr(SortTask, "evaluate", evaluate)
+    cfgs = [resolve_run({**SORT, "seed": s}) for s in (0, 1)]
+    rows = [[] for _ in cfgs]
+    results = train_population(cfgs, rows)
+    assert [str(r) for r in results] == ["member 0 cannot be scored", "member 1 cannot be scored"]
+    assert len(evaluations) == 2 and max(s for r in rows for s, _, _ in r) == SORT["eval_every"] * 3 - 1
+
+
+def test_a_member_whose_greedy_rewards_raise_fails_alone(monkeypatch):
+    """ReMax's greedy baseline is scored after the rollout, member by member: a member whose greedy reward raised
+    fails, and the others train on as they do alone."""
+    from grpo_bench.tasks.sort import SortTask
+
+    def greedy_rewards(self, ro, f=SortTask.greedy_rewards):
+        out = f(self, ro)
+        if len(self.seeds) == 2:
+            self.failed[1] = RuntimeError("the greedy answer cannot be scored")
+        return out
+
+    monkeypatch.setattr(SortTask, "greedy_rewards", greedy_rewards)
+    raws = [{**SORT, "delta": "remax", "eval_every": 0, "seed": s} for s in (0, 1)]
+    cfgs = [resolve_run(copy.deepcopy(r)) for r in raws]
+    rows = [[] for _ in cfgs]
+    results = train_population(cfgs, rows)
+    assert str(results[1]) == "the greedy answer cannot be scored" and rows[1] == []
+    alone = []
+    assert results[0] == train(resolve_run(copy.deepcopy(raws[0])), alone)
+    assert _untimed(rows[0]) == _untimed(alone)
+
+
+def test_a_run_does_not_depend_on_what_drew_from_torchs_generator_before(monkeypatch):
+    """A task that draws from torch's global generator as it builds (a user's, initialising a layer) draws the
+    same numbers whatever the process drew before: the trainer seeds it from the run's seed."""
+    from grpo_bench.engine import trainer
+    build = trainer.build_task
+
+    def drawing(cfgs):
+        task = build(cfgs)
+        with torch.no_grad():
+            for p in task.policy.parameters():
+                p.add_(torch.randn_like(p))
+        return task
+
+    monkeypatch.setattr(trainer, "build_task", drawing)
+    runs = []
+    for before in (1, 2):
+        torch.manual_seed(before)
+        rows = []
+        runs.append((train(resolve_run({**SORT, "eval_every": 0}), rows), _untimed(rows)))
+    assert runs[0] == runs[1]
+
+
+def test_population_map_takes_none_anywhere_and_picks_the_device_from_the_tensors():
+    from grpo_bench.engine.trainer import Population
+    pop = Population([resolve_run({**SORT, "seed": s}) for s in (0, 1)])
+    out = pop.map(lambda missing, x, numbers: x * 2 if missing is None else x, None, torch.ones(2, 3),
+                  per_member=False)
+    assert torch.equal(out, torch.full((2, 3), 2.0)) and pop._on_device == (None, None)  # CPU: nothing copied

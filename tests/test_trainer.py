@@ -662,19 +662,77 @@ def test_dynamic_sampling_per_member_in_a_population():
     assert alone.rewards[0].tolist() == ro.rewards[1].tolist() and m_alone["filter/draws"] == [3.0]
 
 
-def test_a_loss_that_is_not_finite_at_the_first_inner_step_stops_the_run_there(monkeypatch):
+@pytest.mark.parametrize("log_every", [1, 6])
+def test_a_loss_that_is_not_finite_at_the_first_inner_step_stops_the_run_there(monkeypatch, log_every):
     """The first non-finite loss is noticed whichever inner step it comes at, the very first (k = 0) included: a
-    member whose loss is NaN from the start fails at epoch 0, inner step 0, and nothing after it is logged."""
+    member whose loss is NaN from the start fails at epoch 0, inner step 0, and nothing after it is logged. Checked
+    only at the end of the epoch (log_every 6), the failure still names its first step, not a later NaN's."""
     from grpo_bench.engine.trainer import NonFiniteLoss
     loss = resolve_run(RICH).loss
     raw = registry.entry("loss", loss["name"] if isinstance(loss, dict) else loss)
 
-    def nan(logp, *a, **k):   # finite on the registry's probe (no gradient), NaN in every training step
-        loss, regions = raw.obj(logp, *a, **k)
-        return (loss * float("nan") if logp.requires_grad else loss), regions
+    armed = []
 
-    _install_spy(monkeypatch, raw, nan, [])
+    def nan(logp, *a, **k):   # finite on the registry's probe, NaN in every training step
+        loss, regions = raw.obj(logp, *a, **k)
+        return (loss * float("nan") if armed else loss), regions
+
+    if log_every == 1:
+        _install_spy(monkeypatch, raw, nan, [])
+    else:   # vmapped, as the shipped parts are: the trainer then reads failures at its host syncs only
+        monkeypatch.setitem(registry._REGISTRY["loss"], raw.name, dataclasses.replace(raw, obj=nan))
+        registry.entry("loss", raw.name)
+    armed.append(True)
     rows = []
     with pytest.raises(NonFiniteLoss, match="non-finite loss nan at epoch 0, inner step 0"):
-        train(resolve_run({**RICH, "epochs": 3, "inner_steps": 2, "log_every": 1}), rows=rows)
+        train(resolve_run({**RICH, "epochs": 3, "inner_steps": 2, "log_every": log_every}), rows=rows)
     assert {s for s, _, _ in rows} <= {0}
+
+
+def test_one_inner_step_takes_its_own_log_probs_as_the_old_ones(monkeypatch):
+    """At inner_steps 1 the step's log-probs double as the old ones: detached, so the ratio is 1 with the policy
+    gradient's slope (not a constant with none), and with their entropies for a delta that reads them."""
+    _, rows = _rows({**RICH, "epochs": 2, "inner_steps": 1, "log_every": 1, "optimizer": "sgd"})
+    norms = [v for _, m, v in rows if m == "grad/norm"]
+    assert len(norms) == 2 and min(norms) > 1e-3
+    # GTPO's deltas weigh tokens by the old policy's entropy: the first step is the same step at 1 inner step as at
+    # 2, whose old log-probs and entropies come from a pass without a graph
+    first = [{m: v for s, m, v in _rows({**RICH, "epochs": 1, "inner_steps": k, "log_every": 1,
+                                         "delta": {"name": "gtpo", "threshold": 5.0}})[1] if s == 0}
+             for k in (1, 2)]
+    for m in ("loss/total", "grad/norm"):
+        assert first[0][m] == pytest.approx(first[1][m], rel=1e-6), m
+
+
+def test_the_nll_terms_responses_are_those_with_a_positive_reward(monkeypatch):
+    """VAPO's positive-example NLL: the trainer hands the loss the responses whose reward is above 0 (on the coin a
+    response scores 0 or 1)."""
+    from grpo_bench.engine import recipe as recipe_mod, trainer
+    rewards, positives = [], []
+    sample, loss = trainer.sample, recipe_mod.Recipe.loss
+
+    def sampled(*a, **k):
+        out = sample(*a, **k)
+        rewards.append(out[0].rewards[0])
+        return out
+
+    def loss_of(self, *a, **k):
+        positives.append(k["positive"])
+        return loss(self, *a, **k)
+
+    monkeypatch.setattr(trainer, "sample", sampled)
+    monkeypatch.setattr(recipe_mod.Recipe, "loss", loss_of)
+    raw = registry.entry("loss", "clipped")
+    _install_spy(monkeypatch, raw, raw.obj, [])   # member by member: the spy sees real tensors
+    _rows({"nll_coef": 0.1, "loss": "clipped"})
+    assert len(positives) == len(rewards) == COIN["epochs"]
+    for r, pos in zip(rewards, positives):
+        assert torch.equal(pos, r > 0)
+    assert 0 < sum(int(p.sum()) for p in positives) < sum(p.numel() for p in positives)
+
+
+def test_the_fused_triton_loss_runs_member_by_member_where_it_is_used():
+    from types import SimpleNamespace as NS
+    from grpo_bench.engine.trainer import _triton
+    assert [_triton(NS(backend=b, device=d)) for b, d in
+            [("triton", "cpu"), ("auto", "cpu"), ("auto", "cuda"), ("torch", "cuda")]] == [True, False, True, False]
