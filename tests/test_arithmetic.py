@@ -1229,6 +1229,75 @@ def test_a_local_model_loads_in_the_devices_dtype_unless_one_is_asked_for(tmp_pa
         assert models.load(str(tmp_path / "m"), torch.device("cpu"), torch.float32)[0].dtype == torch.float32
 
 
+def _warm_up_adapter(tmp_path):
+    """A LoRA adapter directory over a local base, as build-start ships one, and the base merged with it in fp32."""
+    import warnings
+    from peft import LoraConfig, get_peft_model
+    from grpo_bench.tasks.lm import models
+    save_other_gpt2(tmp_path / "base")
+    base, _ = models.load(str(tmp_path / "base"), torch.device("cpu"), torch.float32)
+    with warnings.catch_warnings():   # peft calls an API transformers 5 deprecates
+        warnings.simplefilter("ignore", FutureWarning)
+        peft = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules=["c_attn"], fan_in_fan_out=True))
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    peft.save_pretrained(tmp_path / "adapter")
+    config = tmp_path / "adapter" / models.ADAPTER
+    config.write_text(json.dumps({**json.loads(config.read_text()), "base_model_name_or_path": str(tmp_path / "base")}))
+    return tmp_path / "adapter", peft.merge_and_unload().state_dict()
+
+
+def test_a_warm_up_adapter_loads_merged_into_its_base_in_the_dtype_asked_for(tmp_path):
+    """A shipped adapter (build-start's warm-up of a pretrained base) loads as its base with W + (alpha / r) B A
+    merged in fp32 and cast once, in the dtype asked for or the device's; without a FutureWarning of peft's."""
+    import warnings
+    from grpo_bench.tasks.lm import models
+    adapter, merged = _warm_up_adapter(tmp_path)
+    models.check_local_source(str(adapter))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        model, tok = models.load(str(adapter), torch.device("cpu"), torch.bfloat16)
+    state = model.state_dict()
+    assert set(state) == set(merged) and all(torch.equal(state[k], v.to(torch.bfloat16)) for k, v in merged.items())
+    assert tok.get_vocab() == models.load(str(tmp_path / "base"), torch.device("cpu"))[1].get_vocab()
+    with mock.patch.object(models, "dtype_for", return_value=torch.bfloat16):   # as on a GPU
+        assert models.load(str(adapter), torch.device("cpu"))[0].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda d: (d / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": ""})),
+     "adapter_config.json names no base_model_name_or_path"),
+    (lambda d: (d / "adapter_model.safetensors").unlink(), "adapter_config.json without adapter_model.safetensors"),
+    (lambda d: (d / "adapter_model.safetensors").write_bytes((d / "adapter_model.safetensors").read_bytes()[:-1]),
+     "adapter_model.safetensors is cut short")], ids=["no base", "no weights", "cut short"])
+def test_a_damaged_warm_up_adapter_is_refused_by_name(tmp_path, damage, words):
+    from grpo_bench.tasks.lm import models
+    adapter, _ = _warm_up_adapter(tmp_path)
+    damage(adapter)
+    with pytest.raises(ValueError, match=f"model.source: {re.escape(str(adapter))}: {words}"):
+        models.check_local_source(str(adapter))
+
+
+def test_a_packaged_gguf_loads_in_the_dtype_asked_for_with_the_tokenizers_pad_id(monkeypatch):
+    """The GGUF path: its generation config gets the tokenizer's pad id where it has none (transformers warns at
+    every generate() otherwise), and the model comes in the dtype asked for, else the device's."""
+    from grpo_bench.tasks.lm import models, pretrained
+    from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
+    tok = models.prepare_tokenizer(build_char_tokenizer("0123456789 "))
+    model = models.build_tiny(tok, n_layer=1, n_embd=8, n_head=2, seed=0)
+    model.generation_config.pad_token_id = None
+    monkeypatch.setattr(pretrained, "load", lambda which: (model, tok) if which == "test_pad" else None)
+    try:
+        got, _ = models.load("gguf:test_pad", torch.device("cpu"), torch.bfloat16)
+        assert got.dtype == torch.bfloat16 and got.generation_config.pad_token_id == tok.pad_token_id is not None
+        with mock.patch.object(models, "dtype_for", return_value=torch.float16):
+            assert models.load("gguf:test_pad", torch.device("cpu"))[0].dtype == torch.float16
+    finally:
+        models._load_gguf.cache_clear()
+
+
 def test_attach_lora_switches_the_base_dropout_off_keeps_its_own_and_warns_of_nothing():
     """A GPT-2 with its own dropout (0.1): after attach_lora every base dropout is 0 and the adapter's is the one
     asked for; GPT-2's Conv1D stores weights transposed (fan_in_fan_out), a Llama's Linear does not; peft's call of

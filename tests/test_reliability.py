@@ -374,9 +374,25 @@ BAD_SOURCES = {
     "Git LFS pointer": (lambda t: _checkpoint(t, lambda d: (d / "model.safetensors").write_bytes(
         b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 1655899\n")),
                         ["model.safetensors is a Git LFS pointer", "git lfs pull"]),
+    "config.json without model_type": (lambda t: _checkpoint(t, lambda d: (d / "config.json").write_text(
+        '{"vocab_size": 16}')), ["config.json has no model_type"]),
+    "safetensors without its last byte": (lambda t: _checkpoint(t, lambda d: (d / "model.safetensors").write_bytes(
+        (d / "model.safetensors").read_bytes()[:-1])), ["model.safetensors is cut short"]),
+    ".bin that is another zip": (lambda t: _checkpoint(t, lambda d: _as_bin(d, body=_zip({"weights.txt": b"1"}))),
+                                 ["pytorch_model.bin is a zip without data.pkl"]),
     "missing shard": (lambda t: _checkpoint(t, lambda d: _sharded(d, keep=1)),
                       ["model.safetensors.index.json names shards that are not there", "model-00002-of-00002"]),
 }
+
+
+def _zip(files: dict[str, bytes]) -> bytes:
+    import io
+    import zipfile
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    return out.getvalue()
 
 
 def _as_bin(d, cut=None, body=None):
@@ -439,6 +455,28 @@ def test_a_good_local_model_and_hub_ids_pass_the_check(tmp_path):
         check_local_source(hub)
     with pytest.raises(ValueError, match="neither a local directory nor a hub id"):
         check_local_source("a b")
+    with pytest.raises(ValueError, match="no/such/dir: no such directory"):   # two slashes: a path, not a hub id
+        check_local_source("no/such/dir")
+
+
+def test_safetensors_are_checked_to_the_byte(tmp_path):
+    """check_weights reads a safetensors header where the file holds all of it, however little follows: a file of
+    no tensors is whole; a header that claims more bytes than the file has is damaged, even where the bytes there
+    happen to read as JSON."""
+    import struct
+    from safetensors.torch import save_file
+    from grpo_bench.tasks.lm.models import check_weights
+    save_file({}, tmp_path / "empty.safetensors")
+    check_weights([tmp_path / "empty.safetensors"], "w")
+    (tmp_path / "short.safetensors").write_bytes(struct.pack("<Q", 100) + b"{}" + b" " * 18)
+    with pytest.raises(ValueError, match="short.safetensors is damaged"):
+        check_weights([tmp_path / "short.safetensors"], "w")
+    save_file({"x": __import__("torch").zeros(4)}, tmp_path / "one.safetensors")
+    data = (tmp_path / "one.safetensors").read_bytes()
+    (tmp_path / "one.safetensors").write_bytes(data[:-1])
+    with pytest.raises(ValueError, match=rf"one.safetensors is cut short \({len(data) - 1} bytes, its header lays "
+                                         rf"out {len(data)}\)"):
+        check_weights([tmp_path / "one.safetensors"], "w")
 
 
 def test_out_as_a_dangling_symlink_is_one_line(tmp_path, capsys):
