@@ -84,6 +84,10 @@ def test_names_down_an_axis_count_however_they_were_set():
                              ax.yaxis.set_major_formatter(matplotlib.ticker.FixedFormatter(["x", "y"])))) \
         == ["ticks x|y at 0,1"]
     assert names(lambda ax: ax.set_yscale("log")) == []
+    # a function of the value on ticks the axis picks (plotting.py's log axes), numbers at fixed places
+    assert names(lambda ax: ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))) \
+        == []
+    assert names(lambda ax: ax.set_yticks([0, 5])) == []
 
 
 def test_numbers_count_to_six_significant_digits():

@@ -5,7 +5,7 @@
 
 Writes, next to nothing but the JSON it read (or into --out):
     benchmarks.csv  one row per (case, provider): times, rows/s, GB/s, peak memory, device
-    benchmarks.md   per-case tables with speed-ups over the naive/torch baseline and the share of
+    benchmarks.md   the command that rebuilds it, per-case tables with speed-ups over the naive/torch baseline and the share of
                     the memory bound (the `bound` row: one read of the logits) each provider reaches,
                     the device they came from and the issue's CPU goals checked against the numbers
     benchmarks.png  speed-up over the baseline (naive log-prob, torch loss, materialised GRPO step), one
@@ -24,7 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-from . import png  # noqa: E402
+from . import figdata, png  # noqa: E402
 from .plotting import PALETTE  # noqa: E402
 
 BASELINE = {"logprob": "naive", "grpo_loss": "torch", "lm_step": "materialised"}
@@ -154,7 +154,8 @@ def markdown(df: pd.DataFrame) -> str:
     return "\n".join(out) + "\n"
 
 
-def plot(df: pd.DataFrame, path: Path) -> None:
+def draw(df: pd.DataFrame):
+    """The speed-up figure (a seaborn FacetGrid): one panel per case, the memory bound dashed."""
     sns.set_theme(style="whitegrid", font_scale=0.8)
     # a case without its baseline (a materialised step that did not fit) has no speed-up to draw
     bars = df[(df.provider != "bound") & df.speedup.notna()]
@@ -171,6 +172,10 @@ def plot(df: pd.DataFrame, path: Path) -> None:
             ax.legend(loc="lower right", fontsize="x-small")
     policy = df.omp_wait_policy.iloc[0]
     grid.figure.suptitle(df.device.iloc[0] + (f", OMP_WAIT_POLICY={policy}" if policy else ""), y=1.02)
+    return grid
+
+
+def save(grid, path: Path) -> None:
     grid.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
     plt.close(grid.figure)
     png.shrink(path, [PALETTE[0], PALETTE[1]])
@@ -185,9 +190,13 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     df = load(args.json)
     df.to_csv(out / "benchmarks.csv", index=False, float_format="%.6g")
-    md = markdown(df)
+    grid = draw(df)
+    # the sources and the figure's digest in the text: tests/test_bench_report.py rebuilds each committed table
+    # from its JSON and holds the figure to what it draws, without comparing PNG bytes
+    md = (f"Rebuild with `python -m grpo_bench.analysis.bench_report {' '.join(map(str, args.json))}`.\n\n"
+          + markdown(df) + "\n" + figdata.note("benchmarks.png", grid.figure) + "\n")
     (out / "benchmarks.md").write_text(md)
-    plot(df, out / "benchmarks.png")
+    save(grid, out / "benchmarks.png")
     print(md)
 
 
