@@ -156,21 +156,26 @@ def test_step_goals_per_case_in_the_tables_order(tmp_path):
         "- GRPO step large: materialised path not measured (skipped: not enough memory for it here)"]
 
 
+XEON = "Xeon, 2 cores, 2 torch threads"   # after NVIDIA in sorted order: the headers keep the table's
+
+
 def test_the_markdown_of_two_runs_by_hand(tmp_path):
-    a = [row("logprob", "fwd", "bound", 4096, 50_257, "float32", 50.0, CPU, gb=16.0),
-         row("logprob", "fwd", "naive", 4096, 50_257, "float32", 250.0, CPU, peak=800),
-         row("logprob", "fwd", "chunked", 4096, 50_257, "float32", 100.0, CPU, gb=8.0, peak=16)]
+    a = [row("logprob", "fwd", "bound", 4096, 50_257, "float32", 50.0, XEON, gb=16.0),
+         row("logprob", "fwd", "naive", 4096, 50_257, "float32", 250.0, XEON, peak=800),
+         row("logprob", "fwd", "chunked", 4096, 50_257, "float32", 100.0, XEON, gb=8.0, peak=16)]
     a[0]["extra_info"]["load_avg"], a[1]["extra_info"]["load_avg"] = 3.14, 1.0
     for r in a:
         r["extra_info"]["omp_wait_policy"] = "PASSIVE"
     b = [row("grpo_loss", "fwd+bwd", "torch", 1, 1, "float32", 4.0, GPU),
          row("grpo_loss", "fwd+bwd", "triton", 1, 1, "float32", 1.0, GPU)]
+    for r in b:   # a run from before the benchmarks recorded the policy
+        del r["extra_info"]["omp_wait_policy"]
     df = bench_report.load([_write(tmp_path, a, "a.json"), _write(tmp_path, b, "b.json", "2026-11-23T01:02:03.45")])
     assert bench_report.markdown(df) == f"""\
-Device: {CPU}; torch 2.x; run 2026-11-22T00:00:00 (logprob); load average 0.0-3.1; OMP_WAIT_POLICY=PASSIVE  
+Device: {XEON}; torch 2.x; run 2026-11-22T00:00:00 (logprob); load average 0.0-3.1; OMP_WAIT_POLICY=PASSIVE  
 Device: {GPU}; torch 2.x; run 2026-11-23T01:02:03 (grpo_loss); load average 0.0-0.0  
 
-**logprob fwd N=4096 V=50257 float32 AMD **
+**logprob fwd N=4096 V=50257 float32 Xeon**
 
 | provider | median ms | min ms | rows/s | GB/s | peak extra MB | x naive | of bound |
 |---|---:|---:|---:|---:|---:|---:|---:|
@@ -200,7 +205,8 @@ Goals (GPU):
 
 def test_the_figure_draws_each_cases_speed_ups_with_its_bound(tmp_path):
     """A panel per case that has its baseline (a case without one has no speed-up to draw), bars of the speed-ups
-    without the bound's, a solid line at 1 and the bound dashed where measured, the device in the title."""
+    without the bound's, a solid line at 1 and the bound dashed where measured, the devices in the title."""
+    import matplotlib
     import matplotlib.pyplot as plt
     rows = [row("logprob", "fwd", "bound", 8, 5, "float32", 1.0, CPU),
             row("logprob", "fwd", "naive", 8, 5, "float32", 4.0, CPU),
@@ -210,6 +216,7 @@ def test_the_figure_draws_each_cases_speed_ups_with_its_bound(tmp_path):
             row("grpo_loss", "fwd", "triton", 1, 1, "float32", 1.0, CPU)]   # its baseline (torch) not measured
     for r in rows:
         r["extra_info"]["omp_wait_policy"] = "PASSIVE"
+    rows[-1]["extra_info"]["device"] = GPU   # a second machine, named in the title too
     grid = bench_report.draw(bench_report.load([_write(tmp_path, rows)]))
     try:
         panels = {ax.get_title(): ax for ax in grid.axes.flat if ax.get_title()}
@@ -221,10 +228,42 @@ def test_the_figure_draws_each_cases_speed_ups_with_its_bound(tmp_path):
             [((1.0, 1.0), "-"), ((4.0, 4.0), "--")]
         assert [t.get_text() for t in lp.get_legend().get_texts()] == ["memory bound"] and loss.get_legend() is None
         assert lp.get_xlabel() == "speed-up over baseline (median time)" and lp.get_ylabel() == ""
-        assert grid.figure._suptitle.get_text() == f"{CPU}, OMP_WAIT_POLICY=PASSIVE"
+        title = grid.figure._suptitle
+        assert title.get_text() == f"{CPU}, OMP_WAIT_POLICY=PASSIVE; {GPU}, OMP_WAIT_POLICY=PASSIVE"
+        assert title.get_position()[1] == pytest.approx(1.02)
         assert len([ax for ax in grid.axes.flat if ax.get_visible()]) == 2
+        # panels 2.6 in high, 1.5 times as wide, each with its own speed-up scale, seaborn's white grid, small type
+        width, height = grid.figure.get_size_inches()
+        assert height == pytest.approx(2.6) and width == pytest.approx(3 * 2.6 * 1.5, rel=0.02)   # 3 a row
+        assert {matplotlib.colors.to_hex(p.get_facecolor()) for p in [*lp.patches, *loss.patches]} == {"#0072b2"}
+        assert matplotlib.colors.to_hex(lp.lines[-1].get_color()) == "#d55e00"
+        assert lp.get_xlim() != loss.get_xlim()
+        assert lp.xaxis.label.get_fontsize() == pytest.approx(0.8 * 12) and lp.get_facecolor()[:3] == (1, 1, 1)
+        assert any(line.get_visible() for line in lp.get_xgridlines())
     finally:
         plt.close(grid.figure)
+
+
+def test_the_saved_figure_keeps_the_bars_and_bounds_colours_exact_and_closes(tmp_path):
+    import matplotlib.pyplot as plt
+    from PIL import Image
+    grid = bench_report.draw(bench_report.load([_write(tmp_path, [
+        row("logprob", "fwd", "bound", 8, 5, "float32", 1.0, CPU), row("logprob", "fwd", "naive", 8, 5, "float32",
+                                                                       4.0, CPU)])]))
+    bench_report.save(grid, tmp_path / "b.png")
+    assert not plt.fignum_exists(grid.figure.number)
+    with Image.open(tmp_path / "b.png") as im:
+        colours = {tuple(c) for _, c in im.convert("RGB").getcolors(1 << 16)}
+    assert (0x00, 0x72, 0xB2) in colours   # the bars' PALETTE[0], exact (not seaborn's desaturated blue)
+
+
+def test_help_says_what_it_does(monkeypatch, capsys):
+    import sys
+    monkeypatch.setattr(sys, "argv", ["bench_report", "--help"])
+    with pytest.raises(SystemExit):
+        bench_report.main()
+    assert "Turn pytest-benchmark JSON from tests/benchmarks into a table, a plot and the goal checks." in \
+        " ".join(capsys.readouterr().out.split())
 
 
 def test_main_writes_beside_the_first_json_by_default(tmp_path, monkeypatch, capsys):

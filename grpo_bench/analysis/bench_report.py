@@ -61,6 +61,11 @@ def load(paths: list[Path]) -> pd.DataFrame:
             .reset_index(drop=True))
 
 
+def _named(policy) -> bool:
+    """An OMP_WAIT_POLICY the benchmark recorded (a JSON from before it did has none: NaN beside the others)."""
+    return isinstance(policy, str) and policy != ""
+
+
 def _check(lines: list[str], what: str, value: float, target: float, higher: bool = True, unit: str = "x") -> None:
     ok = value >= target if higher else value <= target
     lines.append(f"- {what}: {value:.3g}{unit} (goal {'>=' if higher else '<='} {target:g}{unit}): "
@@ -132,7 +137,7 @@ def markdown(df: pd.DataFrame) -> str:
                                                             sort=False, dropna=False):
         out.append(f"Device: {device}; torch {torch_v}; run {when[:19]} ({', '.join(run.kernel.unique())}); "
                    f"load average {run.load_avg.min():.1f}-{run.load_avg.max():.1f}"
-                   + (f"; OMP_WAIT_POLICY={policy}" if policy else "") + "  ")
+                   + (f"; OMP_WAIT_POLICY={policy}" if _named(policy) else "") + "  ")
     out.append("")
     for group, g in df.groupby("group", sort=False):
         base = BASELINE[g.kernel.iloc[0]]
@@ -159,19 +164,20 @@ def draw(df: pd.DataFrame):
     sns.set_theme(style="whitegrid", font_scale=0.8)
     # a case without its baseline (a materialised step that did not fit) has no speed-up to draw
     bars = df[(df.provider != "bound") & df.speedup.notna()]
-    bars = bars[bars.group.isin(bars[bars.provider == bars.kernel.map(BASELINE)].group)]
     grid = sns.catplot(bars, kind="bar", x="speedup", y="provider", col="group", col_wrap=3, sharex=False,
-                       sharey=False, height=2.6, aspect=1.5, color="#0072B2")
+                       sharey=False, height=2.6, aspect=1.5, color=PALETTE[0],
+                       saturation=1)  # seaborn's 0.75 would give the bars a colour png.shrink's palette lacks
     grid.set_titles("{col_name}", size="small")
     grid.set_axis_labels("speed-up over baseline (median time)", "")
     bound = df[df.provider == "bound"].set_index("group").speedup
     for group, ax in grid.axes_dict.items():
         ax.axvline(1.0, color="k", lw=0.8)
         if group in bound:  # the memory bound: what one read of the logits takes
-            ax.axvline(bound[group], color="#D55E00", ls="--", lw=1.0, label="memory bound")
+            ax.axvline(bound[group], color=PALETTE[1], ls="--", lw=1.0, label="memory bound")
             ax.legend(loc="lower right", fontsize="x-small")
-    policy = df.omp_wait_policy.iloc[0]
-    grid.figure.suptitle(df.device.iloc[0] + (f", OMP_WAIT_POLICY={policy}" if policy else ""), y=1.02)
+    runs = df[["device", "omp_wait_policy"]].drop_duplicates()   # every machine the JSON came from
+    grid.figure.suptitle("; ".join(d + (f", OMP_WAIT_POLICY={p}" if _named(p) else "") for d, p in runs.values),
+                         y=1.02)
     return grid
 
 
