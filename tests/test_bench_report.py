@@ -257,6 +257,7 @@ def test_the_saved_figure_keeps_the_bars_and_bounds_colours_exact_and_closes(tmp
     assert (0x00, 0x72, 0xB2) in colours   # the bars' PALETTE[0], exact (not seaborn's desaturated blue)
 
 
+
 def test_help_says_what_it_does(monkeypatch, capsys):
     import sys
     monkeypatch.setattr(sys, "argv", ["bench_report", "--help"])
