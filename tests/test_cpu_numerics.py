@@ -234,3 +234,50 @@ def test_docs_quote_the_measured_shared_prefix():
     assert (f"a gradient pass took {s:.0f} s against {c:.0f} s with each block recomputed ({c / s:.1f}x), and "
             f"peaked at {float(shared['peak_rss_gb']):.1f} GB against {float(ckpt['peak_rss_gb']):.1f} GB") in text
 
+
+
+PIN = r"""
+import os, sys
+from grpo_bench.numerics import cpu
+pinned = cpu.pin()   # before anything computes, as `run` does
+import torch
+torch.ones(64, 64) @ torch.ones(64, 64)
+print(pinned, "|", cpu.state(), "|", os.environ.get("ATEN_CPU_CAPABILITY"), os.environ.get("ONEDNN_MAX_CPU_ISA"))
+"""
+
+
+def _pin_in_a_process(env: dict) -> list[str]:
+    clean = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+                                                              "GRPO_BENCH_CPU_NUMERICS")}
+    out = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", PIN], cwd=ROOT, env=clean | env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-1500:]
+    return [part.strip() for part in out.stdout.splitlines()[-1].split("|")]
+
+
+@needs_mkl
+def test_the_pin_overrides_what_the_environment_asked_for():
+    """Pinned first thing, a process runs MKL COMPATIBLE and ATen AVX2 whatever its environment asked for (without a
+    warning: nothing computed before); with the pin off it keeps the processor's own paths and leaves the
+    environment alone."""
+    asked = {"MKL_CBWR": "AUTO", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+    assert _pin_in_a_process(asked) == [cpu.PINNED, cpu.PINNED, "avx2 AVX2"]
+    native, state, env = _pin_in_a_process({"GRPO_BENCH_CPU_NUMERICS": "Native"})
+    assert native == state != cpu.PINNED and state.startswith("MKL ") and env == "None None"
+
+
+@needs_mkl
+def test_state_names_each_mkl_branch_as_mkl_numbers_it():
+    """cpu.BRANCHES against MKL itself: each code this processor accepts reads back under its own name (MKL's
+    numbers, from mkl_service.h; a wrong entry would misname the paths a run's metadata records)."""
+    code = ("from grpo_bench.numerics import cpu\n"
+            "get, set_ = cpu._mkl()\n"
+            "for code in sorted(cpu.BRANCHES):\n"
+            "    if set_(code) == 0:\n"   # MKL_CBWR_SUCCESS; a branch this CPU lacks is refused
+            "        print(code, get(cpu.CBWR_BRANCH), cpu.state().split(',')[0])\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-1500:]
+    seen = [line.split(" ", 2) for line in out.stdout.splitlines()]
+    assert len(seen) >= 4, out.stdout   # OFF, AUTO, COMPATIBLE and SSE2 run anywhere
+    for code, read, named in seen:
+        assert read == code and named == f"MKL {cpu.BRANCHES[int(code)]}", (code, read, named)
