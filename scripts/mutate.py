@@ -62,8 +62,10 @@ FAULTS_PYTEST = "(the_suite_collects or tests_that_use_an_extra)"
 MODULES = {
     # test_population.py: a member's failure and the population's narrowing; test_parts_v3.py: entropy control,
     # dynamic sampling's redraws (without them 57 of trainer.py's and 10 of sampling.py's mutants had no test)
+    # test_arithmetic's rank-cut test: the one trainer line that reads a task's ref/mix_residual
     "grpo_bench/engine/trainer.py": ["tests/test_trainer.py", "tests/test_population.py", "tests/test_parts_v3.py",
-                                     "tests/test_sampler.py", "tests/test_outcomes.py"],
+                                     "tests/test_sampler.py", "tests/test_outcomes.py",
+                                     "tests/test_arithmetic.py::test_a_soft_reference_logs_each_runs_rank_cut"],
     "grpo_bench/engine/sampling.py": ["tests/test_trainer.py", "tests/test_sampler.py", "tests/test_cpu_numerics.py",
                                       "tests/test_population.py", "tests/test_parts_v3.py"],
     # the composed loss's entropy, NLL and KL terms are the trainer's (test_parts_v3/v4); the logits -> loss
@@ -268,14 +270,37 @@ MODULES["grpo_bench/tasks/lm/models.py"] = [
     "tests/test_arithmetic_fused.py", "tests/test_trl.py", "tests/test_gym.py",
     "tests/test_reliability.py::test_a_bad_local_model_is_refused_when_the_config_loads",
     "tests/test_reliability.py::test_a_good_local_model_and_hub_ids_pass_the_check",
-    "tests/test_reliability.py::test_a_bad_local_model_is_refused_for_the_gym_task_too", "-k",
+    "tests/test_reliability.py::test_a_bad_local_model_is_refused_for_the_gym_task_too",
+    "tests/test_reliability.py::test_safetensors_are_checked_to_the_byte", "-k",
     "not real_weights and not recorded_ones and not shipped_warm_up"]
+# a figure's digest: what each artist, axes and the figure add, the rounding, limits only where set
+MODULES["grpo_bench/analysis/figdata.py"] = ["tests/test_figdata.py"]
+# the kernel benchmarks' table, figure and goal checks, from pytest-benchmark's JSON
+MODULES["grpo_bench/analysis/bench_report.py"] = ["tests/test_bench_report.py"]
+# the CPU pin: its decisions against a stand-in MKL here, the real one in a process per setting (UNTRACED below);
+# the toy's and the LM's bit-for-bit runs under every library setting (10 minutes a mutant) are left to CI
+_CPU_PROCESSES = ["tests/test_cpu_numerics.py::test_the_pin_overrides_what_the_environment_asked_for",
+                  "tests/test_cpu_numerics.py::test_state_names_each_mkl_branch_as_mkl_numbers_it",
+                  "tests/test_cpu_numerics.py::test_a_late_pin_warns_and_says_what_is_in_force",
+                  "tests/test_cpu_numerics.py::test_a_worker_pins_before_a_users_part_is_probed"]
+MODULES["grpo_bench/numerics/cpu.py"] = [
+    "tests/test_cpu_numerics.py", "-k", "not toy_is_the_same and not short_lm_run and not cpu_memory and not docs_quote "
+    "and not overrides_what and not names_each_mkl and not late_pin and not worker_pins"]
+# the CPU's log-prob path (row chunks through one reused buffer, the backward recomputed per chunk): its
+# values and gradients against fp64, its entropy, the fused head's use of its rows at a temperature, hypothesis'
+# shapes and masks on the chunked backend
+MODULES["grpo_bench/numerics/kernels/chunked.py"] = [
+    "tests/test_logprobs.py", "tests/test_kernels_logprob.py", "tests/test_kernels_linear.py", "tests/test_properties.py",
+    "-k", "not test_properties or chunked"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [
     "tests/test_reliability.py::test_a_reward_that_never_returns_times_out_when_called_from_a_thread",
     "tests/test_reliability.py::test_a_reward_in_the_main_thread_with_a_timer_running_still_times_out",
     "tests/test_reliability.py::test_a_run_trained_in_a_thread_fails_alone_on_its_rewards_timeout"]}
+# and tests whose code runs in a process of its own (the pin must come before a process computes): no line of
+# theirs is traced, so the tracer could never pick them for a mutant
+UNTRACED["grpo_bench/numerics/cpu.py"] = _CPU_PROCESSES
 for _name in ["deltas", "losses", "kl", "corrections", "filters", "aggregate", "control", "rewards", "contracts",
               "answers", "common"]:
     MODULES[f"grpo_bench/algos/{_name}.py"] = ALGOS_TESTS + _ALGOS_MORE.get(_name, [])

@@ -268,16 +268,72 @@ def test_the_pin_overrides_what_the_environment_asked_for():
 
 @needs_mkl
 def test_state_names_each_mkl_branch_as_mkl_numbers_it():
-    """cpu.BRANCHES against MKL itself: each code this processor accepts reads back under its own name (MKL's
-    numbers, from mkl_service.h; a wrong entry would misname the paths a run's metadata records)."""
+    """cpu.BRANCHES against MKL itself: every code MKL accepts here reads back as a branch the table names, every
+    entry is one MKL accepts (the AVX-512 ones where the processor has AVX-512), and the names of the branches every
+    x86-64 runs are mkl_service.h's (MKL's own deprecation warnings confirm 6 and 9). A wrong entry would misname
+    the paths a run's metadata records."""
     code = ("from grpo_bench.numerics import cpu\n"
             "get, set_ = cpu._mkl()\n"
-            "for code in sorted(cpu.BRANCHES):\n"
-            "    if set_(code) == 0:\n"   # MKL_CBWR_SUCCESS; a branch this CPU lacks is refused
+            "for code in range(32):\n"
+            "    if set_(code) == 0:\n"   # MKL_CBWR_SUCCESS; a code it does not know, or a branch this CPU lacks, fails
             "        print(code, get(cpu.CBWR_BRANCH), cpu.state().split(',')[0])\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-1500:]
-    seen = [line.split(" ", 2) for line in out.stdout.splitlines()]
-    assert len(seen) >= 4, out.stdout   # OFF, AUTO, COMPATIBLE and SSE2 run anywhere
-    for code, read, named in seen:
-        assert read == code and named == f"MKL {cpu.BRANCHES[int(code)]}", (code, read, named)
+    seen = {int(c): (int(read), named) for c, read, named in (line.split(" ", 2) for line in out.stdout.splitlines())}
+    assert seen[0] == (1, "MKL OFF")   # 0 unsets every mode: the branch reads back as off
+    for c, (read, named) in seen.items():
+        assert read in cpu.BRANCHES and named == f"MKL {cpu.BRANCHES[read]}" and (read == c or c == 0), (c, read)
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    if "GenuineIntel" in info:   # MKL refuses its instruction-set branches on other vendors (AVX2 on an AMD EPYC)
+        assert set(cpu.BRANCHES) - set(seen) <= (set() if "avx512f" in info else {12, 14}), seen
+    universal = {1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 5: "SSE3", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2",
+                 9: "AVX", 10: "AVX2"}
+    assert {c: cpu.BRANCHES[c] for c in universal} == universal
+
+
+def test_pin_sets_what_it_must_and_warns_once_with_a_stand_in_mkl(monkeypatch):
+    """pin()'s decisions, in this process, against a stand-in for MKL's service functions (the real ones refuse
+    once MKL has computed, as it has here): the ATen and oneDNN variables set, MKL asked for COMPATIBLE only when
+    on another branch, a refusal warned about once per state in force, naming it, at pin()'s caller; native
+    touches nothing; without MKL there is nothing to set or warn about."""
+    import warnings
+    branch, asked = [2], []
+
+    def set_(code, refuse=False):
+        asked.append(code)
+        if not refuse:
+            branch[0] = code
+        return -8 if refuse else 0
+
+    monkeypatch.setattr(cpu, "_mkl", lambda: (lambda what: branch[0] if what == cpu.CBWR_BRANCH else -1, set_))
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
+    monkeypatch.delenv("GRPO_BENCH_CPU_NUMERICS", raising=False)
+    cpu._warn.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cpu.pin() == cpu.PINNED and asked == [cpu.CBWR_COMPATIBLE]
+        assert (os.environ["ATEN_CPU_CAPABILITY"], os.environ["ONEDNN_MAX_CPU_ISA"]) == ("avx2", "AVX2")
+        assert cpu.pin() == cpu.PINNED and asked == [3]   # already there: not asked again
+    branch[0] = 2
+    monkeypatch.setattr(cpu, "_mkl", lambda: (lambda what: branch[0], lambda code: set_(code, refuse=True)))
+    with pytest.warns(RuntimeWarning, match=r"\(MKL AUTO, ATen AVX2, not MKL COMPATIBLE, ATen AVX2\)") as seen:
+        assert cpu.pin() == "MKL AUTO, ATen AVX2"
+        cpu.pin()
+    assert len(seen) == 1 and seen[0].filename == __file__ and asked == [3, 3, 3]
+    cpu._warn.cache_clear()
+    monkeypatch.setenv("GRPO_BENCH_CPU_NUMERICS", "NATIVE")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert cpu.pin() == "MKL AUTO, ATen AVX2" and asked == [3, 3, 3] and os.environ["ATEN_CPU_CAPABILITY"] == "default"
+    monkeypatch.delenv("GRPO_BENCH_CPU_NUMERICS")
+    monkeypatch.setattr(cpu, "_mkl", lambda: None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cpu.pin() == cpu.state() == "MKL none, ATen AVX2"
+
+
+@needs_mkl
+def test_torchs_own_mkl_service_functions_are_found():
+    get, set_ = cpu._mkl()
+    assert get(cpu.CBWR_BRANCH) in cpu.BRANCHES   # this process's branch, whatever it is

@@ -172,6 +172,120 @@ def test_cpu_chunk_rule():
     assert C.default_rows(480, 5, cpu) >= 480  # a toy task's logits: one chunk
 
 
+def test_cpu_chunk_rule_by_hand():
+    """The largest chunk the rule allows (a smaller one is slower: more OpenMP fork-joins), hand-computed: 16 MiB
+    at most, else a 16th of the naive path's (N, V) fp32 tensor, 1 MiB at least, one row at least. On a GPU a chunk
+    only bounds memory: 256 MiB."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    # (4096, 50257): 16 MiB // 201028 B a row; (64, 262144): N V / 4 = 4 MiB of 1 MiB rows; (64, 5000) and a toy's
+    # (480, 5): 1 MiB; a row wider than 16 MiB: one row
+    got = [C.default_rows(n, v, cpu) for n, v in [(4096, 50_257), (1024, 151_936), (64, 262_144), (64, 5000),
+                                                  (480, 5), (8, 1 << 23), (8, 1)]]
+    assert got == [83, 27, 4, 52, 52_428, 1, 262_144]
+    on_gpu = [C.default_rows(n, v, cuda) for n, v in [(4096, 50_257), (16, 151_936), (8, 1 << 27), (8, 1)]]
+    assert on_gpu == [1335, 441, 1, 1 << 26]
+    assert all(type(r) is int for r in got + on_gpu)   # a count of rows, for range()
+
+
+def test_row_blocks_by_hand():
+    """Within one sequence when it is at least a chunk long, else whole sequences, as many as fit."""
+    blocks = lambda *a: [(bi.start, bi.stop, li.start, li.stop) for bi, li in C.row_blocks(*a)]  # noqa: E731
+    assert blocks(2, 5, 2) == [(0, 1, 0, 2), (0, 1, 2, 4), (0, 1, 4, 5), (1, 2, 0, 2), (1, 2, 2, 4), (1, 2, 4, 5)]
+    assert blocks(5, 3, 7) == [(0, 2, 0, 3), (2, 4, 0, 3), (4, 5, 0, 3)]   # 7 // 3 = 2 sequences a chunk
+    assert blocks(3, 1, 2) == [(0, 2, 0, 1), (2, 3, 0, 1)]
+
+
+def test_as_bl_views_where_it_can():
+    """(..., V) as (B, L, V): no leading dim is (1, 1), one is (1, L), two are kept, more fold into B; a view of
+    the same memory where the strides allow, a copy only where they do not."""
+    x = randn(2, 3, 4, 5)
+    assert C.as_bl(torch.ones(5)).shape == (1, 1, 5)
+    one = C.as_bl(x[0, 0])
+    assert one.shape == (1, 4, 5) and one.data_ptr() == x[0, 0].data_ptr()
+    two = x[0]
+    assert C.as_bl(two) is two
+    folded = C.as_bl(x)
+    assert folded.shape == (6, 4, 5) and folded.data_ptr() == x.data_ptr()
+    t = x.transpose(0, 1)   # (3, 2, 4, 5): B and the next dim cannot fold without a copy
+    copied = C.as_bl(t)
+    assert copied.shape == (6, 4, 5) and torch.equal(copied, t.reshape(6, 4, 5))
+    assert C.as_bl(randn(5), trailing=0).shape == (1, 5) and C.as_bl(randn(2, 3, 4), trailing=0).shape == (6, 4)
+
+
+def test_chunks_never_ask_for_more_rows_than_there_are(monkeypatch):
+    """The work buffers hold min(rows, B L) rows, and the default rows are asked for B L rows of V logits."""
+    asked, sized, blocks = [], [], []
+    default, buffers, row_blocks = C.default_rows, C.work_buffers, C.row_blocks
+    monkeypatch.setattr(C, "default_rows", lambda n, v, d: asked.append((n, v)) or default(n, v, d))
+    monkeypatch.setattr(C, "work_buffers", lambda rows, *a: sized.append(rows) or buffers(rows, *a))
+    monkeypatch.setattr(C, "row_blocks", lambda b, l, rows: blocks.append(rows) or row_blocks(b, l, rows))
+    x, labels = randn(2, 3, 7), labels_for((2, 3), 7)
+    C.chunked_logprobs(x, labels)
+    C.chunked_logprobs(x[:1, :1], labels[:1, :1], rows=5)
+    assert asked == [(6, 7)] and sized == [6, 1]
+    blocks.clear()
+    C.chunked_sum_pi_squared(randn(4, 5, 7))
+    C.chunked_sum_pi_squared(randn(4, 2, 7), rows=5)
+    C.chunked_sum_pi_squared(randn(1, 1, 7), rows=5)
+    assert asked[1:] == [(20, 7)] and blocks == [20, 5, 1]
+
+
+def test_the_second_buffer_only_where_a_pass_needs_it():
+    """fp32 logits at T = 1 without entropy need one chunk buffer; entropy, a cast or a temperature, two."""
+    def second(**kw):
+        return C.work_buffers(4, 10, kw.pop("dtype", torch.float32), "cpu", kw.pop("entropy", False), **kw)[1]
+    assert second() is None and C.work_buffers(4, 10, torch.float32, "cpu", False)[0].numel() == 40
+    assert all(second(**kw) is not None for kw in ({"entropy": True}, {"dtype": torch.bfloat16},
+                                                    {"temperature": 0.7}))
+
+
+@pytest.mark.parametrize("t", [0.7, 2.0])
+@pytest.mark.parametrize("with_entropy", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_at_a_temperature_against_fp64(dtype, with_entropy, t):
+    """rows_forward and rows_backward of x / T (the fused head's CPU path), with the gradient written into x's own
+    memory as the head does: log-probs, entropy and d/dx of sum(a logp + b H) against fp64 autograd."""
+    x, labels = randn(6, 33, dtype=dtype), labels_for((6,), 33)
+    gen = torch.Generator().manual_seed(5)
+    a, b = torch.randn(6, generator=gen), torch.randn(6, generator=gen)
+    buf, buf2 = C.work_buffers(6, 33, dtype, "cpu", with_entropy, t)
+    lp, h = C.rows_forward(x, labels, with_entropy, buf, buf2, temperature=t)
+    xr = x.double().requires_grad_()
+    rlp, rent = reference(xr / t, labels)
+    torch.testing.assert_close(lp.double(), rlp, **TOL[torch.float32])
+    robj = (rlp * a.double()).sum() + ((rent * b.double()).sum() if with_entropy else 0)
+    (rg,) = torch.autograd.grad(robj, xr)
+    out = x.clone()
+    C.rows_backward(out, labels, a, b if with_entropy else None, h, out, buf, buf2, temperature=t)
+    torch.testing.assert_close(out.double(), rg, **TOL[dtype])
+
+
+def test_sum_pi_squared_against_fp64():
+    """sum_v pi_v^2 of x / T by rows and in chunks, at T = 1 by default, at 0.7 and at 2."""
+    x = randn(3, 4, 29)
+    want = lambda t: (torch.softmax(x.double() / t, -1) ** 2).sum(-1)  # noqa: E731
+    close = lambda got, t: torch.testing.assert_close(got.double(), want(t), rtol=1e-5, atol=1e-7)  # noqa: E731
+    close(C.rows_sum_pi_squared(x), 1.0)
+    close(C.chunked_sum_pi_squared(x, rows=5), 1.0)
+    close(C.rows_sum_pi_squared(x, 0.7), 0.7)
+    close(C.rows_sum_pi_squared(x, 2.0), 2.0)
+
+
+def test_an_unused_entropy_costs_its_gradient_nothing():
+    """Without a gradient for the entropy the backward is the log-prob's alone, to the bit (no zeros pushed
+    through the entropy's terms); and without entropy asked for, none is returned."""
+    x, labels = randn(2, 5, 40), labels_for((2, 5), 40)
+    grads = []
+    for with_entropy in (False, True):
+        xg = x.clone().requires_grad_()
+        lp, ent = C.chunked_logprobs(xg, labels, with_entropy, rows=3)
+        assert (ent is None) != with_entropy
+        (g,) = torch.autograd.grad((lp * torch.arange(10.0).view(2, 5)).sum(), xg)
+        grads.append(g)
+    assert torch.equal(grads[0], grads[1])
+    assert C.chunked_logprobs(x, labels)[1] is None
+
+
 def test_int32_labels_and_unused_entropy():
     logits = randn(2, 3, 40, seed=8)
     labels = labels_for((2, 3), 40).to(torch.int32)

@@ -23,8 +23,9 @@ import warnings
 from functools import lru_cache
 
 CBWR_BRANCH, CBWR_COMPATIBLE = 1, 3  # mkl_service.h
-BRANCHES = {1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2", 9: "AVX",
-            10: "AVX2", 12: "AVX512", 14: "AVX512_E1", 16: "AVX512_E4", 17: "AVX512_E5"}
+# every branch torch's MKL can be on (it refuses 11 and 13, the Xeon Phi ones, and knows nothing past 14)
+BRANCHES = {1: "OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 5: "SSE3", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2",
+            9: "AVX", 10: "AVX2", 12: "AVX512", 14: "AVX512_E1"}
 PINNED = "MKL COMPATIBLE, ATen AVX2"
 
 
