@@ -7,6 +7,7 @@ that leaves tokens out of the normaliser) the reference is the registry's compos
 whole batch, grouped by prompt, as the project's own trainer calls it.
 """
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -490,3 +491,42 @@ def test_end_to_end_every_new_part_on_trls_loop(tok, tmp_path):
     generations = [row for row in steps if "delta/abs_mean" in row]
     assert len(generations) == 2 and all(0 < row["delta/abs_mean"] <= 1.0 for row in generations)
     assert max(row["correction/opsm/masked_frac"] for row in steps) > 0   # the second pass drifts
+
+
+def test_a_variant_carries_its_own_parts_group_size_and_filters(tmp_path, monkeypatch):
+    """A variant's include registers its user's parts before they resolve; TRL's num_generations becomes the group
+    size the parts are checked with; a rollout filter that reads lengths and a step filter both pass the probe."""
+    from grpo_bench.integrations.trl import resolve_variant
+    mine = (Path(__file__).parents[1] / "examples" / "my_variant" / "my_loss.py").read_text().replace('"soft_clip"', '"soft_clip_for_trl"')
+    (tmp_path / "mine.py").write_text(mine)
+    monkeypatch.setitem(registry._REGISTRY, "loss", dict(registry._REGISTRY["loss"]))   # forgotten after the test
+    cfg = resolve_variant({"include": [str(tmp_path / "mine.py")], "loss": "soft_clip_for_trl",
+                           "filters": [{"name": "overlong_punish", "cache": 2}, "top_entropy"]},
+                          str(tmp_path / "variant.yaml"), max_len=4, group_size=7)
+    assert cfg.loss["name"] == "soft_clip_for_trl" and cfg.group_size == 7
+    assert [f["name"] for f in cfg.filters] == ["overlong_punish", "top_entropy"]
+
+
+def test_a_positive_clip_min_bounds_the_ratio_from_below():
+    args = GRPOConfig("x", use_vllm=True, vllm_importance_sampling_mode="sequence_mask",
+                      vllm_importance_sampling_clip_min=0.5, vllm_importance_sampling_clip_max=2.0, report_to=[],
+                      use_cpu=True)
+    assert trl_corrections(args) == [("vllm_importance_sampling_correction",
+                                      {"name": "seq_mis", "low": 0.5, "high": 2.0})]
+
+
+def test_the_variant_module_imports_no_trl_of_its_own():
+    """grpo_bench.integrations.trl checks TRL's version before anything of TRL's is imported; trl_variant, which
+    it imports, must not import TRL first (its GRPOConfig is a type hint only)."""
+    import importlib
+    import sys
+    from grpo_bench.integrations import trl_variant
+    saved = {k: v for k, v in sys.modules.items() if k == "trl" or k.startswith("trl.")}
+    for k in saved:
+        del sys.modules[k]
+    try:
+        importlib.reload(trl_variant)
+        assert "trl" not in sys.modules
+    finally:
+        sys.modules.update(saved)
+        importlib.reload(trl_variant)
