@@ -530,3 +530,83 @@ def test_the_variant_module_imports_no_trl_of_its_own():
     finally:
         sys.modules.update(saved)
         importlib.reload(trl_variant)
+
+
+# ------------------------------------------------------- the integration's own wiring
+
+
+def test_on_policy_old_log_probs_are_the_steps_own_detached(tok, tiny_dir, tmp_path):
+    """One iteration per generation: TRL hands no old log-probs and takes the step's own, detached (ratio 1 with
+    the policy gradient's slope); so does the variant, value and gradient equal to TRL's own loss."""
+    stub = Bigram(len(tok))
+    batch = {k: v for k, v in hand_batch(stub, len(tok)).items() if k != "old_per_token_logps"}
+    theirs = make(GRPOTrainer, tok, tiny_dir, tmp_path, loss_type="grpo")
+    ours = make(GRPOBenchTrainer, tok, tiny_dir, tmp_path, variant={"loss": "clipped",
+                                                                     "aggregate": "seq_mean_token_mean"})
+    want, want_grads = loss_and_grads(theirs, stub, [batch])
+    got, got_grads = loss_and_grads(ours, stub, [batch])
+    assert got.item() == pytest.approx(want.item(), rel=1e-12) and max(g.abs().max() for g in got_grads) > 1e-3
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-13)
+
+
+def test_the_kl_controller_sets_each_rollouts_coefficient(tok, tiny_dir, tmp_path, monkeypatch):
+    """The adaptive controller after each generation, as the ablation trainer runs it: with the KL far above a tiny
+    target its error clips at +0.2, and with n / horizon = 8 / 8 each rollout's beta is 1.2 times the last's."""
+    ours = make(GRPOBenchTrainer, tok, tiny_dir, tmp_path, variant={
+        "kl": "k2", "kl_coef": 0.1, "kl_placement": "reward",
+        "kl_ctrl": {"name": "adaptive", "target": 1e-6, "horizon": 8}})
+    stub = Bigram(len(tok))
+    batch = hand_batch(stub, len(tok))
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", lambda self, inputs: dict(batch))
+    ours.model.train()
+    for _ in range(3):
+        ours._rewards_per_func = torch.randn(B, 1, dtype=torch.float64)
+        ours._generate_and_score_completions([])
+    assert ours._metrics["train"]["kl/coef"] == pytest.approx([0.1, 0.12, 0.144], rel=1e-12)
+
+
+def test_a_reward_function_returning_none_scores_zero(tok, tiny_dir, tmp_path):
+    """TRL writes NaN where a reward function returned None; the variant counts it 0, as grpo_bench's reward sum."""
+    ours = make(GRPOBenchTrainer, tok, tiny_dir, tmp_path, variant={})
+    rewards = torch.tensor([[1.0], [float("nan")], [2.0], [0.5], [0.0], [3.0], [1.0], [2.0]])
+    out = scored(ours, hand_batch(Bigram(len(tok)), len(tok)), rewards)
+    assert out["bench_rewards"].tolist() == [1.0, 0.0, 2.0, 0.5, 0.0, 3.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("variant,key", [
+    ({"corrections": [{"name": "snis", "level": "sequence"}]}, "corrections"),
+    ({"entropy_coef": 0.1, "filters": ["top_entropy"]}, "entropy_coef"),
+    ({"aggregate": "prompt_mean"}, "aggregate")])
+def test_what_needs_the_whole_batch_is_refused_at_two_micro_batches(variant, key, tok, tiny_dir, tmp_path):
+    """steps_per_generation = 2 (TRL shuffles the generation batch into two micro-batches): a correction normalised
+    over the whole batch, an entropy bonus over a step filter's kept tokens, and a per-prompt aggregate at G = 2 (a
+    group of two is no different from two responses of one prompt at any other G) are each refused by key."""
+    with pytest.raises(ConfigError) as e:
+        make(GRPOBenchTrainer, tok, tiny_dir, tmp_path, variant=variant, num_generations=2, **SPLIT)
+    assert str(e.value).startswith(f"<variant>: {key}: ") and "steps_per_generation=1" in str(e.value)
+
+
+def test_a_rollout_filter_that_drops_groups_at_run_time_stops_the_step(tok, tiny_dir, tmp_path, monkeypatch):
+    ours = make(GRPOBenchTrainer, tok, tiny_dir, tmp_path, variant={})
+    filter_rollout = ours.recipe.filter_rollout
+    monkeypatch.setattr(ours.recipe, "filter_rollout", lambda batch: (
+        lambda out: (out[0].replace(keep=torch.ones(out[0].rewards.shape[0], dtype=torch.bool)), out[1]))(
+        filter_rollout(batch)))
+    with pytest.raises(RuntimeError, match="a rollout filter drops groups or retires prompts"):
+        scored(ours, hand_batch(Bigram(len(tok)), len(tok)), torch.randn(B, 1))
+
+
+def test_corrections_take_the_generation_time_old_log_probs_when_trl_has_none(tok, tiny_dir, tmp_path):
+    """A sampler's log-probs (vLLM) and one iteration per generation: TRL computes no old log-probs, and the
+    corrections' ratio pi_old / pi_sampler needs them for every micro-batch alike: the integration takes them once,
+    at generation time, from the policy there."""
+    stub = Bigram(len(tok))
+    ours = make(GRPOBenchTrainer, tok, tiny_dir, tmp_path, variant={"corrections": ["token_tis"]})
+    ours._get_per_token_logps_and_entropies = stub
+    batch = with_sampler(hand_batch(stub, len(tok)))
+    del batch["old_per_token_logps"]
+    out = scored(ours, batch, torch.randn(B, 1))
+    with torch.no_grad():
+        want = stub(None, torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1), None, T)[0]
+    assert torch.equal(out["old_per_token_logps"], want)
