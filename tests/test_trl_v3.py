@@ -610,3 +610,14 @@ def test_corrections_take_the_generation_time_old_log_probs_when_trl_has_none(to
     with torch.no_grad():
         want = stub(None, torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1), None, T)[0]
     assert torch.equal(out["old_per_token_logps"], want)
+
+
+def test_trls_completions_table_shows_the_variants_advantages_only(tok, tiny_dir, tmp_path):
+    """TRL logs its own advantages of the batch before the variant replaces them; the table keeps the variant's
+    alone, also where the batch is smaller than the table (a generation batch of two micro-batches here)."""
+    ours = make(GRPOBenchTrainer, tok, tiny_dir, tmp_path, variant={}, gradient_accumulation_steps=2)
+    batch = hand_batch(Bigram(len(tok)), len(tok))
+    ours._logs["advantages"].extend(batch["advantages"].tolist())   # TRL's, as its generation step logged them
+    out = scored(ours, batch, torch.randn(B, 1))
+    assert ours._logs["advantages"].maxlen == 2 * B
+    assert list(ours._logs["advantages"]) == pytest.approx(out["advantages"].tolist())
