@@ -305,6 +305,10 @@ UNTRACED = {"grpo_bench/algos/rewards.py": [
 # and tests whose code runs in a process of its own (the pin must come before a process computes): no line of
 # theirs is traced, so the tracer could never pick them for a mutant
 UNTRACED["grpo_bench/numerics/cpu.py"] = _CPU_PROCESSES
+# two processes under torch.distributed.run against one (what gathers across processes: shares, statistics, rows)
+UNTRACED["grpo_bench/integrations/trl.py"] = [f"tests/test_trl_multiprocess.py::{t}" for t in (
+    "test_two_processes_ran_over_gloo", "test_same_global_batch_and_same_advantages",
+    "test_every_logged_value_matches", "test_the_trained_weights_match")]
 for _name in ["deltas", "losses", "kl", "corrections", "filters", "aggregate", "control", "rewards", "contracts",
               "answers", "common"]:
     MODULES[f"grpo_bench/algos/{_name}.py"] = ALGOS_TESTS + _ALGOS_MORE.get(_name, [])
