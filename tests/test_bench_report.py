@@ -282,3 +282,15 @@ def test_main_writes_beside_the_first_json_by_default(tmp_path, monkeypatch, cap
     monkeypatch.setattr(sys, "argv", ["bench_report", str(path), "--out", str(tmp_path / "new" / "dir")])
     bench_report.main()
     assert (tmp_path / "new" / "dir" / "benchmarks.md").read_text() == md
+
+
+def test_drawing_leaves_the_process_style_alone(tmp_path):
+    """The theme is the figure's own: set for good, it restyled every later figure of the test worker, and the
+    reports drawn there after it no longer matched their committed bytes."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+    before = dict(matplotlib.rcParams)
+    grid = bench_report.draw(bench_report.load([_write(tmp_path, [row("logprob", "fwd", "naive", 8, 5, "float32",
+                                                                      4.0, CPU)])]))
+    plt.close(grid.figure)
+    assert dict(matplotlib.rcParams) == before

@@ -15,6 +15,7 @@ Everything is drawn from the JSON alone, so the outputs can be rebuilt at any ti
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
@@ -160,30 +161,40 @@ def markdown(df: pd.DataFrame) -> str:
     return "\n".join(out) + "\n"
 
 
+@contextlib.contextmanager
+def _theme():
+    """seaborn's theme for this figure only: set for good it restyled every later figure of the process (the reports'
+    own, drawn in the same test worker, then differed from their committed bytes)."""
+    with plt.rc_context():
+        sns.set_theme(style="whitegrid", font_scale=0.8)
+        yield
+
+
 def draw(df: pd.DataFrame):
     """The speed-up figure (a seaborn FacetGrid): one panel per case, the memory bound dashed."""
-    sns.set_theme(style="whitegrid", font_scale=0.8)
-    # a case without its baseline (a materialised step that did not fit) has no speed-up to draw
-    bars = df[(df.provider != "bound") & df.speedup.notna()]
-    grid = sns.catplot(bars, kind="bar", x="speedup", y="provider", col="group", col_wrap=3, sharex=False,
-                       sharey=False, height=2.6, aspect=1.5, color=BAR,
-                       saturation=1)  # seaborn's 0.75 would give the bars a colour png.shrink's palette lacks
-    grid.set_titles("{col_name}", size="small")
-    grid.set_axis_labels("speed-up over baseline (median time)", "")
-    bound = df[df.provider == "bound"].set_index("group").speedup
-    for group, ax in grid.axes_dict.items():
-        ax.axvline(1.0, color="k", lw=0.8)
-        if group in bound:  # the memory bound: what one read of the logits takes
-            ax.axvline(bound[group], color=BOUND, ls="--", lw=1.0, label="memory bound")
-            ax.legend(loc="lower right", fontsize="x-small")
-    runs = df[["device", "omp_wait_policy"]].drop_duplicates()   # every machine the JSON came from
-    grid.figure.suptitle("; ".join(d + (f", OMP_WAIT_POLICY={p}" if _named(p) else "") for d, p in runs.values),
-                         y=1.02)
+    with _theme():
+        # a case without its baseline (a materialised step that did not fit) has no speed-up to draw
+        bars = df[(df.provider != "bound") & df.speedup.notna()]
+        grid = sns.catplot(bars, kind="bar", x="speedup", y="provider", col="group", col_wrap=3, sharex=False,
+                           sharey=False, height=2.6, aspect=1.5, color=BAR,
+                           saturation=1)  # seaborn's 0.75 would give the bars a colour png.shrink's palette lacks
+        grid.set_titles("{col_name}", size="small")
+        grid.set_axis_labels("speed-up over baseline (median time)", "")
+        bound = df[df.provider == "bound"].set_index("group").speedup
+        for group, ax in grid.axes_dict.items():
+            ax.axvline(1.0, color="k", lw=0.8)
+            if group in bound:  # the memory bound: what one read of the logits takes
+                ax.axvline(bound[group], color=BOUND, ls="--", lw=1.0, label="memory bound")
+                ax.legend(loc="lower right", fontsize="x-small")
+        runs = df[["device", "omp_wait_policy"]].drop_duplicates()   # every machine the JSON came from
+        grid.figure.suptitle("; ".join(d + (f", OMP_WAIT_POLICY={p}" if _named(p) else "") for d, p in runs.values),
+                             y=1.02)
     return grid
 
 
 def save(grid, path: Path) -> None:
-    grid.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    with _theme():   # ticks and text are laid out again as the figure is written
+        grid.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
     plt.close(grid.figure)
     png.shrink(path, [BAR, BOUND])
 
