@@ -55,6 +55,24 @@ def fp64():
 
 
 @pytest.fixture
+def registry_restored():
+    """Parts a test registers (an include, a config that names one) leave with it: a later test in the same worker,
+    test_cli's `list` against this process's registry for one, must see the shipped parts alone."""
+    from grpo_bench import registry
+
+    for axis in registry.AXES:
+        registry.names(axis)
+    saved = {axis: dict(parts) for axis, parts in registry._REGISTRY.items()}
+    included = dict(registry._INCLUDED)
+    yield
+    for axis, parts in saved.items():
+        registry._REGISTRY[axis].clear()
+        registry._REGISTRY[axis].update(parts)
+    registry._INCLUDED.clear()
+    registry._INCLUDED.update(included)
+
+
+@pytest.fixture
 def one_thread():
     """One torch thread, the runner's default: with more, a reduction splits across threads by
     its size, which a population changes, so bit-level contracts hold only at one."""
@@ -62,3 +80,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# The modules that take longest on 2 cores, longest first (measured 2026-12-02 with --durations=0). Under xdist's
+# load scheduling the last tests handed out decide how long one core idles at the end: in file order
+# test_runner.py's shipped-ablation runs came last, and one core waited 3 minutes for the other. A stale
+# order costs only that idle time again.
+SLOW_FIRST = ("test_report.py", "test_findings.py", "test_runner.py", "test_pretrained.py", "test_include.py",
+              "test_cpu_numerics.py", "test_faults.py", "test_reliability.py", "test_ray.py", "test_architecture.py",
+              "test_gpu_script.py", "test_seeds_auto.py", "test_trl_multiprocess.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    # a stable sort: each module's tests keep their order (and its module fixtures their one set-up)
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))

@@ -158,6 +158,7 @@ print(summary["status"], cpu.state())
 
 
 @needs_mkl
+@pytest.mark.usefixtures("registry_restored")   # the include below registers the example's soft_clip here too
 def test_a_worker_pins_before_a_users_part_is_probed(tmp_path):
     """A spawned worker (or a Ray task) unpickles its runs, which loads their include; registering a user's part
     runs its contract probe, a small computation, and MKL's path is fixed by its first one. The worker must pin

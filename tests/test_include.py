@@ -55,18 +55,9 @@ def _cli(*args, env=None, cwd=ROOT):
 
 
 @pytest.fixture(autouse=True)
-def _registry_restored():
+def _registry_restored(registry_restored):
     """Parts registered in this process by a test leave with it (each test's files are its own)."""
-    for axis in registry.AXES:
-        registry.names(axis)
-    saved = {axis: dict(parts) for axis, parts in registry._REGISTRY.items()}
-    included = dict(registry._INCLUDED)
     yield
-    for axis, parts in saved.items():
-        registry._REGISTRY[axis].clear()
-        registry._REGISTRY[axis].update(parts)
-    registry._INCLUDED.clear()
-    registry._INCLUDED.update(included)
     sys.modules.pop("my_parts", None)
 
 
