@@ -295,7 +295,8 @@ MODULES["grpo_bench/numerics/kernels/chunked.py"] = [
 # the TRL integration: a variant resolved for GRPOConfig, and the trainer subclass against TRL's own (installed)
 # (test_trl_multiprocess.py trains under accelerate in other processes, where no line is traced)
 MODULES["grpo_bench/integrations/trl_variant.py"] = ["tests/test_trl.py", "tests/test_trl_v3.py"]
-MODULES["grpo_bench/integrations/trl.py"] = MODULES["grpo_bench/integrations/trl_variant.py"]
+MODULES["grpo_bench/integrations/trl.py"] = MODULES["grpo_bench/integrations/trl_variant.py"] + [
+    "tests/test_trl_internals.py"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

@@ -484,6 +484,7 @@ def test_end_to_end_every_new_part_on_trls_loop(tok, tmp_path):
     trainer.train()
     steps = [row for row in trainer.state.log_history if "loss" in row]
     assert len(steps) == 4 and all(math.isfinite(row["loss"]) for row in steps)
+    assert trainer._rollouts == trainer._rollouts_planned(args) == 2     # 8 micro-batches, one generation per 4
     for k in ("loss/entropy", "loss/nll", "correction/opsm/masked_frac", "entropy/coef"):
         assert all(math.isfinite(row[k]) for row in steps), k
     # the controller: nothing before its first measurement, then one step of 0.01 per optimizer step

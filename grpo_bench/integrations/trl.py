@@ -131,8 +131,18 @@ class GRPOBenchTrainer(GRPOTrainer):
         # ref_update is a pure function of the rollout index; the snapshot adapter must exist
         # before accelerate wraps the model, so it is made now if any update will come
         if self._use_ref and is_peft_model(self.model) and any(self.recipe.parts["ref_update"](e)
-                                                               for e in range(1, 10_001)):
+                                                               for e in range(1, self._rollouts_planned(args))):
             self._add_ref_adapter()
+
+    @staticmethod
+    def _rollouts_planned(args: GRPOConfig) -> int:
+        """The generations a run makes: TRL generates every steps_per_generation x num_iterations micro-batches of
+        max_steps x gradient_accumulation_steps. Without max_steps (epochs over a dataset) 10,001: an update first
+        due later finds no snapshot adapter, and _mix_reference says so."""
+        if args.max_steps > 0:
+            return -(-args.max_steps * args.gradient_accumulation_steps
+                     // (args.steps_per_generation * args.num_iterations))
+        return 10_001
 
     def _check_split(self, args: GRPOConfig, source: str) -> None:
         """Refuse what cannot be one loss over a generation batch that TRL shuffles and splits into micro-batches.
@@ -463,6 +473,10 @@ class GRPOBenchTrainer(GRPOTrainer):
             return
         from ..tasks.lm.models import lora_factors, mix_low_rank
 
+        if REF_ADAPTER not in model.peft_config:
+            planned = self._rollouts_planned(self.args)
+            raise RuntimeError(f"a reference update at rollout {self._rollouts}, past the {planned:,} rollouts planned "
+                               f"when the trainer was made, finds no {REF_ADAPTER!r} adapter: set max_steps")
         pairs = zip(lora_factors(model, model.active_adapter), lora_factors(model, REF_ADAPTER), strict=True)
         worst = 0.0
         for (a_p, b_p), (a_r, b_r) in pairs:
