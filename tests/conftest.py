@@ -92,6 +92,8 @@ SLOW_FIRST = ("test_report.py", "test_findings.py", "test_runner.py", "test_pret
 
 
 def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):   # one process (scripts/mutate.py: fastest first) keeps its order
+        return
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     # a stable sort: each module's tests keep their order (and its module fixtures their one set-up)
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
