@@ -341,3 +341,25 @@ def test_evaluation_groups_are_num_generations_eval(tok, tiny_dir, tmp_path):
     assert (n, g) == (2, 2) and slots.tolist() == [2, 1]
     slots, n, g = ours._groups({"bench_index": index}, "train")
     assert (n, g) == (2, 4) and slots.tolist() == [6, 1]
+
+
+def test_a_resumed_run_counts_the_generations_before_it(tok, tiny_dir, tmp_path, monkeypatch):
+    """Resumed at optimizer step 5 with 2 micro-batches a step and a generation every 2 x 2 of them: TRL generated
+    ceil(10 / 4) = 3 times before, so ref_update reads rollout 3, then 4; a fresh run reads 0, then 1."""
+    from trl import GRPOTrainer
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", lambda self, inputs: {})
+    monkeypatch.setattr(GRPOBenchTrainer, "_apply_variant", lambda self, out, training: None)
+    for step, want in ((0, [0, 1]), (5, [3, 4])):
+        ours = make(GRPOBenchTrainer, tok, tiny_dir, tmp_path, variant=HARD, num_iterations=2, max_steps=8,
+                    **SPLIT)
+        read = []
+        weight = ours.recipe.ref_weight
+        monkeypatch.setattr(ours.recipe, "ref_weight", lambda e: read.append(e) or weight(e))
+        monkeypatch.setattr(ours, "_mix_reference", lambda w: None)
+        ours.state.global_step = step
+        ours.model.train()
+        for _ in range(2):
+            ours._generate_and_score_completions({})
+            ours.state.global_step += 1
+        assert read == want

@@ -135,14 +135,16 @@ class GRPOBenchTrainer(GRPOTrainer):
             self._add_ref_adapter()
 
     @staticmethod
-    def _rollouts_planned(args: GRPOConfig) -> int:
-        """The generations a run makes: TRL generates every steps_per_generation x num_iterations micro-batches of
-        max_steps x gradient_accumulation_steps. Without max_steps (epochs over a dataset) 10,001: an update first
-        due later finds no snapshot adapter, and _mix_reference says so."""
-        if args.max_steps > 0:
-            return -(-args.max_steps * args.gradient_accumulation_steps
-                     // (args.steps_per_generation * args.num_iterations))
-        return 10_001
+    def _generations(args: GRPOConfig, steps: int) -> int:
+        """The generations TRL makes in `steps` optimizer steps: one every steps_per_generation x num_iterations
+        of their steps x gradient_accumulation_steps micro-batches."""
+        return -(-steps * args.gradient_accumulation_steps // (args.steps_per_generation * args.num_iterations))
+
+    @classmethod
+    def _rollouts_planned(cls, args: GRPOConfig) -> int:
+        """The generations a run makes; without max_steps (epochs over a dataset) 10,001: an update first due
+        later finds no snapshot adapter, and _mix_reference says so."""
+        return cls._generations(args, args.max_steps) if args.max_steps > 0 else 10_001
 
     def _check_split(self, args: GRPOConfig, source: str) -> None:
         """Refuse what cannot be one loss over a generation batch that TRL shuffles and splits into micro-batches.
@@ -180,6 +182,8 @@ class GRPOBenchTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         training = self.model.training
         if training:
+            if self._rollouts == 0 and self.state.global_step:   # resumed from a checkpoint: TRL's schedule says how
+                self._rollouts = self._generations(self.args, self.state.global_step)   # many generations came before
             if self._next_kl_coef is not None:
                 self.recipe.kl_coef = self._next_kl_coef
             w = self.recipe.ref_weight(self._rollouts)
