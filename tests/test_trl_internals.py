@@ -50,7 +50,26 @@ def test_the_rollouts_planned_follow_trls_generation_schedule():
     plan = GRPOBenchTrainer._rollouts_planned
     assert plan(Args(max_steps=6, gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=2)) == 3
     assert plan(Args(max_steps=5, gradient_accumulation_steps=2, steps_per_generation=4, num_iterations=1)) == 3
-    assert plan(Args(max_steps=-1, gradient_accumulation_steps=8, steps_per_generation=8, num_iterations=1)) == 10_001
+    assert plan(Args(max_steps=1, gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1)) == 1
+    # max_steps 0 or -1: transformers trains for num_train_epochs instead
+    for epochs in (0, -1):
+        assert plan(Args(max_steps=epochs, gradient_accumulation_steps=8, steps_per_generation=8,
+                         num_iterations=1)) == 10_001
+
+
+@pytest.mark.parametrize("variant,key", [({"corrections": [{"name": "snis", "level": "sequence"}]}, "corrections"),
+                                         ({"entropy_coef": 0.1, "filters": ["top_entropy"]}, "entropy_coef")])
+def test_what_needs_the_whole_batch_is_refused_on_two_processes(variant, key, tok, tiny_dir, tmp_path):
+    """One micro-batch per generation but two processes (the split test_trl_v3 refuses at two micro-batches):
+    each process holds half the batch, so a mean over the whole of it is as unknown."""
+    from types import SimpleNamespace as Args
+
+    from grpo_bench.errors import ConfigError
+
+    ours = make(GRPOBenchTrainer, tok, tiny_dir, tmp_path, variant=variant)
+    ours._check_split(Args(num_generations=4, steps_per_generation=1, world_size=1), "<variant>")
+    with pytest.raises(ConfigError, match=f"^<variant>: {key}: .*on one process"):
+        ours._check_split(Args(num_generations=4, steps_per_generation=1, world_size=2), "<variant>")
 
 
 @pytest.mark.parametrize("every,made", [(10_000, True), (10_001, False)])
@@ -312,6 +331,22 @@ def test_an_moe_models_aux_loss_is_added_as_trls(tok, tiny_dir, tmp_path):
         ours.router_aux_loss_coef = 0.0
         assert got - ours._compute_loss(ours.model, batch).item() == pytest.approx(0.3 * aux, rel=1e-9)
     assert ours._metrics["eval"]["aux_loss"][0] == pytest.approx(aux, rel=1e-12)
+
+
+def test_the_aux_loss_logged_is_the_mean_over_processes(tok, tiny_dir, tmp_path):
+    """As TRL logs it (gather_for_metrics, then the mean): each process's router loss, averaged."""
+    from trl.trainer.utils import split_tensor_dict
+
+    stub = RoutedBigram(len(tok))
+    ours = make(GRPOBenchTrainer, tok, tiny_dir, tmp_path, variant={})
+    ours.aux_loss_enabled, ours.router_aux_loss_coef = True, 0.3
+    ours._get_per_token_logps_and_entropies = stub
+    ours.current_gradient_accumulation_steps = 1
+    ours.model.train()
+    halves = split_tensor_dict(hand_batch(stub, len(tok)), 2)
+    on_two_processes(ours, [("_compute_loss", (ours.model, h)) for h in halves])
+    aux = stub.w.square().mean().item()
+    assert ours._metrics["train"]["aux_loss"] == pytest.approx([aux, aux], rel=1e-12)
 
 
 # ------------------------------------------------------------------ readers of TRL's batch
