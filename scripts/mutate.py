@@ -292,7 +292,7 @@ MODULES["grpo_bench/numerics/cpu.py"] = [
 MODULES["grpo_bench/numerics/kernels/chunked.py"] = [
     "tests/test_logprobs.py", "tests/test_kernels_logprob.py", "tests/test_kernels_linear.py", "tests/test_properties.py",
     "-k", "not test_properties or chunked"]
-MODULES["grpo_bench/analysis/bench_population.py"] = ["tests/test_bench_population.py"]
+MODULES["grpo_bench/analysis/bench_population.py"] = ["tests/test_population_table.py"]
 # the TRL integration: a variant resolved for GRPOConfig, and the trainer subclass against TRL's own (installed)
 # (test_trl_multiprocess.py trains under accelerate in other processes, where no line is traced)
 MODULES["grpo_bench/integrations/trl_variant.py"] = ["tests/test_trl.py", "tests/test_trl_v3.py"]

@@ -94,3 +94,10 @@ def test_plot_compare_and_findings_work_without_torch(tmp_path):
     assert out["none"].keys() == out["torch"].keys() and len(out["torch"]) > 4
     differ = [k for k in out["torch"] if out["torch"][k] != out["none"][k]]
     assert not differ, differ
+
+
+def test_no_two_test_modules_share_a_name():
+    """A benchmark's spawned process imports its test module by name: a tests/test_bench_population.py beside
+    tests/benchmarks/' made that process import the other file and die, and CI waited on it until killed."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []

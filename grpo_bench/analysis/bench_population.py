@@ -7,7 +7,7 @@
 Writes population.csv (one row per provider: runs, CPU and wall seconds, runs per
 core-minute, peak RSS) and population.md (the table README quotes: speed-up of populations
 over one run per process, and memory per member), drawn from the csv as written, so that
-tests/test_bench_population.py rebuilds the committed table from the committed csv.
+tests/test_population_table.py rebuilds the committed table from the committed csv.
 """
 from __future__ import annotations
 

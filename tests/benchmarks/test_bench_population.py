@@ -21,6 +21,7 @@ import os
 import resource
 import time
 from dataclasses import dataclass
+from queue import Empty
 
 
 from benchmarks.conftest import device_name, full_run
@@ -82,7 +83,13 @@ def run_case(case: Case) -> dict:
     queue = ctx.Queue()
     proc = ctx.Process(target=_train, args=(case, queue))
     proc.start()
-    out = queue.get()
+    while True:   # a process that dies before its result (an import that fails in it) must not hang the suite
+        try:
+            out = queue.get(timeout=5)
+            break
+        except Empty:
+            if not proc.is_alive():
+                raise RuntimeError(f"{case}: the training process exited with {proc.exitcode} before its result")
     proc.join()
     return out
 
