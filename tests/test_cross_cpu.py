@@ -65,6 +65,56 @@ def test_a_metric_the_committed_sweep_never_logged_is_named_not_counted(tmp_path
     assert [(r["values_differ"], r["differ_metrics"]) for r in rows] == [(1, "loss")] * 2
 
 
+def test_a_metric_whose_code_changed_since_the_sweep_is_compared_apart_with_its_size(tmp_path):
+    """The spread diagnostics' root changed (CHANGED): a sweep made before holds the old root's values, so their
+    differences are counted in changed_differ, measured in float32 units in the last place, and values_differ
+    counts the rest."""
+    values = [("loss", 0.1), ("response/length_cv", float(np.float32(0.7))), ("reward/group_std_cv", float(np.float32(0.3)))]
+    made = _sweep(tmp_path / "m", values)
+    one_up = float(np.nextafter(np.float32(0.7), np.float32(1)))
+    two_down = float(np.nextafter(np.nextafter(np.float32(0.3), np.float32(0)), np.float32(0)))
+    rerun = _sweep(tmp_path / "r", [("loss", 0.1), ("response/length_cv", one_up), ("reward/group_std_cv", two_down)])
+    cols = ("values", "values_differ", "differ_metrics", "changed_metrics", "changed_differ", "changed_max_ulps")
+    rows = XC.compare(made, rerun, {"response/length_cv", "reward/group_std_cv"})
+    assert [tuple(r[c] for c in cols) for r in rows] == [
+        (1, 0, "", "response/length_cv reward/group_std_cv", 2, 2.0)] * 2
+    rows = XC.compare(made, rerun, {"response/length_cv"})   # a metric not named is counted as ever
+    assert [tuple(r[c] for c in cols) for r in rows] == [
+        (2, 1, "reward/group_std_cv", "response/length_cv", 1, 1.0)] * 2
+    rows = XC.compare(made, rerun)
+    assert [(r["values_differ"], r["changed_differ"], r["changed_max_ulps"]) for r in rows] == [(2, 0, 0.0)] * 2
+    # a float64 value is measured in float64's units
+    assert XC.ulps(np.array([0.1]), np.array([np.nextafter(0.1, 1.0)])).tolist() == [1.0]
+
+
+def test_a_sweep_committed_before_a_change_has_its_metrics_set_apart(tmp_path, monkeypatch):
+    """changed_since reads git history: a sweep whose metrics.parquet was last committed before the change holds
+    the old code's values; one committed at or after it, or never committed, is compared in full."""
+    import subprocess
+
+    def git(*a):
+        return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *a], cwd=tmp_path, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    def commit(path, msg):
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        (tmp_path / path).write_text(msg)
+        git("add", path)
+        git("commit", "-q", "-m", msg)
+        return git("rev-parse", "HEAD")
+
+    git("init", "-q")
+    commit("before/metrics.parquet", "made before")
+    change = commit("code.py", "the change")
+    commit("after/metrics.parquet", "made after")
+    monkeypatch.setattr(XC, "ROOT", tmp_path)
+    monkeypatch.setattr(XC, "CHANGED", {change: ("m1", "m2"), git("rev-parse", "HEAD~2"): ("m0",)})
+    assert XC.changed_since(tmp_path / "before") == {"m1", "m2"}
+    assert XC.changed_since(tmp_path / "after") == set()
+    (tmp_path / "loose").mkdir()
+    assert XC.changed_since(tmp_path / "loose") == set()
+
+
 def test_only_the_reruns_runs_are_compared_and_an_unknown_run_is_refused(tmp_path):
     made = _sweep(tmp_path / "m", VALUES)
     rows = XC.compare(made, _sweep(tmp_path / "r", VALUES, runs=("a-s0-x",)))
@@ -92,6 +142,8 @@ def test_the_committed_table_says_what_it_compared():
         made = json.loads((ROOT / "results" / sweep / "sweep.json").read_text())
         assert set(g.made_on) == {made.get("cpu_model") or made["cpu"]}
         summary = pd.read_csv(ROOT / "results" / sweep / "summary.csv")
+        # what is set apart as changed code is the old root's last bits, not a difference of any size
+        assert (g.changed_differ == 0).all() or (g.changed_max_ulps.max() <= 2 and g.changed_metrics.notna().all())
         for r in g.itertuples():   # the accuracy at stake is the committed run's
             want = summary[(summary.variant == r.variant) & (summary.seed == r.seed)]["final/eval/accuracy"]
             assert len(want) == 1 and (np.isnan(r.final_accuracy) and want.isna().all()

@@ -246,8 +246,15 @@ def test_cross_cpu_in_the_docs_is_results_cross_cpu():
     text = " ".join((ROOT / "docs/reliability.md").read_text().split())
     for phrase in (f"{len(t)} runs of {t.sweep.nunique()} sweeps",
                    f"{int(t.values_differ.sum()):,} of {int(t['values'].sum()):,} logged values",
-                   f"{int(t.answers_differ.sum()):,} of {int(t.answers.sum()):,} held-out answers"):
+                   f"{int(t.answers_differ.sum()):,} of {int(t.answers.sum()):,} held-out answers",
+                   # metrics whose code changed after their sweep was made, compared apart
+                   f"There {int(t.changed_differ.sum()):,} values differ, each by at most "
+                   f"{t.changed_max_ulps.max():g} units in the last place"):
         assert phrase in text, phrase
+    amd = t[t.rerun_on.str.startswith("AuthenticAMD") & t.made_on.str.startswith("Intel")]   # the other way
+    assert (f"against the {amd.sweep.nunique()} LM sweeps made on the Intel Xeon" in text and
+            f"{len(amd)} runs, {int(amd.values_differ.sum())} of {int(amd['values'].sum()):,} compared values and "
+            f"{int(amd.answers_differ.sum())} of {int(amd.answers.sum()):,} held-out answers" in text)
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "same bit for bit on any x86-64 CPU" in readme and "results/cross_cpu.csv" in readme
     assert t.values_differ.sum() == 0 == t.answers_differ.sum()
