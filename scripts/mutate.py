@@ -228,6 +228,10 @@ MODULES["grpo_bench/tasks/lm/shipped.py"] = [
 # the tiny model's character tokenizer: one token a character, BOS first, left padding, a vocabulary padded to a model's
 MODULES["grpo_bench/tasks/lm/tokenizer.py"] = ["tests/test_arithmetic.py", "tests/test_problems.py",
                                               "tests/test_lm_rewards.py", "tests/test_build_start.py"]
+# `build-start`: a start trained until its criterion, the manifest that holds it, a second phase the checked one,
+# a criterion never met writing nothing, each bad key refused by name, a pretrained base's warm-up adapter;
+# test_build_start_rules: when each builder checks and stops, on scripted scores without training
+MODULES["grpo_bench/tasks/lm/build_start.py"] = ["tests/test_build_start.py", "tests/test_build_start_rules.py"]
 # the supervised warm-start before GRPO: its schedule and steps by hand, the answer's end token per template,
 # train/eval modes, the seed a check's samples draw from, one thread, the cache's names, lock and cleanup
 MODULES["grpo_bench/tasks/lm/warmstart.py"] = ["tests/test_problems.py", "tests/test_arithmetic.py",

@@ -206,7 +206,6 @@ def meets(start: StartSection, acc: dict) -> bool:
 def _save(model, tokenizer, out: Path) -> None:
     from . import models
 
-    shutil.rmtree(out, ignore_errors=True)
     with models.quiet_progress():
         model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -223,7 +222,6 @@ def build_gym(task: dict, start: StartSection, out: Path, log=print) -> tuple[di
     cfg = resolve_run({"task": _scratch_task(task, start)}).task
     tokenizer = gym.tokenizer()
     model = models.build_tiny(tokenizer, start.layers, start.width, start.heads, seed=start.seed, n_positions=128)
-    models.disable_dropout(model)
     heldout = gym.heldout(cfg.dataset, cfg.config, cfg.eval_size, cfg.eval_seed)
     held = gym.exclusion(heldout)
     width = max(len(tokenizer(e.compact())["input_ids"]) for e in heldout)
@@ -235,7 +233,6 @@ def build_gym(task: dict, start: StartSection, out: Path, log=print) -> tuple[di
         return len(tokenizer(e.compact())["input_ids"]) <= width and (
             not worked or len(tokenizer(gym.sft_text(e, True), add_special_tokens=False)["input_ids"]) < budget)
 
-    torch.manual_seed(start.seed)
     # (steps, lr, share of worked answers, checked): one phase checked as it goes, or an unchecked first and a
     # checked second (start.then)
     phases = [(start.steps, start.lr, start.scratchpad, start.then is None)]
@@ -308,7 +305,6 @@ def build_pretrained(task: dict, start: StartSection, out: Path, log=print) -> t
         if (s % (start.check_every or 100) and s != start.steps) or s < (start.check_from or 0):
             continue
         model.eval()
-        shutil.rmtree(out, ignore_errors=True)
         with warnings.catch_warnings():   # peft's save asks transformers a question v5 deprecates, and looks for
             warnings.simplefilter("ignore", FutureWarning)   # the base's config on a hub to see if the vocabulary grew
             warnings.filterwarnings("ignore", "Could not find a config file", UserWarning)
@@ -406,9 +402,8 @@ def build(preset: Path, out_root: Path | None = None, argv: list[str] | None = N
             if task["name"] == "arithmetic" and not meets(start, acc):
                 log(f"note: greedy {acc['greedy']:.3f}, pass@k {acc['pass@k']} miss the criterion {start.greedy} "
                     f"with pass@k >= {start.pass_ratio} x greedy")
-            root.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(root / "checkpoint", ignore_errors=True)
-            shutil.copytree(work, root / "checkpoint")
+            shutil.copytree(work, root / "checkpoint")   # and its parents
     finally:
         torch.set_num_threads(threads)
     split = shipped.SPLIT_KEYS if task["name"] == "arithmetic" else ("dataset", "config", "eval_size", "eval_seed")
