@@ -174,6 +174,53 @@ def test_the_string_datasets_held_out_problems_are_never_trained_on(name, config
     assert gym.train_batch(name, config, 50, 3, set())[0].question == held[0].question   # what it skipped
 
 
+TINY_COUNTDOWN = {"min_numbers": 3, "max_numbers": 3, "max_value": 9}
+
+
+def test_a_draw_the_generator_fails_on_gives_no_entry():
+    """countdown at 3 numbers up to 9 fails on its first and fifth draws at seed 3 (reasoning-gym's "Failed to generate
+    valid expression"): the held-out set, a training batch and the config check pass over them, as every process
+    does, where a run or a build stopped on such a draw."""
+    from grpo_bench.config.presets import merge
+
+    ds = gym.dataset("countdown", TINY_COUNTDOWN, 3)
+    for idx in (0, 4):
+        with pytest.raises(ValueError, match="Failed to generate"):
+            ds[idx]
+    want = [ds[i]["question"] for i in (1, 2, 3, 5)]
+    assert len({gym.Entry(ds[i]).problem() for i in (1, 2, 3, 5)}) == 4
+    assert [e.question for e in gym.heldout("countdown", TINY_COUNTDOWN, 4, seed=3)] == want
+    assert [e.question for e in gym.train_batch("countdown", TINY_COUNTDOWN, 4, 3, set())] == want
+    assert resolve_run({"task": merge(SMALL, {"config": TINY_COUNTDOWN, "eval_seed": 3})}).task.eval_seed == 3
+
+
+@pytest.mark.parametrize("fails, entries, refused", [
+    (lambda i: i < 19, 81, None),                   # 19 failures: too few to judge the config by
+    (lambda i: i < 20, None, "20 of its first 20"),
+    (lambda i: i % 2 == 1, 50, None),               # half the draws: still a generator
+    (lambda i: i % 3 != 0, None, "20 of its first 30"),
+], ids=["19 first", "20 first", "every other", "two in three"])
+def test_a_generator_that_fails_on_most_draws_is_refused_by_its_config(monkeypatch, fails, entries, refused):
+    """A failed draw costs the generator its 100 attempts (0.1 s): one failing on more than half of at least 20 draws
+    would take hours to fill a held-out set, and is refused in a line."""
+    real = gym.dataset("countdown", {"min_numbers": 3, "max_numbers": 3}, 0)
+
+    class Flaky:
+        def __getitem__(self, idx):
+            if fails(idx):
+                raise ValueError("Failed to generate\n  valid expression after 100 attempts")
+            return real[idx]
+
+    drawn = gym.draws("countdown", Flaky(), 100)
+    if refused is None:
+        assert len(list(drawn)) == entries
+        return
+    with pytest.raises(ValueError) as e:
+        list(drawn)
+    assert str(e.value) == (f"config: countdown's generator fails on {refused} draws (Failed to generate valid "
+                            "expression after 100 attempts); widen its config")
+
+
 def test_twins_differ_in_wording_so_the_split_is_by_problem_too():
     ds = gym.dataset("countdown", {"min_numbers": 3, "max_numbers": 3, "max_value": 3, "min_target": 1,
                                    "max_target": 9}, 5)
@@ -196,6 +243,8 @@ def test_rollout_rewards_are_the_verifiers():
 @pytest.mark.parametrize("task, key, words", [
     ({"dataset": "gsm_symbolic"}, "task.dataset", ["countdown", "letter_counting", "spell_backward"]),
     ({"config": {"no_such_key": 1}}, "task.config", ["countdown refuses"]),
+    ({"config": {"min_numbers": 2, "max_numbers": 2, "min_value": 1, "max_value": 3}}, "task.config",
+     ["countdown's generator fails on 20 of its first 20 draws (Failed to generate valid expression", "widen"]),
     ({"template": "plain"}, "task.template", ["compact"]),
     ({"model": {"source": "tiny"}}, "task.model.source", ["arithmetic start"]),
     ({"rewards": {"correct": 1.0}}, "task.rewards", ["score"]),
