@@ -198,8 +198,9 @@ def test_a_draw_the_generator_fails_on_gives_no_entry():
     (lambda i: i < 19, 81, None),                   # 19 failures: too few to judge the config by
     (lambda i: i < 20, None, "20 of its first 20"),
     (lambda i: i % 2 == 1, 50, None),               # half the draws: still a generator
+    (lambda i: i % 2 == 0, None, "20 of its first 39"),   # one more than half
     (lambda i: i % 3 != 0, None, "20 of its first 30"),
-], ids=["19 first", "20 first", "every other", "two in three"])
+], ids=["19 first", "20 first", "every odd", "every even", "two in three"])
 def test_a_generator_that_fails_on_most_draws_is_refused_by_its_config(monkeypatch, fails, entries, refused):
     """A failed draw costs the generator its 100 attempts (0.1 s): one failing on more than half of at least 20 draws
     would take hours to fill a held-out set, and is refused in a line."""
