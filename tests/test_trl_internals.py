@@ -398,3 +398,27 @@ def test_a_resumed_run_counts_the_generations_before_it(tok, tiny_dir, tmp_path,
             ours._generate_and_score_completions({})
             ours.state.global_step += 1
         assert read == want
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def test_a_resumed_run_goes_on_with_the_controllers_where_they_were(tok, tiny_dir, tmp_path):
+    """Four optimizer steps, a generation every two, a checkpoint at step 2; resumed from it, the run's adaptive KL
+    coefficient at its second generation and the entropy coefficient at steps 3 and 4 are the uninterrupted run's,
+    where both controllers restarted from their first values before their state went into the checkpoint."""
+    variant = {"kl": "k2", "kl_coef": 0.1, "kl_placement": "reward",
+               "kl_ctrl": {"name": "adaptive", "target": 1e-6, "horizon": 8},
+               "entropy_coef": 0.01, "entropy_ctrl": {"name": "adaptive", "target": 100.0, "delta": 0.01}}
+    args = dict(variant=variant, num_iterations=2, max_steps=4, logging_steps=1, save_strategy="steps", save_steps=2,
+                learning_rate=5e-2, seed=0, **SPLIT)
+
+    def run(resume=None):
+        trainer = make(GRPOBenchTrainer, tok, tiny_dir, tmp_path, **args)
+        trainer.train(resume_from_checkpoint=resume)
+        return ([row["kl/coef"] for row in trainer.state.log_history if "kl/coef" in row],
+                [row["entropy/coef"] for row in trainer.state.log_history if "entropy/coef" in row])
+
+    kl, entropy = run()
+    assert len(kl) == 2 and kl[1] != kl[0] and len(entropy) == 4 and entropy[2] != entropy[0]
+    assert run(str(tmp_path / "out" / "checkpoint-2")) == (kl, entropy)

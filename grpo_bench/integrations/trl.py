@@ -46,6 +46,7 @@ between minor releases; the pin in pyproject's `trl` extra follows this range.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import torch
@@ -82,6 +83,7 @@ from trl.trainer.callbacks import SyncRefModelCallback  # noqa: E402
 from .trl_variant import (REPLACED, TRL_IS_MODES, TRL_OWNED, VARIANT_KEYS, check_trl_args,  # noqa: E402,F401
                           load_variant, resolve_corrections, resolve_variant, trl_corrections, variant_from_ablation)
 
+CONTROLLERS = "grpo_bench_controllers.json"   # in each checkpoint
 REF_ADAPTER = "ref"  # TRL computes reference log-probs through the adapter of this name when the model has one
 # model inputs TRL's _compute_loss forwards besides the token ids (multimodal models)
 _FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
@@ -449,6 +451,30 @@ class GRPOBenchTrainer(GRPOTrainer):
         with torch.enable_grad():
             (w,) = torch.autograd.grad(self.recipe.parts["aggregate"](x, mask.double()), x, allow_unused=True)
         return torch.zeros_like(x) if w is None else w
+
+    # --------------------------------------------------------------- checkpoints
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """The controllers' state beside TRL's own (its entropy_ctrl_state.json): a run resumed from the checkpoint
+        goes on with the KL coefficient and the entropy controller where they were, not from their starts."""
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            out = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            # the KL coefficient in force is the one the next generation sets (a rollout's, as the ablation trainer's)
+            state = {"next_kl_coef": self._next_kl_coef, "entropy_state": self.recipe.entropy_state,
+                     "entropy_coef": self.recipe.entropy_coef}
+            (out / CONTROLLERS).write_text(json.dumps(state))
+
+    def _load_optimizer_and_scheduler(self, checkpoint) -> None:
+        # where TRL reads its own controller's state back; a checkpoint made without the file restarts them
+        super()._load_optimizer_and_scheduler(checkpoint)
+        file = Path(checkpoint) / CONTROLLERS if checkpoint is not None else None
+        if file is not None and file.is_file():
+            state = json.loads(file.read_text())
+            self._next_kl_coef = state["next_kl_coef"]
+            self.recipe.entropy_state, self.recipe.entropy_coef = state["entropy_state"], state["entropy_coef"]
 
     # ---------------------------------------------------------------- reference
 
