@@ -90,6 +90,32 @@ _FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attentio
                  "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
 
 
+# ------------------------------------------------------------------- sampler
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """TRL's RepeatSampler with the epoch accelerate names (set_epoch): a run resumed in epoch e rebuilds the sampler,
+    whose generator TRL seeds once and draws one permutation from per epoch, so it replayed epoch 0's prompt order
+    where the uninterrupted run drew epoch e's. Here the generator is put back to its state after e permutations."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.start = inner.generator.get_state() if inner.shuffle else None
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def set_epoch(self, epoch: int) -> None:
+        # redrawn at every epoch, resumed or not: e permutations of the prompts cost far less than one generation
+        if self.start is not None:
+            self.inner.generator.set_state(self.start)
+            for _ in range(epoch):
+                torch.randperm(self.inner.num_samples, generator=self.inner.generator)
+
+    def __iter__(self):
+        return iter(self.inner)
+
+
 # ------------------------------------------------------------------- trainer
 
 
@@ -453,6 +479,9 @@ class GRPOBenchTrainer(GRPOTrainer):
         return torch.zeros_like(x) if w is None else w
 
     # --------------------------------------------------------------- checkpoints
+
+    def _get_train_sampler(self, dataset=None):
+        return EpochSampler(super()._get_train_sampler(dataset))
 
     def _save_checkpoint(self, model, trial) -> None:
         """The controllers' state beside TRL's own (its entropy_ctrl_state.json): a run resumed from the checkpoint
