@@ -432,6 +432,30 @@ def test_a_resumed_run_goes_on_with_the_controllers_where_they_were(tok, tiny_di
     assert kl_old == [kl[0], kl[0]] and entropy_old[2:] == entropy[:2]
 
 
+def test_a_run_resumed_inside_a_generation_goes_on_bit_for_bit(tok, tiny_dir, tmp_path):
+    """A generation every two optimizer steps (num_iterations 2), checkpoints at steps 3 and 6: step 3's is inside
+    the generation begun at step 3, so it holds that generation and the KL coefficient it was made with (KL in the
+    loss, an adaptive controller); resumed from it, steps 4 to 6 are the uninterrupted run's. TRL's own resume
+    generated anew at step 4 and went on a generation out of step (steps 4 to 6 off)."""
+    from grpo_bench.integrations.trl import GENERATION
+
+    variant = {"kl": "k3", "kl_coef": 0.1, "kl_placement": "loss",
+               "kl_ctrl": {"name": "adaptive", "target": 1e-6, "horizon": 8}}
+    args = dict(variant=variant, num_iterations=2, max_steps=6, logging_steps=1, save_strategy="steps", save_steps=3,
+                learning_rate=5e-2, seed=0, **SPLIT)
+
+    def run(resume=None):
+        trainer = make(GRPOBenchTrainer, tok, tiny_dir, tmp_path, **args)
+        trainer.train(resume_from_checkpoint=resume)
+        return [[row[k] for row in trainer.state.log_history if k in row] for k in ("kl/coef", "loss")]
+
+    kl, loss = run()
+    assert len(set(kl)) == 3                     # the coefficient moves at each generation
+    inside, boundary = tmp_path / "out" / "checkpoint-3", tmp_path / "out" / "checkpoint-6"
+    assert (inside / GENERATION.format(0)).is_file() and not (boundary / GENERATION.format(0)).exists()
+    assert run(str(inside)) == [kl, loss]
+
+
 def test_the_sampler_of_a_resumed_run_draws_the_epoch_it_resumes_in(tok, tiny_dir, tmp_path):
     """Six prompts, three epochs: a sampler rebuilt and told epoch 2 (as a resume tells it) yields the uninterrupted
     sampler's third epoch, where TRL's rebuilt sampler yields its first; an unshuffled one stays unshuffled."""

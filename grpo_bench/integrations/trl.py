@@ -84,6 +84,7 @@ from .trl_variant import (REPLACED, TRL_IS_MODES, TRL_OWNED, VARIANT_KEYS, check
                           load_variant, resolve_corrections, resolve_variant, trl_corrections, variant_from_ablation)
 
 CONTROLLERS = "grpo_bench_controllers.json"   # in each checkpoint
+GENERATION = "grpo_bench_generation_{}.pt"     # a process's generation under way, in a checkpoint made inside one
 REF_ADAPTER = "ref"  # TRL computes reference log-probs through the adapter of this name when the model has one
 # model inputs TRL's _compute_loss forwards besides the token ids (multimodal models)
 _FORWARD_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
@@ -484,17 +485,23 @@ class GRPOBenchTrainer(GRPOTrainer):
         return EpochSampler(super()._get_train_sampler(dataset))
 
     def _save_checkpoint(self, model, trial) -> None:
-        """The controllers' state beside TRL's own (its entropy_ctrl_state.json): a run resumed from the checkpoint
-        goes on with the KL coefficient and the entropy controller where they were, not from their starts."""
+        """The controllers' state beside TRL's own (its entropy_ctrl_state.json), and inside a generation's reuse the
+        generation: a run resumed from the checkpoint goes on as the uninterrupted run did, bit for bit."""
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
         super()._save_checkpoint(model, trial)
+        out = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         if self.args.should_save:
-            out = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            # the KL coefficient in force is the one the next generation sets (a rollout's, as the ablation trainer's)
-            state = {"next_kl_coef": self._next_kl_coef, "entropy_state": self.recipe.entropy_state,
-                     "entropy_coef": self.recipe.entropy_coef}
+            # the KL coefficient of the generation under way, and the one the next sets (as the ablation trainer's)
+            state = {"next_kl_coef": self._next_kl_coef, "kl_coef": self.recipe.kl_coef,
+                     "entropy_state": self.recipe.entropy_state, "entropy_coef": self.recipe.entropy_coef}
             (out / CONTROLLERS).write_text(json.dumps(state))
+        if self._step % (self.args.steps_per_generation * self.num_iterations) and self._buffered_inputs is not None:
+            # inside a generation's reuse: TRL keeps no buffer in a checkpoint, so a resume generated anew there and
+            # went on a generation out of step with the uninterrupted run; each process keeps its own part
+            out.mkdir(parents=True, exist_ok=True)
+            torch.save({"step": self._step, "buffer": self._buffered_inputs},
+                       out / GENERATION.format(self.accelerator.process_index))
 
     def _load_optimizer_and_scheduler(self, checkpoint) -> None:
         # where TRL reads its own controller's state back; a checkpoint made without the file restarts them
@@ -503,7 +510,12 @@ class GRPOBenchTrainer(GRPOTrainer):
         if file is not None and file.is_file():
             state = json.loads(file.read_text())
             self._next_kl_coef = state["next_kl_coef"]
+            self.recipe.kl_coef = state.get("kl_coef", self.recipe.kl_coef)
             self.recipe.entropy_state, self.recipe.entropy_coef = state["entropy_state"], state["entropy_coef"]
+        buffer = Path(checkpoint) / GENERATION.format(self.accelerator.process_index) if checkpoint else None
+        if buffer is not None and buffer.is_file():
+            saved = torch.load(buffer, map_location=self.accelerator.device, weights_only=True)
+            self._step, self._buffered_inputs = saved["step"], saved["buffer"]
 
     # ---------------------------------------------------------------- reference
 
