@@ -454,6 +454,12 @@ def test_a_run_resumed_inside_a_generation_goes_on_bit_for_bit(tok, tiny_dir, tm
     inside, boundary = tmp_path / "out" / "checkpoint-3", tmp_path / "out" / "checkpoint-6"
     assert (inside / GENERATION.format(0)).is_file() and not (boundary / GENERATION.format(0)).exists()
     assert run(str(inside)) == [kl, loss]
+    # a checkpoint of the weights alone is not one to resume from, and every process but the first would write into
+    # a directory that only the first makes
+    args |= dict(save_only_model=True, max_steps=3, output_dir=str(tmp_path / "weights"))
+    run()
+    saved = tmp_path / "weights" / "checkpoint-3"
+    assert (saved / "model.safetensors").is_file() and not (saved / GENERATION.format(0)).exists()
 
 
 def test_the_sampler_of_a_resumed_run_draws_the_epoch_it_resumes_in(tok, tiny_dir, tmp_path):

@@ -496,10 +496,10 @@ class GRPOBenchTrainer(GRPOTrainer):
             state = {"next_kl_coef": self._next_kl_coef, "kl_coef": self.recipe.kl_coef,
                      "entropy_state": self.recipe.entropy_state, "entropy_coef": self.recipe.entropy_coef}
             (out / CONTROLLERS).write_text(json.dumps(state))
-        if self._step % (self.args.steps_per_generation * self.num_iterations) and self._buffered_inputs is not None:
-            # inside a generation's reuse: TRL keeps no buffer in a checkpoint, so a resume generated anew there and
-            # went on a generation out of step with the uninterrupted run; each process keeps its own part
-            out.mkdir(parents=True, exist_ok=True)
+        inside = self._step % (self.args.steps_per_generation * self.num_iterations)
+        if inside and self._buffered_inputs is not None and not self.args.save_only_model:
+            # TRL keeps no buffer in a checkpoint, so a resume generated anew there and went on a generation out of
+            # step with the uninterrupted run; each process keeps its part, beside the RNG state it has just saved
             torch.save({"step": self._step, "buffer": self._buffered_inputs},
                        out / GENERATION.format(self.accelerator.process_index))
 
