@@ -8,7 +8,10 @@ one process, once as two under torch.distributed.run (what `accelerate launch` r
 processes; `accelerate launch --cpu --num_processes 2` starts one process, not two). The two runs
 agree: the advantages of every rollout and the trained weights to fp64 rounding, TRL's log
 (its loss and the registry's metrics) at every step to fp32 rounding. Before the registry's
-metrics were weighted by each process's tokens, loss/policy here differed by up to 9%.
+metrics were weighted by each process's tokens, loss/policy here differed by up to 9%. The two-process run
+saves a checkpoint at step 3, inside its second generation; a third run resumes from it on two processes, each
+with its own part of that generation, and ends bit for bit where the uninterrupted one did (the first version
+of the resume could not load the generation there: torch.load cannot map to the processes' device, cpu:0).
 """
 import os
 import signal
@@ -43,17 +46,19 @@ def _run(cmd):
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("trl_procs")
     _run([sys.executable, WORKER, d / "one.pt"])
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", WORKER, d / "two.pt"])
-    return [torch.load(d / f, weights_only=False) for f in ("one.pt", "two.pt")]
+    two = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", WORKER]
+    _run(two + [d / "two.pt", "--save-at", 3])
+    _run(two + [d / "resumed.pt", "--resume", d / "trl" / "checkpoint-3"])
+    return [torch.load(d / f, weights_only=False) for f in ("one.pt", "two.pt", "resumed.pt")]
 
 
 def test_two_processes_ran_over_gloo(runs):
-    one, two = runs
+    one, two, _ = runs
     assert (one["procs"], one["backend"]) == (1, None) and (two["procs"], two["backend"]) == (2, "gloo")
 
 
 def test_same_global_batch_and_same_advantages(runs):
-    one, two = runs
+    one, two, _ = runs
     assert len(one["seen"]) == len(two["seen"]) == 2          # two rollouts
     from grpo_bench.tasks.lm.tokenizer import build_char_tokenizer
     pad = build_char_tokenizer().pad_token_id
@@ -68,7 +73,7 @@ def test_same_global_batch_and_same_advantages(runs):
 
 
 def test_every_logged_value_matches(runs):
-    one, two = runs
+    one, two, _ = runs
     assert len(one["log"]) == len(two["log"]) == 5            # 4 steps and the run's summary
     registry = {"loss/policy", "clip/frac", "clip/low_frac", "clip/high_frac", "entropy", "kl/value",
                 "filter/top_entropy/gated", "loss/nll", "correction/opsm/masked_frac", "mismatch/kl"}
@@ -90,8 +95,20 @@ def test_every_logged_value_matches(runs):
 
 
 def test_the_trained_weights_match(runs):
-    one, two = runs
+    one, two, _ = runs
     assert one["weights"].keys() == two["weights"].keys()
     for k, w in one["weights"].items():
         torch.testing.assert_close(two["weights"][k], w, rtol=1e-10, atol=1e-12)
     assert max(w.abs().max() for k, w in one["weights"].items() if "lora_B" in k) > 0.01   # LoRA B starts at 0
+
+
+def test_two_processes_resumed_inside_a_generation_go_on_bit_for_bit(runs):
+    """The two-process run checkpointed at step 3, inside the generation begun there, and resumed from it: step 4
+    trains on each process's own part of that generation (no generation in the resumed run) and ends where the
+    uninterrupted run ended, bit for bit."""
+    _, two, resumed = runs
+    assert len(two["seen"]) == 2 and resumed["seen"] == []
+    assert len(resumed["log"]) == 5
+    for a, b in zip(two["log"][:4], resumed["log"][:4]):
+        assert {k: v for k, v in a.items() if k not in TIMING} == {k: v for k, v in b.items() if k not in TIMING}
+    assert all(torch.equal(resumed["weights"][k], w) for k, w in two["weights"].items())

@@ -1,7 +1,7 @@
 """One GRPOBenchTrainer run for tests/test_trl_multiprocess.py, in one process or under `accelerate launch`.
 
-    python tests/trl_worker.py OUT.pt [--per-device B]
-    accelerate launch --cpu --num_processes 2 tests/trl_worker.py OUT.pt --per-device B/2
+    python tests/trl_worker.py OUT.pt [--save-at STEP] [--resume CHECKPOINT]
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/trl_worker.py OUT.pt [...]
 
 The completions are a fixed function of each completion's place in the global batch and of
 the rollout, not sampled, so that one process and two see the same generation batch: TRL's
@@ -71,6 +71,8 @@ class Worker(GRPOBenchTrainer):
 def main() -> None:
     a = argparse.ArgumentParser()
     a.add_argument("out")
+    a.add_argument("--save-at", type=int, help="a checkpoint at this optimizer step")
+    a.add_argument("--resume", help="a checkpoint to resume from")
     args = a.parse_args()
     # a rank that hangs prints every thread's stack and exits before the test's timeout (300 s), so that the
     # failure says where it hung: once in a full suite the two-process run trained, printed its summary and
@@ -85,7 +87,8 @@ def main() -> None:
     cfg = GRPOConfig(output_dir=str(Path(args.out).parent / "trl"), max_steps=4, num_generations=G,
                      max_completion_length=T, per_device_train_batch_size=GLOBAL // ACCUM // procs,
                      gradient_accumulation_steps=ACCUM, num_iterations=2, learning_rate=20.0, logging_steps=1,
-                     report_to=[], use_cpu=True, save_strategy="no", seed=0, disable_tqdm=True,
+                     report_to=[], use_cpu=True, seed=0, disable_tqdm=True,
+                     save_strategy="steps" if args.save_at else "no", save_steps=args.save_at or 500,
                      # SGD: Adam's first step is lr * sign(g), which turns rounding in a g of ~0 into a step of lr;
                      # a large rate so that the second pass over a rollout clips
                      optim="sgd")
@@ -107,7 +110,7 @@ def main() -> None:
     trainer = Worker(model, reward_funcs=[reward], args=cfg, train_dataset=ds, processing_class=tok,
                      peft_config=LoraConfig(**LORA), variant=VARIANT)
     trainer.seen = []
-    trainer.train()
+    trainer.train(resume_from_checkpoint=args.resume)
     if trainer.accelerator.is_main_process:
         weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora" in n}
         backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else None

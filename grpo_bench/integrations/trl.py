@@ -514,8 +514,12 @@ class GRPOBenchTrainer(GRPOTrainer):
             self.recipe.entropy_state, self.recipe.entropy_coef = state["entropy_state"], state["entropy_coef"]
         buffer = Path(checkpoint) / GENERATION.format(self.accelerator.process_index) if checkpoint else None
         if buffer is not None and buffer.is_file():
-            saved = torch.load(buffer, map_location=self.accelerator.device, weights_only=True)
-            self._step, self._buffered_inputs = saved["step"], saved["buffer"]
+            # to the CPU first: under torch.distributed on CPUs the device is cpu:0, which torch.load cannot map to
+            saved = torch.load(buffer, map_location="cpu", weights_only=True)
+            device = self.accelerator.device
+            self._step = saved["step"]
+            self._buffered_inputs = [{k: v.to(device) if isinstance(v, Tensor) else v for k, v in part.items()}
+                                     for part in saved["buffer"]]
 
     # ---------------------------------------------------------------- reference
 
