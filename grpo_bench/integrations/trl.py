@@ -32,6 +32,10 @@ accumulation and data parallelism then give the gradient of one loss over every
 process's completions. TRL does this for loss_type dapo only; grpo, bnpo and dr_grpo
 average per-micro-batch aggregates, which is the same only when micro-batches are alike.
 
+A checkpoint also holds the controllers' state and, made inside a generation's reuse, that
+generation; the train sampler takes the epoch it is in. So a resumed run goes on bit for
+bit, where TRL's own replays the first epoch's prompts and generates anew.
+
 TRL's own off-policy corrections (vllm_importance_sampling_*, off_policy_mask_threshold)
 become the registry corrections they equal (TRL_IS_MODES, opsm) when the variant has none;
 beside the variant's own they are refused. What cannot carry over is refused with a
