@@ -11,6 +11,10 @@
     # or a variant written as a YAML mapping of delta, loss, aggregate, kl, kl_coef, ...
     .venv/bin/python examples/trl_example.py --variant my_variant.yaml
 
+    # checkpoints every 100 steps; an interrupted run goes on from one as if it had not stopped
+    .venv/bin/python examples/trl_example.py --steps 500 --save-steps 100
+    .venv/bin/python examples/trl_example.py --steps 500 --resume results/trl_example/checkpoint-300
+
 The default variant is a composition TRL has no options for: RLOO advantages, k1 in the
 reward and a LoRA reference refreshed every 2 rollouts, with clip-higher. TRL does the rest
 (generation, vLLM, accelerate/DeepSpeed, logging). To adapt: the dataset (`dataset()`),
@@ -110,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vllm", action="store_true", help="generate with vLLM, colocated")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results/trl_example")
+    p.add_argument("--save-steps", type=int, default=0, help="a checkpoint every N optimizer steps, in --out")
+    p.add_argument("--resume", metavar="CHECKPOINT", help="go on from a checkpoint (bit for bit: docs/trl.md)")
     a = p.parse_args(argv)
 
     try:
@@ -139,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     args = GRPOConfig(
         output_dir=a.out, max_steps=a.steps, per_device_train_batch_size=a.batch, num_generations=a.generations,
         num_iterations=a.iterations, max_completion_length=a.max_new_tokens, learning_rate=a.lr,
-        reward_weights=WEIGHTS, logging_steps=1, save_strategy="no", report_to=[], seed=a.seed,
+        reward_weights=WEIGHTS, logging_steps=1, report_to=[], seed=a.seed,
+        save_strategy="steps" if a.save_steps else "no", save_steps=a.save_steps or 500,
         bf16=a.bf16, use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
         model_init_kwargs={"dtype": torch.bfloat16 if a.bf16 else torch.float32} if isinstance(model, str) else None,
         # a variant's own corrections replace TRL's vLLM importance sampling (both would correct twice)
@@ -160,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
           f"ref_update {trainer.variant.ref_update} | filters {trainer.variant.filters} | "
           f"corrections {trainer.variant.corrections} | entropy {trainer.variant.entropy_coef} "
           f"{trainer.variant.entropy_ctrl['name']} | nll {trainer.variant.nll_coef}")
-    trainer.train()
+    trainer.train(resume_from_checkpoint=a.resume)
     last = {}
     for row in trainer.state.log_history:
         last.update({k: v for k, v in row.items() if k in METRICS})

@@ -400,14 +400,19 @@ def test_end_to_end_composition_trl_does_not_offer(tok, tmp_path):
     assert any(b.abs().max() > 0 for _, b in lora_factors(trainer.model, "ref"))
 
 
-def test_example_script_runs_an_ablation_variant(tmp_path):
-    r = subprocess.run([sys.executable, "examples/trl_example.py", "--ablation", "ablations/recipes.yaml",
-                        "--variant", "reinforce_pp", "--steps", "2", "--out", str(tmp_path)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    lines = r.stdout.strip().splitlines()
+def test_example_script_runs_an_ablation_variant_and_resumes_it(tmp_path):
+    def example(*extra):
+        r = subprocess.run([sys.executable, "examples/trl_example.py", "--ablation", "ablations/recipes.yaml",
+                            "--variant", "reinforce_pp", "--steps", "2", "--out", str(tmp_path), *extra],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.strip().splitlines()
+
+    lines = example("--save-steps", "1")
     assert any(ln.startswith("variant (ablations/recipes.yaml): {'name': 'reinforce_pp'") for ln in lines)
     assert lines[-1].startswith("last logged:") and "clip/high_frac=" in lines[-1] and "kl/value=" in lines[-1]
+    # step 1's checkpoint is inside the run's one generation (2 passes over it): resumed, step 2 is the same
+    assert example("--resume", str(tmp_path / "checkpoint-1"))[-1] == lines[-1]
 
 
 def test_example_script_refuses_dapo_in_one_line(capsys):
