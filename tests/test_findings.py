@@ -518,7 +518,9 @@ TINY = {"sort": ["--set", "epochs=2", "--set", "inner_steps=1"],
         "lm": ["--set", "epochs=1", "--set", "inner_steps=1", "--set", "group_size=2", "--set", "eval_every=0",
                "--set", "task.prompts_per_step=2", "--set", "task.eval_size=20", "--set", "task.model.source=tiny-scratch",
                "--set", "task.model.layers=1", "--set", "task.model.width=32", "--set", "task.model.heads=2",
-               "--set", "task.eval_subset=0"]}   # every one of the 20 held-out problems at every (one) evaluation
+               "--set", "task.eval_subset=0",   # every one of the 20 held-out problems at every (one) evaluation
+               # completions of 12 tokens (an untrained model's run to the budget): generation was most of the time
+               "--set", "task.sampling.max_new_tokens=12"]}
 # the reasoning-gym settings, the wide start's and the settings where mechanisms act: the same, from code
 TINY["countdown"] = TINY["spell_backward"] = TINY["lm_wide"] = TINY["lm_acts"] = TINY["lm_seed1"] = TINY["lm_seed2"] = \
     TINY["spell_backward_slow"] = TINY["lm"]
