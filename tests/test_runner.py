@@ -46,7 +46,9 @@ def test_shipped_ablation_smoke(tmp_path, name):
         # the held-out set is the preset's (1000 problems, guarded), scored at both ends of every run: most of
         # a run's time, so one seed (the toy's files show that seeds reach the numbers); pass@k's 8 samples each
         # are not needed here
-        tiny = ["--set", "epochs=1", "--set", "inner_steps=1", "--set", "group_size=2", "--set", "task.pass_k=0"]
+        # completions of 12 tokens: an evaluation decodes until its chunk's longest answer ends (up to 72 tokens)
+        tiny = ["--set", "epochs=1", "--set", "inner_steps=1", "--set", "group_size=2", "--set", "task.pass_k=0",
+                "--set", "task.sampling.max_new_tokens=12"]
         seeds = 1
     res = cli("run", f"ablations/{name}", "--seeds", str(seeds), "--out", tmp_path, "--workers", "2", *tiny)
     assert res.returncode == 0, res.stderr[-3000:]
