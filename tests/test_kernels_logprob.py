@@ -346,6 +346,141 @@ def test_the_tile_reducing_forward_gives_the_fp64_log_probs_entropy_and_gradient
     check("triton", logits, labels, with_entropy)
 
 
+# ------------------------------------------------- held where mutation testing found them unheld (2026-12-03)
+
+@pytest.mark.parametrize("t", [0.7, 2.0])
+@pytest.mark.parametrize("with_entropy", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernels_at_a_temperature_against_fp64(small_tiles, dtype, with_entropy, t):
+    """logprob_fwd and logprob_bwd of x / T (the fused head's GPU path; only the CPU rows had been checked at
+    T != 1): log-probs, entropy and d/dx of sum(a logp + b H), several tiles and fewer programs than rows."""
+    x, labels = randn(2, 3, 150, dtype=dtype, seed=3), labels_for((2, 3), 150)
+    gen = torch.Generator().manual_seed(6)
+    a, b = torch.randn(2, 3, generator=gen), torch.randn(2, 3, generator=gen)
+    lp, lse, ent = K.logprob_fwd(x, labels, with_entropy, temperature=t)
+    xr = x.double().requires_grad_()
+    rlp, rent = reference(xr / t, labels)
+    torch.testing.assert_close(lp.double(), rlp, **TOL[torch.float32])
+    if with_entropy:
+        torch.testing.assert_close(ent.double(), rent, **TOL[torch.float32])
+    robj = (rlp * a.double()).sum() + ((rent * b.double()).sum() if with_entropy else 0)
+    (rg,) = torch.autograd.grad(robj, xr)
+    out = torch.empty_like(x)
+    K.logprob_bwd(x, labels, lse, ent, a, b if with_entropy else None, out, temperature=t)
+    torch.testing.assert_close(out.double(), rg, **TOL[dtype])
+
+
+def test_an_out_of_range_label_reads_nothing_and_gives_minus_inf():
+    """Labels -1 and V in rows between others: -inf, not the element before or after the row (the neighbour
+    row's memory), and the other rows keep their log-probs."""
+    x, labels = randn(1, 5, 40, seed=4), labels_for((1, 5), 40)
+    labels[0, 1], labels[0, 3] = -1, 40
+    lp, _ = K.triton_logprobs(x, labels)
+    assert lp[0, 1] == lp[0, 3] == float("-inf")
+    keep = [0, 2, 4]
+    torch.testing.assert_close(lp[0, keep].double(), reference(x[0, keep], labels[0, keep])[0], **TOL[F32])
+
+
+def test_the_default_forward_is_the_lane_scheme(monkeypatch):
+    """Without a forced configuration the forward runs per-lane running sums (FWD_CONFIGS[0]), not the
+    tile-reducing scheme: the same numbers to the bit as the forced lanes, other bits than the forced tiles, and
+    the tile scheme's helper runs only where tile-reduce is asked for."""
+    x, labels = randn(4, 3000, seed=9), labels_for((4,), 3000)
+    tiles, real = [], K._row_tiles
+    monkeypatch.setattr(K, "_row_tiles", lambda *a: tiles.append(1) or real(*a))
+    got = {}
+    for name, cfg in (("default", None), ("lanes", "1024,4,3,0"), ("tiles", "1024,4,3,1")):
+        if cfg is None:
+            monkeypatch.delenv("GRPO_BENCH_LOGPROB_FWD_CFG", raising=False)
+        else:
+            monkeypatch.setenv("GRPO_BENCH_LOGPROB_FWD_CFG", cfg)
+        got[name] = torch.cat(K.triton_logprobs(x, labels, True))
+        got[name + " tiles"] = len(tiles)
+    assert torch.equal(got["default"], got["lanes"]) and not torch.equal(got["default"], got["tiles"])
+    assert (got["default tiles"], got["lanes tiles"]) == (0, 0) and got["tiles tiles"] == 4   # a row each
+
+
+def test_forward_configurations_are_valid_up_to_their_edges(monkeypatch):
+    """fwd_config_valid at each bound: the smallest tile, every warp count, stages 1 and 8, a thread's share of
+    32 values (64 reducing tiles) and one past each; $GRPO_BENCH_LOGPROB_FWD_CFG comes back as 4 numbers."""
+    valid = [(16, 1, 1), (1024, 32, 8), (1024, 16, 1, 0), (1024, 8, 1), (1024, 1, 1), (2048, 1, 1, 1), (4096, 2, 8, 1)]
+    invalid = [(8, 1, 1), (1024, 3, 1), (1024, 64, 1), (1024, 4, 0), (1024, 4, 9), (2048, 1, 1), (4096, 1, 1, 1),
+               (1024, 4, 1, 2), (1024, 4), (1024, 4, 1, 0, 0)]
+    assert all(K.fwd_config_valid(c) for c in valid), [c for c in valid if not K.fwd_config_valid(c)]
+    assert not any(K.fwd_config_valid(c) for c in invalid), [c for c in invalid if K.fwd_config_valid(c)]
+    for env, want in (("1024,2,4", (1024, 2, 4, 0)), ("2048,1,4,1", (2048, 1, 4, 1))):
+        monkeypatch.setenv("GRPO_BENCH_LOGPROB_FWD_CFG", env)
+        assert K.fwd_env_config() == want
+
+
+def test_the_launch_rule_by_hand(monkeypatch):
+    """Tiles of at least 16 lanes, the forward's at most FWD_BLOCK_V_MAX with 4 warps, the backward's at most
+    BLOCK_V_MAX with 4, 8 or 16 warps by the tile (the H100 tuning), one program a row up to MAX_PROGRAMS; and
+    the backward launches with its own rule."""
+    monkeypatch.delenv("GRPO_BENCH_LOGPROB_FWD_CFG", raising=False)
+    for v, fwd, bwd in ((3, (16, 4), (16, 4)), (512, (512, 4), (512, 4)), (600, (1024, 4), (1024, 8)),
+                        (1024, (1024, 4), (1024, 8)), (1025, (1024, 4), (2048, 8)), (2049, (1024, 4), (4096, 16)),
+                        (4096, (1024, 4), (4096, 16)), (50_257, (1024, 4), (8192, 16))):
+        assert K._launch_cfg(7, v) == dict(grid=(7,), BLOCK_V=fwd[0], num_warps=fwd[1]), v
+        assert K._launch_cfg(7, v, backward=True) == dict(grid=(7,), BLOCK_V=bwd[0], num_warps=bwd[1]), v
+    assert K._launch_cfg(1, 10)["grid"] == (1,) and K._launch_cfg(5 << 20, 10)["grid"] == (K.MAX_PROGRAMS,)
+    launched = []
+    real = K._logprob_bwd
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launched.append((grid, kw["BLOCK_V"], kw["num_warps"]))
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(K, "_logprob_bwd", Spy())
+    x, labels = randn(1, 2, 3000, seed=2).requires_grad_(), labels_for((1, 2), 3000)
+    K.triton_logprobs(x, labels)[0].sum().backward()
+    assert launched == [((2,), 4096, 16)]
+
+
+def test_an_unused_entropy_gradient_runs_the_kernel_without_it(monkeypatch):
+    """Entropy returned but not in the objective: the backward gets no entropy gradient (not zeros pushed through
+    its terms) and gives the log-prob's gradient to the bit; entropy not asked for is not returned."""
+    x, labels = randn(2, 3, 50, seed=7), labels_for((2, 3), 50)
+    seen, real = [], K.logprob_bwd
+    monkeypatch.setattr(K, "logprob_bwd", lambda *a, **kw: seen.append(a[5]) or real(*a, **kw))
+    grads = []
+    for with_entropy in (False, True):
+        xg = x.clone().requires_grad_()
+        lp, ent = K.triton_logprobs(xg, labels, with_entropy)
+        assert (ent is None) != with_entropy
+        (g,) = torch.autograd.grad((lp * torch.arange(6.0).view(2, 3)).sum(), xg)
+        grads.append(g)
+    assert seen == [None, None] and torch.equal(grads[0], grads[1])
+    assert K.triton_logprobs(x, labels)[1] is None
+
+
+@pytest.mark.parametrize("layout", ["every_other_column", "transposed"])
+def test_logits_strided_along_the_vocabulary_are_read_as_they_are(layout):
+    """A view whose vocabulary stride is not 1 (every other column of a wider tensor; a (B, V, L) tensor seen as
+    (B, L, V), whose rows have unit stride instead) is made contiguous before the kernel, which walks a row at
+    unit stride: the fp64 log-probs, entropy and gradient of the view's own numbers."""
+    if layout == "every_other_column":
+        base = randn(2, 3, 2 * 37, seed=13).requires_grad_()
+        view = lambda t: t[..., ::2]  # noqa: E731
+    else:
+        base = randn(2, 37, 3, seed=13).requires_grad_()
+        view = lambda t: t.transpose(1, 2)  # noqa: E731
+    x, labels = view(base), labels_for((2, 3), 37)
+    assert x.shape == (2, 3, 37) and x.stride(-1) != 1
+    lp, ent = K.triton_logprobs(x, labels, True)
+    xr = view(base.detach()).double().requires_grad_()
+    rlp, rent = reference(xr, labels)
+    torch.testing.assert_close(lp.double(), rlp, **TOL[F32])
+    torch.testing.assert_close(ent.double(), rent, **TOL[F32])
+    (g,) = torch.autograd.grad((lp + ent).sum(), base)
+    (rg,) = torch.autograd.grad((rlp + rent).sum(), xr)
+    torch.testing.assert_close(view(g).double(), rg, **TOL[F32])
+    assert g.abs().sum() == view(g).abs().sum()   # nothing outside the view
+
+
 # ----------------------------------------------------------------- full size, GPU only
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="full-size kernel checks need a GPU")

@@ -200,7 +200,7 @@ def fwd_env_config() -> tuple | None:
 
 def _launch_cfg(n_rows: int, v: int, backward: bool = False) -> dict:
     block = min(BLOCK_V_MAX, triton.next_power_of_2(max(v, 16)))
-    grid = (max(1, min(n_rows, MAX_PROGRAMS)),)
+    grid = (min(n_rows, MAX_PROGRAMS),)   # n_rows >= 1: both callers launch only when there are rows
     if backward:
         warps = 16 if block >= 4096 else 8 if block >= 1024 else 4
     elif (forced := fwd_env_config()) is not None:
