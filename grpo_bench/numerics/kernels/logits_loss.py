@@ -187,7 +187,7 @@ class FusedLogitsLoss(torch.autograd.Function):
                 x, labels, old, ref if ref is not None else old, gate if gate is not None else mask, deltas, mask,
                 lengths, parts, dx, n, s, t, x.stride(0), x.stride(1), labels.stride(0), labels.stride(1),
                 dx.stride(0), dx.stride(1), v, group, float(t if spec.max_len is None else spec.max_len),
-                float(spec.kl_coef) if spec.kl else 0.0, WRITE_GRAD=write_grad, BLOCK_V=block, REVERSE=reverse,
+                float(spec.kl_coef), WRITE_GRAD=write_grad, BLOCK_V=block, REVERSE=reverse,
                 num_warps=warps, **consts)
         if inplace and write_grad:  # so that an op that saved these logits for its backward (tanh) fails loudly
             torch.autograd.graph.increment_version(x)

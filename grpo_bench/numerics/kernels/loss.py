@@ -2,14 +2,15 @@
 
 Every registry aggregation is linear in the per-sequence masked sums of the per-token
 loss, with a weight per sequence that depends only on the mask (n = responses with at
-least one token; an empty response is not part of the batch, see algos/aggregate.py):
+least one token; an empty response is not part of the batch, see algos/aggregate.py, and
+its weight multiplies a sum over no token, so any value serves):
 
     token_mean               w_s = 1 / max(sum of all lengths, 1)
     token_sum                w_s = 1
-    seq_mean_token_mean      w_s = [len_s > 0] / (max(len_s, 1) * n)
-    seq_mean_token_sum       w_s = [len_s > 0] / n
-    seq_mean_token_sum_norm  w_s = [len_s > 0] / (n * max_len)
-    prompt_mean              w_s = [len_p > 0] / (max(len_p, 1) * n_p), len_p the tokens of s's group,
+    seq_mean_token_mean      w_s = 1 / (max(len_s, 1) * n)
+    seq_mean_token_sum       w_s = 1 / n
+    seq_mean_token_sum_norm  w_s = 1 / (n * max_len)
+    prompt_mean              w_s = 1 / (max(len_p, 1) * n_p), len_p the tokens of s's group,
                              n_p the groups with any token (the group is the second-to-last axis)
 
 The weights are known before any log-prob is, so d loss / d logp_t = w_s * (gate * dpol_t +
@@ -50,9 +51,8 @@ MAX_PROGRAMS = 1 << 20  # any positive values are correct; tests shrink them
 BLOCK_T_MAX = 1024
 NUM_WARPS = 8
 BLOCK_S = 1024  # at most this many lengths read per step when a program builds w_s from all of them
-N_PARTS = 8  # per part (sequence or token): w*total, w*gated policy, KL, low, high, extra, tokens, (pad)
 # the statistics _reduce writes, in order
-STATS = ("loss/policy", "clip/frac", "clip/low_frac", "clip/high_frac", "clip/extra_frac", "kl/value", "tokens")
+STATS = ("loss/policy", "clip/frac", "clip/low_frac", "clip/high_frac", "clip/extra_frac", "kl/value")
 AGG_CODES = {name: i for i, name in enumerate(AGGREGATES)}
 
 
@@ -202,7 +202,7 @@ def _seq_weight(len_ptr, s, S, G, norm, AGG: tl.constexpr, BLOCK_S: tl.constexpr
                         other=0.0)
             n_acc += (tl.sum(x, axis=1) > 0).to(tl.float32)
         n_p = tl.maximum(tl.sum(n_acc, axis=0), 1.0)
-        w = (len_p > 0).to(tl.float32) / (tl.maximum(len_p, 1.0) * n_p)
+        w = 1.0 / (tl.maximum(len_p, 1.0) * n_p)
     else:
         len_s = tl.load(len_ptr + s)
         tot = tl.zeros([BLOCK_S], tl.float32)
@@ -213,21 +213,21 @@ def _seq_weight(len_ptr, s, S, G, norm, AGG: tl.constexpr, BLOCK_S: tl.constexpr
             tot += ln
             cnt += (ln > 0).to(tl.float32)
         n = tl.maximum(tl.sum(cnt, axis=0), 1.0)
-        has = (len_s > 0).to(tl.float32)
         if AGG == 0:  # token_mean
             w = 1.0 / tl.maximum(tl.sum(tot, axis=0), 1.0)
         elif AGG == 2:  # seq_mean_token_mean
-            w = has / (tl.maximum(len_s, 1.0) * n)
+            w = 1.0 / (tl.maximum(len_s, 1.0) * n)
         elif AGG == 3:  # seq_mean_token_sum
-            w = has / n
+            w = 1.0 / n
         else:  # seq_mean_token_sum_norm
-            w = has / (n * norm)
+            w = 1.0 / (n * norm)
     return w
 
 
 @triton.jit
 def _store_part(part_ptr, w, pol, kl, low, high, extra, tokens, coef):
-    """One part's row of _reduce's input: w*(policy + beta*KL), w*policy, KL, region counts, tokens."""
+    """One part's row of _reduce's input (a part is a sequence, or a token in logits_loss.py), 8 wide:
+    w*(policy + beta*KL), w*policy, KL, region counts low, high, extra, tokens, and a pad column."""
     tl.store(part_ptr, w * (pol + coef * kl))
     tl.store(part_ptr + 1, w * pol)
     tl.store(part_ptr + 2, kl)
@@ -291,8 +291,8 @@ def _reduce(part_ptr, n, value_ptr, stats_ptr, BLOCK: tl.constexpr):
     acc = tl.zeros([BLOCK, 8], tl.float32)
     for i0 in range(0, n, BLOCK):
         rows = i0 + tl.arange(0, BLOCK)
-        acc += tl.load(part_ptr + rows[:, None] * 8 + cols[None, :], mask=(rows[:, None] < n) & (cols[None, :] < 7),
-                       other=0.0)
+        # the pad column (7) is read too, never written: no _pick takes it, so whatever it holds stays there
+        acc += tl.load(part_ptr + rows[:, None] * 8 + cols[None, :], mask=rows[:, None] < n, other=0.0)
     tot = tl.sum(acc, axis=0)
     low, high, extra, tokens = _pick(tot, cols, 3), _pick(tot, cols, 4), _pick(tot, cols, 5), _pick(tot, cols, 6)
     inv = 1.0 / tl.maximum(tokens, 1.0)
@@ -303,7 +303,6 @@ def _reduce(part_ptr, n, value_ptr, stats_ptr, BLOCK: tl.constexpr):
     out = tl.where(cols == 3, high * inv, out)
     out = tl.where(cols == 4, extra * inv, out)
     out = tl.where(cols == 5, _pick(tot, cols, 2) * inv, out)
-    out = tl.where(cols == 6, tokens, out)
     tl.store(stats_ptr + cols, out)
 
 
@@ -319,26 +318,6 @@ def _scale_rows(x_ptr, g_ptr, n_rows, L, sb, sl, V, BLOCK: tl.constexpr):
                 idx = c0 + cols
                 x = tl.load(base + idx, mask=idx < V, other=0.0).to(tl.float32)
                 tl.store(base + idx, (x * g).to(x_ptr.dtype.element_ty), mask=idx < V)
-
-
-def seq_weights(aggregate: str, lengths: Tensor, t: int, max_len: int | None, group: int = 1) -> Tensor:
-    """(S,) weights with aggregate(per_token, mask) == sum_s w_s * (masked sum of sequence s): the torch
-    statement of _seq_weight, which the tests hold it to."""
-    if aggregate == "prompt_mean":  # S = prompts * group, a prompt's responses adjacent
-        per_prompt = lengths.view(-1, group).sum(-1, keepdim=True)
-        n_p = (per_prompt > 0).to(lengths.dtype).sum().clamp(min=1)
-        return ((per_prompt > 0).to(lengths.dtype) / (per_prompt.clamp(min=1) * n_p)).expand(-1, group).reshape(-1)
-    has = (lengths > 0).to(lengths.dtype)
-    n = has.sum().clamp(min=1)
-    if aggregate == "token_mean":
-        return (1.0 / lengths.sum().clamp(min=1)).expand(lengths.numel())
-    if aggregate == "token_sum":
-        return torch.ones_like(lengths)
-    if aggregate == "seq_mean_token_mean":
-        return has / (lengths.clamp(min=1) * n)
-    if aggregate == "seq_mean_token_sum":
-        return has / n
-    return has / (n * (t if max_len is None else max_len))
 
 
 @functools.lru_cache(maxsize=256)
@@ -390,11 +369,11 @@ class FusedGRPOLoss(torch.autograd.Function):
         grad = torch.empty_like(logp) if write_grad else parts  # parts: any valid pointer, never written
         if s:
             block = min(BLOCK_T_MAX, triton.next_power_of_2(max(t, 16)))
-            grid = (max(1, min(s, MAX_PROGRAMS)),)
+            grid = (min(s, MAX_PROGRAMS),)
             _lengths[grid](mask, lengths, s, t, BLOCK_T=block, num_warps=4)
             _loss_fwd[grid](logp, old, ref if ref is not None else old, gate if gate is not None else mask, deltas,
                             mask, lengths, parts, grad, s, t, group, float(t if spec.max_len is None else spec.max_len),
-                            float(spec.kl_coef) if spec.kl else 0.0, WRITE_GRAD=write_grad, BLOCK_T=block,
+                            float(spec.kl_coef), WRITE_GRAD=write_grad, BLOCK_T=block,
                             num_warps=NUM_WARPS, **consts)
         value, stats = reduce_parts(parts, s)
         ctx.grad = grad if write_grad else None
@@ -436,7 +415,7 @@ def fused_grpo_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, del
     spec.check()
     t = logp.shape[-1]
     # the kernel's rows are responses; prompt_mean needs their groups (the second-to-last axis)
-    group = logp.shape[-2] if spec.aggregate == "prompt_mean" and logp.dim() >= 2 else 1
+    group = logp.shape[-2] if spec.aggregate == "prompt_mean" else 1
 
     write_grad = torch.is_grad_enabled() and logp.requires_grad
     value, stats = FusedGRPOLoss.apply(logp.reshape(-1, t).contiguous(), rows(old_logp, t),
