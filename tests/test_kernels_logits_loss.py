@@ -18,6 +18,7 @@ from grpo_bench.numerics.kernels import spec as S  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 F32 = torch.float32
+SHIPPED_TILES = LL.TILES  # the fixture below shrinks them for every test
 LOSSES = {
     "naive": "naive", "unclipped": "unclipped",
     "clipped": {"name": "clipped", "clip_low": 0.2, "clip_high": 0.28},
@@ -225,3 +226,60 @@ def test_a_kl_named_without_a_coefficient_adds_nothing_and_needs_no_reference():
         assert torch.equal(got, want) and "kl/value" not in stats
     with pytest.raises(ValueError, match="needs ref_logp"):
         grpo_loss_from_logits(logits, labels, old, None, deltas, mask, kl="k3", kl_coef=0.1, backend="torch")
+
+
+# --- held where mutation testing found them unheld (scripts/mutate.py)
+
+def test_the_shipped_tiles_by_vocabulary(monkeypatch):
+    """2,048-wide tiles with 8 warps up to V = 65,536 (GPT-2's 50,257 among them), 4,096 with 16 past it (Qwen's
+    151,936); one program a row, each row walked backwards; every entry valid."""
+    monkeypatch.setattr(LL, "TILES", SHIPPED_TILES)
+    for v, want in ((37, (2048, 8, 0, True)), (50_257, (2048, 8, 0, True)), (65_536, (2048, 8, 0, True)),
+                    (65_537, (4096, 16, 0, True)), (151_936, (4096, 16, 0, True))):
+        assert LL.config(v) == want, v
+    assert all(LL.valid(cfg) for _, cfg in SHIPPED_TILES)
+
+
+def test_programs_per_sm_by_hand(monkeypatch):
+    """per_sm programs on each SM of a CUDA device, never more than the rows or MAX_PROGRAMS; one program a row
+    for per_sm 0 or off CUDA. A device object needs no GPU, and _sms is the only call that would."""
+    monkeypatch.setattr(LL, "_sms", lambda index: {0: 132, 1: 66}[index])
+    cuda0, cuda1, cpu = torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cpu")
+    monkeypatch.setattr(LL, "MAX_PROGRAMS", 1 << 20)
+    assert LL._programs(10_000, 2, cuda0) == 264 and LL._programs(10_000, 2, cuda1) == 132
+    assert LL._programs(100, 2, cuda0) == 100 and LL._programs(10_000, 0, cuda0) == 10_000
+    assert LL._programs(10_000, 2, cpu) == 10_000
+    monkeypatch.setattr(LL, "MAX_PROGRAMS", 50)
+    assert LL._programs(10_000, 2, cuda0) == 50 and LL._programs(10_000, 0, cpu) == 50
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert LL._programs(10_000, 1, torch.device("cuda")) == 50 and LL._programs(40, 1, torch.device("cuda")) == 40
+    monkeypatch.setattr(LL, "MAX_PROGRAMS", 1 << 20)
+    assert LL._programs(10_000, 1, torch.device("cuda")) == 66  # an unnumbered device is the current one
+
+
+def test_valid_configurations_up_to_their_edges():
+    """Power-of-two tiles from 16 to 65,536, warps a power of two up to 32, programs per SM not negative, and at
+    most MAX_PER_THREAD (64) values a thread per tile."""
+    assert LL.valid((16, 1, 0, True)) and LL.valid((65_536, 32, 0, False)) and LL.valid((2048, 1, 0, True))
+    assert LL.valid((8192, 4, 7, True))  # 64 a thread: the edge
+    for bad in ((8, 1, 0, True), (15, 1, 0, True), (24, 1, 0, True), (131_072, 32, 0, True), (2048, 3, 0, True),
+                (2048, 64, 0, True), (2048, 8, -1, True), (4096, 1, 0, True), (16_384, 4, 0, True)):
+        assert not LL.valid(bad), bad
+
+
+def test_an_out_of_range_label_reads_nothing():
+    """A label of -1 or V (padding conventions) reads no logit, its neighbour row's included: log p is -inf, so
+    under the unclipped loss its ratio is 0, exactly as a finite log-prob against an old one of +inf."""
+    x, y, old, ref, deltas, mask = batch(seed=13, dtype=F32)
+    mask = torch.ones_like(mask)
+    bad, far = y.clone(), old.clone()
+    bad[0, 0, 2], bad[1, 2, 5] = -1, x.shape[-1]
+    far[0, 0, 2] = far[1, 2, 5] = float("inf")
+    kw = dict(loss="unclipped", aggregate="token_mean", backend="triton")
+    got, want = [], []
+    for labels, o, out in ((bad, old, got), (y, far, want)):
+        xa = x.clone().requires_grad_()
+        value, _ = grpo_loss_from_logits(xa, labels, o, ref, deltas, mask, **kw)
+        out += [value, torch.autograd.grad(value, xa)[0]]
+    assert torch.isfinite(got[0]) and got[0].item() == want[0].item() and torch.equal(got[1], want[1])
+    assert (got[1][0, 0, 2] == 0).all() and (got[1][1, 2, 5] == 0).all() and got[1].abs().sum() > 0

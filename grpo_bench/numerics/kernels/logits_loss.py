@@ -55,10 +55,11 @@ MAX_PER_THREAD = 64  # BLOCK_V / (32 * num_warps) fp32 values a thread holds per
 
 
 def valid(cfg) -> bool:
-    """A configuration every GPU compiles: power-of-two tile, warps in 1..32, a tile a thread can hold."""
+    """A configuration every GPU compiles: power-of-two tile, warps in 1..32, a tile a thread can hold (so a
+    tile of at most 32 x 32 x 64 = 65,536)."""
     block, warps, per_sm, _ = cfg
     return (block >= 16 and block & (block - 1) == 0 and warps in (1, 2, 4, 8, 16, 32) and per_sm >= 0
-            and block // (32 * warps) <= MAX_PER_THREAD and block <= 65_536)
+            and block // (32 * warps) <= MAX_PER_THREAD)
 
 
 def config(v: int):
@@ -162,7 +163,7 @@ def _programs(n_rows: int, per_sm: int, device: torch.device) -> int:
     pass can find it in L2), or one program per row (per_sm 0, or off CUDA)."""
     n = per_sm * _sms(device.index if device.index is not None else torch.cuda.current_device()) \
         if per_sm and device.type == "cuda" else n_rows
-    return max(1, min(n_rows, n, MAX_PROGRAMS))
+    return min(n_rows, n, MAX_PROGRAMS)
 
 
 class FusedLogitsLoss(torch.autograd.Function):
@@ -180,9 +181,8 @@ class FusedLogitsLoss(torch.autograd.Function):
         parts = torch.empty(max(n, 1), 8, dtype=torch.float32, device=dev)
         dx = (x if inplace else torch.empty_like(x)) if write_grad else x  # x: a valid pointer, never written
         if n:
-            _lengths[(max(1, min(s, MAX_PROGRAMS)),)](mask, lengths, s, t,
-                                                      BLOCK_T=min(BLOCK_T_MAX, triton.next_power_of_2(max(t, 16))),
-                                                      num_warps=4)
+            _lengths[(min(s, MAX_PROGRAMS),)](mask, lengths, s, t,
+                                              BLOCK_T=min(BLOCK_T_MAX, triton.next_power_of_2(max(t, 16))), num_warps=4)
             _logits_loss_fwd[(_programs(n, per_sm, dev),)](
                 x, labels, old, ref if ref is not None else old, gate if gate is not None else mask, deltas, mask,
                 lengths, parts, dx, n, s, t, x.stride(0), x.stride(1), labels.stride(0), labels.stride(1),
@@ -215,7 +215,7 @@ def fused_logits_loss(logits: Tensor, labels: Tensor, old_logp: Tensor, ref_logp
     if spec.loss == "gspo":
         return None
     t = labels.shape[-1]
-    group = labels.shape[-2] if spec.aggregate == "prompt_mean" and labels.dim() >= 2 else 1
+    group = labels.shape[-2] if spec.aggregate == "prompt_mean" else 1
     x = as_bl(logits)
     if x.stride(-1) != 1:
         x = x.contiguous()
