@@ -283,3 +283,117 @@ def test_an_out_of_range_label_reads_nothing():
         out += [value, torch.autograd.grad(value, xa)[0]]
     assert torch.isfinite(got[0]) and got[0].item() == want[0].item() and torch.equal(got[1], want[1])
     assert (got[1][0, 0, 2] == 0).all() and (got[1][1, 2, 5] == 0).all() and got[1].abs().sum() > 0
+
+
+class Spy:
+    """Stands in for a Triton kernel: records each launch's grid and the keywords named, then launches."""
+
+    def __init__(self, kernel, *keys):
+        self.kernel, self.keys, self.launches, self.run = kernel, keys, [], True
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.launches.append((grid, *(kw[k] for k in self.keys)))
+            if self.run:
+                self.kernel[grid](*args, **kw)
+        return launch
+
+
+def test_the_launch_rule_by_hand(monkeypatch):
+    """The lengths: tiles of 16 tokens up to BLOCK_T_MAX, a program a response up to MAX_PROGRAMS, 4 warps. The
+    loss: TILES' tile, warps and direction, its group only for prompt_mean, the gradient written only when one
+    is wanted."""
+    monkeypatch.setattr(LL, "TILES", [(1 << 62, (32, 2, 0, False))])
+    spies = {"_lengths": Spy(LL._lengths, "BLOCK_T", "num_warps"),
+             "_logits_loss_fwd": Spy(LL._logits_loss_fwd, "BLOCK_V", "num_warps", "REVERSE", "GP", "WRITE_GRAD")}
+    for name, spy in spies.items():
+        monkeypatch.setattr(LL, name, spy)
+    for g, t, block_t, grid in ((3, 3, 16, 3), (2, 17, 32, 2), (7, 1500, 1024, 5)):
+        x, y, old, ref, deltas, mask = batch(b=1, g=g, t=t, v=9, dtype=F32)
+        spies["_logits_loss_fwd"].run = t < 1000  # 10,500 rows take minutes in the interpreter
+        for aggregate, gp in (("token_mean", 1), ("prompt_mean", triton_next_pow2(g))):
+            for grad_on in (True, False):
+                xa = x.clone().requires_grad_(grad_on)
+                grpo_loss_from_logits(xa, y, old, ref, deltas, mask, loss="clipped", aggregate=aggregate,
+                                      backend="triton")
+                assert spies["_lengths"].launches.pop() == ((grid,), block_t, 4)
+                assert spies["_logits_loss_fwd"].launches.pop() == ((min(g * t, 5),), 32, 2, False, gp, grad_on)
+
+
+def triton_next_pow2(n):
+    return 1 << (n - 1).bit_length()
+
+
+def test_k3_is_reads_the_old_log_probs_under_every_loss():
+    """k3_is weighs k3 by pi / pi_old, so it reads pi_old even where the policy term does not (naive)."""
+    data = batch(seed=14, dtype=F32, spread=0.8)
+    for loss in ("naive", "unclipped"):
+        compare(data, loss=loss, aggregate="token_mean", kl="k3_is", kl_coef=0.5)
+
+
+def test_a_gradient_of_exactly_one_is_written():
+    """A row's gradient pass is skipped only where dL/dlogp is exactly 0; the naive loss on one token with an
+    advantage of -1 under token_sum has dL/dlogp exactly 1, a value the skip must not take for 0."""
+    x, y, old, ref, deltas, mask = batch(seed=15, b=1, g=2, t=1, dtype=F32)
+    data = (x, y, old, ref, torch.full_like(deltas, -1.0), torch.ones_like(mask))
+    _, grad = compare(data, loss="naive", aggregate="token_sum")
+    assert (grad != 0).all()
+
+
+def test_no_gradient_wanted_leaves_the_logits_alone():
+    """inplace=True writes into the logits only when a gradient is wanted: not under no_grad (where tanh, which
+    kept its output for its backward, must still differentiate), not for logits that require none."""
+    x, y, old, ref, deltas, mask = batch(seed=16, dtype=F32)
+    kw = dict(loss=LOSSES["clipped"], aggregate="token_mean", backend="triton", inplace=True)
+    leaf = x.clone().requires_grad_()
+    capped = leaf.tanh()
+    before = capped.detach().clone()
+    with torch.no_grad():
+        grpo_loss_from_logits(capped, y, old, ref, deltas, mask, **kw)
+    assert torch.equal(capped.detach(), before)
+    (grad,) = torch.autograd.grad(capped.sum(), leaf)  # tanh's saved output untouched, its version too
+    fresh = x.clone().requires_grad_()
+    assert torch.equal(grad, torch.autograd.grad(fresh.tanh().sum(), fresh)[0])
+    plain = x.clone()
+    value, _ = grpo_loss_from_logits(plain, y, old, ref, deltas, mask, **kw)  # a leaf, but wanting no gradient
+    assert torch.equal(plain, x) and not value.requires_grad
+
+
+def test_logits_strided_along_the_vocabulary_are_read_as_logits():
+    """The kernel walks V with unit stride: logits every 2nd or 3rd column of a wider buffer, or transposed,
+    are copied to that layout first; with unit stride but padded rows (Liger's layout), inplace writes the
+    gradient into the caller's own storage."""
+    x, y, old, ref, deltas, mask = batch(seed=17, dtype=F32)
+    kw = dict(loss=LOSSES["clipped"], aggregate="seq_mean_token_mean", kl="k3", kl_coef=0.04)
+    value, want = compare((x, y, old, ref, deltas, mask), **kw)
+    for k in (2, 3):
+        wide = torch.zeros(*x.shape[:-1], k * x.shape[-1]).index_copy(-1, torch.arange(0, k * x.shape[-1], k), x)
+        xa = wide.requires_grad_()
+        v, _ = grpo_loss_from_logits(xa[..., ::k], y, old, ref, deltas, mask, backend="triton", **kw)
+        (g,) = torch.autograd.grad(v, xa)
+        assert v.item() == value.item() and torch.equal(g[..., ::k], want) and (g[..., 1::k] == 0).all(), k
+    xt = x.transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_()
+    v, _ = grpo_loss_from_logits(xt, y, old, ref, deltas, mask, backend="triton", **kw)
+    assert v.item() == value.item() and torch.equal(torch.autograd.grad(v, xt)[0], want)
+    leaf = torch.cat([x, x[..., :1, :]], -2).requires_grad_()
+    padded = leaf * 1.0
+    grpo_loss_from_logits(padded[..., :-1, :], y, old, ref, deltas, mask, backend="triton", inplace=True, **kw)
+    assert torch.equal(padded.detach()[..., :-1, :], want)
+
+
+def test_the_kernel_entry_point_refuses_what_it_cannot_compute_and_hands_back_its_statistics_as_data():
+    """Called directly (as a head does), a spec with a term the kernel lacks is refused, not silently dropped;
+    GSPO is handed back (None); the statistics carry no gradient, so one used in a loss fails loudly."""
+    x, y, old, ref, deltas, mask = batch(seed=18, dtype=F32)
+    spec = S.LossSpec("clipped", (("clip_high", 0.28), ("clip_low", 0.2)), "token_mean", (), "k3", 0.1,
+                      extra_terms=("entropy",))
+    with pytest.raises(ValueError, match="no entropy term"):
+        LL.fused_logits_loss(x, y, old, ref, deltas, mask, spec, None, False)
+    gspo = S.LossSpec("gspo", (("clip_high", 0.05), ("clip_low", 0.05)), "token_mean", ())
+    assert LL.fused_logits_loss(x, y, old, ref, deltas, mask, gspo, None, False) is None
+    xa = x.clone().requires_grad_()
+    value, stats = grpo_loss_from_logits(xa, y, old, ref, deltas, mask, loss="clipped", aggregate="token_mean",
+                                         kl="k3", kl_coef=0.1, backend="triton")
+    assert value.requires_grad and not any(v.requires_grad for v in stats.values())
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        torch.autograd.grad(stats["kl/value"], xa)

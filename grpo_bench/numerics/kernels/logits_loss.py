@@ -208,8 +208,8 @@ class FusedLogitsLoss(torch.autograd.Function):
 
 
 def fused_logits_loss(logits: Tensor, labels: Tensor, old_logp: Tensor, ref_logp: Tensor | None, deltas: Tensor,
-                      mask: Tensor, spec: LossSpec, gate: Tensor | None = None,
-                      inplace: bool = False) -> tuple[Tensor, dict[str, Tensor]] | None:
+                      mask: Tensor, spec: LossSpec, gate: Tensor | None,
+                      inplace: bool) -> tuple[Tensor, dict[str, Tensor]] | None:
     """logits (..., T, V), labels and the loss's (..., T) inputs -> scalar loss, statistics; None for GSPO."""
     spec.check()
     if spec.loss == "gspo":
