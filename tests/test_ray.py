@@ -107,12 +107,16 @@ def sweep(tmp_path_factory, cluster):
         time.sleep(0.1)
 
     second = _driver(abl, out, cluster)
-    killed = []
+    # killed once it has run a while: a worker titled with the task but killed at once came back with no error
+    # once (a full suite on 2 cores), as if its task had not yet been handed to it; the long runs take seconds
+    killed, seen = [], {}
     while second.poll() is None:
         if not killed:
+            now = time.time()
             for pid in _workers_running("long-"):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
+                if now - seen.setdefault(pid, now) >= 0.5:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
         time.sleep(0.02)
     stdout, stderr = second.communicate()
     return {"local": tmp / "local", "ray": out, "before": before, "done": done, "after": _run_dirs(out),
