@@ -226,3 +226,100 @@ def test_full_size_gpu():
     for g, rg in ((gx, rgx), (gw, rgw)):
         s = rg.abs().max()
         torch.testing.assert_close(g.float() / s, rg / s, rtol=3e-2, atol=3e-2)
+
+
+# --- held where mutation testing found them unheld (scripts/mutate.py)
+
+class Spy:
+    """Stands in for a Triton kernel: records each launch's grid and the keywords named, then launches."""
+
+    def __init__(self, kernel, *keys):
+        self.kernel, self.keys, self.launches = kernel, keys, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.launches.append((grid, *(kw[k] for k in self.keys)))
+            self.kernel[grid](*args, **kw)
+        return launch
+
+
+def test_each_shipped_config_is_the_launch_it_names(monkeypatch):
+    """The tiled schedule takes head.CONFIGS[config]: its tile budget and narrowest tile reach tile_shape, its
+    (BLOCK, warps) the fold and gradient kernels, a block capped at the tile's width rounded up to a power of two
+    (V = 5,000: 5,008 read, so 8,192) and at 16 below; the gradient's grid covers that width in blocks."""
+    from grpo_bench.numerics.kernels import head, linear
+
+    shapes, real = [], linear.tile_shape
+    monkeypatch.setattr(linear, "tile_shape", lambda *a: shapes.append(a[3:5]) or real(*a))
+    fwd, bwd = Spy(head._fold_fwd, "BLOCK", "num_warps"), Spy(head._grad_tile, "BLOCK", "num_warps")
+    monkeypatch.setattr(head, "_fold_fwd", fwd)
+    monkeypatch.setattr(head, "_grad_tile", bwd)
+    mib = 1 << 20
+    for v, config, tile, want_fwd, want_bwd in (
+            (5000, "default", 256, ((2,), 1024, 4), ((2, 5), 1024, 4)),
+            (5000, "tile128", 128, ((2,), 1024, 4), ((2, 5), 1024, 4)),
+            (5000, "wide", 256, ((2,), 2048, 8), ((2, 2), 4096, 8)),
+            (5, "default", 256, ((2,), 16, 4), ((2, 1), 16, 4))):
+        hidden, weight, _, labels = inputs(1, 2, 8, v, torch.float32, False, seed=9)
+        h = hidden.requires_grad_()
+        lp, _ = fused_linear_logprobs(h, weight, labels, use_triton=True, config=config)
+        lp.sum().backward()
+        assert shapes.pop() == (tile * mib, 4096), config
+        assert fwd.launches.pop() == want_fwd and bwd.launches.pop() == want_bwd, (v, config)
+
+
+def _fp64_head(z, labels, temperature, g, ge):
+    """log p(label), entropy and d(sum g log p + ge H)/dz of the tempered logits z, in fp64."""
+    z = z.detach().double().requires_grad_()
+    ls = torch.log_softmax(z / temperature, -1)
+    lp, ent = ls.gather(1, labels[:, None])[:, 0], -(ls.exp() * ls).sum(-1)
+    (dz,) = torch.autograd.grad((g.double() * lp).sum() + (ge.double() * ent).sum(), z)
+    return lp.detach(), ent.detach(), dz
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_lanes_that_see_many_logits_and_tiles_far_apart(temperature):
+    """16-wide blocks over 200-wide tiles: each lane folds 13 logits, rising by steps under 1 (the max moves by
+    less than the old terms' scale), falling, and equal; the second tile sits 100 above the first, so the merge
+    must rescale toward the larger max (toward the smaller, e^100 overflows fp32). log p, the entropy and the
+    gradient of both tiles (13 blocks each) against fp64, at T = 1 and 2."""
+    from grpo_bench.numerics.kernels import head
+
+    gen = torch.Generator().manual_seed(11)
+    n, c = 3, 200
+    ramp = torch.arange(c, dtype=torch.float32)
+    z = torch.stack([0.3 * ramp, -0.45 * ramp, torch.zeros(c)])
+    z = z + 0.05 * torch.randn(n, c, generator=gen)
+    z = torch.cat([z, z.flip(-1) + 100.0], 1)  # (3, 400): two tiles of 200
+    labels = torch.tensor([399, 7, 250])
+    g, ge = torch.randn(n, generator=gen), torch.randn(n, generator=gen)
+    cfg = dict(fwd=(16, 1), bwd=(16, 1))
+    state, logp, ent = torch.empty(4, n), torch.empty(n), torch.empty(n)
+    tiles = [z[:, :c].clone(), z[:, c:].clone()]
+    for k, tile in enumerate(tiles):
+        head.fold(tile, labels, state, logp, ent, k * c, temperature, first=k == 0, last=k == 1, cfg=cfg)
+    lp, h, dz = _fp64_head(z, labels, temperature, g, ge)
+    torch.testing.assert_close(logp.double(), lp, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(ent.double(), h, rtol=1e-6, atol=1e-5)
+    for k, tile in enumerate(tiles):
+        head.grad(tile, labels, state[:2], ent, g, ge, k * c, temperature, cfg)
+        torch.testing.assert_close(tile.double(), dz[:, k * c:(k + 1) * c], rtol=1e-5, atol=1e-6)
+
+
+def test_a_label_outside_the_vocabulary_reads_no_logit():
+    """Labels of -1 and V (padding conventions) give log p = -inf on the tiled schedule, with a vocabulary whose
+    last tile is narrower than the buffer, so column V is the buffer's padding and readable."""
+    hidden, weight, _, labels = inputs(1, 4, 8, 100, torch.float32, False, seed=12)
+    labels[0, 1], labels[0, 3] = -1, 100
+    lp, _ = fused_linear_logprobs(hidden, weight, labels, use_triton=True, cols=64)
+    assert torch.isneginf(lp[0, [1, 3]]).all() and torch.isfinite(lp[0, [0, 2]]).all()
+
+
+def test_the_load_bound_by_hand():
+    """The kernels read a tile's width rounded up to 16, never past its buffer's row stride."""
+    from grpo_bench.numerics.kernels.head import _load_bound
+
+    buf = torch.empty(2, 3072)
+    for width, stride, want in ((100, 128, 112), (3000, 3072, 3008), (5, 128, 16), (120, 120, 120), (112, 112, 112)):
+        assert _load_bound(torch.empty(2, stride)[:, :width]) == want, (width, stride)
+    assert _load_bound(buf[:1, :3]) == 16
