@@ -300,8 +300,8 @@ MODULES["grpo_bench/numerics/kernels/chunked.py"] = [
 # GPU, before any kernel module is imported): each against fp64, its gradient, its tiles and forced configurations
 _KERNEL_TESTS = ["tests/test_kernels_logprob.py", "tests/test_kernels_loss.py", "tests/test_kernels_logits_loss.py",
                  "tests/test_kernels_linear.py", "tests/test_logprobs.py", "tests/test_arithmetic_fused.py"]
-# (linear.py and spec.py join the table when each has had its first run)
-for _name in ("logprob", "loss", "logits_loss", "head"):
+# (spec.py joins the table when it has had its first run)
+for _name in ("logprob", "loss", "logits_loss", "head", "linear"):
     MODULES[f"grpo_bench/numerics/kernels/{_name}.py"] = _KERNEL_TESTS
 MODULES["grpo_bench/analysis/bench_population.py"] = ["tests/test_population_table.py"]
 # the TRL integration: a variant resolved for GRPOConfig, and the trainer subclass against TRL's own (installed)

@@ -323,3 +323,207 @@ def test_the_load_bound_by_hand():
     for width, stride, want in ((100, 128, 112), (3000, 3072, 3008), (5, 128, 16), (120, 120, 120), (112, 112, 112)):
         assert _load_bound(torch.empty(2, stride)[:, :width]) == want, (width, stride)
     assert _load_bound(buf[:1, :3]) == 16
+
+
+def test_chunk_rule_where_each_term_binds():
+    """Cases where one term alone sets the chunk: a hidden size of 1 in Liger's rule (h = 1, not 2: 512 rows of
+    8 logits, not 1,024); N / 16 rounded down on the GPU (8,200 rows: 512, an int, not 512.5); on the CPU N / 16
+    under 64 while the row ops' own rule is held at 16 MiB (27 rows of 151,936), so N / 16 = 62 rows decides."""
+    assert default_rows(4096, 8, 1, "cuda") == 512
+    rows = default_rows(8200, 151_936, 896, "cuda")
+    assert rows == 512 and type(rows) is int
+    assert default_rows(1000, 151_936, 128, "cpu") == 62
+
+
+def _tile_cases():
+    for n in (1, 2, 7, 1000, 131_072):
+        for v in (10, 100, 128, 129, 258, 1000, 50_257, 151_936):
+            for esize in (2, 4):
+                for budget in (1, 256, 12_800, 256_000, 1 << 20, 256 << 20):
+                    for min_cols in (1, 128, 256, 4096):
+                        yield n, v, esize, budget, min_cols
+
+
+def test_tile_rule_properties():
+    """Over 1,920 shapes and budgets, the documented rule: as many rows as a tile min_cols wide (at most the padded
+    vocabulary) fits, within [1, N]; then the fewest tiles of equal width, each a multiple of 128 and within the
+    budget whenever a 128-wide tile of those rows is; the narrowest tile is 128 wide. Plain ints throughout."""
+    for n, v, esize, budget, min_cols in _tile_cases():
+        case = (n, v, esize, budget, min_cols)
+        rows, cols = tile_shape(n, v, esize, budget, min_cols)
+        assert type(rows) is int and type(cols) is int, case
+        elems, vpad, narrow = budget // esize, -(-v // 128) * 128, min(-(-v // 128) * 128, min_cols)
+        assert 1 <= rows <= n, case
+        assert rows == 1 or rows * narrow <= elems, case  # within the budget...
+        assert rows == n or (rows + 1) * narrow > elems, case  # ...and no row more would fit
+        assert cols % 128 == 0 and 128 <= cols <= vpad, case
+        tiles = -(-v // cols)
+        assert cols - 128 < -(-v // tiles) <= cols, case  # equal tiles, none a sliver
+        if elems // rows >= 128:
+            assert rows * cols <= elems, case
+        else:
+            assert cols == 128, case
+        if tiles > 1:  # one tile fewer would not fit
+            assert rows * (-(-(-(-v // (tiles - 1))) // 128) * 128) > max(elems, rows * 128), case
+
+
+def test_tile_rule_by_hand():
+    """Three shapes worked by hand. 12,800 bytes of bf16 over V = 100 (padded to 128): 6,400 elements, 50 rows of
+    128. 256,000 bytes over V = 258 with 1,000 rows: 128 columns per row fit, so 3 tiles of 86 -> 128 (two tiles of
+    129 -> 256 would be twice the budget). A budget under one fp32 element: one row, one 128-wide tile."""
+    assert tile_shape(10_000, 100, 2, 12_800, 4096) == (50, 128)
+    assert tile_shape(1000, 258, 2, 256_000, 128) == (1000, 128)
+    assert tile_shape(4, 10, 4, 1, 1) == (1, 128)
+    assert tile_shape(1, 10, 2, 256 << 20, 4096) == (1, 128)
+    rows, cols = tile_shape(131_072, 151_936, 2, 256 << 20, 4096)
+    assert (rows, cols) == (32_768, 4_096) and type(rows) is int and type(cols) is int
+
+
+class _Recorder:
+    """Stands in for the torch module inside linear.py: records each allocation (name, shape, dtype) and each
+    call named in `calls`, forwards everything else to torch."""
+
+    ALLOC = ("empty", "zeros", "empty_like", "zeros_like")
+
+    def __init__(self, calls=()):
+        self.allocs, self.calls, self._names = [], [], calls
+
+    def __getattr__(self, name):
+        f = getattr(torch, name)
+        if name in self.ALLOC:
+            def alloc(*a, **k):
+                t = f(*a, **k)
+                self.allocs.append((name, tuple(t.shape), t.dtype))
+                return t
+            return alloc
+        if name in self._names:
+            def call(*a, **k):
+                self.calls.append((name, a, k))
+                return f(*a, **k)
+            return call
+        return f
+
+
+# (rows, cols) at N = 10, V = 100: TILES, and a tile exactly N rows and V columns (a single tile either way)
+LAYOUTS = {**TILES, "exact": (10, 100)}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=list(LAYOUTS))
+@pytest.mark.parametrize("leaves", ["hw", "h", "w", "hwb"])
+def test_what_each_layout_allocates_and_where_its_tiles_lie(monkeypatch, layout, leaves):
+    """The tiled schedule's memory and tiles, by hand. Forward: log p, entropy, the (4, N) fold state and one tile
+    buffer (rows x cols); backward: dh, an fp32 (rows, H) accumulator only when the vocabulary is split, dW in the
+    weight's dtype when every row is in one tile, else an fp32 (V, H) accumulator, db, the tile buffer. Each tile's
+    logits are a (rows in it, columns in it) view of that buffer, row stride cols; fold and grad get that tile's
+    rows of labels, state (4 rows, then max and log-sum-exp only) and outputs; the entropy's gradient is asked for
+    only when the entropy is used."""
+    from grpo_bench.numerics.kernels import head, linear
+
+    rows, cols = LAYOUTS[layout]
+    hidden, weight, bias, labels = inputs(2, 5, 8, 100, torch.float32, "b" in leaves, seed=13)
+    x = hidden.clone().requires_grad_("h" in leaves)
+    w = weight.clone().requires_grad_("w" in leaves)
+    b = bias.clone().requires_grad_() if bias is not None else None
+    n, v, hd = 10, 100, 8
+    r, c = tile_shape(n, v, 4, head.CONFIGS["default"]["tile_mib"] << 20, head.CONFIGS["default"]["min_cols"], rows)
+    c = cols or c
+    seen, real_fold, real_grad = [], head.fold, head.grad
+
+    def fold(tile, lab, state, logp, ent, col0, *a, **k):
+        seen.append(("fold", tuple(tile.shape), tile.stride(0), col0, lab.shape[0], tuple(state.shape),
+                     logp.shape[0], ent.shape[0]))
+        return real_fold(tile, lab, state, logp, ent, col0, *a, **k)
+
+    def grad(tile, lab, state, ent, g, ge, col0, *a):
+        seen.append(("grad", tuple(tile.shape), tile.stride(0), col0, lab.shape[0], tuple(state.shape),
+                     g.shape[0], ge))
+        return real_grad(tile, lab, state, ent, g, ge, col0, *a)
+
+    monkeypatch.setattr(head, "fold", fold)
+    monkeypatch.setattr(head, "grad", grad)
+    rec = _Recorder()
+    monkeypatch.setattr(linear, "torch", rec)
+    lp, ent = fused_linear_logprobs(x, w, labels, with_entropy=True, bias=b, use_triton=True, rows=rows, cols=cols)
+    lp.sum().backward()  # the entropy unused: its incoming gradient is None
+
+    f32, one_row, one_col = torch.float32, r >= n, c >= v
+    want = [("empty", (n,), f32), ("empty", (n,), f32), ("empty", (4, n), f32), ("empty", (r, c), f32)]
+    want += [("empty_like", (n, hd), f32)] if "h" in leaves else []
+    want += [("empty", (r, hd), f32)] if "h" in leaves and not one_col else []
+    if "w" in leaves:
+        want += [("empty_like", (v, hd), f32)] if one_row else [("zeros", (v, hd), f32)]
+    want += [("zeros", (v,), f32)] if "b" in leaves else []
+    want += [("empty", (r, c), f32)]
+    assert rec.allocs == want
+    tiles = [(r0, c0, min(r, n - r0), min(c, v - c0)) for r0 in range(0, n, r) for c0 in range(0, v, c)]
+    assert seen == [("fold", (nr, nc), c, c0, nr, (4, nr), nr, nr) for _, c0, nr, nc in tiles] + \
+        [("grad", (nr, nc), c, c0, nr, (2, nr), nr, None) for _, c0, nr, nc in tiles]
+
+
+def test_the_chunked_schedule_skips_an_unused_entropy(monkeypatch):
+    """With the entropy computed but unused, the chunked backward gets None for its gradient (not zeros to multiply
+    through); with only the entropy used, zeros stand in for the log-prob's."""
+    from grpo_bench.numerics.kernels import linear
+
+    seen, real = [], linear.rows_backward
+    monkeypatch.setattr(linear, "rows_backward", lambda z, lab, g, ge, *a, **k: seen.append((g, ge)) or
+                        real(z, lab, g, ge, *a, **k))
+    hidden, weight, _, labels = inputs(2, 5, 8, 33, torch.float32, False, seed=14)
+    x = hidden.clone().requires_grad_()
+    lp, ent = fused_linear_logprobs(x, weight, labels, with_entropy=True, rows=4)
+    lp.sum().backward(retain_graph=True)
+    assert len(seen) == 4 and all(ge is None and g is not None for g, ge in seen)  # 4 + 1 rows per sequence
+    seen.clear()
+    ent.sum().backward()
+    assert len(seen) == 4 and all(ge is not None and not g.any() for g, ge in seen)
+
+
+def test_each_entry_point_sizes_its_chunks_from_its_own_shape(monkeypatch):
+    """The chunk and tile rules are given N = B * L rows, the vocabulary, the hidden size and the device; the
+    default schedule is the chunked one; linear_sum_pi_squared's temperature is 1 unless given."""
+    from grpo_bench.numerics.kernels import linear
+
+    hidden, weight, _, labels = inputs(2, 5, 16, 33, torch.float32, False, seed=15)
+    rules = []
+    real_rows, real_tile = linear.default_rows, linear.tile_shape
+    monkeypatch.setattr(linear, "default_rows", lambda *a: rules.append(("rows", *a)) or real_rows(*a))
+    monkeypatch.setattr(linear, "tile_shape", lambda *a: rules.append(("tile", *a[:3])) or real_tile(*a))
+    monkeypatch.setattr(linear.TiledLinearLogProb, "apply", None)  # the default must not reach it
+    lp, _ = fused_linear_logprobs(hidden, weight, labels)
+    assert rules.pop() == ("rows", 10, 33, 16, hidden.device)
+    out = linear.linear_sum_pi_squared(hidden, weight)
+    assert rules.pop() == ("rows", 10, 33, 16, hidden.device)
+    p = torch.softmax(F.linear(hidden.double(), weight.double()), -1)
+    torch.testing.assert_close(out.double(), (p * p).sum(-1), rtol=1e-5, atol=1e-6)
+    monkeypatch.undo()
+    monkeypatch.setattr(linear, "tile_shape", lambda *a: rules.append(("tile", *a[:3])) or real_tile(*a))
+    fused_linear_logprobs(hidden.bfloat16(), weight.bfloat16(), labels, use_triton=True)
+    assert rules.pop() == ("tile", 10, 33, 2)
+
+
+def test_fp32_accumulation_takes_the_mixed_precision_gemm_on_cuda(monkeypatch):
+    """acc += a @ b: fp32 inputs add in place; bf16 / fp16 on a GPU go to addmm with an fp32 output, never cast
+    (no rounded bf16 product, no fp32 copies of a and b); elsewhere, and for other dtypes, cast to fp32 first.
+    A stand-in accumulator that reports a GPU holds the dispatch on this CPU; test_full_size_gpu its numbers."""
+    from grpo_bench.numerics.kernels import linear
+
+    class Acc:
+        def __init__(self, is_cuda):
+            self.is_cuda, self.calls = is_cuda, []
+
+        def addmm_(self, a, b):
+            self.calls.append(("addmm_", a.dtype, b.dtype))
+
+    rec = _Recorder(calls=("addmm",))
+    monkeypatch.setattr(linear, "torch", rec)
+    rec.addmm = lambda *a, **k: rec.calls.append(("addmm", a[1].dtype, k))  # the CPU has no such kernel
+    for dtype, is_cuda, want in ((torch.float32, True, ("addmm_", torch.float32, torch.float32)),
+                                 (torch.bfloat16, False, ("addmm_", torch.float32, torch.float32)),
+                                 (torch.float64, True, ("addmm_", torch.float32, torch.float32))):
+        acc = Acc(is_cuda)
+        linear._addmm_fp32(acc, torch.ones(2, 3, dtype=dtype), torch.ones(3, 4, dtype=dtype))
+        assert acc.calls == [want] and rec.calls == [], dtype
+    for dtype in (torch.bfloat16, torch.float16):
+        acc = Acc(True)
+        linear._addmm_fp32(acc, torch.ones(2, 3, dtype=dtype), torch.ones(3, 4, dtype=dtype))
+        assert acc.calls == [] and rec.calls.pop() == ("addmm", dtype, dict(out_dtype=torch.float32, out=acc))

@@ -175,7 +175,7 @@ class TiledLinearLogProb(torch.autograd.Function):
         logp = torch.empty(n, **f32)
         ent = torch.empty(n, **f32) if with_entropy else None
         state = torch.empty(4, n, **f32)  # max, sum exp, entropy sum, label logit; then max, log-sum-exp
-        buf = torch.empty(min(rows, n), cols, dtype=hidden.dtype, device=hidden.device)
+        buf = torch.empty(rows, cols, dtype=hidden.dtype, device=hidden.device)  # rows <= N: tile_shape's
         for r0, c0, _, w, z in _tiles(hidden, weight, bias, buf, rows, cols):
             r1 = r0 + z.shape[0]
             head.fold(z, labels[r0:r1], state[:, r0:r1], logp[r0:r1], None if ent is None else ent[r0:r1], c0,
@@ -200,11 +200,11 @@ class TiledLinearLogProb(torch.autograd.Function):
         ge = None if ge is None else ge.float().contiguous()
         one_row, one_col = rows >= n, cols >= v  # a single tile across: its GEMM writes the gradient directly
         dh = torch.empty_like(hidden) if need_h else None
-        dh32 = torch.empty(min(rows, n), hdim, **f32) if need_h and not one_col else None
+        dh32 = torch.empty(rows, hdim, **f32) if need_h and not one_col else None
         dw = (torch.empty_like if n else torch.zeros_like)(weight) if need_w and one_row else None  # no rows: 0
         dw32 = torch.zeros(v, hdim, **f32) if need_w and not one_row else None
         db = torch.zeros(v, **f32) if need_b else None
-        buf = torch.empty(min(rows, n), cols, dtype=hidden.dtype, device=hidden.device)
+        buf = torch.empty(rows, cols, dtype=hidden.dtype, device=hidden.device)
         for r0, c0, h, w, z in _tiles(hidden, weight, bias, buf, rows, cols):
             r1, c1 = r0 + z.shape[0], c0 + w.shape[0]
             head.grad(z, labels[r0:r1], lse[:, r0:r1], None if ge is None else ent[r0:r1], g[r0:r1],
