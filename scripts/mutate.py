@@ -300,9 +300,12 @@ MODULES["grpo_bench/numerics/kernels/chunked.py"] = [
 # GPU, before any kernel module is imported): each against fp64, its gradient, its tiles and forced configurations
 _KERNEL_TESTS = ["tests/test_kernels_logprob.py", "tests/test_kernels_loss.py", "tests/test_kernels_logits_loss.py",
                  "tests/test_kernels_linear.py", "tests/test_logprobs.py", "tests/test_arithmetic_fused.py"]
-# (spec.py joins the table when it has had its first run)
 for _name in ("logprob", "loss", "logits_loss", "head", "linear"):
     MODULES[f"grpo_bench/numerics/kernels/{_name}.py"] = _KERNEL_TESTS
+# the kernel's table of parts: the kernels against the torch parts, and `list` marking the fused ones
+MODULES["grpo_bench/numerics/kernels/spec.py"] = _KERNEL_TESTS + [
+    "tests/test_algos.py", "tests/test_parts_v3.py", "tests/test_parts_v4.py", "tests/test_vmap.py",
+    "tests/test_registry.py"]
 MODULES["grpo_bench/analysis/bench_population.py"] = ["tests/test_population_table.py"]
 # the TRL integration: a variant resolved for GRPOConfig, and the trainer subclass against TRL's own (installed)
 # (test_trl_multiprocess.py trains under accelerate in other processes, where no line is traced)

@@ -385,11 +385,11 @@ def test_the_kernel_entry_point_refuses_what_it_cannot_compute_and_hands_back_it
     """Called directly (as a head does), a spec with a term the kernel lacks is refused, not silently dropped;
     GSPO is handed back (None); the statistics carry no gradient, so one used in a loss fails loudly."""
     x, y, old, ref, deltas, mask = batch(seed=18, dtype=F32)
-    spec = S.LossSpec("clipped", (("clip_high", 0.28), ("clip_low", 0.2)), "token_mean", (), "k3", 0.1,
+    spec = S.LossSpec("clipped", (("clip_high", 0.28), ("clip_low", 0.2)), "token_mean", (), "k3", 0.1, False,
                       extra_terms=("entropy",))
     with pytest.raises(ValueError, match="no entropy term"):
         LL.fused_logits_loss(x, y, old, ref, deltas, mask, spec, None, False)
-    gspo = S.LossSpec("gspo", (("clip_high", 0.05), ("clip_low", 0.05)), "token_mean", ())
+    gspo = S.LossSpec("gspo", (("clip_high", 0.05), ("clip_low", 0.05)), "token_mean", (), None, 0.0, False)
     assert LL.fused_logits_loss(x, y, old, ref, deltas, mask, gspo, None, False) is None
     xa = x.clone().requires_grad_()
     value, stats = grpo_loss_from_logits(xa, y, old, ref, deltas, mask, loss="clipped", aggregate="token_mean",

@@ -85,6 +85,37 @@ def test_the_table_names_registered_parts():
     assert set(S.AGGREGATES) == set(registry.names("aggregate"))
 
 
+def test_each_parts_constants_by_hand():
+    """The table turns a part's parameters into the kernel's constants as its paper states them (bounds 1 - eps_low
+    and 1 + eps_high, CISPO's missing lower bound as 0, dual-clip's cap, SAPO's temperatures); what a part does not
+    set keeps the neutral value (no bound, temperature 1, no KL). Each part has a code of its own: two sharing one
+    would run one part's branch for the other."""
+    def consts(loss, kl=None, coef=0.0, gated=False, **params):
+        return S.LossSpec(loss, tuple(sorted(params.items())), "token_mean", (), kl, coef, gated).constants()
+
+    neutral = {"KL": 0, "COEF": 0.0, "GATED": False, "LO": 0.0, "HI": 1e30, "C": 1e30, "TP": 1.0, "TN": 1.0}
+    for got, want in (
+            (consts("naive"), {"LOSS": 0}),
+            (consts("unclipped"), {"LOSS": 1}),
+            (consts("clipped", clip_low=0.2, clip_high=0.28), {"LOSS": 2, "LO": 0.8, "HI": 1.28}),
+            (consts("gspo", clip_low=3e-4, clip_high=4e-4), {"LOSS": 3, "LO": 0.9997, "HI": 1.0004}),
+            (consts("dual_clip", clip_low=0.2, clip_high=0.25, clip_c=3), {"LOSS": 4, "LO": 0.8, "HI": 1.25, "C": 3.0}),
+            (consts("cispo", clip_low=None, clip_high=4.0), {"LOSS": 5, "LO": 0.0, "HI": 5.0}),
+            (consts("cispo", clip_low=0.3, clip_high=0.2), {"LOSS": 5, "LO": 0.7, "HI": 1.2}),
+            (consts("sapo", tau_pos=1.0, tau_neg=1.05), {"LOSS": 6, "TP": 1.0, "TN": 1.05}),
+            (consts("clipped", "k3", 0.04, True, clip_low=0.2, clip_high=0.2),
+             {"LOSS": 2, "LO": 0.8, "HI": 1.2, "KL": 3, "COEF": 0.04, "GATED": True}),
+            (consts("naive", "k1+", 0.5), {"LOSS": 0, "KL": 5, "COEF": 0.5})):
+        assert got == pytest.approx(neutral | want, rel=1e-12), want
+    codes = [code for code, _ in S.LOSSES.values()]
+    assert len(set(codes)) == len(codes) and len(set(S.KLS.values())) == len(S.KLS) and 0 not in S.KLS.values()
+
+
+def test_cispo_without_a_lower_bound(small_tiles):
+    """CISPO as MiniMax-M1 and ScaleRL run it, clip_low null: ratios far below 1 keep their weight."""
+    compare(batch(seed=19, spread=0.8), loss={"name": "cispo", "clip_high": 0.2}, aggregate="token_mean")
+
+
 @pytest.mark.parametrize("loss", sorted(LOSSES))
 @pytest.mark.parametrize("aggregate", S.AGGREGATES)
 def test_every_loss_and_aggregation(loss, aggregate, small_tiles):
@@ -319,7 +350,7 @@ def test_a_ratio_exactly_on_a_bound_is_not_clipped(loss, params, region):
     adv = torch.tensor([1.0, -1.0], dtype=F32, device=DEVICE)
     mask = torch.ones(2, 5, dtype=F32, device=DEVICE)
     y = logp.clone().requires_grad_()
-    value, stats = L.fused_grpo_loss(y, old, None, adv, mask, S.LossSpec(loss, params, "token_sum", ()))
+    value, stats = L.fused_grpo_loss(y, old, None, adv, mask, S.LossSpec(loss, params, "token_sum", (), None, 0.0, False))
     (g,) = torch.autograd.grad(value, y)
     yr = logp.double().requires_grad_()
     per_token, regions = getattr(losses, loss)(yr, old.double(), adv.double(), mask.double(), **dict(params))
@@ -410,7 +441,7 @@ def test_the_launch_rule_by_hand(monkeypatch):
 def test_launch_constants_by_hand():
     """Groups padded to a power of two; BLOCK_S covers the batch's lengths in one step up to BLOCK_S, and never
     less than a group (prompt_mean reads whole groups a step); cached, so a call builds nothing."""
-    spec = S.LossSpec("clipped", (("clip_low", 0.2), ("clip_high", 0.2)), "prompt_mean", (), kl="k3", kl_coef=0.1)
+    spec = S.LossSpec("clipped", (("clip_low", 0.2), ("clip_high", 0.2)), "prompt_mean", (), "k3", 0.1, False)
     for group, n_seq, gp, block_s in ((3, 6, 4, 16), (1, 5000, 1, 1024), (0, 1, 1, 16), (2048, 100, 2048, 2048),
                                       (5, 600, 8, 1024)):
         consts = L.launch_consts(spec, group, n_seq)

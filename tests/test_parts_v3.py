@@ -452,10 +452,10 @@ def test_corrections_compose_into_grpo_loss():
 
 
 def test_corrections_and_new_terms_are_never_fused():
-    spec = LossSpec("clipped", (("clip_high", 0.2), ("clip_low", 0.2)), "token_mean", ())
+    spec = LossSpec("clipped", (("clip_high", 0.2), ("clip_low", 0.2)), "token_mean", (), None, 0.0, False)
     assert spec.fusable()
     for term in ("correction", "entropy", "nll"):
-        s = LossSpec("clipped", spec.loss_params, "token_mean", (), extra_terms=(term,))
+        s = LossSpec("clipped", spec.loss_params, "token_mean", (), None, 0.0, False, (term,))
         assert not s.fusable()
         with pytest.raises(ValueError, match=f"the fused loss kernel has no {term} term; use backend='torch'"):
             s.check()

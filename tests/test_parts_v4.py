@@ -526,8 +526,8 @@ def test_per_token_deltas_through_the_composition_and_never_the_fused_kernel():
     value, _ = grpo_loss(x, old, None, d3, mask, loss="naive", aggregate="token_sum")
     (g,) = torch.autograd.grad(value, x)
     close(g, -d3 * mask)                                                 # each token's own delta
-    spec = LossSpec("clipped", (("clip_high", 0.2), ("clip_low", 0.2)), "token_mean", (),
-                    extra_terms=("token_deltas",))
+    spec = LossSpec("clipped", (("clip_high", 0.2), ("clip_low", 0.2)), "token_mean", (), None, 0.0, False,
+                    ("token_deltas",))
     assert not spec.fusable()
     with pytest.raises(ValueError, match="no token_deltas term"):
         spec.check()

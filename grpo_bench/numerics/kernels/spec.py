@@ -44,11 +44,10 @@ class LossSpec:
     loss_params: tuple
     aggregate: str
     aggregate_params: tuple
-    kl: str | None = None
-    kl_coef: float = 0.0
-    gated: bool = False
+    kl: str | None  # None: no KL term (kl_coef is then 0)
+    kl_coef: float
+    gated: bool
     extra_terms: tuple[str, ...] = ()  # corrections, entropy bonus, NLL term: the kernel has none of them
-    group: int = 1                     # responses per prompt (prompt_mean's weights); set by fused_grpo_loss
 
     def fusable(self) -> bool:
         return (self.loss in LOSSES and self.aggregate in AGGREGATES and (self.kl is None or self.kl in KLS)
