@@ -22,6 +22,9 @@ import yaml
 from helpers import ROOT, needs
 
 ray = needs("ray")  # the ray extra (pip install -e '.[ray]'); without it these tests skip
+# one xdist worker for the module: its cluster and its sweep (50 s on 2 cores) are module fixtures, which each
+# worker that ran one of its tests set up again (--durations showed the sweep's set-up twice)
+pytestmark = pytest.mark.xdist_group("ray")
 
 from grpo_bench.sweep.cluster import Session
 from grpo_bench.errors import ConfigError

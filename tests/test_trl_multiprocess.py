@@ -24,6 +24,9 @@ import torch
 from helpers import ROOT, needs
 
 needs("trl")
+# one xdist worker for the module: its three trainings (40 s) are a module fixture, set up again by each worker
+# that ran one of its tests
+pytestmark = pytest.mark.xdist_group("trl_multiprocess")
 WORKER = ROOT / "tests" / "trl_worker.py"
 TIMING = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
 
