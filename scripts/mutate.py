@@ -745,20 +745,30 @@ def make_sandbox(base: Path) -> Path:
     return base
 
 
+def _kept_log(module: str, log: Path) -> Path:
+    """A failed baseline's log, copied beside the module's cache: the work directory is removed on exit, and
+    the message once pointed into it (a failure that passed in one plain pytest process could not be read)."""
+    kept = _cache(module).with_suffix(".baseline.log")
+    kept.parent.mkdir(exist_ok=True)
+    shutil.copy2(log, kept) if log.exists() else kept.write_text("(pytest wrote no log)\n")
+    return kept
+
+
 def baseline(module: str, tests: list[str], sandbox: Path, work: Path) -> dict:
     out, log = work / "baseline.json", work / "baseline.log"
     pid = fork_pytest(sandbox, tests, log, trace=module, out=out)
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     if code != 0 or not out.exists():
-        sys.exit(f"{module}: the tests fail before any mutation (exit {code}); see {log}")
+        sys.exit(f"{module}: the tests fail before any mutation (exit {code}); see {_kept_log(module, log)}")
     base = json.loads(out.read_text())
     base["untraced"] = UNTRACED.get(module, [])
     if base["untraced"]:
         t0 = time.perf_counter()
         _, status = os.waitpid(fork_pytest(sandbox, base["untraced"], work / "untraced.log"), 0)
         if os.waitstatus_to_exitcode(status) != 0:
-            sys.exit(f"{module}: the untraced tests fail before any mutation; see {work / 'untraced.log'}")
+            sys.exit(f"{module}: the untraced tests fail before any mutation; see "
+                     f"{_kept_log(module, work / 'untraced.log')}")
         for t in base["untraced"]:  # their time shared out: a mutant's limit counts them
             base["durations"][t] = (time.perf_counter() - t0) / len(base["untraced"])
     return base

@@ -263,10 +263,7 @@ if __name__ == "__main__":
     print("\n".join(f"docs/{p} ({s}): {t}" for p, s, t, _ in CASES))
 
 
-def test_the_mutation_report_is_what_mutate_writes_from_its_own_rows(tmp_path, monkeypatch):
-    """results/mutation.md is scripts/mutate.py's: rewritten from its own module rows (what --report keeps for a
-    module run on another machine), it comes out byte for byte, so its **all** row and its total are the sums of
-    the rows and no row was typed in by hand."""
+def _mutate(monkeypatch):
     import importlib.util
     import sys
 
@@ -274,6 +271,31 @@ def test_the_mutation_report_is_what_mutate_writes_from_its_own_rows(tmp_path, m
     mutate = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "mutate", mutate)  # its dataclasses look their module up there
     spec.loader.exec_module(mutate)
+    return mutate
+
+
+def test_a_failed_baselines_log_outlives_the_work_directory(tmp_path, monkeypatch):
+    """mutate.py's "the tests fail before any mutation; see LOG" once named a log inside the temporary directory it
+    removes on exit; the log is now copied beside the module's cache, and a missing one says so."""
+    import shutil
+
+    mutate = _mutate(monkeypatch)
+    monkeypatch.setattr(mutate, "ROOT", tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "baseline.log").write_text("FAILED tests/test_x.py::test_y\n")
+    kept = mutate._kept_log("grpo_bench/x.py", work / "baseline.log")
+    shutil.rmtree(work)
+    assert kept == tmp_path / ".cache" / "mutate-grpo_bench_x.py.baseline.log"
+    assert kept.read_text() == "FAILED tests/test_x.py::test_y\n"
+    assert mutate._kept_log("grpo_bench/x.py", work / "baseline.log").read_text() == "(pytest wrote no log)\n"
+
+
+def test_the_mutation_report_is_what_mutate_writes_from_its_own_rows(tmp_path, monkeypatch):
+    """results/mutation.md is scripts/mutate.py's: rewritten from its own module rows (what --report keeps for a
+    module run on another machine), it comes out byte for byte, so its **all** row and its total are the sums of
+    the rows and no row was typed in by hand."""
+    mutate = _mutate(monkeypatch)
     kept = mutate.committed(R / "mutation.md")
     assert set(kept) == set(mutate.MODULES)  # every module listed has been run and reported
     mutate.REPORT = tmp_path / "mutation.md"
