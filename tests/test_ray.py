@@ -72,7 +72,16 @@ def _driver(abl: Path, out: Path, address: str, *extra: str) -> subprocess.Popen
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def cluster(monkeypatch_module):
+    # Ray starts its workers at nice 15: beside busy loops (scripts/under_load.py) they got 4% of a core, and the
+    # long runs the kill tests need crawled past 10 min; the raylet started here reads its config from RAY_*
+    monkeypatch_module.setenv("RAY_worker_niceness", "0")
     ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     try:
         yield ray.get_runtime_context().gcs_address
