@@ -312,6 +312,14 @@ MODULES["grpo_bench/analysis/bench_population.py"] = ["tests/test_population_tab
 MODULES["grpo_bench/integrations/trl_variant.py"] = ["tests/test_trl.py", "tests/test_trl_v3.py"]
 MODULES["grpo_bench/integrations/trl.py"] = MODULES["grpo_bench/integrations/trl_variant.py"] + [
     "tests/test_trl_internals.py"]
+# the command line, through the tests that call main() in their own process (most CLI tests start `python -m
+# grpo_bench`, a process the tracer cannot see): each subcommand's arguments, one-line errors and exit codes,
+# --seeds, --set, signals; test_reliability's reward timeouts never reach it and fail under the tracer
+MODULES["grpo_bench/__main__.py"] = [
+    "tests/test_cli.py", "tests/test_seeds_auto.py", "tests/test_faults.py", "tests/test_reliability.py",
+    "tests/test_report.py", "tests/test_rule_changes.py", "tests/test_storage.py", "tests/test_trackers.py",
+    "tests/test_build_start.py", "tests/test_build_start_rules.py", "tests/test_metrics.py", "-k",
+    f"not {FAULTS_PYTEST} and not {_UNTRACED_K}"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [
