@@ -320,6 +320,14 @@ MODULES["grpo_bench/__main__.py"] = [
     "tests/test_report.py", "tests/test_rule_changes.py", "tests/test_storage.py", "tests/test_trackers.py",
     "tests/test_build_start.py", "tests/test_build_start_rules.py", "tests/test_metrics.py", "-k",
     f"not {FAULTS_PYTEST} and not {_UNTRACED_K}"]
+# the Ray executor: Session's retries, failures and window against a stand-in ray module (test_reliability,
+# test_cluster), the driver's use of a session (test_runner), one-line errors for a missing or unreachable
+# cluster (test_cli), what a job ships (test_ray's one test without a cluster). test_ray's sweep on a real
+# cluster runs its drivers in processes of their own, where no line is traced
+MODULES["grpo_bench/sweep/cluster.py"] = [
+    "tests/test_reliability.py", "tests/test_runner.py", "tests/test_cli.py", "tests/test_cluster.py",
+    "tests/test_ray.py::test_job_ships_package_and_tasks_not_results", "-k",
+    "ray or cluster or session or lost_with_its_worker"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [
