@@ -328,6 +328,9 @@ MODULES["grpo_bench/sweep/cluster.py"] = [
     "tests/test_reliability.py", "tests/test_runner.py", "tests/test_cli.py", "tests/test_cluster.py",
     "tests/test_ray.py::test_job_ships_package_and_tasks_not_results", "-k",
     "ray or cluster or session or lost_with_its_worker"]
+# CUDA graphs: StepGraph's warm-up, capture, replays, buffers and failed capture with torch.cuda stood in for
+# (test_graphs), and the trainer's graphed step on the CPU (test_population)
+MODULES["grpo_bench/engine/graphs.py"] = ["tests/test_graphs.py", "tests/test_population.py", "-k", "graph"]
 # tests that fail under the tracer's threading.settrace (a reward's thread stopped by PyThreadState_SetAsyncExc,
 # a caller's interval timer): run untraced in the baseline, then after a module's covering tests for every mutant
 UNTRACED = {"grpo_bench/algos/rewards.py": [

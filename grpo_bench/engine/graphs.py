@@ -8,8 +8,9 @@ host or copy from it. The first `warmup` calls run eagerly on a side stream (rea
 CUDA's lazy initialisations happen there, not inside the capture), the next captures and replays,
 the rest replay. If capture raises, every later call runs eagerly and `failed` says why: a run is
 never lost to a graph. The trainer drops the graph when the population's shape changes (a member
-fails). The capture itself cannot be tested without a GPU; tests/test_population.py runs the trainer's step
-through a StepGraph's input copies on the CPU.
+fails). The capture itself cannot be tested without a GPU: tests/test_graphs.py holds the bookkeeping around it
+with torch.cuda stood in for, and tests/test_population.py runs the trainer's step through a StepGraph's input
+copies on the CPU.
 """
 from __future__ import annotations
 
@@ -36,9 +37,10 @@ class StepGraph:
     def _load(self, inputs: dict[str, Tensor]) -> None:
         if self.static is None:
             self.static = {k: v if k in self.shared else v.clone() for k, v in inputs.items()}
-        for k, v in inputs.items():
-            if v is not self.static[k] and v is not self.last.get(k):  # a new epoch's tensor
-                self.static[k].copy_(v)
+        else:
+            for k, v in inputs.items():
+                if v is not self.static[k] and v is not self.last.get(k):  # a new epoch's tensor
+                    self.static[k].copy_(v)
         self.last = dict(inputs)
 
     def __call__(self, inputs: dict[str, Tensor]):
