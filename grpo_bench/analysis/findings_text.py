@@ -355,13 +355,15 @@ def _presets(families: dict[str, dict], root: Path) -> dict[str, list[str]]:
     """setting -> the task presets its results trained on, as their ablation files name them (a resolved
     config no longer knows the preset it came from)."""
     import yaml
+
+    from ..config.strict_yaml import load as load_yaml
     found: dict[str, list[str]] = {}
     for entry in families.values():
         for setting, d in entry["settings"].items():
             source = read_meta(d).get("source") or ""
             for path in (Path(source), root.parent / source):
                 try:
-                    task = (yaml.safe_load(path.read_text()).get("settings") or {}).get(setting, {}).get("task")
+                    task = (load_yaml(path.read_text()).get("settings") or {}).get(setting, {}).get("task")
                 except (OSError, yaml.YAMLError, AttributeError):
                     continue
                 task = task.get("name") if isinstance(task, dict) else task

@@ -24,7 +24,7 @@ from ..config.strict_yaml import read_yaml
 from ..errors import ConfigError
 from ..store.rundir import read_metrics_file
 from ..store.rundir import metrics_path
-from .quantities import labels, once
+from .quantities import once, per_label
 
 
 def declared(meta: dict, root: Path | None) -> dict | None:
@@ -89,7 +89,7 @@ def _metrics_table(directory: Path) -> pd.DataFrame | None:
     if path is None:
         return None
     try:
-        return read_metrics_file(path)[lambda t: ~pd.Series(labels(t.metric)).str.startswith("eval/").to_numpy(bool)]
+        return read_metrics_file(path)[lambda t: ~per_label(t.metric, lambda m: m.startswith("eval/"))]
     except ValueError as e:
         raise ConfigError(str(path), "<file>", f"{e}: damaged; rerun the sweep to rewrite it") from None
 

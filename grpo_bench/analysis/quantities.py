@@ -122,7 +122,7 @@ def _outcome_runs(directory: Path, runs: set) -> dict:
     o = load_outcomes(directory)
     if o is None or o.empty:
         return {}
-    o = o[pd.Series(labels(o.run)).isin(runs).to_numpy()]
+    o = o[per_label(o.run, runs.__contains__)]
     who = o[["run", "variant", "seed"]].drop_duplicates("run")
     key = dict(zip(who.run.astype(str), zip(who.variant.astype(str), who.seed.astype(int))))
     return {key[run]: table for run, table in by_run(o).items()}
@@ -134,6 +134,13 @@ def labels(column: pd.Series) -> np.ndarray:
     if isinstance(column.dtype, pd.CategoricalDtype) and not column.isna().any():
         return np.asarray([str(c) for c in column.cat.categories], dtype=object)[column.cat.codes.to_numpy()]
     return column.astype(str).to_numpy(object)
+
+
+def per_label(column: pd.Series, f) -> np.ndarray:
+    """f(str(value)) for each row, as a bool array; on a categorical, once per category."""
+    if isinstance(column.dtype, pd.CategoricalDtype) and not column.isna().any():
+        return np.asarray([bool(f(str(c))) for c in column.cat.categories], dtype=bool)[column.cat.codes.to_numpy()]
+    return np.asarray([bool(f(v)) for v in column.astype(str)], dtype=bool)
 
 
 def by_run(o: pd.DataFrame) -> dict[str, pd.DataFrame]:
