@@ -195,3 +195,30 @@ def test_reading_once_reads_a_directory_once_inside_and_every_time_outside(tmp_p
             first[("a", 0)][0][0] = 0.5     # samples: np.interp's own array, writable unless made read-only
     assert Q.run_curves(d, "clip/frac")[("a", 0)][1].tolist() == [0.3]
     assert Q.run_curves(d, "clip/frac") is not Q.run_curves(d, "clip/frac")
+
+
+def test_runs_come_in_groupbys_order_whether_the_variant_column_is_categorical_or_not(tmp_path):
+    """The curves are split from one sort, not a groupby; callers iterate them in groupby's order, which is a
+    categorical's category order and otherwise sorted (`sort=True` -> `False` keeps the file's order)."""
+    rows = [(f"{v}-s{s}", v, s, t, m, float(t)) for v in ("b", "c", "a") for s in (1, 0) for t in (0, 1)
+            for m in ("samples/total", "clip/frac")]
+    plain = _metrics(tmp_path / "plain", rows)
+    assert list(Q.run_curves(plain, "clip/frac")) == [(v, s) for v in "abc" for s in (0, 1)]
+    table = pd.DataFrame(rows, columns=["run", "variant", "seed", "step", "metric", "value"])
+    table["variant"] = pd.Categorical(table.variant, categories=["c", "b", "a"])
+    (tmp_path / "cat").mkdir()
+    table.to_parquet(tmp_path / "cat" / "metrics.parquet")
+    assert list(Q.run_curves(tmp_path / "cat", "clip/frac")) == [(v, s) for v in "cba" for s in (0, 1)]
+
+
+@pytest.mark.parametrize("how", ["categorical", "categorical with a missing value", "plain"])
+def test_labels_and_per_label_read_each_row_as_astype_str_does(how):
+    """The fast path reads a categorical's categories once; a missing value (code -1) must not take it, where it
+    would read the last category (`not` dropped, or `any` -> `all`: one missing value among others)."""
+    values = ["run-b", "run-a", None, "run-b", 7] if how == "categorical with a missing value" else \
+        ["run-b", "run-a", "run-b", 7]
+    column = pd.Series(pd.Categorical(values) if how != "plain" else values, dtype=None if how != "plain" else object)
+    want = [None if pd.isna(w) else w for w in column.astype(str)]   # a missing value stays missing
+    got = Q.labels(column)
+    assert got.dtype == object and [None if pd.isna(w) else w for w in got] == want
+    assert Q.per_label(column, lambda s: s.endswith("b")).tolist() == [w is not None and w.endswith("b") for w in want]

@@ -137,10 +137,11 @@ def labels(column: pd.Series) -> np.ndarray:
 
 
 def per_label(column: pd.Series, f) -> np.ndarray:
-    """f(str(value)) for each row, as a bool array; on a categorical, once per category."""
+    """f(str(value)) for each row, as a bool array (False where a value is missing, as isin and .str.startswith
+    give); on a categorical, once per category."""
     if isinstance(column.dtype, pd.CategoricalDtype) and not column.isna().any():
         return np.asarray([bool(f(str(c))) for c in column.cat.categories], dtype=bool)[column.cat.codes.to_numpy()]
-    return np.asarray([bool(f(v)) for v in column.astype(str)], dtype=bool)
+    return np.asarray([isinstance(v, str) and bool(f(v)) for v in column.astype(str)], dtype=bool)
 
 
 def by_run(o: pd.DataFrame) -> dict[str, pd.DataFrame]:
