@@ -255,6 +255,13 @@ def test_cross_cpu_in_the_docs_is_results_cross_cpu():
     assert (f"against the {amd.sweep.nunique()} LM sweeps made on the Intel Xeon" in text and
             f"{len(amd)} runs, {int(amd.values_differ.sum())} of {int(amd['values'].sum()):,} compared values and "
             f"{int(amd.answers_differ.sum())} of {int(amd.answers.sum()):,} held-out answers" in text)
+    # each Intel generation's reruns of AMD-made sweeps, in its own paragraph that names the generation
+    for cpu, g in t[t.rerun_on.str.startswith("GenuineIntel")].groupby("rerun_on"):
+        model = cpu.split()[-1]
+        assert f"(family 6, model {model})" in text, cpu
+        assert (f"{len(g)} runs of {g.sweep.nunique()} sweeps, {int(g.values_differ.sum())} of {int(g['values'].sum()):,} "
+                f"logged values (every metric but the clocks) and {int(g.answers_differ.sum())} of "
+                f"{int(g.answers.sum()):,} held-out answers differ" in text), cpu
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "same bit for bit on any x86-64 CPU" in readme and "results/cross_cpu.csv" in readme
     assert t.values_differ.sum() == 0 == t.answers_differ.sum()
