@@ -764,6 +764,28 @@ def test_the_progress_bar_counts_an_epoch_as_its_share_of_a_run_and_keeps_the_la
     assert progress.finished(NS(run_id="elsewhere")) == 1.0
 
 
+def test_the_progress_bar_ends_full_when_float_shares_fall_short_of_the_total():
+    """README's main job (3 populations of 20 runs of 600 epochs) drew its last bar as '100%|█████████▉| 60/60':
+    the epochs' shares summed to 59.99999999999865. The last result lands the bar on its total exactly, from where
+    it started (runs already finished count as the start)."""
+    import io
+    from types import SimpleNamespace as NS
+    from tqdm import tqdm
+
+    groups = [[NS(run_id=f"{g}{k}", resolved=NS(epochs=600)) for k in range(20)] for g in "abc"]
+    out = io.StringIO()
+    bar = tqdm(total=65, initial=5, file=out, ascii=False, bar_format="{bar}|{n}/{total}", ncols=20)
+    progress = RN._Progress(bar, groups)
+    for i in range(3):
+        for _ in range(600):
+            progress.tick(i, 20)
+    for g in groups:
+        for spec in g:
+            bar.update(progress.finished(spec))
+    bar.close()
+    assert bar.n == 65 and out.getvalue().split("\r")[-1].startswith("\u2588" * 10)
+
+
 def test_the_record_names_the_device_the_runs_trained_on(tmp_path, monkeypatch):
     """ablation.json's device is the set of the runs' devices (cpu when none is named); sweep.json names the GPU
     only where a run asked for cuda or auto and one was there."""

@@ -272,6 +272,8 @@ class _Progress:
         self.shown = [0.0] * len(groups)     # runs' worth shown for each population so far
         self.of = {s.run_id: i for i, g in enumerate(groups) for s in g}
         self.closed: set[int] = set()        # populations with a result in: their late ticks are dropped
+        self.left = sum(self.size)
+        self.end = bar.n + self.left         # where the bar stands once every result is in
 
     def tick(self, i: int, members: int) -> None:
         if i in self.closed:  # an epoch report read after its population's results: the bar would pass 100%
@@ -287,6 +289,9 @@ class _Progress:
         if i is None:
             return 1.0
         self.closed.add(i)
+        self.left -= 1
+        if not self.left:  # float shares sum to a hair under the total: tqdm then draws the last cell unfilled
+            return self.end - self.bar.n
         return 1.0 - self.shown[i] / self.size[i]
 
 
