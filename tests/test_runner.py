@@ -774,7 +774,8 @@ def test_the_progress_bar_ends_full_when_float_shares_fall_short_of_the_total():
 
     groups = [[NS(run_id=f"{g}{k}", resolved=NS(epochs=600)) for k in range(20)] for g in "abc"]
     out = io.StringIO()
-    bar = tqdm(total=65, initial=5, file=out, ascii=False, bar_format="{bar}|{n}/{total}", ncols=20)
+    # disable=False: TQDM_DISABLE in the environment (scripts/mutate.py sets it) would otherwise leave the bar at 5
+    bar = tqdm(total=65, initial=5, file=out, ascii=False, bar_format="{bar}|{n}/{total}", ncols=20, disable=False)
     progress = RN._Progress(bar, groups)
     for i in range(3):
         for _ in range(600):
