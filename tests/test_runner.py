@@ -417,7 +417,9 @@ def test_workers_and_threads(tmp_path, monkeypatch, workers, cpus, cpu_count, wa
 
 @pytest.mark.parametrize("workers, threads, cpu_count, note", [
     (None, None, 8, "note: 1 population at 1 torch thread each leave 7 of 8 cores idle; --threads 8 would use them"),
+    (None, None, 2, "note: 1 population at 1 torch thread each leave 1 of 2 cores idle; --threads 2 would use them"),
     (None, None, 1, None),  # nothing idle
+    (None, None, None, None),  # cores unknown: counted as one, none claimed idle
     (1, None, 8, None),     # one worker asked for: the user chose
     (None, 1, 8, None),     # threads asked for: the user chose
 ])
