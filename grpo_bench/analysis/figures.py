@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.font_manager import FontProperties
 
 from .. import stats
 from ..store import metrics
@@ -20,8 +21,8 @@ from ..store.rundir import load, load_outcomes
 from . import mechanism
 from .plotting import (BAND_SEEDS, COLUMN_IN, PAGE_IN, add_legend, legend_rows, bootstrap_mean_ci, by_metric,
                        clip_parts_sum, describe_band, draw_curves, label, label_column, log_ticks, metric_range,
-                       plt, points_per_run, same_curve, samples_axis, slug, style, suptitle, ticker, twin_variants,
-                       variant_styles)
+                       plt, points_per_run, same_curve, samples_axis, slug, style, suptitle, text_wider_than, ticker,
+                       twin_variants, variant_styles, wrap)
 from .quantities import same_problems
 
 DIAGNOSTICS = ["clip/*", "kl/*", "entropy", "ratio/*", "grad/norm", "reward/zero_std_frac", "filter/*",
@@ -96,12 +97,22 @@ def dot_panels(rows: list[str], panels: list[tuple[str, str, str, dict]], styles
     axes[0, 0].set_yticks(range(len(rows)), rows)
     axes[0, 0].set_ylim(len(rows) - 0.5, -0.5)  # first variant on top
     suptitle(fig, title)
-    # a panel title wider than its panel runs into the next one's: shrink it to fit
+    # a panel title wider than its panel runs into the next one's: shrink it to fit, and past 6 points wrap it
     renderer = fig.canvas.get_renderer()
     for ax in axes[0]:
-        while ax.title.get_window_extent(renderer).width > ax.get_window_extent(renderer).width \
-                and ax.title.get_fontsize() > 6:
+        room = ax.get_window_extent(renderer).width
+        while ax.title.get_window_extent(renderer).width > room and ax.title.get_fontsize() > 6:
             ax.title.set_fontsize(ax.title.get_fontsize() - 0.5)
+        if ax.title.get_window_extent(renderer).width > room:
+            ax.title.set_text(wrap(ax.get_title(), text_wider_than(fig, ax.title.get_fontsize(), room)))
+    # the height above holds a two-line title over one-line panel titles; without room for more lines,
+    # constrained_layout collapsed the axes and gave up (three 40-character directory names did)
+    # matplotlib wraps a centred suptitle at the figure's width, greedily at spaces, as wrap() does
+    size = FontProperties(size=plt.rcParams["figure.titlesize"]).get_size_in_points()   # "large" outside style()
+    lines = wrap(fig.get_suptitle(), text_wider_than(fig, size, fig.get_figwidth() * fig.dpi)).count("\n") + 1
+    points = (size * max(0, lines - 2)
+              + max(ax.title.get_fontsize() * ax.get_title().count("\n") for ax in axes[0]))
+    fig.set_figheight(fig.get_figheight() + 1.2 * points / 72)
     return fig
 
 

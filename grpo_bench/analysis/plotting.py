@@ -145,33 +145,49 @@ def add_legend(fig, styles: dict, variants: list[str], width_in: float) -> None:
                handlelength=2.2, columnspacing=1.2)
 
 
+def break_word(word: str, wide) -> str:
+    """A word wider than its room (wide(s) says whether s is) on several lines: broken after an underscore
+    where one falls in the line, anywhere else where none does."""
+    lines = [""]
+    for piece in re.findall(r"[^_]*_|[^_]+", word):
+        if not wide(lines[-1] + piece):
+            lines[-1] += piece
+            continue
+        if lines[-1]:
+            lines.append("")
+        for ch in piece:  # a piece too wide on its own line is cut where it must be
+            if lines[-1] and wide(lines[-1] + ch):
+                lines.append("")
+            lines[-1] += ch
+    return "\n".join(lines)
+
+
+def wrap(text: str, wide) -> str:
+    """text on as many lines as it needs to keep each within its room: at spaces, and inside a word (break_word)
+    that is too wide alone."""
+    if "\n" in text:
+        return "\n".join(wrap(line, wide) for line in text.split("\n"))
+    lines: list[str] = []
+    for word in text.split(" "):
+        if lines and not wide(lines[-1] + " " + word):
+            lines[-1] += " " + word
+        else:
+            lines.extend((break_word(word, wide) if wide(word) else word).split("\n"))
+    return "\n".join(lines)
+
+
+def text_wider_than(fig, size: float, room: float):
+    """The predicate wrap and break_word take: is a string at this font size wider than room pixels?"""
+    from matplotlib.font_manager import FontProperties
+    renderer, prop = fig.canvas.get_renderer(), FontProperties(size=size)
+    return lambda s: renderer.get_text_width_height_descent(s, prop, ismath=False)[0] > room
+
+
 def suptitle(fig, text: str) -> None:
     """fig.suptitle(text, wrap=True), but a word wider than the figure is broken too: matplotlib wraps at
-    spaces only, so a long ablation name (one word) ran off both edges. Break it after an underscore
-    where one falls in the line, anywhere else where none does."""
-    from matplotlib.font_manager import FontProperties
-    renderer = fig.canvas.get_renderer()
-    prop = FontProperties(size=plt.rcParams["figure.titlesize"])
-    room = 0.95 * fig.get_figwidth() * fig.dpi
-
-    def wide(s: str) -> bool:
-        return renderer.get_text_width_height_descent(s, prop, ismath=False)[0] > room
-
-    def broken(word: str) -> str:
-        lines = [""]
-        for piece in re.findall(r"[^_]*_|[^_]+", word):
-            if not wide(lines[-1] + piece):
-                lines[-1] += piece
-                continue
-            if lines[-1]:
-                lines.append("")
-            for ch in piece:  # a piece too wide on its own line is cut where it must be
-                if lines[-1] and wide(lines[-1] + ch):
-                    lines.append("")
-                lines[-1] += ch
-        return "\n".join(lines)
-
-    text = "\n".join(" ".join(broken(w) if wide(w) else w for w in line.split(" ")) for line in text.split("\n"))
+    spaces only, so a long ablation name (one word) ran off both edges."""
+    wide = text_wider_than(fig, plt.rcParams["figure.titlesize"], 0.95 * fig.get_figwidth() * fig.dpi)
+    text = "\n".join(" ".join(break_word(w, wide) if wide(w) else w for w in line.split(" ")) for line in text.split("\n"))
     fig.suptitle(text, wrap=True)
 
 
