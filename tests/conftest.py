@@ -1,4 +1,5 @@
 import os
+import sys
 
 from helpers import HIDE_ENV, hide_extra
 
@@ -70,6 +71,15 @@ def registry_restored():
         registry._REGISTRY[axis].update(parts)
     registry._INCLUDED.clear()
     registry._INCLUDED.update(included)
+
+
+@pytest.fixture(autouse=True)
+def _figures_closed():
+    """A test's figures go with it: build_figures hands its figures back open for tests to read, and an xdist
+    worker holding 21 from earlier tests warned (test_mechanism.py) and kept their memory."""
+    yield
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
 
 
 @pytest.fixture

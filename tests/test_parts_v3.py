@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("fp64")
 
 
 def T(x):
-    return torch.tensor(x, dtype=torch.float64)
+    return torch.as_tensor(x, dtype=torch.float64).clone()   # lists or tensors, never an alias
 
 
 def part(axis, name):

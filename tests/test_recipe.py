@@ -55,7 +55,7 @@ def test_a_controller_is_not_asked_about_a_run_without_kl():
 
 
 def _batch(rewards, mask):
-    rewards, mask = torch.tensor(rewards), torch.tensor(mask)
+    rewards, mask = torch.as_tensor(rewards).clone(), torch.as_tensor(mask).clone()   # lists or tensors
     return Batch(rewards, mask, mask.sum(-1), torch.ones_like(rewards, dtype=torch.bool), mask.shape[-1])
 
 

@@ -225,6 +225,7 @@ def _copy(out, name):
     return shutil.copytree(out, out.parent / name)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")   # inf - inf, on purpose
 def test_inf_values_are_reported_not_a_traceback(swept, capsys):
     """Results whose main metric is inf everywhere (a reward of inf, before rewards had to be finite): the report
     crashed on an empty curve fit (IndexError), compare in brentq (ValueError)."""

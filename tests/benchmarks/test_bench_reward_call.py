@@ -74,4 +74,5 @@ def ways():
 def test_reward_call_overhead(benchmark, ways, way, request):
     expected = rewards.correct(PROMPTS, COMPLETIONS, answer=ANSWERS)
     assert sum(expected) == 64
-    assert (benchmark(ways[way]) if full_run(request.config) else ways[way]()) == expected
+    benchmark.disabled = not full_run(request.config)   # disabled: one call, its result checked, nothing timed
+    assert benchmark(ways[way]) == expected
