@@ -3,6 +3,7 @@ exercised*: no verdict printed, outside Holm's m and every count; the strict loa
 one line naming the file and key."""
 import dataclasses
 import glob
+import json
 from pathlib import Path
 
 import numpy as np
@@ -87,12 +88,28 @@ def test_a_diagnostic_not_logged_is_judged_and_says_so(tmp_path):
     assert mechanism.judge(table, m, "a > c", "a", "c")["acts"] is None  # c logged nothing
 
 
+def test_a_mechanism_grid_hides_the_panels_it_does_not_fill(tmp_path):
+    """Five diagnostics on a grid of four columns: the second row's last three axes are switched off, not
+    drawn as empty frames with ticks beside the fifth panel."""
+    from grpo_bench.analysis import figures
+
+    names = ["clip/high_frac", "clip/frac", "kl/seq", "mismatch/kl", "entropy/coef"]
+    d, _ = results(tmp_path, {"b": [0.02, 0.02], "c": [0.02, 0.02], "a": [0.5, 0.5]})
+    meta = json.loads((d / "ablation.json").read_text())
+    meta["claim"]["mechanism"] = {"default": [DIAG | {"metric": m} for m in names]}
+    (d / "ablation.json").write_text(json.dumps(meta))
+    m = pd.read_parquet(d / "metrics.parquet")
+    pd.concat([m.assign(metric=n) for n in names]).to_parquet(d / "metrics.parquet")
+    fig = {stem: fig for stem, fig, _ in figures.build_figures(d)}["mechanism"]
+    assert [m for m, *_ in mechanism.panels(meta, d)] == names
+    assert [ax.axison for ax in fig.axes] == [True] * 5 + [False] * 3
+    assert [ax.get_title().split("\n")[0] for ax in fig.axes[:5]] == names
+
+
 def test_a_scale_that_varies_over_steps_acts_by_its_spread_not_its_size(tmp_path):
     """reduce: cv reads each run's coefficient of variation over its logged steps (what Adam does not absorb):
     b's steps 1 and 3 (cv 0.5) act; c's 1.0 and 1.1 (cv 1/21) do not, however large the values; the figure
     draws no threshold line across values the threshold is not about."""
-    import json
-
     from grpo_bench.analysis import figures
 
     d, claim = results(tmp_path, {"b": [1.0, 3.0], "c": [1.0, 1.1], "a": [2.0, 2.0]}, reduce="cv", min=0.1)
@@ -143,8 +160,6 @@ def test_every_shipped_claim_declares_a_mechanism_for_each_ordering(path):
 def test_report_says_whether_each_mechanism_acted_and_draws_it_against_its_threshold(tmp_path):
     """REPORT.md's table reads the same value FINDINGS does (b under the threshold: not exercised; c at it:
     acts), and mechanism.png draws each declared metric with the threshold as a dotted line."""
-    import json
-
     from grpo_bench.analysis import figures
 
     d, claim = results(tmp_path, {"b": [0.0, 0.0198], "c": [0.005, 0.015], "a": [0.02, 0.02]})
@@ -163,8 +178,6 @@ def test_report_says_whether_each_mechanism_acted_and_draws_it_against_its_thres
 
 def test_report_names_orderings_a_settings_only_left_out_as_not_run_not_as_not_measured(tmp_path):
     """A setting that ran a and b only: `a > c` was not run there, which is not a diagnostic left unlogged."""
-    import json
-
     d, _ = results(tmp_path, {"b": [0.0, 0.0198], "c": [0.005, 0.015], "a": [0.02, 0.02]})
     meta = json.loads((d / "ablation.json").read_text()) | {"variants": ["a", "b"]}
     lines = mechanism.report_section(meta, d)
@@ -180,8 +193,6 @@ def test_report_names_orderings_a_settings_only_left_out_as_not_run_not_as_not_m
 
 
 def test_the_mechanism_figures_title_wraps_a_long_name_inside_the_figure(tmp_path):
-    import json
-
     from grpo_bench.analysis import figures
 
     d, _ = results(tmp_path, {"b": [0.0, 0.02], "c": [0.005, 0.015], "a": [0.02, 0.02]})
@@ -347,8 +358,6 @@ def test_a_variant_fifty_times_the_others_does_not_flatten_them(tmp_path):
 def test_a_claims_report_tests_the_pairs_its_claim_asks_about(tmp_path):
     """REPORT.md's differences on a claim's results are its orderings' pairs, Holm over them as in FINDINGS, not
     every pair of its variants (b vs c is no claim's); an ablation without a claim keeps every pair."""
-    import json
-
     from grpo_bench.analysis import report
 
     d, claim = results(tmp_path, {"b": [0.02, 0.02], "c": [0.02, 0.02]})

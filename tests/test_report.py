@@ -565,6 +565,9 @@ def test_compare_panel_titles_stay_apart(tmp_path):
                     ax.title.set_fontsize(size)
             fig.canvas.draw()
         assert [ax.get_title().count("\n") for ax in fig.axes] == [int(n == 40)] * 3
+        # one variant's 0.9 + 0.22 inches hold two title lines over one-line panel titles; at 40 the title takes a
+        # third line of 8.5 points (matplotlib's wrap) and the panel titles a second of 6, each 1.2 lines high
+        assert fig.get_figheight() == pytest.approx(1.12 + (n == 40) * 1.2 * (8.5 + 6) / 72, abs=1e-12)
         assert all(ax.get_title().replace("\n", "").startswith("x" * n) for ax in fig.axes)
         top = fig._suptitle.get_window_extent()
         assert top.y1 <= fig.bbox.y1 + 1 and top.x0 >= -1 and top.x1 <= fig.bbox.x1 + 1
@@ -583,6 +586,35 @@ def test_wrap_breaks_at_spaces_then_underscores_then_anywhere():
     assert P.wrap("aaaaaaaaaaaa_b c", wide) == "aaaaaaaaaa\naa_b c"      # a piece too wide alone is cut, the rest fills on
     assert P.wrap("one two three\nfour", wide) == "one two\nthree\nfour"   # its own lines kept
     assert P.wrap("fits here", wide) == "fits here" and P.wrap("", wide) == ""
+
+
+def test_a_text_exactly_as_wide_as_its_room_fits():
+    import matplotlib.pyplot as plt
+    from matplotlib.font_manager import FontProperties
+
+    from grpo_bench.analysis import plotting as P
+    fig = plt.figure(dpi=100)
+    width = fig.canvas.get_renderer().get_text_width_height_descent("policy_losses", FontProperties(size=8),
+                                                                     ismath=False)[0]
+    assert not P.text_wider_than(fig, 8, width)("policy_losses")
+    assert P.text_wider_than(fig, 8, width - 0.01)("policy_losses")
+    assert P.text_wider_than(fig, 9, width)("policy_losses")   # the size it was given, not the figure's default
+
+
+def test_variants_at_exactly_zero_are_no_size_to_stretch_the_axis_from():
+    """A variant 50x the typical one puts the axis on symlog, linear up to the typical size. Variants without KL
+    log exactly 0: they are no size (a median of 0 would ask symlog for a linear range of 0, which it refuses)."""
+    import matplotlib.pyplot as plt
+
+    def yscale(scale):
+        rows = [(f"{v}-s{s}", v, st, "kl/seq", x * (1 + st)) for v, x in scale.items() for s in range(2) for st in range(3)]
+        fig, ax = plt.subplots()
+        P.draw_curves(ax, curves_from(rows), "kl/seq", list(scale), P.variant_styles(list(scale)))
+        return ax.get_yscale(), getattr(ax.yaxis.get_transform(), "linthresh", None)
+
+    # sizes (largest |mean| over steps 0-2, x 3): 1.5, 3, 6, 900; 900 > 50 x the upper median, 6, its linear range
+    assert yscale({"a": 300.0, "b": 1.0, "c": 2.0, "d": 0.5}) == ("symlog", 6.0)
+    assert yscale({"a": 300.0, "b": 1.0, "c": 0.0, "d": 0.0, "e": 0.0}) == ("linear", None)
 
 
 def test_compare_metric_per_directory(tmp_path, capsys):
@@ -947,12 +979,14 @@ def test_a_reward_equal_to_the_accuracy_is_drawn_and_tabled_once(tmp_path):
 def test_the_clipped_fraction_is_not_drawn_beside_the_parts_it_sums(tmp_path):
     class Regions(SortLike):
         metrics = ["reward/mean", "clip/frac", "clip/low_frac", "clip/high_frac", "entropy"]
-        gap = 0.0
+        gap, nan_at = 0.0, None
 
         def __call__(self, metric, i, seed, step):
             low, high = 0.01 * (step % 7), 0.02 * (seed + 1)
             parts = {"clip/frac": low + high + (self.gap if step == 190 else 0), "clip/low_frac": low,
                      "clip/high_frac": high}
+            if metric in parts and step == self.nan_at:
+                return math.nan
             return parts[metric] if metric in parts else super().__call__(metric, i, seed, step)
 
     d = write_results(tmp_path / "d", ["a", "b"], range(2), Regions(), SORT_FINALS)
@@ -960,6 +994,10 @@ def test_the_clipped_fraction_is_not_drawn_beside_the_parts_it_sums(tmp_path):
     assert "clip/frac" not in titles and {"clip/low_frac", "clip/high_frac"} <= set(titles)
     Regions.gap = 0.01  # one step where the regions overlap or another one clips: the total says something
     d = write_results(tmp_path / "e", ["a", "b"], range(2), Regions(), SORT_FINALS)
+    assert "clip/frac" in [ax.get_title() for ax in all_figures(d)["diagnostics"].axes]
+    # a step where none of the three has a value (NaN: no token to count) cannot show the total is their sum
+    Regions.gap, Regions.nan_at = 0.0, 190
+    d = write_results(tmp_path / "f", ["a", "b"], range(2), Regions(), SORT_FINALS)
     assert "clip/frac" in [ax.get_title() for ax in all_figures(d)["diagnostics"].axes]
 
 
@@ -1763,13 +1801,25 @@ def test_fit_data_keeps_a_run_with_gaps_and_leaves_out_a_variant_without_samples
     rows += [("a-s1", "a", st, "m", 0.2 * st) for st in (0, 1, 3)]
     rows += [("b-s0", "b", st, "m", 0.3) for st in range(4)]
     rows += [(r, "a", st, "samples/total", 8.0 * (st + 1)) for r in ("a-s0", "a-s1") for st in range(4)]
+    # c's run drew samples and failed before it logged m: a category of m's variant column with no rows of m,
+    # which has no curve on either axis (an empty one would hand the bootstrap zero seeds to draw from)
+    rows += [("c-s0", "c", st, "samples/total", 8.0 * (st + 1)) for st in range(4)]
     curves = curves_from(rows)
-    samples = F.fit_data(curves, "m", ["a", "b"], "samples")
+    samples = F.fit_data(curves, "m", ["a", "b", "c"], "samples")
     assert list(samples) == ["a"]
     C, M = samples["a"]
     assert M.shape == (4, 2) and np.isnan(M[2, 1]) and M[3, 1] == pytest.approx(0.6)
     assert C.tolist() == [8.0, 16.0, 24.0, 32.0]
-    assert list(F.fit_data(curves, "m", ["a", "b"], "steps")) == ["a", "b"]
+    assert list(F.fit_data(curves, "m", ["a", "b", "c"], "steps")) == ["a", "b"]
+
+
+def test_binned_means_over_log_spaced_bins_by_hand():
+    C, y = np.array([1.0, 2.0, 3.0, 4.0, 5.0]), np.array([10.0, 20.0, 30.0, 40.0, 50.0])
+    assert F._binned(C, y, bins=5) == (C, y)   # no more points than bins: every point its own dot
+    # 2 bins: one inner edge at log 5 / 2, i.e. C = sqrt(5) = 2.24: {1, 2} and {3, 4, 5}
+    assert [x.tolist() for x in F._binned(C, y, bins=2)] == [[1.5, 4.0], [15.0, 40.0]]
+    # 3 bins: edges at 5^(1/3) = 1.71 and 5^(2/3) = 2.92: {1}, {2}, {3, 4, 5}
+    assert [x.tolist() for x in F._binned(C, y, bins=3)] == [[1.0, 2.0, 4.0], [10.0, 20.0, 40.0]]
 
 
 def test_the_headline_leads_with_the_judged_metric_from_two_points_on(tmp_path):
